@@ -1,0 +1,129 @@
+"""RetroMAE (Xiao et al., 2022): masked auto-encoder pre-training for retrieval.
+
+Hub remote code: torch/transformers only, relative imports for our own files.
+"""
+
+import torch
+from torch import nn
+from transformers.models.bert.modeling_bert import BertLayer
+
+from .configuration_retromae import RetroMAEConfig
+from .layers_retromae import enhanced_visibility_mask, random_row_mask, two_stream_layer_forward
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+
+
+class RetroMAEModel(ClsEncoderModel):
+    """The RetroMAE encoder (`AutoModel`): a plain BERT; `pooler_output` is the [CLS] sentence embedding."""
+
+    config_class = RetroMAEConfig
+
+
+class RetroMAEDecoder(nn.Module):
+    """RetroMAE's light-weight decoder (paper §3.2-3.3).
+
+    Enhanced decoding: one BertLayer, queries H1 = [h + p_0 ... h + p_N], keys/values H2 = [h, e(x_1) + p_1 ...] over the
+    unmasked input, a fresh per-row visibility matrix each step, loss on every real token. Basic decoding: input
+    [h, e(x~) + p] with `decoder_mask_ratio` of the tokens replaced by [MASK], ordinary self-attention through
+    `num_decoder_layers` layers, loss on the masked tokens only.
+    """
+
+    def __init__(self, config: RetroMAEConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList([BertLayer(config) for _ in range(config.num_decoder_layers)])
+
+    def forward(
+        self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor,
+        decoder_labels: torch.Tensor, embeddings: nn.Module,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns decoder states `(B, L, H)` and the labels they are scored against `(B, L)`."""
+        if self.config.decoding == "enhanced":
+            return self._enhanced(sentence_embedding, original_ids, attention_mask, embeddings), decoder_labels
+        return self._basic(sentence_embedding, original_ids, attention_mask, decoder_labels, embeddings)
+
+    def _enhanced(self, h: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings) -> torch.Tensor:
+        batch_size, seq_len = original_ids.shape
+        h_rows = h[:, None, :].expand(batch_size, seq_len, h.shape[-1])  # (B, L, H)
+        if self.config.query_stream == "position":
+            positions = embeddings.position_embeddings(embeddings.position_ids[:, :seq_len])  # (1, L, H)
+            query_stream = h_rows + positions  # h + p_i (paper eq. 4)
+        else:
+            query_stream = embeddings(inputs_embeds=h_rows)  # LayerNorm(h + p_i + t_0), dropout
+        content = embeddings(input_ids=original_ids)  # (B, L, H): e(x_i) + p_i over the unmasked input
+        content_stream = torch.cat([h[:, None, :], content[:, 1:]], dim=1)  # position 0 carries h
+        visible = enhanced_visibility_mask(attention_mask, self.config.decoder_mask_ratio)  # (B, 1, L, L)
+        return two_stream_layer_forward(self.layers[0], query_stream, content_stream, visible)
+
+    def _basic(self, h, original_ids, attention_mask, decoder_labels, embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.mask_token_id is None:
+            raise ValueError("decoding='basic' needs config.mask_token_id (set it from tokenizer.mask_token_id)")
+        targets = random_row_mask(decoder_labels != IGNORE_INDEX, self.config.decoder_mask_ratio)  # (B, L)
+        decoder_ids = original_ids.masked_fill(targets, self.config.mask_token_id)
+        hidden = torch.cat([h[:, None, :], embeddings(input_ids=decoder_ids)[:, 1:]], dim=1)  # (B, L, H)
+        additive_mask = torch.zeros(attention_mask.shape, dtype=hidden.dtype, device=hidden.device)
+        additive_mask = additive_mask.masked_fill(attention_mask == 0, torch.finfo(hidden.dtype).min)[:, None, None, :]
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=additive_mask)
+        return hidden, decoder_labels.masked_fill(~targets, IGNORE_INDEX)
+
+
+class RetroMAEForPretraining(BertPretrainingBase):
+    """RetroMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + decoder reconstruction.
+
+    Keys: `bert.*` (encoder), `cls.*` (MLM head, shared by encoder and decoder, tied to the word embeddings),
+    `decoder.*` (the new decoder layers).
+    """
+
+    config_class = RetroMAEConfig
+    encoder_class = RetroMAEModel
+    head_prefixes = ("decoder.",)
+
+    def __init__(self, config: RetroMAEConfig):
+        super().__init__(config)
+        self.decoder = RetroMAEDecoder(config)
+        self.post_init()
+
+    def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
+        if self.config.decoder_init == "copy_last_layer" and any(k.startswith("decoder.") for k in missing_keys):
+            for layer in self.decoder.layers:
+                layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_labels: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> PretrainingOutput:
+        r"""
+        Args:
+            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
+            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere.
+                Without labels only `sentence_embedding` is returned.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
+        sentence_embedding = hidden[:, 0]  # (B, H)
+        if encoder_labels is None or decoder_labels is None:
+            return PretrainingOutput(sentence_embedding=sentence_embedding)
+        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+        original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
+        decoder_hidden, targets = self.decoder(
+            sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings
+        )
+        decoder_loss = self.mlm_loss(decoder_hidden, targets)
+        loss = self.config.encoder_loss_weight * encoder_mlm_loss + self.config.decoder_loss_weight * decoder_loss
+        return PretrainingOutput(
+            loss=loss, encoder_mlm_loss=encoder_mlm_loss, decoder_loss=decoder_loss, sentence_embedding=sentence_embedding
+        )
+
+
+RetroMAEConfig.register_for_auto_class()
+RetroMAEModel.register_for_auto_class("AutoModel")
+RetroMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
+
+__all__ = ["RetroMAEDecoder", "RetroMAEForPretraining", "RetroMAEModel"]

@@ -1,0 +1,308 @@
+"""RetroMAE config, decoder, losses, checkpoint format and remote-code loading."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_without_retromae, tiny_bert_kwargs
+from huggingface_hub.errors import StrictDataclassError
+from retromae.modeling.configuration_retromae import RetroMAEConfig
+from retromae.modeling.layers_retromae import (
+    enhanced_visibility_mask,
+    linear_cross_entropy,
+    random_row_mask,
+    two_stream_layer_forward,
+)
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining, RetroMAEModel
+from transformers import BertConfig, BertForMaskedLM, BertModel
+
+VOCAB = 99
+
+
+def tiny_config(**kw) -> RetroMAEConfig:
+    return RetroMAEConfig(**tiny_bert_kwargs(vocab_size=VOCAB, max_position_embeddings=64), **kw)
+
+
+def make_batch(batch_size: int = 3, seq_len: int = 12, pad: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Rows [CLS]=2 ... [SEP]=3 with the last row padded by `pad`; encoder masks positions 2 and 5 with [MASK]=4."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (batch_size, seq_len), generator=g)
+    ids[:, 0] = 2
+    ids[:, -1] = 3
+    attention = torch.ones_like(ids)
+    ids[-1, seq_len - pad :] = 0
+    ids[-1, seq_len - pad - 1] = 3
+    attention[-1, seq_len - pad :] = 0
+    decoder_labels = ids.masked_fill((ids <= 3) | (attention == 0), -100)
+    encoder_labels = torch.full_like(ids, -100)
+    encoder_labels[:, [2, 5]] = ids[:, [2, 5]]
+    masked = ids.clone()
+    masked[:, [2, 5]] = 4
+    return {"input_ids": masked, "attention_mask": attention, "encoder_labels": encoder_labels,
+            "decoder_labels": decoder_labels}
+
+
+# ---- config -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"encoder_mask_ratio": 0.0}, "encoder_mask_ratio"),
+        ({"encoder_mask_ratio": 1.0}, "encoder_mask_ratio"),
+        ({"decoder_mask_ratio": 1.5}, "decoder_mask_ratio"),
+        ({"decoding": "fancy"}, "decoding"),
+        ({"num_decoder_layers": 2}, "num_decoder_layers"),
+        ({"decoding": "basic", "num_decoder_layers": 4}, "num_decoder_layers"),
+        ({"query_stream": "x"}, "query_stream"),
+        ({"decoder_init": "x"}, "decoder_init"),
+        ({"decoder_loss_weight": -1.0}, "decoder_loss_weight"),
+    ],
+)
+def test_invalid_config_names_the_field(kwargs, field):
+    with pytest.raises((ValueError, StrictDataclassError), match=field):
+        tiny_config(**kwargs)
+
+
+def test_config_round_trip(tmp_path):
+    config = tiny_config(decoding="basic", num_decoder_layers=3, decoder_mask_ratio=0.7, query_stream="embeddings")
+    config.save_pretrained(tmp_path)
+    loaded = RetroMAEConfig.from_pretrained(tmp_path)
+    assert (loaded.decoding, loaded.num_decoder_layers, loaded.decoder_mask_ratio, loaded.query_stream) == (
+        "basic", 3, 0.7, "embeddings")
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "retromae"
+
+
+# ---- building blocks ----------------------------------------------------------------------------------------------
+
+
+def test_linear_cross_entropy_matches_plain_cross_entropy_and_gradients():
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (37,))
+    fused = linear_cross_entropy(hidden, weight, bias, labels, chunk_size=8)  # 5 chunks, last one partial
+    fused_grads = torch.autograd.grad(fused * 3.0, (hidden, weight, bias))
+    plain = F.cross_entropy(hidden @ weight.T + bias, labels)
+    plain_grads = torch.autograd.grad(plain * 3.0, (hidden, weight, bias))
+    assert torch.allclose(fused, plain, atol=1e-10)
+    for a, b in zip(fused_grads, plain_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_linear_cross_entropy_without_rows_is_zero_and_differentiable():
+    weight = torch.randn(10, 4, requires_grad=True)
+    loss = linear_cross_entropy(torch.zeros(0, 4, requires_grad=True), weight, torch.zeros(10), torch.zeros(0, dtype=torch.long))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.count_nonzero(weight.grad) == 0
+
+
+def test_visibility_mask_follows_the_paper():
+    torch.manual_seed(0)
+    lengths = [64, 40, 17]
+    attention = torch.zeros(3, 64, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        attention[row, :n] = 1
+    visible = enhanced_visibility_mask(attention, mask_ratio=0.5)[:, 0]  # (B, L, L)
+    assert visible.shape == (3, 64, 64) and visible.dtype == torch.bool
+    eye = torch.eye(64, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        real = visible[row, 1:n, :n]
+        assert real[:, 0].all(), "position 0 (the sentence embedding) is visible to every row i > 0"
+        assert not (visible[row, :n, :n] & eye[:n, :n]).any(), "no token attends to itself"
+        assert not visible[row, :, n:].any(), "padding is never visible"
+        share = visible[row, 1:n, :n].float().mean().item()
+        assert 0.45 < share < 0.6, share  # about half of the row, plus position 0
+        assert visible[row, n:, 0].all() and visible[row, n:, 1:].sum() == 0  # padding rows: position 0 only
+    # rows are sampled independently, not copies of one pattern
+    assert len({tuple(r.tolist()) for r in visible[0, 1:64]}) > 50
+
+
+def test_random_row_mask_exact_count():
+    candidates = torch.zeros(4, 20, dtype=torch.bool)
+    candidates[0, 1:11] = True  # 10 candidates -> 7 picked at ratio 0.7
+    candidates[1, 1:3] = True  # 2 -> round(1.4) = 1
+    candidates[2, 1:20] = True  # 19 -> 13
+    candidates[3, 5] = True  # 1 -> at least 1
+    picked = random_row_mask(candidates, 0.7)
+    assert picked.sum(-1).tolist() == [7, 1, 13, 1]
+    assert not (picked & ~candidates).any()
+
+
+def test_two_stream_layer_equals_bert_layer_when_streams_match():
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    layer = BertLayer(BertConfig(**tiny_bert_kwargs(vocab_size=VOCAB))).eval()
+    x = torch.randn(2, 7, 32)
+    visible = torch.ones(2, 1, 7, 7, dtype=torch.bool)
+    assert torch.allclose(two_stream_layer_forward(layer, x, x, visible), layer(x), atol=1e-5)
+
+
+# ---- the model ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decoding", ["enhanced", "basic"])
+def test_forward_returns_each_loss_and_trains(decoding):
+    torch.manual_seed(0)
+    layers = 2 if decoding == "basic" else 1
+    model = RetroMAEForPretraining(tiny_config(decoding=decoding, num_decoder_layers=layers, mask_token_id=4))
+    batch = make_batch()
+    out = model(**batch)
+    assert out.sentence_embedding.shape == (3, 32)
+    for loss in (out.loss, out.encoder_mlm_loss, out.decoder_loss):
+        assert loss.ndim == 0 and torch.isfinite(loss)
+    assert torch.allclose(out.loss, out.encoder_mlm_loss + out.decoder_loss)
+    out.loss.backward()
+    for name in ("decoder.layers.0.attention.self.query.weight", "bert.encoder.layer.0.attention.self.key.weight"):
+        assert model.get_parameter(name).grad.abs().sum() > 0, name
+    no_labels = model(batch["input_ids"], batch["attention_mask"])
+    assert no_labels.loss is None and no_labels.sentence_embedding.shape == (3, 32)
+
+
+def test_encoder_loss_scores_masked_positions_only():
+    torch.manual_seed(0)
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    batch = make_batch()
+    out = model(**batch)
+    hidden = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    full_logits = model.cls(hidden)  # what BertForMaskedLM computes: logits at every position
+    expected = F.cross_entropy(full_logits.view(-1, VOCAB), batch["encoder_labels"].view(-1), ignore_index=-100)
+    assert torch.allclose(out.encoder_mlm_loss, expected, atol=1e-5)
+
+
+def test_enhanced_decoder_matches_a_direct_computation_of_eq_4_to_6():
+    """Rebuild the decoder from the paper's equations with plain torch ops and a fixed visibility matrix."""
+    torch.manual_seed(0)
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    batch = make_batch(batch_size=2, pad=0)
+    ids = torch.where(batch["encoder_labels"] != -100, batch["encoder_labels"], batch["input_ids"])
+    h = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+    torch.manual_seed(1)
+    ours = model.decoder(h, ids, batch["attention_mask"], batch["decoder_labels"], model.bert.embeddings)[0]
+    torch.manual_seed(1)
+    visible = enhanced_visibility_mask(batch["attention_mask"], 0.5)[:, 0]  # same draw
+    emb = model.bert.embeddings
+    L = ids.shape[1]
+    H1 = h[:, None] + emb.position_embeddings.weight[:L]  # h + p_i
+    H2 = torch.cat([h[:, None], emb(input_ids=ids)[:, 1:]], 1)
+    layer = model.decoder.layers[0]
+    sa = layer.attention.self
+    heads, d = sa.num_attention_heads, sa.attention_head_size
+    q = sa.query(H1).view(2, L, heads, d).transpose(1, 2)
+    k = sa.key(H2).view(2, L, heads, d).transpose(1, 2)
+    v = sa.value(H2).view(2, L, heads, d).transpose(1, 2)
+    scores = q @ k.transpose(-1, -2) / d**0.5 + torch.where(visible[:, None], 0.0, float("-inf"))
+    A = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, L, heads * d)
+    expected = layer.feed_forward_chunk(layer.attention.output(A, H1))
+    assert torch.allclose(ours, expected, atol=1e-5)
+
+
+def test_eager_and_sdpa_give_the_same_losses():
+    torch.manual_seed(0)
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    batch = make_batch()
+    torch.manual_seed(3)
+    sdpa = model(**batch)
+    model.set_attn_implementation("eager")
+    torch.manual_seed(3)
+    eager = model(**batch)
+    assert torch.allclose(sdpa.loss, eager.loss, atol=1e-5)
+
+
+def test_embeddings_query_stream_runs():
+    model = RetroMAEForPretraining(tiny_config(query_stream="embeddings"))
+    assert torch.isfinite(model(**make_batch()).decoder_loss)
+
+
+def test_plain_bert_checkpoint_loads_with_only_the_decoder_new(tmp_path):
+    bert = BertForMaskedLM(BertConfig(**tiny_bert_kwargs(vocab_size=VOCAB, max_position_embeddings=64)))
+    bert.save_pretrained(tmp_path / "mlm")
+    model, info = RetroMAEForPretraining.from_pretrained(
+        tmp_path / "mlm", config=tiny_config(), output_loading_info=True
+    )
+    assert info["missing_keys"] and all(k.startswith("decoder.") for k in info["missing_keys"])
+    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+    assert torch.equal(model.cls.predictions.transform.dense.weight, bert.cls.predictions.transform.dense.weight)
+    copied = RetroMAEForPretraining.from_encoder_checkpoint(tmp_path / "mlm", decoder_init="copy_last_layer")
+    assert torch.equal(copied.decoder.layers[0].intermediate.dense.weight, bert.bert.encoder.layer[-1].intermediate.dense.weight)
+    BertModel(bert.config, add_pooling_layer=False).save_pretrained(tmp_path / "base")
+    from_base = RetroMAEForPretraining.from_encoder_checkpoint(tmp_path / "base")
+    assert isinstance(from_base, RetroMAEForPretraining)
+
+
+def test_encoder_checkpoint_that_is_not_bert_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs(vocab_size=VOCAB)}))
+    from safetensors.torch import save_file
+
+    save_file({"something.else": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="not a BERT checkpoint"):
+        RetroMAEForPretraining.from_encoder_checkpoint(tmp_path)
+
+
+LOAD_AND_COMPARE = r"""
+import json, sys, torch
+from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+try:
+    import retromae  # noqa: F401
+    sys.exit("retromae must not be importable here")
+except ImportError:
+    pass
+d = sys.argv[1]
+config = AutoConfig.from_pretrained(d, trust_remote_code=True)
+encoder = AutoModel.from_pretrained(d, trust_remote_code=True).eval()
+full = AutoModelForPreTraining.from_pretrained(d, trust_remote_code=True).eval()
+batch = {k: torch.tensor(v) for k, v in json.load(open(d + "/batch.json")).items()}
+with torch.no_grad():
+    cls = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
+    torch.manual_seed(0)
+    out = full(**batch)
+print(json.dumps({"config": type(config).__name__, "encoder": type(encoder).__name__, "full": type(full).__name__,
+                  "cls": cls.tolist(), "loss": out.loss.item()}))
+"""
+
+
+def test_checkpoint_loads_as_remote_code_in_a_fresh_process(tmp_path):
+    torch.manual_seed(0)
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    batch = make_batch()
+    (checkpoint / "batch.json").write_text(json.dumps({k: v.tolist() for k, v in batch.items()}))
+    saved = json.loads((checkpoint / "config.json").read_text())
+    assert saved["auto_map"] == {
+        "AutoConfig": "configuration_retromae.RetroMAEConfig",
+        "AutoModel": "modeling_retromae.RetroMAEModel",
+        "AutoModelForPreTraining": "modeling_retromae.RetroMAEForPretraining",
+    }
+    assert {"modeling_retromae.py", "configuration_retromae.py", "layers_retromae.py", "pretraining_base.py"} <= {
+        p.name for p in checkpoint.iterdir()}
+    assert not list(checkpoint.glob("*.bin")), "safetensors only"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = run_without_retromae(LOAD_AND_COMPARE, [str(checkpoint)], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (got["config"], got["encoder"], got["full"]) == ("RetroMAEConfig", "RetroMAEModel", "RetroMAEForPretraining")
+    with torch.no_grad():
+        expected_cls = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+        torch.manual_seed(0)
+        expected_loss = model(**batch).loss.item()
+    assert torch.allclose(torch.tensor(got["cls"]), expected_cls, atol=1e-6)
+    assert abs(got["loss"] - expected_loss) < 1e-5
+
+
+def test_encoder_class_loads_pretraining_checkpoint_by_prefix(tmp_path):
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    model.save_pretrained(tmp_path)
+    encoder, info = RetroMAEModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"]
+    batch = make_batch()
+    with torch.no_grad():
+        got = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
+        expected = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+    assert torch.allclose(got, expected, atol=1e-6)
