@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from transformers import TrainingArguments
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 logger = logging.getLogger("retromae")
@@ -96,27 +98,24 @@ class RunArguments:
     no_export: bool = field(default=False, metadata={"help": "skip the final export"})
 
 
-def _training_arguments_class():
-    from transformers import TrainingArguments
+@dataclass
+class PretrainingArguments(TrainingArguments):
+    """`TrainingArguments` with defaults for pre-training (module level: the Trainer pickles it into checkpoints)."""
 
-    @dataclass
-    class PretrainingArguments(TrainingArguments):
-        output_dir: str | None = field(default="out/retromae", metadata={"help": "where checkpoints and the result go"})
-        learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate (RetroMAE paper: 1e-4)"})
-        weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-        warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a fraction of the run if < 1"})
-        per_device_train_batch_size: int = field(default=8, metadata={"help": "sequences per device per step"})
-        logging_steps: float = field(default=50, metadata={"help": "log losses every N optimizer steps"})
-        logging_first_step: bool = field(default=True, metadata={"help": "log the losses of the first step"})
-        save_steps: float = field(default=500, metadata={"help": "checkpoint every N optimizer steps"})
-        save_total_limit: int | None = field(default=3, metadata={"help": "keep at most N checkpoints"})
-        remove_unused_columns: bool = field(default=False, metadata={"help": "keep False: the collator needs all columns"})
-        ddp_find_unused_parameters: bool | None = field(default=False, metadata={"help": "DDP: every parameter is used"})
-        resume_from_checkpoint: str | None = field(
-            default=None, metadata={"help": "a checkpoint folder, or `last` for the newest complete one in OUTPUT_DIR"}
-        )
-
-    return PretrainingArguments
+    output_dir: str | None = field(default="out/retromae", metadata={"help": "where checkpoints and the result go"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate (RetroMAE paper: 1e-4)"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a fraction of the run if < 1"})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "sequences per device per step"})
+    logging_steps: float = field(default=50, metadata={"help": "log losses every N optimizer steps"})
+    logging_first_step: bool = field(default=True, metadata={"help": "log the losses of the first step"})
+    save_steps: float = field(default=500, metadata={"help": "checkpoint every N optimizer steps"})
+    save_total_limit: int | None = field(default=3, metadata={"help": "keep at most N checkpoints"})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "keep False: the collator needs all columns"})
+    ddp_find_unused_parameters: bool | None = field(default=False, metadata={"help": "DDP: every parameter is used"})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "a checkpoint folder, or `last` for the newest complete one in OUTPUT_DIR"}
+    )
 
 
 # ---- helpers ------------------------------------------------------------------------------------------------------
@@ -289,7 +288,7 @@ def pretrain(argv: list[str]) -> int:
     from .trainer import RetroMAETrainer
 
     parser = HfArgumentParser(
-        (ModelArguments, DataArguments, RunArguments, _training_arguments_class()),
+        (ModelArguments, DataArguments, RunArguments, PretrainingArguments),
         prog="retromae pretrain",
         description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus.",

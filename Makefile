@@ -1,0 +1,34 @@
+# Two commands on a fresh machine:  `make demo` (pre-train on the embedded default) and `make test`.
+# Both create the virtual environment on first use.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch; on a CUDA machine use e.g. `make TORCH=torch demo`.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.retromae-installed
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/retromae pretrain
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check modeling trainers tests benchmarks
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/pretrain_throughput.py
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,263 @@
+"""Export of a pre-training checkpoint as a sentence-transformers model (trainers/export.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_bert_kwargs
+from huggingface_hub import ModelCard
+from retromae.modeling.configuration_retromae import RetroMAEConfig
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.trainers import export
+from retromae.trainers.export import (
+    EXPORTERS,
+    ExportError,
+    export_from_model,
+    export_sentence_transformer,
+    exporter_for,
+)
+from safetensors.torch import load_file
+from sentence_transformers import SentenceTransformer
+from transformers import BertConfig, BertModel
+
+MAX_SEQ_LENGTH = 64
+RUN_INFO = {
+    "method": "retromae",
+    "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+    "corpus": "scifact-corpus",
+    "max_seq_length": MAX_SEQ_LENGTH,
+    "packing": False,
+    "global_step": 500,
+    "training": {
+        "learning_rate": 1e-4,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "world_size": 1,
+        "max_steps": 500,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+        "seed": 42,
+        "lr_scheduler_type": "linear",
+    },
+    "final_losses": {"loss": 12.3, "encoder_mlm_loss": 5.1, "decoder_loss": 7.2},
+    "retromae_version": "0.1.0",
+}
+TEXTS = [
+    "hi",
+    "Dense retrievers encode text into vectors.",
+    "RetroMAE pre-trains the [CLS] embedding with a masked auto-encoder " * 12,  # > MAX_SEQ_LENGTH tokens: truncated
+]
+
+
+def _save_checkpoint(model, tokenizer, folder: Path, run_info: dict | None) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if run_info is not None:
+        (folder / "retromae_run.json").write_text(json.dumps(run_info))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, tokenizer):
+    """A tiny RetroMAE pre-training model (non-default hyperparameters) and its checkpoint folder."""
+    torch.manual_seed(0)
+    config = RetroMAEConfig(**tiny_bert_kwargs(), encoder_mask_ratio=0.25, decoder_mask_ratio=0.6)
+    model = RetroMAEForPretraining(config).eval()
+    checkpoint = _save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("run") / "checkpoint-500", RUN_INFO)
+    return model, checkpoint
+
+
+@pytest.fixture(scope="module")
+def exported(pretrained, tmp_path_factory) -> Path:
+    _, checkpoint = pretrained
+    out = tmp_path_factory.mktemp("export") / "retromae-tiny"
+    assert export_sentence_transformer(checkpoint, out) == out
+    return out
+
+
+@pytest.fixture(scope="module")
+def st_model(exported) -> SentenceTransformer:
+    return SentenceTransformer(str(exported), device="cpu")  # trust_remote_code defaults to False
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_embeddings_equal_pretraining_cls_state(pretrained, st_model, tokenizer):
+    model, _ = pretrained
+    got = st_model.encode(TEXTS, convert_to_tensor=True)  # (3, 32)
+    batch = tokenizer(TEXTS, padding=True, truncation=True, max_length=MAX_SEQ_LENGTH, return_tensors="pt")
+    with torch.no_grad():
+        want = model.bert(**batch).last_hidden_state[:, 0]  # (3, 32)
+    assert got.shape == want.shape == (3, 32)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    queries = st_model.encode_query(TEXTS[:1], convert_to_tensor=True)  # empty prompt: same as encode
+    torch.testing.assert_close(queries, want[:1], atol=1e-5, rtol=1e-5)
+
+
+def test_sentence_transformer_layout(exported, st_model):
+    assert st_model.similarity_fn_name == "dot"
+    assert st_model.prompts == {"query": "", "document": ""}
+    assert st_model.max_seq_length == MAX_SEQ_LENGTH
+    assert [type(m).__name__ for m in st_model] == ["Transformer", "Pooling"]  # no Normalize
+    assert st_model[1].pooling_mode == "cls"
+    assert st_model[0].auto_model.pooler is None  # model_args add_pooling_layer=False honoured
+    modules = json.loads((exported / "modules.json").read_text())
+    assert [m["type"] for m in modules] == [
+        "sentence_transformers.models.Transformer",
+        "sentence_transformers.models.Pooling",
+    ]
+    assert not list(exported.glob("*.py")) and not list(exported.glob("*.bin"))
+
+
+def test_loads_as_plain_bert_without_remote_code(exported):
+    config = json.loads((exported / "config.json").read_text())
+    assert config["model_type"] == "bert" and "auto_map" not in config
+    assert "decoder_mask_ratio" not in config
+    model, info = BertModel.from_pretrained(str(exported), add_pooling_layer=False, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+
+
+def test_model_card(exported, pretrained):
+    card = ModelCard.load(exported / "README.md")
+    assert card.data.library_name == "sentence-transformers"
+    assert card.data.pipeline_tag == "sentence-similarity"
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert card.data.license == "apache-2.0" and card.data.language == "en"
+    assert {"retromae", "sentence-transformers", "feature-extraction"} <= set(card.data.tags)
+    text = card.text
+    assert "RetroMAE" in text and "https://arxiv.org/abs/2205.12035" in text
+    assert "hf upload <your-org>/retromae-all-MiniLM-L6-v2 ./retromae-tiny ." in text
+    assert "huggingface-cli" not in text
+    assert "@inproceedings{xiao2022retromae" in text
+    assert "fine-tune" in text.lower() and "encode_query" in text and "encode_document" in text
+    assert "| `encoder_mask_ratio` | 0.25 |" in text and "| `decoder_mask_ratio` | 0.6 |" in text
+    assert "| `decoding` | enhanced |" in text and "transformers_version" not in text
+    assert "| `effective_batch_size` | 16 |" in text  # 8 per device x 2 accumulation x 1 process
+    assert "| `decoder_loss` | 7.2000 |" in text and "scifact-corpus" in text
+    assert "not recorded" not in text
+
+
+def test_no_local_paths_in_output(exported, pretrained):
+    _, checkpoint = pretrained
+    readme = (exported / "README.md").read_text()
+    for path in (str(exported), str(exported.parent), str(checkpoint), "/home", "/work", "/tmp"):
+        assert path not in readme, path
+    for file in exported.rglob("*.json"):
+        text = file.read_text()
+        assert str(exported.parent) not in text and str(checkpoint.parent) not in text, file
+
+
+def test_missing_run_info_is_not_recorded(tmp_path, tokenizer):
+    model = RetroMAEForPretraining(RetroMAEConfig(**tiny_bert_kwargs()))
+    checkpoint = _save_checkpoint(model, tokenizer, tmp_path / "hand-made", run_info=None)
+    out = export_sentence_transformer(checkpoint, tmp_path / "out", model_name="my-org/tiny-retromae")
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model is None and card.data.model_name == "my-org/tiny-retromae"
+    assert "Not recorded (the checkpoint has no `retromae_run.json`)" in card.text
+    assert "hf upload my-org/tiny-retromae ./out ." in card.text
+    sbert = json.loads((out / "sentence_bert_config.json").read_text())
+    assert sbert["max_seq_length"] == 128  # min(512, max_position_embeddings=128)
+
+
+def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
+    _, checkpoint = pretrained
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    with pytest.raises(ExportError, match=r"not empty; pass overwrite=True \(CLI: --overwrite\)"):
+        export_sentence_transformer(checkpoint, out)
+    assert (out / "keep.txt").read_text() == "user data" and not (out / "modules.json").exists()
+
+    export_sentence_transformer(checkpoint, out, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "modules.json").is_file()
+    assert _leftovers(tmp_path) == []
+
+
+def test_empty_output_folder_is_used(pretrained, tmp_path):
+    _, checkpoint = pretrained
+    (tmp_path / "out").mkdir()
+    export_sentence_transformer(checkpoint, tmp_path / "out")
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_failure_midway_leaves_nothing(pretrained, tmp_path, monkeypatch, overwrite):
+    _, checkpoint = pretrained
+    out = tmp_path / "out"
+    if overwrite:
+        out.mkdir()
+        (out / "keep.txt").write_text("previous export")
+
+    def fail(*args, **kwargs):  # weights, tokenizer and ST configs are already written when the card fails
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export, "render_model_card", fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_sentence_transformer(checkpoint, out, overwrite=overwrite)
+    assert _leftovers(tmp_path) == []
+    if overwrite:
+        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    else:
+        assert not out.exists()
+
+
+def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
+    bert_dir = tmp_path / "plain-bert"
+    BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False).save_pretrained(bert_dir)
+    (tmp_path / "empty").mkdir()
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text(json.dumps({"model_type": "retromae"}))
+    no_tokenizer = tmp_path / "no-tokenizer"
+    RetroMAEForPretraining(RetroMAEConfig(**tiny_bert_kwargs())).save_pretrained(no_tokenizer)
+    cases = {
+        bert_dir: r"plain-bert is not a retromae checkpoint: config.json model_type 'bert'; export expects the output of "
+        r"`retromae pretrain` \(a checkpoint-N folder or the output dir\)",
+        tmp_path / "empty": r"empty is not a retromae checkpoint: no config.json",
+        tmp_path / "missing": r"missing does not exist",
+        no_weights: r"no-weights is not a retromae checkpoint: no model.safetensors",
+        no_tokenizer: r"no-tokenizer has no tokenizer files",
+    }
+    for source, message in cases.items():
+        with pytest.raises(ExportError, match=message):
+            export_sentence_transformer(source, tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+    _, checkpoint = pretrained
+    with pytest.raises(ExportError, match="would replace the checkpoint"):
+        export_sentence_transformer(checkpoint, checkpoint.parent, overwrite=True)
+    assert issubclass(ExportError, ValueError)
+
+
+def test_export_from_model_matches_checkpoint_export(pretrained, exported, tokenizer, tmp_path):
+    model, _ = pretrained
+    out = export_from_model(model, tokenizer, tmp_path / "retromae-tiny", RUN_INFO)
+    a, b = load_file(out / "model.safetensors"), load_file(exported / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("README.md", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json", "config.json"):
+        assert (out / name).read_text() == (exported / name).read_text(), name
+    with pytest.raises(ExportError, match="retromae \\*ForPretraining model"):
+        export_from_model(BertModel(BertConfig(**tiny_bert_kwargs())), tokenizer, tmp_path / "x")
+
+
+def test_dispatch_is_keyed_on_method_name():
+    assert {"retromae", "bow", "seed", "sentmae", "dupmae"} <= set(EXPORTERS)
+    assert exporter_for("retromae") is export.write_cls_encoder
+    with pytest.raises(ValueError, match="no sentence-transformers exporter for method 'nope'"):
+        exporter_for("nope")
+
+
+def test_sharded_checkpoint(pretrained, exported, tokenizer, tmp_path):
+    model, _ = pretrained
+    checkpoint = tmp_path / "sharded"
+    model.save_pretrained(checkpoint, max_shard_size="1MB")
+    tokenizer.save_pretrained(checkpoint)
+    (checkpoint / "retromae_run.json").write_text(json.dumps(RUN_INFO))
+    assert (checkpoint / "model.safetensors.index.json").is_file() and not (checkpoint / "model.safetensors").exists()
+    out = export_sentence_transformer(checkpoint, tmp_path / "out")
+    a, b = load_file(out / "model.safetensors"), load_file(exported / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

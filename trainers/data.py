@@ -1,0 +1,857 @@
+"""Pre-training data: corpus readers, tokenization (truncation or packing) and the encoder MLM collator.
+
+The pipeline is ``read_corpus`` -> ``tokenize_corpus`` -> ``PretrainingCollator``:
+
+```python
+corpus = read_corpus("corpus.jsonl")  # Dataset with one column "text"
+tokenized = tokenize_corpus(corpus, tokenizer, max_seq_length=512)  # "input_ids", "word_starts"
+batch = PretrainingCollator(tokenizer)(list(tokenized.select(range(8))))
+```
+
+Files are read by our own generator so that every error names the file and the 1-based line number
+(``CorpusError``); the result is materialised (and cached) by ``datasets.Dataset.from_generator``, or streamed lazily
+by ``datasets.IterableDataset.from_generator`` for corpora larger than memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import pkgutil
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+import torch
+from datasets.exceptions import DatasetGenerationError
+
+logger = logging.getLogger(__name__)
+
+TextFormat = Literal["auto", "lines", "blocks"]
+TEXT_FORMATS = ("auto", "lines", "blocks")
+CORPUS_SUFFIXES = (".txt", ".jsonl")
+# Suffixes that mark a source as a file path (never a Hub dataset name) when it does not exist.
+PATH_LIKE_SUFFIXES = (*CORPUS_SUFFIXES, ".json", ".csv", ".tsv", ".parquet", ".arrow", ".gz")
+MIN_PACKED_BLOCK = 8  # a trailing packed block shorter than this many tokens is dropped
+NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many rows
+
+__all__ = [
+    "CorpusError",
+    "PretrainingCollator",
+    "builtin_corpus",
+    "read_corpus",
+    "tokenize_corpus",
+]
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be read; the message names the file (and line) and what to do about it."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def read_corpus(
+    source: str | os.PathLike | None,
+    *,
+    text_format: TextFormat = "auto",
+    streaming: bool = False,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Reads a pre-training corpus into a dataset with one column ``"text"`` (one passage per row).
+
+    Accepted sources, tried in this order:
+
+    - ``None``: the embedded corpus of :func:`builtin_corpus`.
+    - A ``.txt`` file. ``text_format="lines"``: one passage per non-empty line; ``"blocks"``: passages separated by
+      empty lines, the lines of a block joined with a space (a line of only spaces does not end a block);
+      ``"auto"``: blocks if the file has an empty line between two non-empty lines, else lines.
+    - A ``.jsonl`` file: one JSON object per line with a string ``"text"`` field; a non-empty string ``"title"`` is
+      prepended (``title + " " + text``, the BEIR corpus convention). Blank lines are skipped.
+    - A directory holding ``corpus.jsonl`` (a BEIR folder): that file.
+    - A directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``"train"``
+      split is used) with a ``"text"`` column.
+    - Any other directory: every ``.txt`` and ``.jsonl`` file below it (recursively, hidden files skipped), in sorted
+      path order.
+    - Otherwise a Hub dataset name, loaded with ``datasets.load_dataset(name, split="train")``. A source that looks
+      like a path (absolute, starting with ``.`` or ``~``, or ending in a file suffix) and does not exist is reported
+      as missing instead.
+
+    Passages that are empty after stripping whitespace are skipped.
+
+    Args:
+        source: A path, a Hub dataset name, or ``None`` for the built-in corpus.
+        text_format: How ``.txt`` files split into passages (``"auto"``, ``"lines"`` or ``"blocks"``).
+        streaming: Return a lazy ``datasets.IterableDataset`` (for corpora larger than memory) instead of a
+            memory-mapped, cached ``datasets.Dataset``. Errors in the files then surface while iterating, as the
+            same ``CorpusError``; a folder of several files is sharded by file across DataLoader workers.
+
+    Returns:
+        A ``datasets.Dataset`` (or ``datasets.IterableDataset`` when ``streaming=True``) with the column ``"text"``.
+
+    Raises:
+        CorpusError: The path is missing, a file is malformed (not UTF-8, a line that is not JSON or has no string
+            ``"text"``; the message gives the file and 1-based line), or the corpus holds no passage at all.
+        ValueError: ``text_format`` is not one of ``"auto"``, ``"lines"``, ``"blocks"``.
+    """
+    if text_format not in TEXT_FORMATS:
+        raise ValueError(f"text_format={text_format!r} is not one of {TEXT_FORMATS}")
+    if source is None:
+        corpus = builtin_corpus()
+        return corpus.to_iterable_dataset() if streaming else corpus
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _read_files([path], text_format, streaming)
+    if path.is_dir():
+        return _read_directory(path, text_format, streaming)
+    if _looks_like_path(str(source)):
+        raise CorpusError(f"corpus path {str(source)!r} does not exist; check the path (relative to {Path.cwd()})")
+    return _load_hub_dataset(str(source), streaming)
+
+
+def _looks_like_path(source: str) -> bool:
+    """Whether a non-existing source is meant as a local path rather than a Hub dataset name ``[owner/]name``."""
+    return (
+        os.path.isabs(source)
+        or source.startswith((".", "~"))
+        or source.count("/") > 1
+        or source.lower().endswith(PATH_LIKE_SUFFIXES)
+    )
+
+
+def _read_directory(
+    path: Path, text_format: TextFormat, streaming: bool
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Reads a BEIR folder, a ``save_to_disk`` folder, or a folder of ``.txt``/``.jsonl`` files."""
+    if (path / "corpus.jsonl").is_file():
+        return _read_files([path / "corpus.jsonl"], text_format, streaming)
+    if any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
+        return _load_saved_dataset(path, streaming)
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.suffix in CORPUS_SUFFIXES
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
+    if not files:
+        raise CorpusError(
+            f"directory {str(path)!r} holds no corpus: expected corpus.jsonl (BEIR), a datasets save_to_disk folder, "
+            f"or .txt/.jsonl files; point the source at one of these"
+        )
+    return _read_files(files, text_format, streaming)
+
+
+def _load_saved_dataset(path: Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
+    """Loads a ``save_to_disk`` folder (``DatasetDict``: its ``"train"`` split, or its only split)."""
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" in loaded:
+            loaded = loaded["train"]
+        elif len(loaded) == 1:
+            loaded = next(iter(loaded.values()))
+        else:
+            raise CorpusError(
+                f"{str(path)!r} is a DatasetDict without a 'train' split (splits: {sorted(loaded)}); "
+                f"save the split to use with dataset_dict['<split>'].save_to_disk(...)"
+            )
+    corpus = _select_text_column(loaded, str(path))
+    if len(corpus) == 0:
+        raise CorpusError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
+    return corpus.to_iterable_dataset() if streaming else corpus
+
+
+def _load_hub_dataset(name: str, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
+    """Loads the ``"train"`` split of a Hub dataset; every failure becomes a ``CorpusError``."""
+    try:
+        loaded = datasets.load_dataset(name, split="train", streaming=streaming)
+    except Exception as exc:
+        raise CorpusError(
+            f"corpus {name!r} was not found locally (no such file or directory) or on the Hub "
+            f"({type(exc).__name__}: {exc}); check the path, or the dataset name and your connection "
+            f"(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"
+        ) from exc
+    return _select_text_column(loaded, name)
+
+
+def _select_text_column(
+    dataset: datasets.Dataset | datasets.IterableDataset, where: str
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Keeps only the ``"text"`` column, or raises ``CorpusError`` when there is none."""
+    columns = dataset.column_names
+    if columns is None:  # a streaming dataset with unknown features: checked when iterating
+        return dataset.select_columns(["text"])
+    if "text" not in columns:
+        raise CorpusError(
+            f"dataset {where!r} has no 'text' column (columns: {columns}); rename the passage column to 'text', "
+            f"e.g. dataset.rename_column('<column>', 'text')"
+        )
+    return dataset.select_columns(["text"]) if columns != ["text"] else dataset
+
+
+def _read_files(
+    files: list[Path], text_format: TextFormat, streaming: bool
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Materialises (or streams) the passages of ``.txt``/``.jsonl`` files through our own generator."""
+    sources = [_describe_file(path, text_format) for path in files]
+    if not any(_has_content(path) for path in files):
+        names = ", ".join(repr(str(p)) for p in files)
+        raise CorpusError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
+    features = datasets.Features({"text": datasets.Value("string")})
+    if streaming:
+        # A list in gen_kwargs is sharded by file across DataLoader workers / ranks.
+        return datasets.IterableDataset.from_generator(
+            _generate_passages, features=features, gen_kwargs={"sources": sources, "code": _reader_fingerprint()}
+        )
+    try:
+        corpus = datasets.Dataset.from_generator(
+            _generate_passages,
+            features=features,
+            gen_kwargs={"sources": tuple(sources), "code": _reader_fingerprint(), "require_passages": True},
+        )
+    except DatasetGenerationError as exc:  # datasets wraps what the generator raises
+        cause = _find_corpus_error(exc)
+        if cause is None:
+            raise
+        raise cause.with_traceback(cause.__traceback__) from None
+    logger.info("Read %d passages from %d file(s)", len(corpus), len(files))
+    return corpus
+
+
+def _describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, int]:
+    """``(path, format, size, mtime_ns)``: the format resolved, size and mtime so edits invalidate the cache."""
+    stat = path.stat()
+    if path.suffix == ".jsonl":
+        fmt = "jsonl"
+    elif path.suffix == ".txt":
+        fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
+    else:
+        raise CorpusError(f"{str(path)!r}: unsupported file type {path.suffix!r}; use a .txt or .jsonl file")
+    return str(path.resolve()), fmt, stat.st_size, stat.st_mtime_ns
+
+
+def _has_blank_separator(path: Path) -> bool:
+    """Whether the file has an empty line between two non-empty lines (the ``"blocks"`` layout)."""
+    seen_text = blank_after_text = False
+    with open(path, "rb") as handle:
+        for raw in handle:
+            line = raw.rstrip(b"\r\n")
+            if not line:
+                blank_after_text = seen_text
+            elif not line.strip():
+                continue  # whitespace only: neither text nor a separator
+            elif blank_after_text:
+                return True
+            else:
+                seen_text = True
+    return False
+
+
+def _has_content(path: Path) -> bool:
+    """Whether the file has at least one non-blank line (stops at the first)."""
+    with open(path, "rb") as handle:
+        return any(raw.strip() for raw in handle)
+
+
+def _find_corpus_error(exc: BaseException) -> CorpusError | None:
+    """The ``CorpusError`` that ``datasets`` wrapped (in ``__cause__``/``__context__``), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, CorpusError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _code_fingerprint(*functions: Any) -> str:
+    """A hash of the functions' source code (bytecode when the source is unavailable).
+
+    ``datasets`` fingerprints a generator or ``map`` function without the helpers it calls, so a cached Arrow file
+    would outlive a change to those helpers; this hash goes into ``gen_kwargs`` / ``fn_kwargs`` to prevent that.
+    """
+    digest = hashlib.sha256()
+    for function in functions:
+        try:
+            digest.update(inspect.getsource(function).encode())
+        except (OSError, TypeError):
+            digest.update(function.__code__.co_code)
+    return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _reader_fingerprint() -> str:
+    return _code_fingerprint(_generate_passages, _iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl)
+
+
+def _generate_passages(
+    sources: list[tuple[str, str, int, int]] | tuple[tuple[str, str, int, int], ...],
+    code: str = "",
+    require_passages: bool = False,
+) -> Iterator[dict]:
+    """Yields ``{"text": passage}`` for every file in ``sources`` (see ``_describe_file``).
+
+    ``code`` (the readers' ``_code_fingerprint``) is unused here: it is part of the cache fingerprint.
+    With ``require_passages`` an empty result raises ``CorpusError`` (not for streaming, where a shard of the files
+    may legitimately be empty).
+    """
+    readers = {"jsonl": _iter_jsonl, "lines": _iter_text_lines, "blocks": _iter_text_blocks}
+    count = 0
+    for path, fmt, _size, _mtime in sources:
+        for text in readers[fmt](path):
+            count += 1
+            yield {"text": text}
+    if require_passages and count == 0:
+        names = ", ".join(repr(source[0]) for source in sources)
+        raise CorpusError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
+
+
+def _iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
+    """Yields ``(1-based line number, line without its end)``, raising ``CorpusError`` on bytes that are not UTF-8."""
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(
+                    f"{path}:{line_no}: bytes that are not valid UTF-8 ({exc.reason} at column {exc.start + 1}); "
+                    f"re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out"
+                ) from None
+            yield line_no, line.rstrip("\r\n")
+
+
+def _iter_text_lines(path: str) -> Iterator[str]:
+    """One passage per non-empty line (whitespace collapsed)."""
+    for _line_no, line in _iter_decoded_lines(path):
+        text = " ".join(line.split())
+        if text:
+            yield text
+
+
+def _iter_text_blocks(path: str) -> Iterator[str]:
+    """Passages separated by empty lines; the lines of a block are joined with a space.
+
+    A line of only spaces or tabs is skipped without ending the block (Wikipedia-style dumps keep such lines inside
+    articles; ``awk`` paragraph mode counts the same way).
+    """
+    block: list[str] = []
+    for _line_no, line in _iter_decoded_lines(path):
+        text = " ".join(line.split())
+        if text:
+            block.append(text)
+        elif not line and block:
+            yield " ".join(block)
+            block = []
+    if block:
+        yield " ".join(block)
+
+
+def _iter_jsonl(path: str) -> Iterator[str]:
+    """One passage per JSON line: ``text``, or ``title + " " + text`` when a title is given."""
+    for line_no, line in _iter_decoded_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(
+                f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                f'write one JSON object per line, e.g. {{"text": "..."}}'
+            ) from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            found = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise CorpusError(
+                f'{path}:{line_no}: expected a JSON object with a string "text" field, found {found}; '
+                f'give every line a "text" (and optionally a "title")'
+            )
+        title = record.get("title")
+        text = f"{title} {record['text']}" if isinstance(title, str) and title.strip() else record["text"]
+        text = " ".join(text.split())
+        if text:
+            yield text
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Built-in corpus
+# ---------------------------------------------------------------------------------------------------------------------
+
+BUILTIN_MODULES = (  # noqa: SIM905 (one readable string)
+    "abc argparse ast base64 bdb binascii bisect builtins calendar cmd code codecs codeop colorsys compileall "
+    "configparser contextlib contextvars copy copyreg csv dataclasses datetime decimal difflib dis doctest enum "
+    "filecmp fileinput fnmatch fractions ftplib functools getopt getpass gettext glob graphlib gzip hashlib heapq "
+    "hmac imaplib inspect io ipaddress itertools keyword linecache locale lzma mailbox math mimetypes modulefinder "
+    "netrc numbers operator optparse os pathlib pdb pickle pickletools pkgutil platform plistlib poplib pprint "
+    "profile pstats py_compile pyclbr pydoc queue quopri random re reprlib runpy sched secrets "
+    "selectors shelve shlex shutil signal smtplib socket socketserver ssl stat statistics string struct subprocess "
+    "symtable sys sysconfig tabnanny tarfile tempfile textwrap threading time timeit token tokenize tomllib trace "
+    "traceback tracemalloc types typing unicodedata uuid warnings weakref zipapp zipfile zipimport zlib"
+).split()
+BUILTIN_PACKAGES = (  # noqa: SIM905 (one readable string)
+    "asyncio collections concurrent email html http importlib json logging multiprocessing sqlite3 unittest urllib "
+    "wsgiref xml xmlrpc"
+).split()
+MIN_BUILTIN_CHARS = 150
+CODE_CHARS = "()=[]{}<>_*`|\\:"
+MAX_CODE_CHAR_SHARE = 0.03  # paragraphs with more of CODE_CHARS than this share of characters look like code
+
+
+def builtin_corpus() -> datasets.Dataset:
+    """A small corpus of real English prose that exists offline on every machine (the default of ``retromae pretrain``).
+
+    Source: the docstrings of Python standard-library modules (``collections``, ``itertools``, ``functools``,
+    ``json``, ``re``, ``pathlib``, ``datetime``, ``argparse``, ``logging``, ``unittest``, ``email``, ``http``,
+    ``asyncio``, ``typing``, ``decimal``, ``csv``, ``sqlite3``, ``zipfile``, ``subprocess``, ``threading``, ...;
+    packages with their submodules), of their public classes and functions and of those classes' public methods,
+    followed by the help texts of ``pydoc_data.topics`` (the language reference that ``help()`` shows).
+
+    Each text is split into paragraphs on blank lines, whitespace is collapsed, and a paragraph is kept when it has at
+    least 150 characters, is mostly prose (no ``>>>`` prompt, no ``::=`` grammar, and at most 3% of its characters
+    among ``()=[]{}<>_*`|\\:``) and was not seen before. The order is deterministic for a given Python version
+    (about 2,000 passages on CPython 3.11). Docstrings stripped by ``python -OO`` leave it empty (``CorpusError``).
+
+    Returns:
+        A ``datasets.Dataset`` with one column ``"text"``.
+
+    Raises:
+        CorpusError: No passage could be collected (e.g. under ``python -OO``).
+    """
+    passages = _builtin_passages()
+    if not passages:
+        raise CorpusError(
+            "the built-in corpus is empty: standard-library docstrings are unavailable (python -OO?); "
+            "pass a corpus file or directory instead"
+        )
+    return datasets.Dataset.from_dict({"text": list(passages)})
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_passages() -> tuple[str, ...]:
+    """The deduplicated prose paragraphs of the standard library's docstrings and help topics."""
+    seen: set[str] = set()
+    passages: list[str] = []
+    for doc in _stdlib_texts():
+        for paragraph in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+            text = " ".join(paragraph.split())
+            if len(text) >= MIN_BUILTIN_CHARS and _is_prose(text) and text not in seen:
+                seen.add(text)
+                passages.append(text)
+    return tuple(passages)
+
+
+def _is_prose(text: str) -> bool:
+    """A simple heuristic: no interpreter prompt or grammar rule, and few code characters."""
+    if ">>>" in text or "::=" in text or text.count("...") > 1:
+        return False
+    return sum(text.count(char) for char in CODE_CHARS) <= MAX_CODE_CHAR_SHARE * len(text)
+
+
+def _stdlib_texts() -> Iterator[str]:
+    """Docstrings of the standard-library modules (see ``builtin_corpus``), then ``pydoc_data`` help topics."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated modules and aliases warn on import / attribute access
+        for module in _stdlib_modules():
+            yield from _module_docstrings(module)
+        try:
+            from pydoc_data.topics import topics
+        except ImportError:
+            return
+        for key in sorted(topics):
+            yield topics[key]
+
+
+def _stdlib_modules() -> Iterator[Any]:
+    """Imports the modules of ``BUILTIN_MODULES`` and ``BUILTIN_PACKAGES`` (with submodules) in sorted order."""
+    names = set(BUILTIN_MODULES)
+    for package_name in BUILTIN_PACKAGES:
+        package = _import_or_none(package_name)
+        if package is None:
+            continue
+        names.add(package_name)
+        for info in pkgutil.walk_packages(package.__path__, f"{package_name}."):
+            if not _skip_submodule(info.name):
+                names.add(info.name)
+    for name in sorted(names):
+        module = _import_or_none(name)
+        if module is not None:
+            yield module
+
+
+def _skip_submodule(name: str) -> bool:
+    """Test suites, ``__main__`` scripts and Windows-only modules are not part of the corpus."""
+    return any(
+        part in ("test", "tests", "__main__") or part.startswith(("test_", "windows_")) or part.endswith("_win32")
+        for part in name.split(".")
+    )
+
+
+def _import_or_none(name: str) -> Any:
+    """The imported module, or ``None`` when this Python build lacks it."""
+    try:
+        return importlib.import_module(name)
+    except Exception:  # platform-specific or optional modules (ImportError, OSError, ...)
+        return None
+
+
+def _module_docstrings(module: Any) -> Iterator[str]:
+    """The module docstring, its own public classes and functions, and their public methods."""
+    if isinstance(module.__doc__, str):
+        yield module.__doc__
+    members = vars(module)
+    for name in sorted(members):
+        obj = members[name]
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue
+        if isinstance(obj.__doc__, str):
+            yield obj.__doc__
+        if inspect.isclass(obj):
+            for attr_name, attr in sorted(vars(obj).items()):
+                doc = getattr(attr, "__doc__", None)
+                if not attr_name.startswith("_") and _is_method(attr) and isinstance(doc, str):
+                    yield doc
+
+
+def _is_method(attr: Any) -> bool:
+    return inspect.isroutine(attr) or isinstance(attr, (classmethod, staticmethod, property))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenization
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tokenize_corpus(
+    dataset: datasets.Dataset | datasets.IterableDataset,
+    tokenizer: Any,
+    *,
+    max_seq_length: int,
+    packing: bool = False,
+    num_proc: int | None = None,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Tokenizes a ``"text"`` corpus once (cached for a ``Dataset``, lazy for an ``IterableDataset``).
+
+    Truncation (``packing=False``): each passage becomes one sequence with the tokenizer's special tokens
+    (``[CLS] ... [SEP]``), truncated to ``max_seq_length``. Packing (``packing=True``): passages are tokenized without
+    special tokens, concatenated and cut into blocks of ``max_seq_length - num_special_tokens`` tokens, each wrapped
+    with the special tokens; the last, shorter block of each ``map`` batch (1,000 passages) is kept when it has at
+    least 8 tokens. Sequences without any ordinary token (empty passages) are dropped.
+
+    Args:
+        dataset: A ``datasets.Dataset`` or ``datasets.IterableDataset`` with a ``"text"`` column, e.g. from
+            :func:`read_corpus`.
+        tokenizer: A fast (``tokenizers``-backed) tokenizer; ``word_ids()`` gives the word boundaries.
+        max_seq_length: Maximum tokens per sequence, special tokens included.
+        packing: Concatenate passages into full-length blocks instead of truncating each one.
+        num_proc: Processes for a ``Dataset`` with more than 10,000 rows (default ``min(4, os.cpu_count())``);
+            ignored otherwise.
+
+    Returns:
+        The dataset with the columns ``"input_ids"`` (token ids, special tokens included, length
+        ``<= max_seq_length``) and ``"word_starts"`` (1 where a token begins a new word, special tokens included;
+        0 for the continuation pieces of a word). All input columns are removed.
+
+    Raises:
+        ValueError: The tokenizer is not fast, or ``max_seq_length`` leaves no room for an ordinary token.
+        CorpusError: No sequence is left (every passage is empty); not checked for an ``IterableDataset``.
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(
+            f"tokenize_corpus needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}; "
+            f"load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+    prefix, suffix = _special_template(tokenizer)
+    if max_seq_length <= len(prefix) + len(suffix):
+        raise ValueError(
+            f"max_seq_length={max_seq_length} leaves no room for text after {len(prefix) + len(suffix)} special tokens"
+        )
+    fn_kwargs = {
+        "tokenizer": tokenizer,
+        "max_seq_length": max_seq_length,
+        "prefix": prefix,
+        "suffix": suffix,
+        "code": _tokenizer_fingerprint(),  # unused by the functions: invalidates the cache when this code changes
+    }
+    function = _pack_batch if packing else _truncate_batch
+    features = datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "word_starts": datasets.Sequence(datasets.Value("int8")),
+        }
+    )
+    if dataset.column_names is not None and "text" not in dataset.column_names:
+        raise CorpusError(
+            f"the dataset has no 'text' column (columns: {dataset.column_names}); "
+            f"read it with read_corpus or rename the passage column to 'text'"
+        )
+    if isinstance(dataset, datasets.IterableDataset):
+        tokenized = dataset.map(
+            function, batched=True, fn_kwargs=fn_kwargs, remove_columns=dataset.column_names, features=features
+        )
+        return tokenized.select_columns(["input_ids", "word_starts"])
+    tokenized = dataset.map(
+        function,
+        batched=True,
+        fn_kwargs=fn_kwargs,
+        remove_columns=dataset.column_names,
+        features=features,
+        num_proc=_effective_num_proc(num_proc, len(dataset)),
+        desc="Tokenizing (packing)" if packing else "Tokenizing",
+    )
+    if len(tokenized) == 0:
+        raise CorpusError(
+            f"no sequence left after tokenizing {len(dataset)} passages: every passage is empty; "
+            f"check that the corpus 'text' column holds text"
+        )
+    logger.info("Tokenized %d passages into %d sequences (packing=%s)", len(dataset), len(tokenized), packing)
+    return tokenized
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_fingerprint() -> str:
+    return _code_fingerprint(_truncate_batch, _pack_batch, _word_starts)
+
+
+def _effective_num_proc(num_proc: int | None, num_rows: int) -> int | None:
+    """Processes for ``Dataset.map``: only for more than ``NUM_PROC_MIN_ROWS`` rows, default ``min(4, cpus)``."""
+    if num_rows <= NUM_PROC_MIN_ROWS:
+        return None
+    chosen = num_proc if num_proc is not None else min(4, os.cpu_count() or 1)
+    return chosen if chosen > 1 else None
+
+
+def _special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer puts before and after a single sequence, e.g. ``([CLS], [SEP])``.
+
+    transformers 5 fast tokenizers have no ``build_inputs_with_special_tokens``; the post-processor's template is read
+    off a probe encoding instead (specials = positions whose ``word_ids()`` is ``None``).
+    """
+    probe = tokenizer("hello world", add_special_tokens=True, return_attention_mask=False, return_token_type_ids=False)
+    ids, word_ids = probe["input_ids"], probe.word_ids()
+    ordinary = [i for i, word in enumerate(word_ids) if word is not None]
+    if not ordinary:
+        raise ValueError(f"{type(tokenizer).__name__} produced no ordinary token for 'hello world'")
+    prefix, suffix = ids[: ordinary[0]], ids[ordinary[-1] + 1 :]
+    expected = tokenizer.num_special_tokens_to_add(pair=False)
+    if len(prefix) + len(suffix) != expected:
+        raise ValueError(
+            f"{type(tokenizer).__name__} adds {expected} special tokens but only {len(prefix) + len(suffix)} "
+            f"surround the text; packing supports tokenizers whose template is prefix + text + suffix"
+        )
+    return prefix, suffix
+
+
+def _word_starts(word_ids: list[int | None]) -> list[int]:
+    """1 where a token begins a word (special tokens, ``None``, included), 0 for a word's continuation pieces."""
+    starts, previous = [], None
+    for word in word_ids:
+        starts.append(1 if word is None or word != previous else 0)
+        previous = word
+    return starts
+
+
+def _truncate_batch(
+    batch: dict[str, list], tokenizer: Any, max_seq_length: int, prefix: list[int], suffix: list[int], code: str = ""
+) -> dict[str, list]:
+    """One truncated ``[CLS] ... [SEP]`` sequence per non-empty passage."""
+    texts = [text or "" for text in batch["text"]]
+    encoding = tokenizer(
+        texts, truncation=True, max_length=max_seq_length, return_attention_mask=False, return_token_type_ids=False
+    )
+    input_ids, word_starts = [], []
+    for row, ids in enumerate(encoding["input_ids"]):
+        word_ids = encoding.word_ids(row)
+        if any(word is not None for word in word_ids):
+            input_ids.append(ids)
+            word_starts.append(_word_starts(word_ids))
+    return {"input_ids": input_ids, "word_starts": word_starts}
+
+
+def _pack_batch(
+    batch: dict[str, list], tokenizer: Any, max_seq_length: int, prefix: list[int], suffix: list[int], code: str = ""
+) -> dict[str, list]:
+    """Concatenates the batch's passages and cuts them into ``prefix + block + suffix`` sequences."""
+    texts = [text or "" for text in batch["text"]]
+    encoding = tokenizer(
+        texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False, verbose=False
+    )
+    flat_ids: list[int] = []
+    flat_starts: list[int] = []
+    for row, ids in enumerate(encoding["input_ids"]):
+        flat_ids.extend(ids)
+        flat_starts.extend(_word_starts(encoding.word_ids(row)))
+    block = max_seq_length - len(prefix) - len(suffix)
+    input_ids, word_starts = [], []
+    for start in range(0, len(flat_ids), block):
+        ids, starts = flat_ids[start : start + block], flat_starts[start : start + block]
+        if len(ids) < min(block, MIN_PACKED_BLOCK):
+            break
+        starts[0] = 1  # a word cut at the block edge starts a new unit
+        input_ids.append(prefix + ids + suffix)
+        word_starts.append([1] * len(prefix) + starts + [1] * len(suffix))
+    return {"input_ids": input_ids, "word_starts": word_starts}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Collation and masking
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PretrainingCollator:
+    """Pads tokenized rows and applies the encoder's masked-language-model corruption, vectorized in torch.
+
+    Masking (per row, on the padded ``(B, L)`` tensors, no Python loop over rows or tokens):
+
+    - Special tokens (``tokenizer.all_special_ids``) and padding are never masked.
+    - The number of masked tokens is exactly ``n_mask = max(1, round(mask_ratio * n_ordinary))``, ``n_ordinary``
+      being the row's non-special, non-padding tokens.
+    - Whole-word units: a word starts where ``word_starts`` is 1 (and at every special token and the token after
+      it). Words get a random key and are taken in key order while the cumulative token count stays
+      ``<= n_mask``; the remaining budget is then filled with single-token words not yet chosen, in the same random
+      order. The count therefore equals ``n_mask`` whenever enough single-token words exist; a row made only of
+      long multi-piece words may get fewer. ``whole_word_mask=False`` makes every token its own word (always exact).
+    - Of the masked positions, a share ``replace_with_mask`` becomes ``tokenizer.mask_token_id``, a share
+      ``replace_with_random`` a uniformly random non-special id in ``[0, len(tokenizer))``, the rest stays unchanged.
+
+    Randomness comes from ``generator`` when given (its state is checkpointed by ``RetroMAETrainer``, which
+    makes a resumed run continue exactly), else from torch's global RNG.
+    The original ids are ``torch.where(encoder_labels != -100, encoder_labels, input_ids)``.
+
+    Args:
+        tokenizer: The tokenizer that produced the ids (needs ``pad_token_id`` and ``mask_token_id``).
+        mask_ratio: Share of ordinary tokens to mask, in (0, 1).
+        whole_word_mask: Mask whole words (all their pieces) instead of single tokens.
+        pad_to_multiple_of: Pad the length to a multiple of this (8 suits tensor cores); ``None`` pads to the longest.
+        replace_with_mask: Share of masked positions replaced by the mask token, in [0, 1].
+        replace_with_random: Share of masked positions replaced by a random token, in [0, 1]; with
+            ``replace_with_mask`` at most 1.
+        generator: Optional ``torch.Generator`` for every random draw of the collator.
+
+    Features: dicts with ``"input_ids"`` (list or tensor) and optionally ``"word_starts"`` (default: every token
+    starts a word); other keys are ignored.
+
+    Returns (``__call__``): a dict of ``torch.long`` tensors of shape ``(batch_size, padded_length)``:
+    ``input_ids`` (corrupted encoder input), ``attention_mask``, ``encoder_labels`` (original id at masked
+    positions, -100 elsewhere) and ``decoder_labels`` (original id at every real non-special position, -100 at
+    special tokens and padding).
+    """
+
+    tokenizer: Any
+    mask_ratio: float = 0.3
+    whole_word_mask: bool = True
+    pad_to_multiple_of: int | None = 8
+    replace_with_mask: float = 0.8
+    replace_with_random: float = 0.1
+    generator: torch.Generator | None = None
+    _special_ids: torch.Tensor = field(init=False, repr=False, compare=False)
+    _random_ids: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_ratio < 1.0:
+            raise ValueError(f"mask_ratio={self.mask_ratio} is not in the allowed range (0, 1)")
+        for name in ("replace_with_mask", "replace_with_random"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} is not in the allowed range [0, 1]")
+        if self.replace_with_mask + self.replace_with_random > 1.0:
+            raise ValueError(
+                f"replace_with_mask + replace_with_random = {self.replace_with_mask + self.replace_with_random} "
+                f"exceeds 1; lower one of them"
+            )
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of} must be a positive integer or None")
+        for name in ("pad_token_id", "mask_token_id"):
+            if getattr(self.tokenizer, name, None) is None:
+                raise ValueError(f"the tokenizer has no {name}; set it, e.g. tokenizer.add_special_tokens(...)")
+        self._special_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
+        vocab = torch.arange(len(self.tokenizer))
+        self._random_ids = vocab[~torch.isin(vocab, self._special_ids)]
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        input_ids, word_starts, attention_mask = self._pad(features)
+        special = torch.isin(input_ids, self._special_ids)
+        ordinary = attention_mask & ~special  # (B, L)
+        masked = self._choose_masked(ordinary, word_starts)
+        corrupted = self._corrupt(input_ids, masked)
+        return {
+            "input_ids": corrupted,
+            "attention_mask": attention_mask.long(),
+            "encoder_labels": torch.where(masked, input_ids, -100),
+            "decoder_labels": torch.where(ordinary, input_ids, -100),
+        }
+
+    def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-pads ids (pad id) and word starts (1): ``(B, L)`` long, long, and a bool attention mask."""
+        if not features:
+            raise ValueError("PretrainingCollator got an empty batch")
+        ids = [torch.as_tensor(f["input_ids"], dtype=torch.long) for f in features]
+        starts = [
+            torch.as_tensor(f["word_starts"], dtype=torch.long)
+            if f.get("word_starts") is not None
+            else torch.ones_like(t)
+            for f, t in zip(features, ids, strict=True)
+        ]
+        lengths = torch.tensor([len(t) for t in ids])
+        if any(len(s) != len(t) for s, t in zip(starts, ids, strict=True)):
+            raise ValueError("every feature's 'word_starts' must have the length of its 'input_ids'")
+        length = int(lengths.max())
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        input_ids = torch.full((len(ids), length), self.tokenizer.pad_token_id, dtype=torch.long)
+        word_starts = torch.ones((len(ids), length), dtype=torch.long)
+        attention_mask = torch.arange(length) < lengths[:, None]  # (B, L)
+        if length:
+            input_ids[attention_mask] = torch.cat(ids)
+            word_starts[attention_mask] = torch.cat(starts)
+        return input_ids, word_starts, attention_mask
+
+    def _choose_masked(self, ordinary: torch.Tensor, word_starts: torch.Tensor) -> torch.Tensor:
+        """Exactly ``n_mask`` ordinary tokens per row, in whole-word units (see the class docstring): ``(B, L)`` bool."""
+        B, L = ordinary.shape
+        n_ordinary = ordinary.sum(dim=1)  # (B,)
+        # float64 so that the rounding matches Python's round(mask_ratio * n) (float32 differs at some .5 ties)
+        n_mask = torch.clamp(torch.round(n_ordinary.double() * self.mask_ratio).long(), min=1) * (n_ordinary > 0)
+        if self.whole_word_mask:
+            # A word also starts at every special/pad token and at the token right after one.
+            outside = ~ordinary
+            after_outside = torch.nn.functional.pad(outside[:, :-1], (1, 0), value=True)
+            starts = (word_starts != 0) | outside | after_outside
+        else:
+            starts = torch.ones_like(ordinary)
+        word_index = torch.cumsum(starts.long(), dim=1) - 1  # (B, L), word of each token, 0 .. L-1
+        word_length = torch.zeros((B, L), dtype=torch.long).scatter_add_(1, word_index, ordinary.long())  # (B, L words)
+        keys = torch.rand(B, L, generator=self.generator).masked_fill_(word_length == 0, 2.0)  # no-token words sort last
+        order = torch.argsort(keys, dim=1)  # (B, L): words in random order
+        sorted_length = word_length.gather(1, order)
+        budget = n_mask[:, None]  # (B, 1)
+        chosen = (torch.cumsum(sorted_length, dim=1) <= budget) & (sorted_length > 0)
+        # Fill what is left of the budget with unchosen single-token words, in the same random order.
+        left = budget - (sorted_length * chosen).sum(dim=1, keepdim=True)
+        single = (sorted_length == 1) & ~chosen
+        chosen |= single & (torch.cumsum(single.long(), dim=1) <= left)
+        chosen_words = torch.zeros((B, L), dtype=torch.bool).scatter_(1, order, chosen)  # back to word order
+        return chosen_words.gather(1, word_index) & ordinary
+
+    def _corrupt(self, input_ids: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """80/10/10: mask token, random non-special token, unchanged (shares from the fields)."""
+        draw = torch.rand(input_ids.shape, generator=self.generator)
+        to_mask = masked & (draw < self.replace_with_mask)
+        to_random = (
+            masked & (draw >= self.replace_with_mask) & (draw < self.replace_with_mask + self.replace_with_random)
+        )
+        corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
+        n_random = int(to_random.sum())
+        if n_random:
+            corrupted[to_random] = self._random_ids[torch.randint(len(self._random_ids), (n_random,), generator=self.generator)]
+        return corrupted
