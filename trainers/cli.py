@@ -309,12 +309,7 @@ def pretrain(argv: list[str]) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_ref)
     overrides = _method_config_overrides(model_args, method, tokenizer)
-    try:
-        model = load_pretraining_model(model_ref, method, overrides)
-    except (TypeError, ValueError) as error:  # config validation (field name + allowed range)
-        if isinstance(error, CliError):
-            raise
-        raise CliError(str(error).strip().splitlines()[-1].strip()) from None
+    model = load_pretraining_model(model_ref, method, overrides)
     _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, model_ref)
 
     with training_args.main_process_first(desc="reading and tokenizing the corpus"):
@@ -450,15 +445,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: retromae COMMAND [options]   (retromae COMMAND --help for its options)\n\ncommands:\n{listing}")
         return 0 if not argv or argv[0] in {"-h", "--help"} else 2
     command, _ = COMMANDS[argv[0]]
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         return command(argv[1:])
-    except CliError as error:
-        print(f"retromae {argv[0]}: error: {error}", file=sys.stderr)
+    except (ValueError, StrictDataclassError) as error:  # input validation: CliError, CorpusError, config fields...
+        if os.environ.get("RETROMAE_DEBUG"):
+            raise
+        print(f"retromae {argv[0]}: error: {_one_line(error)}", file=sys.stderr)
         return 2
-    except ValueError as error:  # our input validation (CorpusError, ExportError, config fields)
-        message = str(error).strip().splitlines()
-        print(f"retromae {argv[0]}: error: {message[-1] if message else error}", file=sys.stderr)
-        return 2
+
+
+def _one_line(error: BaseException) -> str:
+    """The message that names the problem: for wrapped config errors, the innermost ValueError's text."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    while isinstance(error, StrictDataclassError) and error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).strip()
+    hint = "" if isinstance(error, CliError) else "  (RETROMAE_DEBUG=1 shows the traceback)"
+    return (text.splitlines()[-1].strip() if text else type(error).__name__) + hint
 
 
 if __name__ == "__main__":

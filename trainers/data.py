@@ -755,6 +755,8 @@ class PretrainingCollator:
     replace_with_mask: float = 0.8
     replace_with_random: float = 0.1
     generator: torch.Generator | None = None
+    _calls: int = field(default=0, init=False, repr=False, compare=False)
+    _states_before: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
     _special_ids: torch.Tensor = field(init=False, repr=False, compare=False)
     _random_ids: torch.Tensor = field(init=False, repr=False, compare=False)
 
@@ -778,7 +780,26 @@ class PretrainingCollator:
         vocab = torch.arange(len(self.tokenizer))
         self._random_ids = vocab[~torch.isin(vocab, self._special_ids)]
 
+    def generator_state_before(self, call: int) -> torch.Tensor | None:
+        """State of `generator` before this collator's `call`-th call (0-based), kept for the last 64 calls.
+
+        Data loaders collate ahead of training (accelerate prefetches one batch), so a checkpoint must store the
+        state from before the first batch the model has not consumed yet, not the current one.
+        """
+        if self.generator is None:
+            return None
+        return self.generator.get_state() if call >= self._calls else self._states_before.get(call)
+
+    def restart_generator(self, state: torch.Tensor) -> None:
+        """Continue from a checkpointed generator state; call counting starts again at 0."""
+        self.generator.set_state(state)
+        self._calls, self._states_before = 0, {}
+
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if self.generator is not None:
+            self._states_before[self._calls] = self.generator.get_state()
+            self._states_before.pop(self._calls - 64, None)
+            self._calls += 1
         input_ids, word_starts, attention_mask = self._pad(features)
         special = torch.isin(input_ids, self._special_ids)
         ordinary = attention_mask & ~special  # (B, L)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from retromae.modeling.modeling_bow import BoWForPretraining
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,24 @@ METHODS: dict[str, Method] = {
         "RetroMAE: encoder MLM + one-layer decoder reconstructing the input from the [CLS] embedding",
         "retromae",
     ),
+    "bow": Method(
+        "bow",
+        BoWForPretraining,
+        "Bag-of-Word prediction: encoder MLM + predicting the input's token set from [CLS] (no decoder)",
+        "bow",
+    ),
+    "seed": Method(
+        "seed",
+        SEEDEncoderForPretraining,
+        "SEED-Encoder: encoder MLM + weak 3-layer auto-regressive decoder seeing [CLS] and the previous 2 tokens",
+        "seed",
+    ),
+    "dupmae": Method(
+        "dupmae",
+        DupMAEForPretraining,
+        "DupMAE: RetroMAE's [CLS] decoding + bag-of-words decoding from the max-pooled ordinary-token logits",
+        "dupmae",
+    ),
 }
 
 CITATIONS: dict[str, str] = {
@@ -39,6 +60,24 @@ CITATIONS: dict[str, str] = {
   author = {Xiao, Shitao and Liu, Zheng and Shao, Yingxia and Cao, Zhao},
   booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
   year = {2022}
+}""",
+    "bow": """@inproceedings{ma2024drop,
+  title = {Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense Passage Retrieval},
+  author = {Ma, Guangyuan and Wu, Xing and Lin, Zijia and Hu, Songlin},
+  booktitle = {Proceedings of the 47th International ACM SIGIR Conference on Research and Development in Information Retrieval},
+  year = {2024}
+}""",
+    "seed": """@inproceedings{lu2021less,
+  title = {Less is More: Pre-train a Strong Text Encoder for Dense Retrieval Using a Weak Decoder},
+  author = {Lu, Shuqi and He, Di and Xiong, Chenyan and Ke, Guolin and Malik, Waleed and Dou, Zhicheng and Bennett, Paul and Liu, Tie-Yan and Overwijk, Arnold},
+  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
+  year = {2021}
+}""",
+    "dupmae": """@inproceedings{liu2023retromae2,
+  title = {RetroMAE-2: Duplex Masked Auto-Encoder For Pre-Training Retrieval-Oriented Language Models},
+  author = {Liu, Zheng and Xiao, Shitao and Shao, Yingxia and Cao, Zhao},
+  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (Volume 1: Long Papers)},
+  year = {2023}
 }""",
 }
 

@@ -3,7 +3,9 @@
 - logs every loss component of the model output (fields ending in `_loss`), averaged over the logging window
   and across processes;
 - periodic checkpoints are full `save_pretrained` folders (decoder included) plus `retromae_run.json` and the
-  collator's random state, so `--resume-from-checkpoint` continues exactly where the run stopped;
+  collator's random state, so `--resume-from-checkpoint` continues exactly where the run stopped (map-style
+  datasets with `dataloader_num_workers=0`; with workers or streaming, resuming loses nothing but draws new masks);
+- callbacks a method needs (BoW's weight schedule) are registered automatically;
 - `save_model()` called by a user exports the encoder as a sentence-transformers folder instead.
 """
 
@@ -20,6 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .schedules import schedule_callbacks
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +76,16 @@ class RetroMAETrainer(Trainer):
         self.run_info = dict(run_info or {})
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_steps = 0
+        self._batches_consumed = 0  # training micro-batches seen by this process (for the collator's state)
+        for callback in schedule_callbacks(self.model):
+            self.add_callback(callback)
 
     # ---- loss components --------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
         if model.training:
+            self._batches_consumed += 1
             for name, value in outputs.items():
                 if name.endswith("_loss") and value is not None:
                     self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value.detach().float()
@@ -128,14 +136,21 @@ class RetroMAETrainer(Trainer):
     def _collator_generator(self) -> torch.Generator | None:
         return getattr(self.data_collator, "generator", None)
 
+    def _collator_state_to_save(self) -> torch.Tensor | None:
+        collator = self.data_collator
+        if hasattr(collator, "generator_state_before"):
+            return collator.generator_state_before(self._batches_consumed)
+        generator = self._collator_generator()
+        return generator.get_state() if generator is not None else None
+
     def _collator_state_file(self, folder: str | os.PathLike) -> Path:
         return Path(folder) / f"collator_rng_{self.args.process_index}.safetensors"
 
     def _save_collator_state(self, folder: str) -> None:
-        generator = self._collator_generator()
-        if generator is not None:
+        state = self._collator_state_to_save()
+        if state is not None:
             os.makedirs(folder, exist_ok=True)
-            save_file({"state": generator.get_state()}, str(self._collator_state_file(folder)))
+            save_file({"state": state}, str(self._collator_state_file(folder)))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """As `Trainer.train`; restores the collator's random state first (the Trainer restores its own RNG only
@@ -149,7 +164,10 @@ class RetroMAETrainer(Trainer):
         if resume_from_checkpoint and generator is not None:
             state_file = self._collator_state_file(resume_from_checkpoint)
             if state_file.is_file():
-                generator.set_state(load_file(str(state_file))["state"])
+                state = load_file(str(state_file))["state"]
+                restart = getattr(self.data_collator, "restart_generator", generator.set_state)
+                restart(state)
+                self._batches_consumed = 0
             else:
                 logger.warning("%s has no collator random state; masks after resuming will differ", resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

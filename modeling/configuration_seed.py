@@ -1,0 +1,62 @@
+"""SEED-Encoder configuration (Hub remote code: torch/transformers imports only)."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import BertConfig
+
+SEED_DECODER_INITS = ("bert", "copy_last_layer")
+
+
+@strict
+class SEEDConfig(BertConfig):
+    r"""BERT encoder plus SEED-Encoder's weak auto-regressive decoder (Lu et al., 2021, "Less is More: Pre-train a
+    Strong Text Encoder for Dense Retrieval Using a Weak Decoder").
+
+    Loss = encoder_loss_weight * L_mlm + decoder_loss_weight * L_dec (paper eq. 10: plain sum).
+
+    Args:
+        encoder_mask_ratio: share of ordinary tokens the collator masks in the encoder input.
+        whole_word_mask: mask whole words (all word pieces together) in the encoder input.
+        decoder_layers: transformer layers of the weak decoder (paper: 3; width as the encoder).
+        attention_window: k, the attention span of every decoder layer (paper: 2): the position that predicts x_t
+            attends to the [CLS] embedding h and to x_{t-k} ... x_{t-1} (paper eq. 9). As in the reference code the
+            span applies per layer, so a stack of `decoder_layers` N reaches N(k-1)+1 tokens back.
+        encoder_loss_weight / decoder_loss_weight: weights of the two loss terms (paper: plain sum).
+        decoder_init: ``"bert"`` (fresh BERT initialisation) or ``"copy_last_layer"`` (every decoder layer starts as a
+            copy of the encoder's last layer).
+        loss_chunk_size: rows per chunk of the fused vocabulary projection + cross-entropy.
+    """
+
+    model_type = "seed_encoder"
+
+    encoder_mask_ratio: float = 0.3
+    whole_word_mask: bool = True
+    decoder_layers: int = 3
+    attention_window: int = 2
+    encoder_loss_weight: float = 1.0
+    decoder_loss_weight: float = 1.0
+    decoder_init: str = "bert"
+    loss_chunk_size: int = 4096
+
+    def validate_seed_fields(self) -> None:
+        if not 0.0 < self.encoder_mask_ratio < 1.0:
+            raise ValueError(f"encoder_mask_ratio={self.encoder_mask_ratio} must lie in the open interval (0, 1)")
+        if self.decoder_layers < 1:
+            raise ValueError(f"decoder_layers={self.decoder_layers} must be >= 1")
+        if self.attention_window < 1:
+            raise ValueError(
+                f"attention_window={self.attention_window} must be >= 1 (number of previous tokens each decoder "
+                "position may attend to; paper: 2)"
+            )
+        if self.decoder_init not in SEED_DECODER_INITS:
+            raise ValueError(
+                f"decoder_init={self.decoder_init!r} is not supported; choose one of "
+                f"{', '.join(map(repr, SEED_DECODER_INITS))}"
+            )
+        for name in ("encoder_loss_weight", "decoder_loss_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.loss_chunk_size < 1:
+            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
+
+
+__all__ = ["SEED_DECODER_INITS", "SEEDConfig"]

@@ -1,0 +1,140 @@
+"""DupMAE's ordinary-token (OT) representation, shared by the pre-training model, the encoder and the
+sentence-transformers module (Hub remote code: torch only, no imports of our other files, so the file can sit alone
+beside `st_dupmae.py` at the root of an exported model).
+
+- `ordinary_token_mask`: which positions are ordinary tokens (not special, not padding).
+- `token_max_logits`: mu = max over ordinary tokens of the vocabulary logits (DupMAE eq. 6-7), computed in
+  sequence chunks so no (batch, seq_len, vocab_size) logits tensor is ever alive, with an exact chunked backward.
+- `sparsify_top_k`: keep the k largest entries of mu per row (eq. 11).
+"""
+
+import torch
+
+
+class _TokenMaxLogits(torch.autograd.Function):
+    """mu[b, v] = max_{l : keep[b, l]} (hidden[b, l] . weight[v] + bias[v]), chunked over the sequence.
+
+    Forward: a running max over chunks of `c` positions, each chunk's logits `(B, c, V)` freed after use; only the
+    arg-max position per (b, v) is kept. Backward: the gradient of a max flows only to its arg-max, so
+    d mu[b, v] / d logits[b, l, v] = [l == argmax[b, v]]; the sparse `(B, c, V)` gradient of each chunk is rebuilt
+    from the arg-max indices and pushed through the same two matmuls as the naive backward. Compute equals the naive
+    `logits.max(1)` forward + backward; peak extra memory is one chunk of logits instead of `B * L * V`.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, keep, chunk_positions: int, compute_dtype: torch.dtype):
+        batch_size, seq_len, _ = hidden.shape  # (B, L, H)
+        vocab_size = weight.shape[0]
+        w = weight.to(compute_dtype)
+        b = bias.to(compute_dtype)
+        best = torch.full((batch_size, vocab_size), float("-inf"), dtype=torch.float32, device=hidden.device)
+        best_pos = torch.zeros((batch_size, vocab_size), dtype=torch.long, device=hidden.device)
+        for start in range(0, seq_len, chunk_positions):
+            h = hidden[:, start : start + chunk_positions].to(compute_dtype)  # (B, c, H)
+            logits = torch.matmul(h, w.t()).add_(b).float()  # (B, c, V)
+            logits.masked_fill_(~keep[:, start : start + chunk_positions, None], float("-inf"))
+            chunk_max, chunk_pos = logits.max(dim=1)  # (B, V)
+            better = chunk_max > best  # strict: ties keep the earliest position, as torch.max does
+            best = torch.where(better, chunk_max, best)
+            best_pos = torch.where(better, chunk_pos + start, best_pos)
+            del logits
+        has_tokens = keep.any(dim=1)  # (B,) rows without a single ordinary token get mu = 0, no gradient
+        mu = best.masked_fill(~has_tokens[:, None], 0.0)
+        ctx.save_for_backward(hidden, weight, best_pos, has_tokens)
+        ctx.chunk_positions = chunk_positions
+        ctx.compute_dtype = compute_dtype
+        return mu.to(hidden.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_mu):
+        hidden, weight, best_pos, has_tokens = ctx.saved_tensors
+        chunk_positions, compute_dtype = ctx.chunk_positions, ctx.compute_dtype
+        batch_size, seq_len, hidden_size = hidden.shape
+        grad_mu = grad_mu.float().masked_fill(~has_tokens[:, None], 0.0)  # (B, V)
+        w = weight.to(compute_dtype)
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, seq_len, chunk_positions):
+            positions = torch.arange(start, min(start + chunk_positions, seq_len), device=hidden.device)  # (c,)
+            # (B, c, V): grad_mu[b, v] at (b, best_pos[b, v], v), zero elsewhere
+            grad_logits = torch.where(best_pos[:, None, :] == positions[None, :, None], grad_mu[:, None, :], 0.0)
+            grad_logits = grad_logits.to(compute_dtype)
+            h = hidden[:, start : start + chunk_positions].to(compute_dtype)  # (B, c, H)
+            if grad_hidden is not None:
+                grad_hidden[:, start : start + chunk_positions] = torch.matmul(grad_logits, w).to(hidden.dtype)
+            # (V, B*c) @ (B*c, H)
+            grad_weight += (grad_logits.reshape(-1, grad_logits.shape[-1]).t() @ h.reshape(-1, hidden_size)).float()
+            del grad_logits
+        grad_bias = grad_mu.sum(0)  # every (b, v) with tokens contributes exactly once
+        return grad_hidden, grad_weight.to(weight.dtype), grad_bias.to(weight.dtype), None, None, None
+
+
+def token_max_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    keep: torch.Tensor,
+    chunk_size: int = 4096,
+) -> torch.Tensor:
+    """DupMAE's OT vector mu (eq. 6-7): the vocabulary logits max-pooled over the kept positions.
+
+    Args:
+        hidden: `(batch_size, seq_len, hidden_size)` token states, already through the MLM head's transform.
+        weight: `(vocab_size, hidden_size)` vocabulary projection (the tied word embeddings).
+        bias: `(vocab_size,)`.
+        keep: `(batch_size, seq_len)` bool, the positions pooled over (ordinary tokens).
+        chunk_size: logits rows (batch_size * positions) per chunk; bounds the temporary `(B, c, V)` tensor.
+
+    Returns:
+        `(batch_size, vocab_size)` mu, in `hidden`'s dtype; rows with no kept position are all zeros.
+    """
+    batch_size, seq_len, _ = hidden.shape
+    if batch_size == 0 or seq_len == 0:
+        return hidden.new_zeros((batch_size, weight.shape[0])) + weight.sum() * 0.0
+    chunk_positions = max(1, chunk_size // batch_size)
+    device_type = hidden.device.type
+    compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    with torch.autocast(device_type, enabled=False):
+        return _TokenMaxLogits.apply(hidden, weight, bias, keep.bool(), chunk_positions, compute_dtype)
+
+
+def ordinary_token_mask(
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor,
+    special_token_ids: list[int] | None,
+) -> torch.Tensor:
+    """Positions of ordinary tokens: real (attention_mask 1) and not a special token.
+
+    Args:
+        input_ids: `(batch_size, seq_len)`; may be None only when `special_token_ids` is None.
+        attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+        special_token_ids: the tokenizer's special ids (`tokenizer.all_special_ids`). None = fall back to the
+            single-sequence layout `[CLS] text [SEP]`: exclude position 0 and the last real position of each row.
+
+    Returns:
+        `(batch_size, seq_len)` bool.
+    """
+    real = attention_mask.bool()
+    if special_token_ids is not None:
+        if input_ids is None:
+            raise ValueError("ordinary_token_mask needs input_ids to exclude special_token_ids")
+        specials = torch.tensor(sorted(set(special_token_ids)), dtype=input_ids.dtype, device=input_ids.device)
+        return real & ~torch.isin(input_ids, specials)
+    seq_len = real.shape[1]
+    positions = torch.arange(seq_len, device=real.device)[None, :]  # (1, L)
+    last_real = (real.long() * positions).amax(dim=1, keepdim=True)  # (B, 1), right padding
+    return real & (positions > 0) & (positions != last_real)
+
+
+def sparsify_top_k(mu: torch.Tensor, k: int | None) -> torch.Tensor:
+    """Keep the `k` largest entries of each row of `mu` `(batch_size, vocab_size)`, zero the rest (eq. 11).
+
+    `k=None` or `k >= vocab_size` returns `mu` unchanged. Gradients flow to the kept entries.
+    """
+    if k is None or k >= mu.shape[-1]:
+        return mu
+    values, indices = mu.topk(k, dim=-1)  # (B, k)
+    return torch.zeros_like(mu).scatter(-1, indices, values)
+
+
+__all__ = ["ordinary_token_mask", "sparsify_top_k", "token_max_logits"]

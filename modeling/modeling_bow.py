@@ -1,0 +1,152 @@
+"""Bag-of-Word prediction (Ma et al., 2024, "Drop your Decoder"): encoder MLM plus predicting the set of input
+tokens from the [CLS] embedding through the tied MLM head. No decoder, no extra parameters.
+
+Hub remote code: torch/transformers only, relative imports for our own files.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from transformers import initialization as init
+
+from .configuration_bow import BoWConfig
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+
+
+def bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The uniform distribution over each row's unique labelled tokens.
+
+    Which tokens count is decided by the labels alone: the collator's `decoder_labels` carry the original id at
+    every real non-special position and -100 at special tokens and padding, so special tokens are excluded by the
+    tokenizer's own special-token ids (no vocabulary-specific id thresholds). Repeated tokens count once.
+
+    Args:
+        token_labels: `(batch_size, seq_len)` token ids, -100 where a position is not part of the bag.
+        vocab_size: size of the vocabulary axis.
+
+    Returns:
+        `(batch_size, vocab_size)` float32; row b is 1/|S_b| on the unique ids S_b and 0 elsewhere, all zeros when
+        the row has no labelled token.
+    """
+    labelled = token_labels != IGNORE_INDEX  # (B, L)
+    counts = torch.zeros(token_labels.shape[0], vocab_size, dtype=torch.float32, device=token_labels.device)
+    counts.scatter_add_(1, token_labels.clamp(min=0), labelled.float())  # (B, V) occurrences per id
+    present = (counts > 0).float()  # (B, V)
+    return present / present.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of softmax(`logits`) against the target distributions, averaged over rows that have targets.
+
+    Per row: -sum_v targets[v] * log_softmax(logits)[v] = the mean over the unique input tokens of -log p(token).
+
+    Args:
+        logits: `(batch_size, vocab_size)`.
+        targets: `(batch_size, vocab_size)` from `bag_of_words_targets`.
+
+    Returns:
+        Scalar; exactly 0 (still attached to the graph) when no row has a target.
+    """
+    has_targets = (targets.sum(-1) > 0).float()  # (B,)
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, V), float32 even under autocast
+    per_row = -(targets * log_probs).sum(-1)  # (B,), 0 for rows without targets
+    return (per_row * has_targets).sum() / has_targets.sum().clamp(min=1.0)  # no host sync
+
+
+def bow_weight_factor(progress: float, schedule: str, final: float) -> float:
+    """The schedule factor s of the BoW weight at `progress` = optimizer step / total optimizer steps.
+
+    ``"constant"``: 1. ``"cosine"``: final + (1 - final) * (1 + cos(pi * progress)) / 2, i.e. 1 at the first step
+    and `final` at the end (progress is clamped to [0, 1]).
+    """
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        progress = min(max(progress, 0.0), 1.0)
+        return final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"bow_weight_schedule={schedule!r} is not supported; choose 'constant' or 'cosine'")
+
+
+class BoWModel(ClsEncoderModel):
+    """The BoW-prediction encoder (`AutoModel`): a plain BERT; `pooler_output` is the [CLS] sentence embedding."""
+
+    config_class = BoWConfig
+
+
+class BoWForPretraining(BertPretrainingBase):
+    """BoW-prediction pre-training model (`AutoModelForPreTraining`): encoder MLM + Bag-of-Word prediction.
+
+    Keys: `bert.*` (encoder) and `cls.*` (the MLM head, tied to the word embeddings), exactly `BertForMaskedLM`'s;
+    the method adds no parameters. The BoW logits are the [CLS] state of the masked input through the full MLM head
+    (transform dense + GELU + LayerNorm, tied decoder, bias), as in the reference code (bowdpr `pretrain/modeling.py`).
+
+    The BoW weight's schedule factor lives in the non-persistent buffer `bow_schedule_factor` (a tensor, so changing it
+    does not recompile a `torch.compile`d model). It is 1 until `set_training_progress` is called; the Trainer callback
+    `retromae.trainers.schedules.BoWScheduleCallback` calls it with `global_step / max_steps` at the start of every
+    optimizer step, so the factor follows optimizer steps and stays constant within a gradient-accumulation window.
+    """
+
+    config_class = BoWConfig
+    encoder_class = BoWModel
+    head_prefixes = ()
+
+    def __init__(self, config: BoWConfig):
+        super().__init__(config)
+        self.register_buffer("bow_schedule_factor", torch.ones((), dtype=torch.float32), persistent=False)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, BoWForPretraining):
+            init.ones_(module.bow_schedule_factor)
+
+    def set_training_progress(self, progress: float) -> float:
+        """Set `bow_schedule_factor` for training progress `progress` in [0, 1] (optimizer step / total steps).
+
+        Returns:
+            The factor now in use.
+        """
+        factor = bow_weight_factor(progress, self.config.bow_weight_schedule, self.config.bow_weight_final)
+        self.bow_schedule_factor.fill_(factor)
+        return factor
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_labels: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> PretrainingOutput:
+        r"""
+        Args:
+            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
+            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere;
+                their unique ids per row are the bag of words to predict. Without labels only
+                `sentence_embedding` is returned.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
+        sentence_embedding = hidden[:, 0]  # (B, H)
+        if encoder_labels is None or decoder_labels is None:
+            return PretrainingOutput(sentence_embedding=sentence_embedding)
+        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+        bow_logits = self.vocab_logits(sentence_embedding)  # (B, V): tied MLM head incl. transform and bias
+        bow_loss = bag_of_words_loss(bow_logits, bag_of_words_targets(decoder_labels, bow_logits.shape[-1]))
+        bow_weight = self.config.bow_loss_weight * self.bow_schedule_factor
+        loss = self.config.encoder_loss_weight * encoder_mlm_loss + bow_weight * bow_loss
+        return PretrainingOutput(
+            loss=loss, encoder_mlm_loss=encoder_mlm_loss, bow_loss=bow_loss, sentence_embedding=sentence_embedding
+        )
+
+
+BoWConfig.register_for_auto_class()
+BoWModel.register_for_auto_class("AutoModel")
+BoWForPretraining.register_for_auto_class("AutoModelForPreTraining")
+
+__all__ = ["BoWForPretraining", "BoWModel", "bag_of_words_loss", "bag_of_words_targets", "bow_weight_factor"]

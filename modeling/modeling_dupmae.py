@@ -1,0 +1,230 @@
+"""DupMAE (Liu et al., 2023, "RetroMAE-2 / DupMAE"): RetroMAE's [CLS] decoding plus ordinary-token (OT) decoding,
+and the hybrid dense + sparse representation of paper §3.4.
+
+Hub remote code: torch/transformers only, relative imports for our own files.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+
+from .configuration_dupmae import DupMAEConfig
+from .layers_dupmae import ordinary_token_mask, sparsify_top_k, token_max_logits
+from .modeling_bow import bag_of_words_loss, bag_of_words_targets
+from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+
+
+@dataclass
+class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
+    """Output of `DupMAEModel`.
+
+    Args:
+        last_hidden_state: `(batch_size, seq_len, hidden_size)`.
+        pooler_output: `(batch_size, hidden_size)` last-layer [CLS] state h.
+        dense_embedding: `(batch_size, dense_dim)` the dense part: W^cls h (paper eq. 10) for
+            ``representation="hybrid"``, h itself for ``"cls"``, None for ``"ot"``.
+        ot_embedding: `(batch_size, vocab_size)` mu, the full (not yet sparsified) OT vector over the ordinary tokens
+            of the unmasked input (eq. 6-7); None for ``representation="cls"``. `sparsify_top_k(mu, k)` gives eq. 11.
+    """
+
+    dense_embedding: torch.Tensor | None = None
+    ot_embedding: torch.Tensor | None = None
+
+
+def ot_vector(head: BertOnlyMLMHead, hidden: torch.Tensor, keep: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """mu = max over the kept positions of the tied MLM head's logits `(batch_size, vocab_size)` (eq. 6-7).
+
+    The head's transform runs on `(B, L, H)`; the vocabulary projection + max runs chunked (`token_max_logits`).
+    """
+    predictions = head.predictions
+    transformed = predictions.transform(hidden)  # (B, L, H)
+    return token_max_logits(transformed, predictions.decoder.weight, predictions.decoder.bias, keep, chunk_size)
+
+
+class DupMAEModel(ClsEncoderModel):
+    """The DupMAE encoder (`AutoModel`): a plain BERT (same parameter names) plus what the representation needs:
+    the tied MLM head `cls` (for mu) and `dense_proj` Linear(hidden_size -> dense_dim) (eq. 10).
+
+    Loads a `DupMAEForPretraining` checkpoint (`bert.*` prefix stripped, `cls.*` shared); `dense_proj.*` is newly
+    initialised there, because the paper learns W^cls during fine-tuning. The fresh projection is a random
+    Johnson-Lindenstrauss map (normal, std 1/sqrt(dense_dim), zero bias), so before fine-tuning the dense score
+    (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d (BERT's std 0.02 would shrink it ~dense_dim * 4e-4-fold). `forward` runs on the UNMASKED input and
+    pools mu over its ordinary tokens: positions whose id is not in `config.special_token_ids` (fallback when that
+    is None: all real positions but the first and the last, i.e. `[CLS] ... [SEP]`).
+    """
+
+    config_class = DupMAEConfig
+    _keys_to_ignore_on_load_unexpected = [r"^decoder\."]  # the pre-training checkpoint's [CLS] decoder
+    _head_tied_weights_keys = {
+        "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: DupMAEConfig, add_pooling_layer: bool = False):
+        super().__init__(config, add_pooling_layer=add_pooling_layer)  # runs BertModel's post_init: no head yet
+        self.cls = None
+        if config.representation != "cls":
+            self.cls = BertOnlyMLMHead(config)
+            self._tied_weights_keys = dict(self._head_tied_weights_keys)  # the head's decoder is the word embeddings
+        self.dense_proj = nn.Linear(config.hidden_size, config.dense_dim) if config.representation == "hybrid" else None
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if module is not None and module is getattr(self, "dense_proj", None):
+            # a random Johnson-Lindenstrauss projection: E[(W h_q) . (W h_d)] = h_q . h_d before fine-tuning
+            init.normal_(module.weight, mean=0.0, std=self.config.dense_dim**-0.5)
+            init.zeros_(module.bias)
+            return
+        super()._init_weights(module)
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder if self.cls is not None else None
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        **kwargs,
+    ) -> DupMAEModelOutput:
+        r"""
+        Args:
+            input_ids: `(batch_size, seq_len)` the unmasked input, `[CLS] text [SEP]` with right padding.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+        """
+        output = super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs
+        )
+        hidden = output.last_hidden_state  # (B, L, H)
+        h = output.pooler_output  # (B, H)
+        representation = self.config.representation
+        dense = self.dense_proj(h) if representation == "hybrid" else (h if representation == "cls" else None)
+        mu = None
+        if representation != "cls":
+            if attention_mask is None:
+                attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+            keep = ordinary_token_mask(input_ids, attention_mask, self.config.special_token_ids)  # (B, L)
+            mu = ot_vector(self.cls, hidden, keep, self.config.loss_chunk_size)  # (B, V)
+        return DupMAEModelOutput(
+            last_hidden_state=hidden,
+            pooler_output=h,
+            hidden_states=output.hidden_states,
+            attentions=output.attentions,
+            dense_embedding=dense,
+            ot_embedding=mu,
+        )
+
+    def hybrid_embedding(self, output: DupMAEModelOutput, task: str = "document") -> torch.Tensor:
+        """[dense ; sparsified mu] `(batch_size, dense_dim + vocab_size)` (fewer columns for "cls"/"ot").
+
+        Documents keep `config.doc_top_k` entries of mu, queries `config.query_top_k` (None = all). The dot product
+        of a query's and a document's hybrid embedding is the paper's eq. 12 score.
+        """
+        if task not in ("query", "document"):
+            raise ValueError(f"task={task!r} must be 'query' or 'document'")
+        parts = [] if output.dense_embedding is None else [output.dense_embedding]
+        if output.ot_embedding is not None:
+            k = self.config.doc_top_k if task == "document" else self.config.query_top_k
+            parts.append(sparsify_top_k(output.ot_embedding, k))
+        return torch.cat(parts, dim=-1)
+
+
+class DupMAEForPretraining(RetroMAEForPretraining):
+    """DupMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + [CLS] decoding (RetroMAE's decoder) +
+    OT decoding (bag-of-words prediction from the max-pooled vocabulary logits of the ordinary tokens).
+
+    Keys: `bert.*` (encoder), `cls.*` (MLM head, tied to the word embeddings; it is also the OT decoder's "linear
+    projection unit", as in the official code), `decoder.*` (the [CLS] decoder; absent when `cls_decoding=False`).
+
+    OT decoding (paper §3.3): the encoder states of the *unmasked ordinary* tokens of the masked input (labels say
+    which: `decoder_labels != -100` and `encoder_labels == -100`) go through the tied MLM head; the logits are
+    max-pooled over those tokens into mu `(batch_size, vocab_size)` (eq. 6-7). The BoW loss (eq. 8) is the
+    cross-entropy of softmax(mu) against the set of unique ordinary input tokens, normalised by the set's size
+    (the uniform distribution over set(X), so each row's loss is the mean of -log p(x) over x in set(X)), then
+    averaged over rows. Eq. 8 as printed sums over set(X) without normalising, which scales each row's loss by its
+    number of unique tokens; the official code normalises by the token count including repeats (a target summing to
+    <= 1). mu is computed chunked (`token_max_logits`): no `(batch_size, seq_len, vocab_size)` logits tensor exists.
+    """
+
+    config_class = DupMAEConfig
+    encoder_class = DupMAEModel
+    head_prefixes = ("decoder.",)
+
+    def __init__(self, config: DupMAEConfig):
+        # not RetroMAEForPretraining.__init__: the [CLS] decoder exists only when it is trained (an unused module
+        # would break DDP's gradient bookkeeping and bloat checkpoints)
+        BertPretrainingBase.__init__(self, config)
+        self.decoder = RetroMAEDecoder(config) if config.cls_decoding else None
+        self.post_init()
+
+    def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
+        if self.decoder is not None:
+            super().after_encoder_checkpoint_loaded(missing_keys)
+
+    def ot_embedding(self, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """mu `(batch_size, vocab_size)` pooled over the positions `keep` `(batch_size, seq_len)` of `hidden`."""
+        return ot_vector(self.cls, hidden, keep, self.config.loss_chunk_size)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_labels: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> PretrainingOutput:
+        r"""
+        Args:
+            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
+            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere:
+                the [CLS] decoder's targets and, as a set per row, the bag of words of OT decoding.
+                Without labels only `sentence_embedding` is returned.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
+        sentence_embedding = hidden[:, 0]  # (B, H)
+        if encoder_labels is None or decoder_labels is None:
+            return PretrainingOutput(sentence_embedding=sentence_embedding)
+        config = self.config
+        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+        loss = config.encoder_loss_weight * encoder_mlm_loss
+        decoder_loss = bow_loss = None
+        if config.cls_decoding:
+            original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
+            decoder_hidden, targets = self.decoder(
+                sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings
+            )
+            decoder_loss = self.mlm_loss(decoder_hidden, targets)
+            loss = loss + config.decoder_loss_weight * decoder_loss
+        if config.ot_decoding:
+            keep = (decoder_labels != IGNORE_INDEX) & (encoder_labels == IGNORE_INDEX)  # unmasked ordinary tokens
+            mu = self.ot_embedding(hidden, keep)  # (B, V)
+            bow_loss = bag_of_words_loss(mu, bag_of_words_targets(decoder_labels, mu.shape[-1]))
+            loss = loss + config.bow_loss_weight * bow_loss
+        return PretrainingOutput(
+            loss=loss,
+            encoder_mlm_loss=encoder_mlm_loss,
+            decoder_loss=decoder_loss,
+            bow_loss=bow_loss,
+            sentence_embedding=sentence_embedding,
+        )
+
+
+DupMAEConfig.register_for_auto_class()
+DupMAEModel.register_for_auto_class("AutoModel")
+DupMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
+
+__all__ = ["DupMAEForPretraining", "DupMAEModel", "DupMAEModelOutput", "ot_vector", "sparsify_top_k"]

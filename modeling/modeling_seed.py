@@ -1,0 +1,189 @@
+"""SEED-Encoder (Lu et al., 2021): encoder MLM plus a weak auto-regressive decoder that sees only the [CLS]
+embedding and a window of the previous k tokens.
+
+Hub remote code: torch/transformers only, relative imports for our own files.
+
+Decoder, precisely. The collator's sequence is o = [CLS, x_1, ..., x_n, SEP, pad ...] and `decoder_labels` holds x_j at
+positions 1..n and -100 at [CLS]/[SEP]/padding. The decoder input is the sequence shifted right with h in front:
+
+    position j:   0        1         2        ...   n-1          (n, n+1, ... : inputs without a target)
+    input:        h        e(x_1)    e(x_2)   ...   e(x_{n-1})
+    target:       x_1      x_2       x_3      ...   x_n
+
+(e = the encoder's embedding module: tied word + position + token-type embeddings, LayerNorm, dropout; h enters raw.)
+In every layer, row j attends to column 0 (h) and to columns j-k+1 ... j (k = `attention_window`); padding columns
+are never visible. With one layer, x_t is predicted from h and exactly x_{t-k} ... x_{t-1} (paper eq. 9). The window
+is an attention span per layer, as in the reference code (its `buffered_future_mask` is applied in each of the
+3 layers) and the paper's "attention span k = 2": stacked, N layers reach N(k-1)+1 inputs back, so the default 3
+layers with k=2 predict x_t from h and x_{t-4} ... x_{t-1}. Every real non-special token x_1..x_n is predicted
+exactly once. The output head is the encoder's tied MLM head (`cls`), so input and output embeddings are shared.
+
+Conditioning: h is a prefix token at position 0 that every row may attend to, not the one-vector cross-attention
+memory of the reference code (microsoft/SEED-Encoder, fairseq `TransformerDecoder` with `EncoderOut` of length 1).
+Cross-attention over a single key is degenerate: its softmax weight is identically 1, so each layer merely adds the
+same position-independent vector W_o W_v h to every position, at the price of an extra attention block per layer.
+As a prefix, h reaches every position through ordinary self-attention with a learned, position-dependent weight; the
+layers are plain `BertLayer`s (state-dict names identical to the encoder's, so `decoder_init="copy_last_layer"` and
+BERT weights load into them) and the decoder stays as small as the paper asks (no cross-attention parameters). This
+is also how the BoW-prediction authors built their SEED-like AR decoder (bowdpr `ar_dec.py`: [CLS_rep, emb(text)[1:]],
+row i sees column 0 and the previous k positions). The reference's extra always-visible BOS column is the slot h
+takes here; the attention span over tokens is the same.
+"""
+
+import torch
+from torch import nn
+from transformers.models.bert.modeling_bert import BertLayer
+
+from .configuration_seed import SEEDConfig
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+
+
+def windowed_causal_visibility(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
+    """Which decoder positions each position may attend to: itself, the `window - 1` positions before it, and 0.
+
+    With the decoder input shifted right (position j holds x_j and predicts x_{j+1}), row j therefore sees the k =
+    `window` previous tokens x_{j-k+1} ... x_j of its target, plus the sentence embedding at position 0. For k=2, L=6:
+    rows [1,0,0,0,0,0], [1,1,0,0,0,0], [1,1,1,0,0,0], [1,0,1,1,0,0], [1,0,0,1,1,0], [1,0,0,0,1,1] (the reference's
+    `buffered_future_mask`). Padding columns are never visible; every row sees column 0, so no row is empty.
+
+    Args:
+        attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+        window: k >= 1.
+
+    Returns:
+        `(batch_size, 1, seq_len, seq_len)` bool, True = may attend.
+    """
+    if window < 1:
+        raise ValueError(f"attention_window={window} must be >= 1")
+    real = attention_mask.bool()  # (B, L)
+    seq_len = real.shape[1]
+    positions = torch.arange(seq_len, device=real.device)
+    offset = positions[:, None] - positions[None, :]  # (Lq, Lk): query - key
+    band = (offset >= 0) & (offset < window)  # (Lq, Lk): keys j-k+1 ... j
+    band[:, 0] = True  # the sentence embedding h
+    visible = band[None] & real[:, None, :]  # (B, Lq, Lk)
+    visible[:, :, 0] = True
+    return visible[:, None]
+
+
+def next_token_targets(decoder_labels: torch.Tensor) -> torch.Tensor:
+    """Targets of the shifted-right decoder: position j is scored against the label of position j + 1.
+
+    Args:
+        decoder_labels: `(batch_size, seq_len)` original ids at real non-special positions, -100 elsewhere.
+
+    Returns:
+        `(batch_size, seq_len)`; the last column is -100.
+    """
+    targets = torch.full_like(decoder_labels, IGNORE_INDEX)
+    targets[:, :-1] = decoder_labels[:, 1:]
+    return targets
+
+
+class SEEDEncoderModel(ClsEncoderModel):
+    """The SEED-Encoder encoder (`AutoModel`): a plain BERT; `pooler_output` is the [CLS] sentence embedding."""
+
+    config_class = SEEDConfig
+
+
+class SEEDDecoder(nn.Module):
+    """SEED-Encoder's weak decoder: `decoder_layers` BertLayers with windowed causal self-attention over
+    [h, e(x_1), ..., e(x_{L-1})] (see the module docstring)."""
+
+    def __init__(self, config: SEEDConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList([BertLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
+
+    def forward(
+        self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings: nn.Module
+    ) -> torch.Tensor:
+        """
+        Args:
+            sentence_embedding: `(batch_size, hidden_size)` h.
+            original_ids: `(batch_size, seq_len)` the unmasked input, [CLS] at position 0.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+            embeddings: the encoder's embedding module (tied input embeddings).
+
+        Returns:
+            `(batch_size, seq_len, hidden_size)`; position j predicts the token at position j + 1.
+        """
+        tokens = embeddings(input_ids=original_ids)  # (B, L, H)
+        hidden = torch.cat([sentence_embedding[:, None, :].to(tokens.dtype), tokens[:, 1:]], dim=1)  # h replaces [CLS]
+        visible = windowed_causal_visibility(attention_mask, self.config.attention_window)  # (B, 1, L, L)
+        # additive float mask: correct for both the eager and the sdpa attention paths (ECOSYSTEM §1.5)
+        additive_mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
+        additive_mask = additive_mask.masked_fill(~visible, torch.finfo(hidden.dtype).min)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=additive_mask)
+        return hidden
+
+
+class SEEDEncoderForPretraining(BertPretrainingBase):
+    """SEED-Encoder pre-training model (`AutoModelForPreTraining`): encoder MLM + weak-decoder reconstruction.
+
+    Keys: `bert.*` (encoder), `cls.*` (MLM head, shared by encoder and decoder, tied to the word embeddings),
+    `decoder.layers.N.*` (BertLayer names). The decoder relies on an explicit 4-D attention mask, so only the
+    eager and sdpa attention implementations are supported.
+    """
+
+    config_class = SEEDConfig
+    encoder_class = SEEDEncoderModel
+    head_prefixes = ("decoder.",)
+    _supports_flash_attn = False  # flash kernels ignore the windowed mask
+    _supports_flex_attn = False
+
+    def __init__(self, config: SEEDConfig):
+        super().__init__(config)
+        self.decoder = SEEDDecoder(config)
+        self.post_init()
+
+    def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
+        if self.config.decoder_init == "copy_last_layer" and any(k.startswith("decoder.") for k in missing_keys):
+            for layer in self.decoder.layers:
+                layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_labels: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> PretrainingOutput:
+        r"""
+        Args:
+            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator; [CLS] at position 0.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens (right padding).
+            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
+            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere;
+                each is predicted by the decoder from h and the k tokens before it. Without labels only
+                `sentence_embedding` is returned.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
+        sentence_embedding = hidden[:, 0]  # (B, H)
+        if encoder_labels is None or decoder_labels is None:
+            return PretrainingOutput(sentence_embedding=sentence_embedding)
+        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+        original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
+        decoder_hidden = self.decoder(sentence_embedding, original_ids, attention_mask, self.bert.embeddings)
+        decoder_loss = self.mlm_loss(decoder_hidden, next_token_targets(decoder_labels))
+        loss = self.config.encoder_loss_weight * encoder_mlm_loss + self.config.decoder_loss_weight * decoder_loss
+        return PretrainingOutput(
+            loss=loss, encoder_mlm_loss=encoder_mlm_loss, decoder_loss=decoder_loss, sentence_embedding=sentence_embedding
+        )
+
+
+SEEDConfig.register_for_auto_class()
+SEEDEncoderModel.register_for_auto_class("AutoModel")
+SEEDEncoderForPretraining.register_for_auto_class("AutoModelForPreTraining")
+
+__all__ = [
+    "SEEDDecoder",
+    "SEEDEncoderForPretraining",
+    "SEEDEncoderModel",
+    "next_token_targets",
+    "windowed_causal_visibility",
+]

@@ -1,0 +1,95 @@
+"""Input-token coverage (bow-prediction.txt Algorithm 1): hand-checked values, loading, JSON + PNG output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_bert_kwargs
+from retromae.modeling.configuration_bow import BoWConfig
+from retromae.modeling.modeling_bow import BoWForPretraining
+from retromae.trainers.coverage import coverage_at_k, input_token_coverage, load_encoder, plot_coverage, run_coverage
+from transformers import BertConfig, BertModel
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital and most populous city of France.",
+    "Photosynthesis converts light energy into chemical energy in plants.",
+    "Dense retrieval encodes queries and passages into vectors.",
+]
+
+
+def test_coverage_at_k_by_hand():
+    scores = torch.tensor([[0.9, 0.1, 0.8, 0.3, 0.5, 0.0]])  # ranking: 0, 2, 4, 3, 1, 5
+    in_input = torch.tensor([[True, False, False, True, False, True]])  # input tokens {0, 3, 5}
+    # top-1 {0}: 1/1; top-2 {0,2}: 1/2; top-4 {0,2,4,3}: 2/4; top-6: all 3 input tokens / 6
+    assert coverage_at_k(scores, in_input, (1, 2, 4, 6)).tolist() == [[1.0, 0.5, 0.5, 0.5]]
+
+
+def test_tiny_model_matches_a_direct_computation(tokenizer):
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False).eval()
+    got = input_token_coverage(model, tokenizer, TEXTS[:2], ks=(5, 50), batch_size=1)
+    expected = {5: 0.0, 50: 0.0}
+    for text in TEXTS[:2]:
+        encoded = tokenizer(text, return_tensors="pt")
+        ids = encoded["input_ids"][0].tolist()
+        inputs = set(ids) - set(tokenizer.all_special_ids)  # non-special input tokens
+        with torch.no_grad():
+            h = model(**encoded).last_hidden_state[0, 0]  # [CLS] of the unmasked text
+        ranking = (h @ model.embeddings.word_embeddings.weight.T).argsort(descending=True).tolist()  # h . E^T
+        for k in expected:
+            expected[k] += len(set(ranking[:k]) & inputs) / k / 2
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
+def test_minilm_run_coverage_writes_json_and_png(minilm_dir, tokenizer, tmp_path):
+    results = run_coverage([str(minilm_dir)], TEXTS + [""], tokenizer, tmp_path / "out", ks=(10, 20, 50), batch_size=2)
+    coverage = results[str(minilm_dir)]
+    assert list(coverage) == [10, 20, 50]
+    assert all(0.0 <= v <= 1.0 for v in coverage.values())
+    saved = json.loads((tmp_path / "out" / "coverage.json").read_text())
+    assert saved["ks"] == [10, 20, 50] and saved["num_texts"] == 5 and saved["denominator"] == "k"
+    assert saved["coverage"][str(minilm_dir)] == {str(k): v for k, v in coverage.items()}
+    assert (tmp_path / "out" / "coverage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["coverage.json", "coverage.png"]  # no temp files
+
+
+def test_pretraining_checkpoint_loads_its_encoder_by_prefix(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    model = BoWForPretraining(BoWConfig(**tiny_bert_kwargs())).eval()
+    model.save_pretrained(tmp_path / "bow")
+    tokenizer.save_pretrained(tmp_path / "bow")
+    encoder = load_encoder(tmp_path / "bow")
+    assert type(encoder) is BertModel
+    assert torch.equal(encoder.encoder.layer[-1].output.dense.weight, model.bert.encoder.layer[-1].output.dense.weight)
+    from_dir = input_token_coverage(tmp_path / "bow", None, TEXTS, ks=(10, 100))  # tokenizer from the checkpoint
+    from_module = input_token_coverage(model, tokenizer, TEXTS, ks=(10, 100))  # uses model.bert
+    assert from_dir == pytest.approx(from_module, abs=1e-9)
+
+
+def test_checkpoint_without_encoder_weights_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs()}))
+    save_file({"something.else": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="lacks encoder weights"):
+        load_encoder(tmp_path)
+
+
+def test_invalid_arguments(tokenizer):
+    model = BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False)
+    with pytest.raises(ValueError, match="k=0"):
+        input_token_coverage(model, tokenizer, TEXTS, ks=(0, 10))
+    with pytest.raises(ValueError, match="no texts"):
+        input_token_coverage(model, tokenizer, [])
+    with pytest.raises(ValueError, match="non-special"):
+        input_token_coverage(model, tokenizer, ["", ""])
+    with pytest.raises(ValueError, match="twice"):
+        run_coverage(["a", "a"], TEXTS)
+
+
+def test_plot_writes_a_png_creating_the_folder(tmp_path):
+    path = plot_coverage({"bert": {10: 0.05, 20: 0.04}, "bow": {10: 0.6, 20: 0.45}}, tmp_path / "sub" / "c.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"

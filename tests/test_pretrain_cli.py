@@ -1,0 +1,215 @@
+"""`retromae pretrain` / `retromae export` end to end on a tiny BERT: checkpoints, exact resume, DDP, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_bert_kwargs
+from safetensors.torch import load_file
+from transformers import BertConfig, BertForMaskedLM
+
+from retromae.trainers.cli import main
+
+SENTENCES = [
+    "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
+    "The masked auto-encoder reconstructs the original sentence from its embedding and a masked copy.",
+    "Whole word masking hides every piece of a word at once, which makes the task harder.",
+    "Sparse lexical representations weight vocabulary terms and are stored in inverted indexes.",
+    "Pre-training on in-domain text often improves retrieval quality after fine-tuning.",
+    "A bi-encoder scores a query against millions of documents with one matrix product.",
+    "Hard negatives are passages that look relevant to the retriever but are not.",
+    "Knowledge distillation transfers the scores of a cross-encoder to a faster bi-encoder.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, tokenizer) -> Path:
+    """A randomly initialised tiny BertForMaskedLM with the real MiniLM tokenizer beside it."""
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(**tiny_bert_kwargs())).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(SENTENCES * 6) + "\n", encoding="utf-8")
+    return path
+
+
+def pretrain_args(model: Path, corpus: Path, output: Path, *extra: str) -> list[str]:
+    return ["pretrain", "--model", str(model), "--corpus", str(corpus), "--output-dir", str(output),
+            "--max-seq-length", "32", "--per-device-train-batch-size", "4", "--max-steps", "4", "--save-steps", "2",
+            "--logging-steps", "1", "--seed", "7", "--disable-tqdm", "true", "--use-cpu", "true", *extra]
+
+
+def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out)) == 0
+    summary = capsys.readouterr().out
+    assert "pre-training finished: 4 steps" in summary and "encoder_mlm_loss" in summary
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    logged = [entry for entry in state["log_history"] if "loss" in entry]
+    assert logged and all({"encoder_mlm_loss", "decoder_loss"} <= entry.keys() for entry in logged)
+    for checkpoint in ("checkpoint-2", "checkpoint-4"):
+        weights = load_file(str(out / checkpoint / "model.safetensors"))
+        assert any(k.startswith("decoder.") for k in weights), "checkpoints keep the decoder"
+        run_info = json.loads((out / checkpoint / "retromae_run.json").read_text())
+        assert run_info["method"] == "retromae" and run_info["global_step"] == int(checkpoint.split("-")[1])
+        assert str(tmp_path) not in json.dumps(run_info), "no local paths in run info"
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(out / "checkpoint-4", trust_remote_code=True)
+    assert type(encoder).__name__ == "RetroMAEModel"
+
+    exported = tmp_path / "encoder"
+    assert main(["export", str(out / "checkpoint-4"), str(exported)]) == 0
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(exported))
+    batch = model.tokenize(SENTENCES[:2])
+    with torch.no_grad():
+        expected = encoder.eval()(**{k: batch[k] for k in ("input_ids", "attention_mask")}).pooler_output
+    assert torch.allclose(model.encode(SENTENCES[:2], convert_to_tensor=True), expected, atol=1e-5)
+    assert (out / "encoder" / "modules.json").is_file(), "pretrain exports its final encoder"
+
+
+def test_resume_continues_exactly(tiny_bert, corpus, tmp_path):
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert main(pretrain_args(tiny_bert, corpus, full, "--no-export", "true")) == 0
+    args = pretrain_args(tiny_bert, corpus, resumed, "--no-export", "true",
+                         "--resume-from-checkpoint", str(full / "checkpoint-2"))
+    assert main(args) == 0
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
+    untrained = load_file(str(full / "checkpoint-2" / "model.safetensors"))
+    assert not torch.equal(untrained["decoder.layers.0.output.dense.weight"], a["decoder.layers.0.output.dense.weight"])
+
+
+def test_existing_output_dir_is_refused_unless_asked(tiny_bert, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(pretrain_args(tiny_bert, corpus, out)) == 2
+    assert "--overwrite-output-dir" in capsys.readouterr().err
+    assert main(pretrain_args(tiny_bert, corpus, out, "--overwrite-output-dir", "true", "--max-steps", "2")) == 0
+    assert (out / "notes.txt").read_text() == "mine", "only checkpoints are replaced"
+
+
+def test_config_file_sets_values_and_flags_win(tiny_bert, corpus, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"model: {tiny_bert}\ncorpus: {corpus}\noutput_dir: {tmp_path / 'cfg-run'}\nmax_seq_length: 32\n"
+        "max_steps: 3\nsave_steps: 100\ndecoding: basic\nnum_decoder_layers: 2\ndecoder_mask_ratio: 0.7\n"
+        "per_device_train_batch_size: 2\nno_export: true\nuse_cpu: true\n"
+    )
+    assert main(["pretrain", "--config", str(config), "--max-steps", "2"]) == 0
+    saved = json.loads((tmp_path / "cfg-run" / "config.json").read_text())
+    assert (saved["decoding"], saved["num_decoder_layers"], saved["decoder_mask_ratio"]) == ("basic", 2, 0.7)
+    assert json.loads((tmp_path / "cfg-run" / "retromae_run.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--encoder-mask-ratio", "1.5"], "encoder_mask_ratio=1.5"),
+        (["--decoder-mask-ratio", "0"], "decoder_mask_ratio=0"),
+        (["--max-seq-length", "1000"], "position limit"),
+        (["--method-options", '{"no_such_field": 1}'], "no_such_field"),
+        (["--method-options", "{oops"], "not valid JSON"),
+        (["--streaming", "true", "--max-steps", "-1"], "--streaming needs --max-steps"),
+        (["--method", "nope"], "unknown method"),
+        (["--resume-from-checkpoint", "last"], "no complete checkpoint"),
+    ],
+)
+def test_bad_arguments_get_one_clear_line(tiny_bert, corpus, tmp_path, capsys, extra, expected):
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", *extra)) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_tokenizer_larger_than_embedding_matrix(tokenizer, corpus, tmp_path, capsys):
+    small = tmp_path / "small-vocab"
+    BertForMaskedLM(BertConfig(**tiny_bert_kwargs(vocab_size=1000))).save_pretrained(small)
+    tokenizer.save_pretrained(small)
+    assert main(pretrain_args(small, corpus, tmp_path / "run")) == 2
+    assert "30522 tokens but the model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [("", "empty"), ('{"text": "fine"}\nnot json\n', "corpus.jsonl:2"), ('{"title": "t"}\n', "corpus.jsonl:1")],
+)
+def test_bad_corpus_names_file_and_line(tiny_bert, tmp_path, capsys, content, expected):
+    path = tmp_path / ("corpus.jsonl" if content.startswith("{") else "empty.txt")
+    path.write_text(content)
+    assert main(pretrain_args(tiny_bert, path, tmp_path / "run")) == 2
+    err = capsys.readouterr().err
+    assert expected in err.replace(str(tmp_path) + os.sep, "") and "Traceback" not in err
+
+
+def test_export_refuses_a_folder_that_is_not_a_checkpoint(tiny_bert, tmp_path, capsys):
+    assert main(["export", str(tiny_bert), str(tmp_path / "out")]) == 2
+    assert "not a retromae checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "retromae.trainers.cli", *args]
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tiny_bert, corpus, tmp_path):
+    out = tmp_path / "run"
+    args = pretrain_args(tiny_bert, corpus, out, "--max-steps", "400", "--save-steps", "3", "--no-export", "true")[1:]
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(_cli("pretrain", *args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not (out / "checkpoint-6" / "trainer_state.json").is_file():
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "no checkpoint written in time"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    resumed = subprocess.run(
+        _cli("pretrain", *args[:-2], "--max-steps", "9", "--resume-from-checkpoint", "last"),
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    info = json.loads((out / "retromae_run.json").read_text())
+    assert info["global_step"] == 9
+    state = json.loads((out / "checkpoint-9" / "trainer_state.json").read_text())
+    steps = [entry["step"] for entry in state["log_history"] if "loss" in entry]
+    assert steps[:6] == [1, 2, 3, 4, 5, 6] and steps[-1] == 9, "history of the killed run is kept"
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_cpu(tiny_bert, corpus, tmp_path):
+    out = tmp_path / "ddp"
+    args = pretrain_args(tiny_bert, corpus, out, "--max-steps", "3", "--save-steps", "3")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+               "-m", "retromae.trainers.cli", *args]
+    result = subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    logged = [entry for entry in state["log_history"] if "loss" in entry]
+    assert all("decoder_loss" in entry for entry in logged)
+    run_info = json.loads((out / "retromae_run.json").read_text())
+    assert run_info["training"]["world_size"] == 2
+    assert (out / "checkpoint-3" / "collator_rng_0.safetensors").is_file()
+    assert (out / "checkpoint-3" / "collator_rng_1.safetensors").is_file()
+    assert (out / "encoder" / "modules.json").is_file()

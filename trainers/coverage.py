@@ -1,0 +1,315 @@
+"""Input-token coverage of dense representations (Ma et al., 2024, "Drop your Decoder", §3.2, Algorithm 1).
+
+For a text with input token set T (its non-special token ids after tokenization), the sentence representation h (the
+last-layer [CLS] state of the *unmasked* input) is projected to the vocabulary, h_proj = h · Eᵀ (paper eq. 11, E =
+the encoder's word-embedding matrix), and
+
+    coverage@k = |top-k tokens of h_proj ∩ T| / k
+
+is averaged over the texts. The paper uses it to show that enhanced decoding and BoW prediction pack the input's
+lexicon into [CLS] (its Figures 2 and 4).
+
+Choices, documented:
+- Projection: the bare word-embedding matrix of eq. 11, not the MLM head (dense + GELU + LayerNorm + bias). Eq. 11
+  and Algorithm 2 write h · Eᵀ; the prose says "language model heads" but glosses them as "its embedding matrix Eᵀ".
+  The bare matrix also exists in every checkpoint: plain BertModel / sentence-transformers folders (e.g.
+  all-MiniLM-L6-v2) have no MLM head, so every model is measured the same way.
+- Denominator: k, the share of the top-k tokens that occur in the input (the paper's prose: "the ratio of the above
+  tokens appearing in the tokenized input token set"). Algorithm 1's "/ Numbers of T" is ambiguous between T_topk
+  and T; dividing by |T| would make the value grow with k for any model.
+- T excludes special tokens ([CLS], [SEP], <s>, ...) by the tokenizer's special-tokens mask; the top-k ranks the whole
+  vocabulary (a special or unused token in the top-k counts as a miss). Texts without ordinary tokens are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_KS", "coverage_at_k", "input_token_coverage", "load_encoder", "plot_coverage", "run_coverage"]
+
+DEFAULT_KS = (10, 20, 50, 100)
+
+
+def coverage_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
+    """Per-row coverage@k: the share of the k highest-scoring vocabulary entries that are input tokens.
+
+    Args:
+        scores: `(batch_size, vocab_size)` projected representations h · Eᵀ.
+        in_input: `(batch_size, vocab_size)` bool, True for the ids in the row's input token set.
+        ks: cut-offs, each in [1, vocab_size].
+
+    Returns:
+        `(batch_size, len(ks))` float32.
+    """
+    return _hits_at_k(scores, in_input, ks) / torch.tensor(list(ks), dtype=torch.float32, device=scores.device)
+
+
+def _hits_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
+    """`(batch_size, len(ks))` number of input tokens among the top-k (exact integers in float32)."""
+    top = scores.topk(max(ks), dim=-1).indices  # (B, k_max), best first
+    hits = in_input.gather(1, top).float().cumsum(-1)  # (B, k_max): hits among the first j + 1
+    columns = torch.tensor([k - 1 for k in ks], device=scores.device)
+    return hits[:, columns]
+
+
+def load_encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
+    """The transformer encoder whose last-layer [CLS] state is the representation.
+
+    Accepts a directory or Hub id of a plain BERT (`BertModel` / `BertForMaskedLM` weights, a sentence-transformers
+    folder), one of our pre-training checkpoints (its `bert.*` keys load into `BertModel` by prefix stripping; the MLM
+    head and decoder are ignored), another transformers architecture known to `AutoModel` (e.g. RoBERTa), or an
+    already-built module (`BertModel`, or a model with a `bert` encoder such as `*ForPretraining`).
+
+    Raises:
+        ValueError: if encoder weights are missing from the checkpoint (it would be measured at random init).
+    """
+    if isinstance(model_or_path, nn.Module):
+        encoder = getattr(model_or_path, "bert", model_or_path)
+        if not hasattr(encoder, "get_input_embeddings"):
+            raise TypeError(f"{type(model_or_path).__name__} is not a transformers encoder (no get_input_embeddings)")
+        return encoder
+
+    from transformers import AutoModel, BertModel, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = str(model_or_path)
+    config_dict, _ = PretrainedConfig.get_config_dict(path)
+    model_type = config_dict.get("model_type")
+    if model_type in CONFIG_MAPPING and model_type != "bert":
+        encoder, info = AutoModel.from_pretrained(path, output_loading_info=True)
+    else:  # bert, and our pre-training checkpoints (model types unknown to transformers, BERT weights under `bert.`)
+        encoder, info = BertModel.from_pretrained(path, add_pooling_layer=False, output_loading_info=True)
+    missing = sorted(k for k in info["missing_keys"] if "pooler" not in k)
+    if missing:
+        raise ValueError(
+            f"{path} (model_type {model_type!r}) lacks encoder weights ({missing[:3]} ... {len(missing)} keys); "
+            "expected a BERT-family checkpoint"
+        )
+    return encoder
+
+
+@torch.no_grad()
+def _coverage_sums(
+    encoder: nn.Module,
+    tokenizer,
+    texts: Sequence[str],
+    ks: Sequence[int],
+    batch_size: int,
+    max_seq_length: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, int]:
+    """Sum over texts of coverage@k `(len(ks),)` and the number of texts scored."""
+    embedding_matrix = encoder.get_input_embeddings().weight.float()  # (V, H)
+    vocab_size = embedding_matrix.shape[0]
+    totals = torch.zeros(len(ks), dtype=torch.float64)
+    scored = 0
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            list(texts[start : start + batch_size]),
+            truncation=True,
+            max_length=max_seq_length,
+            padding=True,
+            return_special_tokens_mask=True,
+            return_tensors="pt",
+        )
+        input_ids = batch["input_ids"].to(device)  # (B, L)
+        attention_mask = batch["attention_mask"].to(device)  # (B, L)
+        ordinary = attention_mask.bool() & ~batch["special_tokens_mask"].to(device).bool()  # (B, L)
+        if int(input_ids.max()) >= vocab_size:
+            raise ValueError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
+        hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+        scores = hidden[:, 0].float() @ embedding_matrix.t()  # (B, V): h · Eᵀ
+        counts = torch.zeros(scores.shape, device=device)
+        counts.scatter_add_(1, input_ids, ordinary.float())  # occurrences of each id among the ordinary tokens
+        in_input = counts > 0  # (B, V)
+        keep = in_input.any(-1)  # (B,) texts with at least one ordinary token
+        hits = _hits_at_k(scores[keep], in_input[keep], ks).cpu().double()  # (n, len(ks))
+        totals += (hits / torch.tensor(ks, dtype=torch.float64)).sum(0)
+        scored += int(keep.sum())
+    return totals, scored
+
+
+def _check_ks(ks: Iterable[int], vocab_size: int) -> tuple[int, ...]:
+    ks = tuple(ks)
+    if not ks:
+        raise ValueError("ks is empty; give at least one cut-off k")
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
+            raise ValueError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
+    return ks
+
+
+def input_token_coverage(
+    model_dir_or_model: str | os.PathLike | nn.Module,
+    tokenizer,
+    texts: Iterable[str],
+    ks: Iterable[int] = DEFAULT_KS,
+    batch_size: int = 32,
+    max_seq_length: int = 512,
+    device: str | torch.device | None = None,
+) -> dict[int, float]:
+    """Mean input-token coverage@k of a model's [CLS] representations over `texts` (Algorithm 1, see module doc).
+
+    Args:
+        model_dir_or_model: checkpoint directory / Hub id or a module (see `load_encoder`).
+        tokenizer: a transformers tokenizer; None loads the one saved with `model_dir_or_model`.
+        texts: the texts; each is tokenized without masking, truncated to `max_seq_length`.
+        ks: top-k cut-offs.
+        batch_size: texts per forward pass.
+        max_seq_length: truncation length in tokens (special tokens included).
+        device: where to run; default the module's device, else CUDA when available.
+
+    Returns:
+        `{k: coverage@k}` in the order of `ks`, each in [0, 1].
+    """
+    texts = [t for t in texts]
+    if not texts:
+        raise ValueError("no texts given")
+    if batch_size < 1 or max_seq_length < 2:
+        raise ValueError(f"batch_size={batch_size} must be >= 1 and max_seq_length={max_seq_length} >= 2")
+    encoder = load_encoder(model_dir_or_model)
+    if tokenizer is None:
+        if isinstance(model_dir_or_model, nn.Module):
+            raise ValueError("tokenizer is required when a module is given")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model))
+    vocab_size = encoder.get_input_embeddings().weight.shape[0]
+    ks = _check_ks(ks, vocab_size)
+    if device is None:
+        if isinstance(model_dir_or_model, nn.Module):
+            device = next(encoder.parameters()).device
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    was_training = encoder.training
+    original_device = next(encoder.parameters()).device
+    encoder.eval().to(device)
+    try:
+        totals, scored = _coverage_sums(encoder, tokenizer, texts, ks, batch_size, max_seq_length, device)
+    finally:
+        encoder.train(was_training)
+        encoder.to(original_device)
+    if scored == 0:
+        raise ValueError(f"none of the {len(texts)} texts has a non-special token")
+    if scored < len(texts):
+        logger.warning("coverage: %d of %d texts have no non-special token and were skipped", len(texts) - scored, len(texts))
+    return {k: float(total) / scored for k, total in zip(ks, totals.tolist(), strict=True)}
+
+
+def _atomic_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathLike) -> Path:
+    """Line plot of coverage@k against k, one line per model; written atomically as PNG (matplotlib Agg).
+
+    Args:
+        results: `{model name: {k: coverage@k}}`.
+        path_png: output file.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not results:
+        raise ValueError("results is empty; nothing to plot")
+    path = Path(path_png)
+    figure = Figure(figsize=(6.4, 4.4), layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    all_ks: set[int] = set()
+    for name, coverage in results.items():
+        ks = sorted(int(k) for k in coverage)
+        all_ks.update(ks)
+        ax.plot(ks, [coverage[k] if k in coverage else coverage[str(k)] for k in ks], marker="o", label=name)
+    if len(all_ks) > 1 and min(all_ks) > 0:
+        ax.set_xscale("log")
+    ax.set_xticks(sorted(all_ks), labels=[str(k) for k in sorted(all_ks)])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0.0)
+    ax.set_xlabel("k (top-k tokens of [CLS] · Eᵀ)")
+    ax.set_ylabel("input token coverage@k")
+    ax.set_title("Input token coverage of the [CLS] representation")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _atomic_path(path)
+    try:
+        figure.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _write_json_atomic(payload: dict, path: Path) -> None:
+    tmp = _atomic_path(path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def run_coverage(
+    models: Sequence[str | os.PathLike],
+    texts: Iterable[str],
+    tokenizer=None,
+    output_dir: str | os.PathLike = ".",
+    ks: Iterable[int] = DEFAULT_KS,
+    batch_size: int = 32,
+    max_seq_length: int = 512,
+    device: str | torch.device | None = None,
+) -> dict[str, dict[int, float]]:
+    """Coverage@k of several models on the same texts; writes `coverage.json` and `coverage.png` to `output_dir`.
+
+    Args:
+        models: checkpoint directories / Hub ids; each is reported under the string given.
+        texts: the corpus texts (materialised once and shared by all models).
+        tokenizer: one tokenizer for every model; None loads each model's own.
+        output_dir: created if missing; both files are replaced atomically.
+        ks, batch_size, max_seq_length, device: as in `input_token_coverage`.
+
+    Returns:
+        `{model: {k: coverage@k}}`.
+    """
+    names = [str(m) for m in models]
+    if not names:
+        raise ValueError("no models given")
+    if len(set(names)) != len(names):
+        raise ValueError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+    texts = [t for t in texts]
+    ks = tuple(ks)
+    results: dict[str, dict[int, float]] = {}
+    for name in names:
+        logger.info("coverage: %s on %d texts", name, len(texts))
+        results[name] = input_token_coverage(
+            name, tokenizer, texts, ks=ks, batch_size=batch_size, max_seq_length=max_seq_length, device=device
+        )
+        logger.info("coverage: %s %s", name, {k: round(v, 4) for k, v in results[name].items()})
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "metric": "input token coverage@k (Ma et al., 2024, Algorithm 1)",
+        "projection": "last-layer [CLS] state of the unmasked input times the word-embedding matrix transposed",
+        "denominator": "k",
+        "ks": list(ks),
+        "num_texts": len(texts),
+        "max_seq_length": max_seq_length,
+        "coverage": {name: {str(k): v for k, v in cov.items()} for name, cov in results.items()},
+    }
+    _write_json_atomic(payload, out / "coverage.json")
+    plot_coverage(results, out / "coverage.png")
+    return results

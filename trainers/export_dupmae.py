@@ -1,0 +1,304 @@
+"""Export DupMAE as a sentence-transformers model: `Transformer` (plain BERT) + `DupMAEPooling` (remote code).
+
+Layout of an exported folder::
+
+    config.json, model.safetensors      plain BertModel: model_type "bert", no pooler, no auto_map
+    tokenizer files, sentence_bert_config.json
+    modules.json                        [Transformer, "st_dupmae.DupMAEPooling" in 1_DupMAEPooling/]
+    st_dupmae.py, layers_dupmae.py      the module's code, at the ROOT (so `trust_remote_code=True` finds it)
+    1_DupMAEPooling/config.json         hidden_size, vocab_size, dense_dim, doc_top_k, query_top_k, special_token_ids ...
+    1_DupMAEPooling/model.safetensors   dense_proj (W^cls) + the MLM head (transform, decoder_weight, decoder_bias)
+    config_sentence_transformers.json   similarity_fn_name "dot", prompts {"query": "", "document": ""}
+    README.md                           model card (export via `write_dupmae_export`)
+
+Load it with `SentenceTransformer(path, trust_remote_code=True)`; `encode_query` keeps the full OT vector mu,
+`encode_document` its top-k, and `similarity` (dot) is the paper's eq. 12 score. The folder needs
+sentence-transformers >= 6 (the module subclasses `sentence_transformers.base.modules.Module`).
+
+Re-saving: sentence-transformers 6.2 copies a remote-code module's file into the module's subfolder, not the root,
+so a re-saved folder would not load (ECOSYSTEM §3.3). `DupMAEPooling.save` copies its files to the root itself, and
+`save_dupmae_sentence_transformer` also rewrites modules.json for models built in-process (whose module type would
+otherwise be `retromae.modeling.st_dupmae.DupMAEPooling`, loadable only where retromae is installed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
+from retromae.modeling.st_dupmae import DupMAEPooling, find_dupmae_pooling
+from retromae.trainers.export import ExportRequest, build_bert_encoder, export_sentence_transformer, render_model_card
+from retromae.trainers.methods import get_method
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Transformer
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+MODULE_TYPE = "st_dupmae.DupMAEPooling"
+REMOTE_CODE_FILES = ("st_dupmae.py", "layers_dupmae.py")
+# representation fields a caller may override at export time (validated by DupMAEPooling)
+REPRESENTATION_FIELDS = ("representation", "dense_dim", "doc_top_k", "query_top_k")
+DEFAULT_MAX_SEQ_LENGTH = 512
+
+
+def build_dupmae_pooling(
+    config: Mapping[str, Any],
+    state_dict: Mapping[str, torch.Tensor],
+    special_token_ids: list[int] | None,
+    seed: int = 0,
+) -> DupMAEPooling:
+    """A `DupMAEPooling` holding a DupMAE checkpoint's representation weights.
+
+    Args:
+        config: a DupMAE config as a dict (`hidden_size`, `vocab_size`, `dense_dim`, `doc_top_k`, ...).
+        state_dict: pre-training (`bert.*`, `cls.*`) or encoder (`embeddings.*`, `cls.*`, `dense_proj.*`) weights.
+        special_token_ids: the tokenizer's special ids (None: fall back to the first/last position rule).
+        seed: seed of the projection W^cls when the weights have none (a pre-training checkpoint: the paper learns
+            it in fine-tuning). It starts as a random Johnson-Lindenstrauss map, normal(0, 1/sqrt(dense_dim)), as in
+            `DupMAEModel`, so the dense score estimates the [CLS] dot product until it is fine-tuned.
+    """
+    pooling = DupMAEPooling(
+        hidden_size=config["hidden_size"],
+        vocab_size=config["vocab_size"],
+        dense_dim=config.get("dense_dim", 384),
+        doc_top_k=config.get("doc_top_k", 384),
+        query_top_k=config.get("query_top_k"),
+        special_token_ids=special_token_ids,
+        representation=config.get("representation", "hybrid"),
+        hidden_act=config.get("hidden_act", "gelu"),
+        layer_norm_eps=config.get("layer_norm_eps", 1e-12),
+        chunk_size=config.get("loss_chunk_size", 4096),
+    )
+    weights: dict[str, torch.Tensor] = {}
+    if pooling.has_sparse:
+        head = "cls.predictions."
+        word_embeddings = next(
+            (
+                state_dict[k]
+                for k in ("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
+                if k in state_dict
+            ),
+            None,
+        )
+        decoder_weight = state_dict.get(head + "decoder.weight", word_embeddings)  # tied: often stored once
+        missing = [k for k in (head + "transform.dense.weight", head + "bias") if k not in state_dict]
+        if decoder_weight is None or missing:
+            raise ValueError(
+                f"the weights have no MLM head for the OT representation (missing {missing or ['word embeddings']})"
+            )
+        weights.update({k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head + "transform.")})
+        weights["decoder_weight"] = decoder_weight
+        weights["decoder_bias"] = state_dict[head + "bias"]
+    if pooling.dense_proj is not None:
+        if "dense_proj.weight" in state_dict and tuple(state_dict["dense_proj.weight"].shape) == (
+            pooling.dense_dim,
+            pooling.hidden_size,
+        ):
+            weights["dense_proj.weight"] = state_dict["dense_proj.weight"]
+            weights["dense_proj.bias"] = state_dict["dense_proj.bias"]
+        else:
+            logger.info(
+                "dense_proj (W^cls, %d -> %d) is newly initialised: fine-tune it",
+                pooling.hidden_size,
+                pooling.dense_dim,
+            )
+            generator = torch.Generator().manual_seed(seed)
+            std = pooling.dense_dim**-0.5
+            weights["dense_proj.weight"] = (
+                torch.randn(pooling.dense_dim, pooling.hidden_size, generator=generator) * std
+            )
+            weights["dense_proj.bias"] = torch.zeros(pooling.dense_dim)
+    pooling.load_state_dict({k: v.detach().float().cpu() for k, v in weights.items()}, strict=True)
+    return pooling.eval()
+
+
+def save_dupmae_sentence_transformer(model: SentenceTransformer, path: str | os.PathLike, **save_kwargs) -> Path:
+    """`model.save(path)` plus the remote-code layout: the module files at the root and modules.json type
+    `"st_dupmae.DupMAEPooling"`, so `SentenceTransformer(path, trust_remote_code=True)` loads it anywhere."""
+    path = Path(path)
+    pooling = find_dupmae_pooling(model)
+    model.save(str(path), **save_kwargs)
+    source_dir = Path(sys.modules[type(pooling).__module__].__file__).parent
+    for name in REMOTE_CODE_FILES:
+        shutil.copyfile(source_dir / name, path / name)
+    modules_file = path / "modules.json"
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    for entry in modules:
+        if entry["type"].rsplit(".", 1)[-1] == "DupMAEPooling":
+            entry["type"] = MODULE_TYPE
+    modules_file.write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def assemble_dupmae_sentence_transformer(
+    encoder_state: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    output_dir: str | os.PathLike,
+    max_seq_length: int,
+    **save_kwargs,
+) -> Path:
+    """Write the sentence-transformers folder into `output_dir` (which may exist and be empty)."""
+    request_like = ExportRequest(
+        method=get_method("dupmae"),
+        config=dict(config),
+        state_dict=encoder_state,
+        tokenizer=tokenizer,
+        run_info=None,
+        model_name="",
+        folder_name="",
+    )
+    encoder = build_bert_encoder(request_like)
+    pooling = build_dupmae_pooling(config, encoder_state, tokenizer.all_special_ids)
+    with tempfile.TemporaryDirectory(prefix="dupmae-export-") as staging:
+        encoder.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        transformer = Transformer(staging, max_seq_length=max_seq_length, model_kwargs={"add_pooling_layer": False})
+        model = SentenceTransformer(
+            modules=[transformer, pooling],
+            similarity_fn_name="dot",
+            prompts={"query": "", "document": ""},
+            device="cpu",
+        )
+        return save_dupmae_sentence_transformer(model, output_dir, **save_kwargs)
+
+
+def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
+    """The DupMAE writer of `retromae.trainers.export` (`EXPORTERS["dupmae"]`): fills the empty `build_dir`."""
+    recorded = (request.run_info or {}).get("max_seq_length") or DEFAULT_MAX_SEQ_LENGTH
+    max_seq_length = min(int(recorded), request.config["max_position_embeddings"])
+    assemble_dupmae_sentence_transformer(
+        request.state_dict, request.config, request.tokenizer, build_dir, max_seq_length, create_model_card=False
+    )
+    pooling_config = json.loads((build_dir / "1_DupMAEPooling" / "config.json").read_text(encoding="utf-8"))
+    dense = pooling_config["dense_dim"] if pooling_config["representation"] != "ot" else 0
+    sparse = pooling_config["vocab_size"] if pooling_config["representation"] != "cls" else 0
+    card = render_model_card(
+        request,
+        embedding_dim=dense + sparse,
+        num_layers=request.config["num_hidden_layers"],
+        max_seq_length=max_seq_length,
+    )
+    (build_dir / "README.md").write_text(card, encoding="utf-8")
+
+
+def build_dupmae_sentence_transformer(
+    encoder: str | os.PathLike | DupMAEModel | DupMAEForPretraining,
+    tokenizer: PreTrainedTokenizerBase | None,
+    output_dir: str | os.PathLike,
+    *,
+    max_seq_length: int | None = None,
+    overwrite: bool = False,
+    model_name: str | None = None,
+    **representation: Any,
+) -> SentenceTransformer:
+    """Export a DupMAE encoder as a sentence-transformers folder and load it back.
+
+    Args:
+        encoder: a `DupMAEForPretraining` / `DupMAEModel` instance, or the folder of either (a `retromae pretrain`
+            checkpoint, or a saved `DupMAEModel`, e.g. after fine-tuning W^cls).
+        tokenizer: its tokenizer; None = read it from the `encoder` folder.
+        output_dir: the folder to create (built in a temporary sibling, renamed into place).
+        max_seq_length: the Transformer's maximum length (default 512, capped by the position embeddings).
+        overwrite: replace a non-empty `output_dir`.
+        model_name: name for the model card.
+        **representation: overrides of `representation`, `dense_dim`, `doc_top_k`, `query_top_k` (Table 4 settings);
+            a changed `dense_dim` gets a fresh projection.
+
+    Returns:
+        The exported model, loaded with `SentenceTransformer(output_dir, trust_remote_code=True)`.
+    """
+    unknown = set(representation) - set(REPRESENTATION_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(REPRESENTATION_FIELDS)}"
+        )
+    output_dir = Path(output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())) and not overwrite:
+        raise FileExistsError(f"output folder {output_dir} exists and is not empty; pass overwrite=True to replace it")
+    if isinstance(encoder, str | os.PathLike):
+        folder = Path(encoder)
+        architectures = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+        if "DupMAEForPretraining" in architectures and tokenizer is None and not representation and not max_seq_length:
+            # a `retromae pretrain` checkpoint as is: the generic exporter (run info, model card) does it
+            export_sentence_transformer(folder, output_dir, overwrite=overwrite, model_name=model_name)
+            return load_dupmae_sentence_transformer(output_dir)
+        from transformers import AutoTokenizer
+
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        encoder = DupMAEModel.from_pretrained(str(folder))
+    if tokenizer is None:
+        raise ValueError("pass the tokenizer of an in-memory encoder")
+    if isinstance(encoder, DupMAEForPretraining):
+        config, state = encoder.config.to_dict(), dict(encoder.state_dict())
+    elif isinstance(encoder, DupMAEModel):
+        config = encoder.config.to_dict()
+        state = {
+            (f"bert.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
+            for k, v in encoder.state_dict().items()
+        }
+    else:
+        raise TypeError(f"expected a DupMAEModel, DupMAEForPretraining or a folder, got {type(encoder).__name__}")
+    config.update(representation)
+    request = ExportRequest(
+        method=get_method("dupmae"),
+        config=config,
+        state_dict=state,
+        tokenizer=tokenizer,
+        run_info={"max_seq_length": max_seq_length} if max_seq_length else None,
+        model_name=model_name or f"dupmae-{output_dir.name}",
+        folder_name=output_dir.name,
+    )
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = output_dir.parent / f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    build_dir.mkdir()
+    try:
+        write_dupmae_export(request, build_dir)
+        replace_folder(build_dir, output_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    return load_dupmae_sentence_transformer(output_dir)
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Rename the finished folder `new` to `target`; a previous `target` is removed only afterwards."""
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        os.replace(new, target)
+        return
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_dupmae_sentence_transformer(path: str | os.PathLike, **kwargs: Any) -> SentenceTransformer:
+    """`SentenceTransformer(path, trust_remote_code=True)` (the module is remote code at the folder root)."""
+    return SentenceTransformer(str(path), trust_remote_code=True, **kwargs)
+
+
+__all__ = [
+    "MODULE_TYPE",
+    "assemble_dupmae_sentence_transformer",
+    "build_dupmae_pooling",
+    "build_dupmae_sentence_transformer",
+    "load_dupmae_sentence_transformer",
+    "replace_folder",
+    "save_dupmae_sentence_transformer",
+    "write_dupmae_export",
+]
