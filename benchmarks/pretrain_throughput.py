@@ -126,7 +126,6 @@ def load_tokenizer():
 def packed_rows(tokenizer, length: int) -> list[dict[str, list[int]]]:
     """Rows of the built-in corpus packed to exactly ``length`` tokens: ``input_ids`` and ``word_starts`` lists."""
     import datasets
-
     from retromae.trainers.data import builtin_corpus, tokenize_corpus
 
     datasets.disable_progress_bars()
@@ -302,7 +301,7 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
     batches = {}
     for variant in VARIANTS:
         collator = make_collator(variant, tokenizer, args.seed)
-        batches[variant] = [collator(source.features(variant, i, args.batch_size)) for i in range(n_batches)]
+        batches[variant] = [dict(collator(source.features(variant, i, args.batch_size))) for i in range(n_batches)]
     shares = label_shares(batches["enhanced"])
     hf_share = statistics.mean(float((b["labels"] != -100).float().mean()) for b in batches["hf_mlm"])
     trainables = {v: build_trainable(v, size, tokenizer.mask_token_id, device, args.seed) for v in VARIANTS}
@@ -374,43 +373,54 @@ def memory_probe_main(args) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
+        method = "torch.cuda.max_memory_allocated minus memory_allocated before the steps"
     else:
-        before = current_rss_bytes()
+        before, method = reset_peak_rss()
     for _ in range(2):  # burn-in (creates the AdamW state) + the measured step
         train_step(model, optimizer, batch, device, args.dtype)
     synchronize(device)
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-        method = "torch.cuda.max_memory_allocated"
-    else:
-        peak = max_rss_bytes()
-        method = "resource.getrusage(RUSAGE_SELF).ru_maxrss (peak RSS) minus the RSS before the steps"
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
     print(json.dumps({
         "variant": variant, "before_bytes": before, "peak_bytes": peak, "growth_bytes": peak - before,
         "parameters": sum(p.numel() for p in model.parameters()), "method": method,
     }))
 
 
-def current_rss_bytes() -> int:
+def _proc_status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> tuple[int, str]:
+    """Current RSS in bytes, after resetting the kernel's peak-RSS mark where possible; and the method used.
+
+    Linux: writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS, and VmHWM is read afterwards.
+    ``ru_maxrss`` is not used there: it also counts the parent's RSS at the fork that started this process.
+    """
     try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return 1024 * _proc_status_kib("VmRSS"), "peak RSS (/proc/self/status VmHWM, reset via clear_refs) minus RSS before the steps"
+    except OSError:
         import psutil
 
-        return psutil.Process().memory_info().rss
-    except ImportError:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return psutil.Process().memory_info().rss, "resource.getrusage ru_maxrss (lifetime peak RSS) minus RSS before the steps"
 
 
-def max_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+def peak_rss_bytes() -> int:
+    try:
+        return 1024 * _proc_status_kib("VmHWM")
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def measure_memory(size: str, length: int, source: BatchSource, tokenizer, args, workdir: Path) -> dict[str, Any]:
     """Peak memory of (a) and (b), each in a fresh interpreter fed the same rows."""
     result: dict[str, Any] = {}
     for variant in ("hf_mlm", "enhanced"):
-        batch = make_collator(variant, tokenizer, args.seed)(source.features(variant, 0, args.batch_size))
+        batch = dict(make_collator(variant, tokenizer, args.seed)(source.features(variant, 0, args.batch_size)))
         path = workdir / f"{variant}_{size}_{length}.pt"
         torch.save({"batch": batch, "mask_token_id": tokenizer.mask_token_id}, path)
         command = [

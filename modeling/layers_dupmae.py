@@ -11,6 +11,30 @@ beside `st_dupmae.py` at the root of an exported model).
 import torch
 
 
+def _chunked_max(hidden, weight, bias, keep, chunk_positions: int, compute_dtype: torch.dtype, track: bool):
+    """The forward of `token_max_logits`: (mu, arg-max positions or None, rows that have kept positions)."""
+    batch_size, seq_len, _ = hidden.shape  # (B, L, H)
+    vocab_size = weight.shape[0]
+    w = weight.to(compute_dtype)
+    best = torch.full((batch_size, vocab_size), float("-inf"), dtype=torch.float32, device=hidden.device)
+    best_pos = torch.zeros((batch_size, vocab_size), dtype=torch.long, device=hidden.device) if track else None
+    for start in range(0, seq_len, chunk_positions):
+        h = hidden[:, start : start + chunk_positions].to(compute_dtype)  # (B, c, H)
+        logits = torch.matmul(h, w.t()).float()  # (B, c, V); the bias is added after the max (same arg-max)
+        logits.masked_fill_(~keep[:, start : start + chunk_positions, None], float("-inf"))
+        if not track:  # inference: no arg-max bookkeeping
+            torch.maximum(best, logits.amax(dim=1), out=best)
+            continue
+        chunk_max, chunk_pos = logits.max(dim=1)  # (B, V)
+        better = chunk_max > best  # strict: ties keep the earliest position, as torch.max does
+        best = torch.where(better, chunk_max, best)
+        best_pos = torch.where(better, chunk_pos + start, best_pos)
+        del logits
+    has_tokens = keep.any(dim=1)  # (B,) rows without a single ordinary token get mu = 0, no gradient
+    mu = (best + bias.float()).masked_fill_(~has_tokens[:, None], 0.0)
+    return mu.to(hidden.dtype), best_pos, has_tokens
+
+
 class _TokenMaxLogits(torch.autograd.Function):
     """mu[b, v] = max_{l : keep[b, l]} (hidden[b, l] . weight[v] + bias[v]), chunked over the sequence.
 
@@ -23,27 +47,11 @@ class _TokenMaxLogits(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, keep, chunk_positions: int, compute_dtype: torch.dtype):
-        batch_size, seq_len, _ = hidden.shape  # (B, L, H)
-        vocab_size = weight.shape[0]
-        w = weight.to(compute_dtype)
-        b = bias.to(compute_dtype)
-        best = torch.full((batch_size, vocab_size), float("-inf"), dtype=torch.float32, device=hidden.device)
-        best_pos = torch.zeros((batch_size, vocab_size), dtype=torch.long, device=hidden.device)
-        for start in range(0, seq_len, chunk_positions):
-            h = hidden[:, start : start + chunk_positions].to(compute_dtype)  # (B, c, H)
-            logits = torch.matmul(h, w.t()).add_(b).float()  # (B, c, V)
-            logits.masked_fill_(~keep[:, start : start + chunk_positions, None], float("-inf"))
-            chunk_max, chunk_pos = logits.max(dim=1)  # (B, V)
-            better = chunk_max > best  # strict: ties keep the earliest position, as torch.max does
-            best = torch.where(better, chunk_max, best)
-            best_pos = torch.where(better, chunk_pos + start, best_pos)
-            del logits
-        has_tokens = keep.any(dim=1)  # (B,) rows without a single ordinary token get mu = 0, no gradient
-        mu = best.masked_fill(~has_tokens[:, None], 0.0)
+        mu, best_pos, has_tokens = _chunked_max(hidden, weight, bias, keep, chunk_positions, compute_dtype, True)
         ctx.save_for_backward(hidden, weight, best_pos, has_tokens)
         ctx.chunk_positions = chunk_positions
         ctx.compute_dtype = compute_dtype
-        return mu.to(hidden.dtype)
+        return mu
 
     @staticmethod
     def backward(ctx, grad_mu):
@@ -94,7 +102,10 @@ def token_max_logits(
     chunk_positions = max(1, chunk_size // batch_size)
     device_type = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    track = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad)
     with torch.autocast(device_type, enabled=False):
+        if not track:
+            return _chunked_max(hidden, weight, bias, keep.bool(), chunk_positions, compute_dtype, False)[0]
         return _TokenMaxLogits.apply(hidden, weight, bias, keep.bool(), chunk_positions, compute_dtype)
 
 

@@ -213,3 +213,29 @@ def test_two_process_ddp_on_cpu(tiny_bert, corpus, tmp_path):
     assert (out / "checkpoint-3" / "collator_rng_0.safetensors").is_file()
     assert (out / "checkpoint-3" / "collator_rng_1.safetensors").is_file()
     assert (out / "encoder" / "modules.json").is_file()
+
+
+def test_continuing_a_checkpoint_keeps_its_decoder(tiny_bert, corpus, tmp_path):
+    first = tmp_path / "stage1"
+    assert main(pretrain_args(tiny_bert, corpus, first, "--no-export", "true", "--max-steps", "2")) == 0
+    from retromae.trainers.cli import load_pretraining_model
+    from retromae.trainers.methods import get_method
+
+    model = load_pretraining_model(str(first), get_method("retromae"), {})
+    saved = load_file(str(first / "model.safetensors"))
+    assert torch.equal(model.decoder.layers[0].output.dense.weight, saved["decoder.layers.0.output.dense.weight"])
+    second = tmp_path / "stage2"
+    assert main(pretrain_args(first, corpus, second, "--no-export", "true", "--max-steps", "2")) == 0
+    assert json.loads((second / "retromae_run.json").read_text())["base_model"] == "stage1"
+
+
+def test_coverage_command_writes_json_and_plot(tiny_bert, corpus, tmp_path, capsys):
+    out = tmp_path / "coverage"
+    assert main(["coverage", "--model", str(tiny_bert), "--corpus", str(corpus), "--max-texts", "8",
+                 "--max-seq-length", "32", "--output-dir", str(out)]) == 0
+    results = json.loads((out / "coverage.json").read_text())
+    (by_k,) = results["coverage"].values()
+    assert set(by_k) == {"10", "20", "50", "100"}
+    assert all(0.0 <= float(v) <= 1.0 for v in by_k.values())
+    assert (out / "coverage.png").stat().st_size > 1000
+    assert "cov@10" in capsys.readouterr().out

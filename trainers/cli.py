@@ -307,7 +307,7 @@ def pretrain(argv: list[str]) -> int:
     if data_args.streaming and training_args.max_steps <= 0:
         raise CliError("--streaming needs --max-steps (a streamed corpus has no length)")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_ref)
+    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_ref, trust_remote_code=False)
     overrides = _method_config_overrides(model_args, method, tokenizer)
     model = load_pretraining_model(model_ref, method, overrides)
     _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, model_ref)
@@ -430,11 +430,20 @@ def methods(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "pretrain": (pretrain, "pre-train an encoder (default: a short demo run)"),
-    "export": (export, "export a checkpoint's encoder as a sentence-transformers model"),
-    "methods": (methods, "list the pre-training methods"),
+# name -> ("module:function" under retromae.trainers, one-line summary); imported only when the command runs
+COMMANDS: dict[str, tuple[str, str]] = {
+    "pretrain": ("cli:pretrain", "pre-train an encoder (default: a short demo run)"),
+    "export": ("cli:export", "export a checkpoint's encoder as a sentence-transformers model"),
+    "methods": ("cli:methods", "list the pre-training methods"),
+    "coverage": ("coverage:coverage_command", "input-token coverage of [CLS] embeddings (did pre-training work?)"),
 }
+
+
+def _command(name: str) -> Callable[[list[str]], int]:
+    import importlib
+
+    module, function = COMMANDS[name][0].split(":")
+    return getattr(importlib.import_module(f"retromae.trainers.{module}"), function)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         listing = "\n".join(f"  {name:{width}s}  {summary}" for name, (_, summary) in COMMANDS.items())
         print(f"usage: retromae COMMAND [options]   (retromae COMMAND --help for its options)\n\ncommands:\n{listing}")
         return 0 if not argv or argv[0] in {"-h", "--help"} else 2
-    command, _ = COMMANDS[argv[0]]
+    command = _command(argv[0])
     from huggingface_hub.errors import StrictDataclassError
 
     try:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -182,7 +183,7 @@ def input_token_coverage(
             raise ValueError("tokenizer is required when a module is given")
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model))
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model), trust_remote_code=False)
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
     ks = _check_ks(ks, vocab_size)
     if device is None:
@@ -313,3 +314,45 @@ def run_coverage(
     _write_json_atomic(payload, out / "coverage.json")
     plot_coverage(results, out / "coverage.png")
     return results
+
+
+@dataclass
+class CoverageArguments:
+    model: list[str] = field(
+        default_factory=list,
+        metadata={"help": "one or more models: our checkpoints, exported encoders or any BERT folder / Hub id "
+                  "(default: the bundled all-MiniLM-L6-v2)"},
+    )
+    corpus: str | None = field(default=None, metadata={"help": "texts to probe (same formats as `retromae pretrain`)"})
+    max_texts: int = field(default=1000, metadata={"help": "use the first N passages of the corpus"})
+    max_seq_length: int = field(default=256, metadata={"help": "tokens per text"})
+    batch_size: int = field(default=32, metadata={"help": "texts per forward pass"})
+    output_dir: str = field(default="out/coverage", metadata={"help": "where coverage.json and coverage.png go"})
+
+
+def coverage_command(argv: list[str]) -> int:
+    """`retromae coverage`: the BoW paper's input-token coverage (Algorithm 1) for one or more models."""
+    from transformers import HfArgumentParser
+
+    from .cli import _configure_logging, _default_model_dir, _parse
+    from .data import read_corpus
+
+    parser = HfArgumentParser(
+        CoverageArguments, prog="retromae coverage",
+        description="Share of the top-k tokens of h·Eᵀ (h: the [CLS] embedding, E: the word embeddings) that occur "
+        "in the input, for k = 10/20/50/100 (bow-prediction paper, Algorithm 1). Rises when retrieval-oriented "
+        "pre-training worked. Writes coverage.json and coverage.png.",
+    )
+    (args,) = _parse(parser, argv)
+    _configure_logging()
+    corpus = read_corpus(args.corpus)
+    texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
+    models = args.model or [_default_model_dir()]
+    results = run_coverage(models, texts, output_dir=args.output_dir, max_seq_length=args.max_seq_length,
+                           batch_size=args.batch_size)
+    width = max(len(m) for m in results)
+    print(f"{'model':{width}s}  " + "  ".join(f"cov@{k:<4d}" for k in DEFAULT_KS))
+    for name, by_k in results.items():
+        print(f"{name:{width}s}  " + "  ".join(f"{by_k[k]:8.4f}" for k in DEFAULT_KS))
+    print(f"retromae: wrote {Path(args.output_dir) / 'coverage.json'} and coverage.png", flush=True)
+    return 0
