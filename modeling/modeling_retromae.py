@@ -83,11 +83,6 @@ class RetroMAEForPretraining(BertPretrainingBase):
         self.decoder = RetroMAEDecoder(config)
         self.post_init()
 
-    def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
-        if self.config.decoder_init == "copy_last_layer" and any(k.startswith("decoder.") for k in missing_keys):
-            for layer in self.decoder.layers:
-                layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
-
     def forward(
         self,
         input_ids: torch.Tensor,

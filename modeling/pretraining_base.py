@@ -161,7 +161,12 @@ class BertPretrainingBase(BertPreTrainedModel):
         return model
 
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
-        """Hook for subclasses (e.g. copy the encoder's last layer into a fresh decoder)."""
+        """With `config.decoder_init == "copy_last_layer"`, a decoder absent from the checkpoint (`decoder.layers.*`
+        of BertLayers) starts as copies of the encoder's last layer (as SimLM does) instead of BERT init."""
+        decoder_missing = any(k.startswith("decoder.") for k in missing_keys)
+        if getattr(self.config, "decoder_init", "bert") == "copy_last_layer" and decoder_missing:
+            for layer in self.decoder.layers:
+                layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
 
 
 __all__ = ["BertPretrainingBase", "ClsEncoderModel", "IGNORE_INDEX", "PretrainingOutput"]
