@@ -18,8 +18,13 @@ all-MiniLM-L6-v2 tokenizer. Reported:
 2. Collation ms per sample, ours vs the HF collator, single process (as inside one DataLoader worker).
 3. Peak memory of training steps at the largest length, each variant in a fresh subprocess: growth above the memory
    held after model, optimizer and batch are set up, over a burn-in step plus one step (so it includes gradients,
-   the AdamW state and the activations). CUDA: ``torch.cuda.max_memory_allocated``. CPU: ``ru_maxrss`` (peak resident
-   set size) after the steps minus the current RSS before them.
+   the AdamW state and the activations). CUDA: ``torch.cuda.max_memory_allocated``. CPU (Linux): peak resident set
+   size (``VmHWM`` of /proc/self/status, reset through /proc/self/clear_refs just before the steps) minus the RSS
+   before them; elsewhere ``ru_maxrss``.
+
+CPU runs set ``OMP_WAIT_POLICY=PASSIVE`` unless the variable is already set: on a machine shared with other busy
+processes, OpenMP threads that spin-wait for a descheduled peer made single steps 5-10x slower; with a passive wait
+the slowdown is proportional to the load.
 
 Run ``python benchmarks/pretrain_throughput.py --help``; ``--quick`` is a smoke run. See benchmarks/README.md.
 """
@@ -43,7 +48,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
+# Before torch loads its OpenMP runtime (see the module docstring); an explicit setting in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 VOCAB_SIZE = 30522
 SIZES: dict[str, dict[str, int]] = {
@@ -98,6 +106,30 @@ def autocast(device: torch.device, dtype: str):
     if dtype == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def cpu_counters() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine, CPU seconds of this process) on Linux; None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    own = os.times()
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def other_processes_cpu_share(before, after, wall_seconds: float) -> float | None:
+    """Share of all cores' time that other processes used while this process ran a step (0 = machine to itself)."""
+    if before is None or after is None or wall_seconds <= 0:
+        return None
+    foreign = (after[0] - before[0]) - (after[1] - before[1])
+    return min(max(foreign / (wall_seconds * (os.cpu_count() or 1)), 0.0), 1.0)
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def load_average() -> list[float] | None:
@@ -270,7 +302,19 @@ def analytic_mflops(size: str, length: int, label_shares: dict[str, float]) -> d
 
 
 def time_collators(source: BatchSource, tokenizer, batch_size: int, seed: int, min_reps: int, min_seconds: float):
-    """Median ms per sample of each collator on the same rows; the two collators alternate."""
+    """Median ms per sample of each collator on the same rows; the two collators alternate.
+
+    One torch thread, as inside a DataLoader worker (which calls ``torch.set_num_threads(1)``).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _time_collators(source, tokenizer, batch_size, seed, min_reps, min_seconds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _time_collators(source: BatchSource, tokenizer, batch_size: int, seed: int, min_reps: int, min_seconds: float):
     collators = {"hf_mlm": make_collator("hf_mlm", tokenizer, seed), "ours": make_collator("enhanced", tokenizer, seed)}
     times: dict[str, list[float]] = {name: [] for name in collators}
     start, rep = time.perf_counter(), 0
@@ -307,21 +351,21 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
     trainables = {v: build_trainable(v, size, tokenizer.mask_token_id, device, args.seed) for v in VARIANTS}
     device_batches = {v: [to_device(b, device) for b in batches[v]] for v in VARIANTS}
     wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    others: dict[str, list[float | None]] = {v: [] for v in VARIANTS}
     losses: dict[str, list[torch.Tensor]] = {v: [] for v in VARIANTS}
     for step in range(n_batches):
         last = {}
         for variant in VARIANTS:
             model, optimizer = trainables[variant]
             synchronize(device)
-            tick, cpu_tick = time.perf_counter(), time.process_time()
+            tick, load_tick = time.perf_counter(), cpu_counters()
             loss = train_step(model, optimizer, device_batches[variant][step], device, args.dtype)
             synchronize(device)
             last[variant] = time.perf_counter() - tick
             losses[variant].append(loss)
             if step >= args.burn_in:
                 wall[variant].append(last[variant])
-                cpu[variant].append(time.process_time() - cpu_tick)
+                others[variant].append(other_processes_cpu_share(load_tick, cpu_counters(), last[variant]))
         phase = "burn-in" if step < args.burn_in else "timed"
         times = ", ".join(f"{v} {1e3 * t:.0f} ms" for v, t in last.items())
         log(f"  {size} L={length} step {step + 1}/{n_batches} ({phase}): {times} | load {load_average()}")
@@ -332,7 +376,6 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
     result: dict[str, Any] = {"label_shares": {**shares, "hf_mlm_encoder": hf_share}, "variants": {}}
     mflops = analytic_mflops(size, length, shares)
     result["analytic_mflops_per_token"] = mflops
-    threads = torch.get_num_threads()
     for variant in VARIANTS:
         median_s = statistics.median(wall[variant])
         model = trainables[variant][0]
@@ -341,10 +384,9 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
             "ms_per_step_all": [1e3 * t for t in wall[variant]],
             "samples_per_s": args.batch_size / median_s,
             "tokens_per_s": args.batch_size * length / median_s,
-            # CPU seconds used per wall second per torch thread: well below 1 on CPU means the cores were shared
-            "cpu_utilisation": statistics.median(c / w / threads for c, w in zip(cpu[variant], wall[variant], strict=True))
-            if device.type == "cpu"
-            else None,
+            "ms_per_step_min": 1e3 * min(wall[variant]),
+            # share of the machine's CPU time used by other processes during the timed steps (load from elsewhere)
+            "other_processes_cpu_share": median_or_none(others[variant]),
             "parameters": sum(p.numel() for p in model.parameters()),
             "final_loss": float(losses[variant][-1]),
         }
@@ -354,7 +396,7 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
         entry["throughput_vs_hf_mlm"] = entry["samples_per_s"] / base
         entry["analytic_limit_vs_hf_mlm"] = mflops["hf_mlm"] / mflops[variant]
     result["variants"]["enhanced"]["target_vs_hf_mlm"] = THROUGHPUT_TARGETS.get(size)
-    del trainables, device_batches
+    del trainables, device_batches, model, optimizer
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -364,6 +406,8 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
 def memory_probe_main(args) -> None:
     """Runs in a fresh subprocess: build one variant, run burn-in + 1 step, print peak memory growth as JSON."""
     device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     payload = torch.load(args.memory_probe_batch, weights_only=True)
     variant, size = args.memory_probe, args.sizes
     model, optimizer = build_trainable(variant, size, int(payload["mask_token_id"]), device, args.seed)
@@ -426,6 +470,7 @@ def measure_memory(size: str, length: int, source: BatchSource, tokenizer, args,
         command = [
             sys.executable, os.path.abspath(__file__), "--memory-probe", variant, "--memory-probe-batch", str(path),
             "--sizes", size, "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed),
+            *(["--threads", str(args.threads)] if args.threads else []),
         ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -449,6 +494,10 @@ def verdict(value: float, target: float | None, higher_is_better: bool = True) -
     return f"{'≥' if higher_is_better else '≤'} {target:g}: {'met' if ok else 'MISSED'}"
 
 
+def percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -460,8 +509,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         "### Training step (forward + backward + AdamW; collation excluded)",
         "",
-        "| size | L | variant | ms/step | samples/s | tokens/s | × HF MLM | compute limit¹ | target |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| size | L | variant | ms/step | samples/s | tokens/s | × HF MLM | compute limit¹ | target | others' CPU⁰ |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for run in report["steps"]:
         for variant in VARIANTS:
@@ -472,10 +521,12 @@ def render(report: dict[str, Any]) -> str:
                 f"| {run['size']} | {run['length']} | {variant} | {entry['ms_per_step']:.1f} | "
                 f"{entry['samples_per_s']:.2f} | {entry['tokens_per_s']:.0f} | "
                 f"{'1.00' if variant == 'hf_mlm' else f'{ratio:.2f}'} | "
-                f"{'1.00' if variant == 'hf_mlm' else f'{limit:.2f}'} | {target} |"
+                f"{'1.00' if variant == 'hf_mlm' else f'{limit:.2f}'} | {target} | {percent(entry['other_processes_cpu_share'])} |"
             )
     lines += [
         "",
+        "⁰ median share of the machine's CPU time taken by other processes during the timed steps (from /proc/stat); "
+        "well above 0 means the timings were taken under load.",
         "¹ HF-MLM forward FLOPs per token over the variant's, as implemented: encoder (24d²+4Ld per layer) + tied head "
         "(2d²+2dV) on every position for HF MLM, only on labelled rows for ours (encoder-masked share + decoder "
         "targets) + one decoder layer. A compute-bound device approaches this ratio; the reference RetroMAE code "
@@ -490,7 +541,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     if report["collation"]:
         lines += [
-            f"### Collation (single process, batch {env['batch_size']}, full-length rows)",
+            f"### Collation (one process, one torch thread as in a DataLoader worker; batch {env['batch_size']}, full-length rows)",
             "",
             "| L | HF collator ms/sample | ours ms/sample | ours / HF | ours, share of the enhanced step² | target (ours) |",
             "|---|---:|---:|---:|---|---|",
@@ -545,6 +596,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lengths", default="128,512", help="comma-separated sequence lengths (<= 512)")
     parser.add_argument("--quick", action="store_true", help="smoke run: minilm, L=128, 2 timed steps")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="benchmarks/results/pretrain_throughput.json")
     parser.add_argument("--memory-probe", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -580,6 +632,8 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     started = time.perf_counter()
     environment = {
@@ -589,6 +643,7 @@ def main(argv: list[str] | None = None) -> None:
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "cpu_count": os.cpu_count(),
         "dtype": args.dtype,
         "batch_size": args.batch_size,

@@ -49,19 +49,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight += (grad_logits.t() @ h).to(acc_dtype)
             grad_bias += grad_logits.to(acc_dtype).sum(0)
         scale = 1.0 / max(num_rows, 1)
-        if needs_grad:
-            ctx.save_for_backward(
-                grad_hidden * scale if grad_hidden is not None else None,
-                (grad_weight * scale).to(weight.dtype),
-                (grad_bias * scale).to(bias.dtype),
-            )
+        if needs_grad:  # scaled in place: one (V, H) gradient buffer per call, no copies
+            grad_weight = grad_weight.mul_(scale).to(weight.dtype)
+            grad_bias = grad_bias.mul_(scale).to(bias.dtype)
+            ctx.save_for_backward(grad_hidden.mul_(scale) if grad_hidden is not None else None, grad_weight, grad_bias)
         return total * scale
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        scaled = [g * grad_output if g is not None else None for g in (grad_hidden, grad_weight, grad_bias)]
-        return scaled[0], scaled[1], scaled[2], None, None, None
+        # the saved gradients are used once, so they are scaled in place (grad_output is 1 unless weighted)
+        grads = [g.mul_(grad_output) if g is not None else None for g in ctx.saved_tensors]
+        return grads[0], grads[1], grads[2], None, None, None
 
 
 def linear_cross_entropy(
