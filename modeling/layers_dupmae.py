@@ -15,13 +15,18 @@ def _chunked_max(hidden, weight, bias, keep, chunk_positions: int, compute_dtype
     """The forward of `token_max_logits`: (mu, arg-max positions or None, rows that have kept positions)."""
     batch_size, seq_len, _ = hidden.shape  # (B, L, H)
     vocab_size = weight.shape[0]
-    w = weight.to(compute_dtype)
-    best = torch.full((batch_size, vocab_size), float("-inf"), dtype=torch.float32, device=hidden.device)
+    # The mask rides along in the matmul: an extra input column holding 0 (kept) or a huge negative number (not
+    # kept) times an extra weight column of ones, which saves a masking pass over every (B, c, V) chunk.
+    w = torch.cat([weight.to(compute_dtype), weight.new_ones(vocab_size, 1, dtype=compute_dtype)], dim=1)  # (V, H+1)
+    penalty = torch.zeros(keep.shape, dtype=compute_dtype, device=hidden.device)
+    penalty.masked_fill_(~keep, torch.finfo(compute_dtype).min / 2)  # (B, L)
+    acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # bf16/fp16 logits are compared in float32
+    best = torch.full((batch_size, vocab_size), float("-inf"), dtype=acc_dtype, device=hidden.device)
     best_pos = torch.zeros((batch_size, vocab_size), dtype=torch.long, device=hidden.device) if track else None
     for start in range(0, seq_len, chunk_positions):
-        h = hidden[:, start : start + chunk_positions].to(compute_dtype)  # (B, c, H)
-        logits = torch.matmul(h, w.t()).float()  # (B, c, V); the bias is added after the max (same arg-max)
-        logits.masked_fill_(~keep[:, start : start + chunk_positions, None], float("-inf"))
+        stop = start + chunk_positions
+        h = torch.cat([hidden[:, start:stop].to(compute_dtype), penalty[:, start:stop, None]], dim=-1)  # (B, c, H+1)
+        logits = torch.matmul(h, w.t()).to(acc_dtype)  # (B, c, V); the bias is added after the max (same arg-max)
         if not track:  # inference: no arg-max bookkeeping
             torch.maximum(best, logits.amax(dim=1), out=best)
             continue
@@ -31,7 +36,7 @@ def _chunked_max(hidden, weight, bias, keep, chunk_positions: int, compute_dtype
         best_pos = torch.where(better, chunk_pos + start, best_pos)
         del logits
     has_tokens = keep.any(dim=1)  # (B,) rows without a single ordinary token get mu = 0, no gradient
-    mu = (best + bias.float()).masked_fill_(~has_tokens[:, None], 0.0)
+    mu = (best + bias.to(acc_dtype)).masked_fill_(~has_tokens[:, None], 0.0)
     return mu.to(hidden.dtype), best_pos, has_tokens
 
 
@@ -58,10 +63,11 @@ class _TokenMaxLogits(torch.autograd.Function):
         hidden, weight, best_pos, has_tokens = ctx.saved_tensors
         chunk_positions, compute_dtype = ctx.chunk_positions, ctx.compute_dtype
         batch_size, seq_len, hidden_size = hidden.shape
-        grad_mu = grad_mu.float().masked_fill(~has_tokens[:, None], 0.0)  # (B, V)
+        acc_dtype = torch.promote_types(compute_dtype, torch.float32)
+        grad_mu = grad_mu.to(acc_dtype).masked_fill(~has_tokens[:, None], 0.0)  # (B, V)
         w = weight.to(compute_dtype)
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device)
         for start in range(0, seq_len, chunk_positions):
             positions = torch.arange(start, min(start + chunk_positions, seq_len), device=hidden.device)  # (c,)
             # (B, c, V): grad_mu[b, v] at (b, best_pos[b, v], v), zero elsewhere
@@ -71,7 +77,9 @@ class _TokenMaxLogits(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[:, start : start + chunk_positions] = torch.matmul(grad_logits, w).to(hidden.dtype)
             # (V, B*c) @ (B*c, H)
-            grad_weight += (grad_logits.reshape(-1, grad_logits.shape[-1]).t() @ h.reshape(-1, hidden_size)).float()
+            grad_weight += (grad_logits.reshape(-1, grad_logits.shape[-1]).t() @ h.reshape(-1, hidden_size)).to(
+                acc_dtype
+            )
             del grad_logits
         grad_bias = grad_mu.sum(0)  # every (b, v) with tokens contributes exactly once
         return grad_hidden, grad_weight.to(weight.dtype), grad_bias.to(weight.dtype), None, None, None

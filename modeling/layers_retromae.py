@@ -5,11 +5,14 @@
 - `enhanced_visibility_mask`: RetroMAE's position-specific attention mask (paper eq. 7), sampled on the device.
 - `two_stream_layer_forward`: one BertLayer with queries from one stream and keys/values from another.
 - `random_row_mask`: an exact-count random subset of positions per row, vectorized.
+- `bag_of_words_targets` / `bag_of_words_loss`: the BoW objective shared by BoW prediction and DupMAE.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+IGNORE_INDEX = -100  # label of positions that carry no target
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -169,4 +172,44 @@ def two_stream_layer_forward(
     return layer.feed_forward_chunk(layer.attention.output(context, query_stream))
 
 
-__all__ = ["enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "two_stream_layer_forward"]
+def bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The uniform distribution over each row's unique labelled tokens.
+
+    Which tokens count is decided by the labels alone: the collator's `decoder_labels` carry the original id at
+    every real non-special position and -100 at special tokens and padding, so special tokens are excluded by the
+    tokenizer's own special-token ids (no vocabulary-specific id thresholds). Repeated tokens count once.
+
+    Args:
+        token_labels: `(batch_size, seq_len)` token ids, -100 where a position is not part of the bag.
+        vocab_size: size of the vocabulary axis.
+
+    Returns:
+        `(batch_size, vocab_size)` float32; row b is 1/|S_b| on the unique ids S_b and 0 elsewhere, all zeros when
+        the row has no labelled token.
+    """
+    labelled = token_labels != IGNORE_INDEX  # (B, L)
+    counts = torch.zeros(token_labels.shape[0], vocab_size, dtype=torch.float32, device=token_labels.device)
+    counts.scatter_add_(1, token_labels.clamp(min=0), labelled.float())  # (B, V) occurrences per id
+    present = (counts > 0).float()  # (B, V)
+    return present / present.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of softmax(`logits`) against the target distributions, averaged over rows that have targets.
+
+    Per row: -sum_v targets[v] * log_softmax(logits)[v] = the mean over the unique input tokens of -log p(token).
+
+    Args:
+        logits: `(batch_size, vocab_size)`.
+        targets: `(batch_size, vocab_size)` from `bag_of_words_targets`.
+
+    Returns:
+        Scalar; exactly 0 (still attached to the graph) when no row has a target.
+    """
+    has_targets = (targets.sum(-1) > 0).float()  # (B,)
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, V), float32 even under autocast
+    per_row = -(targets * log_probs).sum(-1)  # (B,), 0 for rows without targets
+    return (per_row * has_targets).sum() / has_targets.sum().clamp(min=1.0)  # no host sync
+
+
+__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "two_stream_layer_forward"]

@@ -14,7 +14,7 @@ from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
 from .configuration_dupmae import DupMAEConfig
 from .layers_dupmae import ordinary_token_mask, sparsify_top_k, token_max_logits
-from .modeling_bow import bag_of_words_loss, bag_of_words_targets
+from .layers_retromae import bag_of_words_loss, bag_of_words_targets
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
 from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
 
@@ -53,9 +53,11 @@ class DupMAEModel(ClsEncoderModel):
     Loads a `DupMAEForPretraining` checkpoint (`bert.*` prefix stripped, `cls.*` shared); `dense_proj.*` is newly
     initialised there, because the paper learns W^cls during fine-tuning. The fresh projection is a random
     Johnson-Lindenstrauss map (normal, std 1/sqrt(dense_dim), zero bias), so before fine-tuning the dense score
-    (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d (BERT's std 0.02 would shrink it ~dense_dim * 4e-4-fold). `forward` runs on the UNMASKED input and
-    pools mu over its ordinary tokens: positions whose id is not in `config.special_token_ids` (fallback when that
-    is None: all real positions but the first and the last, i.e. `[CLS] ... [SEP]`).
+    (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d (BERT's std 0.02 would scale it by dense_dim * 4e-4).
+
+    `forward` runs on the UNMASKED input and pools mu over its ordinary tokens: positions whose id is not in
+    `config.special_token_ids` (fallback when that is None: all real positions but the first and the last, i.e. the
+    single-sequence layout `[CLS] ... [SEP]` / `<s> ... </s>`; wrong for sentence pairs, so set the ids).
     """
 
     config_class = DupMAEConfig

@@ -14,11 +14,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAtte
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead, BertPreTrainedModel
 from transformers.utils import ModelOutput
 
-from .layers_retromae import linear_cross_entropy
+from .layers_retromae import IGNORE_INDEX, linear_cross_entropy
 
 logger = logging.getLogger(__name__)
-
-IGNORE_INDEX = -100
 
 
 @dataclass

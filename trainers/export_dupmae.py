@@ -50,6 +50,26 @@ REMOTE_CODE_FILES = ("st_dupmae.py", "layers_dupmae.py")
 # representation fields a caller may override at export time (validated by DupMAEPooling)
 REPRESENTATION_FIELDS = ("representation", "dense_dim", "doc_top_k", "query_top_k")
 DEFAULT_MAX_SEQ_LENGTH = 512
+DUPMAE_CARD_SECTION = """
+## DupMAE hybrid representation
+
+This model's embedding is DupMAE's hybrid representation (paper §3.4), built by the custom module
+`st_dupmae.DupMAEPooling` at the root of this folder (load with `trust_remote_code=True`, sentence-transformers >= 6):
+the [CLS] state projected to {dense_dim} dimensions, concatenated with the {vocab_size}-dimensional ordinary-token
+vector mu (the MLM-head logits max-pooled over the non-special tokens). Documents keep the top-{doc_top_k} entries
+of mu, queries keep the full mu, so the dot product of `encode_query` and `encode_document` outputs is eq. 12:
+dense . dense + sum over the document's top-k ids of mu_q * mu_d. Representation: `{representation}`.
+
+```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("<this folder or repo>", trust_remote_code=True)
+scores = model.similarity(model.encode_query(["..."]), model.encode_document(["..."]))
+```
+
+The projection (`dense_proj`) is learnt during fine-tuning; in a pre-training export it is a random
+Johnson-Lindenstrauss map. For large corpora index the compact form (dense part + top-k pairs) with
+`retromae.trainers.hybrid_index.HybridIndex` instead of the full concatenated vectors.
+"""
 
 
 def build_dupmae_pooling(
@@ -138,6 +158,12 @@ def save_dupmae_sentence_transformer(model: SentenceTransformer, path: str | os.
         if entry["type"].rsplit(".", 1)[-1] == "DupMAEPooling":
             entry["type"] = MODULE_TYPE
     modules_file.write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    transformer_config = path / "sentence_bert_config.json"
+    if transformer_config.is_file() and getattr(getattr(model[0], "auto_model", None), "pooler", True) is None:
+        # the encoder has no pooler weights (the [CLS] state is used as is): load it without one, no MISSING report
+        config = json.loads(transformer_config.read_text(encoding="utf-8"))
+        config.setdefault("model_kwargs", {})["add_pooling_layer"] = False
+        transformer_config.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return path
 
 
@@ -190,7 +216,7 @@ def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
         num_layers=request.config["num_hidden_layers"],
         max_seq_length=max_seq_length,
     )
-    (build_dir / "README.md").write_text(card, encoding="utf-8")
+    (build_dir / "README.md").write_text(card + DUPMAE_CARD_SECTION.format(**pooling_config), encoding="utf-8")
 
 
 def build_dupmae_sentence_transformer(

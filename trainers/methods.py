@@ -8,6 +8,7 @@ from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
+from retromae.modeling.modeling_sentmae import SentMAEForPretraining
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,13 @@ METHODS: dict[str, Method] = {
         "DupMAE: RetroMAE's [CLS] decoding + bag-of-words decoding from the max-pooled ordinary-token logits",
         "dupmae",
     ),
+    "sentmae": Method(
+        "sentmae",
+        SentMAEForPretraining,
+        "SentMAE stage 2: RetroMAE continued on domain text (from a stage-1 retromae checkpoint, decoder included) "
+        "+ in-batch contrastive loss over [CLS] of span or given pairs",
+        "sentmae",
+    ),
 }
 
 CITATIONS: dict[str, str] = {
@@ -78,6 +86,12 @@ CITATIONS: dict[str, str] = {
   author = {Liu, Zheng and Xiao, Shitao and Shao, Yingxia and Cao, Zhao},
   booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (Volume 1: Long Papers)},
   year = {2023}
+}""",
+    "sentmae": """@article{liu2022sentmae,
+  title = {Masked Autoencoders As The Unified Learners For Pre-Trained Sentence Representation},
+  author = {Liu, Alexander and Yang, Samuel},
+  journal = {arXiv preprint arXiv:2208.00231},
+  year = {2022}
 }""",
 }
 

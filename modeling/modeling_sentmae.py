@@ -1,0 +1,233 @@
+"""SentMAE (Liu & Yang, 2022): two-stage RetroMAE; stage 2 adds an in-batch contrastive loss (paper §2.2).
+
+Stage 1 is plain RetroMAE (`RetroMAEForPretraining`) on generic text. Stage 2 (`SentMAEForPretraining`) continues
+that checkpoint, decoder included -- the parameter names are identical, so a `retromae` checkpoint loads without
+missing or unexpected keys -- on domain text with RetroMAE alone (paper eq. 9 (1)) or RetroMAE + L_ctr (eq. 9 (2)).
+
+Hub remote code: torch/transformers only, relative imports for our own files.
+"""
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import distributed as dist
+
+from .configuration_sentmae import SentMAEConfig
+from .modeling_retromae import RetroMAEForPretraining
+from .pretraining_base import ClsEncoderModel, PretrainingOutput
+
+logger = logging.getLogger(__name__)
+
+POSITIVE_PREFIX = "positive_"
+
+
+class SentMAEModel(ClsEncoderModel):
+    """The SentMAE encoder (`AutoModel`): a plain BERT; `pooler_output` is the [CLS] sentence embedding."""
+
+    config_class = SentMAEConfig
+
+
+class _SumGradientAcrossProcesses(torch.autograd.Function):
+    """Identity forward; backward sums the incoming gradient over all processes (all_reduce SUM).
+
+    Every process's loss reads every process's rows of the gathered tensor, so the gradient of a row is the sum of
+    the gradients the processes computed for it. DDP then averages parameter gradients over processes, which gives
+    exactly the gradient of the mean of the per-process losses (the single-process loss on the global batch when the
+    local batches have equal sizes).
+    """
+
+    @staticmethod
+    def forward(ctx, gathered: torch.Tensor) -> torch.Tensor:
+        return gathered.view_as(gathered)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad
+
+
+def gather_across_processes(local: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Concatenates the `(n_r, H)` row blocks of all processes in GLOBAL-rank order (uneven `n_r` allowed).
+
+    The gathered copy of this process's own block is replaced by `local` itself, so its gradient flows; the other
+    blocks are constants here, their gradient reaches their owners through `_SumGradientAcrossProcesses`. Uses
+    `torch.distributed.get_rank()` (the global rank), never LOCAL_RANK: with several nodes the local rank repeats.
+
+    Args:
+        local: `(n_local, hidden_size)` rows of this process.
+
+    Returns:
+        `(n_global, hidden_size)` rows of every process, and the offset of this process's first row in them. Without
+        an initialised process group (or with one process): `(local, 0)`.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return local, 0
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    n_local = torch.tensor([local.shape[0]], dtype=torch.long, device=local.device)
+    sizes = [torch.zeros_like(n_local) for _ in range(world_size)]
+    dist.all_gather(sizes, n_local)
+    sizes = [int(size) for size in sizes]  # (world_size,) rows per process
+    longest = max(sizes)
+    padded = local.detach()
+    if local.shape[0] < longest:  # all_gather needs equal shapes: pad, then cut each block back to its size
+        padded = F.pad(padded, (0, 0, 0, longest - local.shape[0]))
+    blocks = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(blocks, padded.contiguous())
+    blocks = [block[:size] for block, size in zip(blocks, sizes, strict=True)]
+    blocks[rank] = local  # reinsert the local tensor: its autograd graph is kept
+    gathered = _SumGradientAcrossProcesses.apply(torch.cat(blocks))  # (n_global, H)
+    return gathered, sum(sizes[:rank])
+
+
+def in_batch_contrastive_loss(
+    anchors: torch.Tensor, positives: torch.Tensor, temperature: float, similarity: str = "cos"
+) -> torch.Tensor:
+    """Paper eq. 8 with in-batch negatives: anchor i against every positive of the (global) batch.
+
+    Computed in float32 (also under autocast). Under DDP the positives of all processes are gathered
+    (`gather_across_processes`), so the negatives of anchor i are the other positives of the whole global batch.
+
+    Args:
+        anchors: `(batch_size, hidden_size)` h_i.
+        positives: `(batch_size, hidden_size)` h_i^+ (row i is the positive of anchor i).
+        temperature: tau > 0.
+        similarity: ``"cos"`` or ``"dot"``.
+
+    Returns:
+        Mean over this process's anchors of -log softmax_j(sim(h_i, h_j^+) / tau)[i] (a scalar).
+
+    Raises:
+        ValueError: the global batch holds fewer than 2 pairs (no negative at all).
+    """
+    if anchors.shape != positives.shape:
+        raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ in shape")
+    with torch.autocast(device_type=anchors.device.type, enabled=False):
+        anchors, positives = anchors.float(), positives.float()
+        if similarity == "cos":
+            anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
+        elif similarity != "dot":
+            raise ValueError(f"similarity={similarity!r} is not supported; choose 'cos' or 'dot'")
+        all_positives, offset = gather_across_processes(positives)  # (B_global, H)
+        if all_positives.shape[0] < 2:
+            raise ValueError(
+                f"the in-batch contrastive loss needs at least 2 (anchor, positive) pairs per batch for a negative, "
+                f"got {all_positives.shape[0]}: raise the batch size (--per-device-train-batch-size 2 or more)"
+            )
+        scores = anchors @ all_positives.T / temperature  # (B, B_global)
+        targets = torch.arange(anchors.shape[0], device=anchors.device) + offset  # (B,) own positive, global index
+        return F.cross_entropy(scores, targets)
+
+
+class SentMAEForPretraining(RetroMAEForPretraining):
+    """SentMAE stage-2 model (`AutoModelForPreTraining`): RetroMAE + in-batch contrastive loss.
+
+    Same modules and keys as `RetroMAEForPretraining` (`bert.*`, `cls.*`, `decoder.*`): a stage-1 `retromae`
+    checkpoint continues here with its decoder. A batch holds B anchors and, under the `positive_` prefix, their B
+    positives (built by `retromae.trainers.contrastive_data.ContrastiveCollator`). Anchors and positives are both
+    masked and both reconstructed: the RetroMAE losses run over all 2B sequences in one encoder and one decoder
+    pass, and L_ctr reuses the [CLS] states of that pass (coCondenser does the same), so the contrastive term
+    costs no extra forward.
+    """
+
+    config_class = SentMAEConfig
+    encoder_class = SentMAEModel
+    # model types of checkpoints whose weights continue into this model (stage 1 -> stage 2)
+    continues_from = ("retromae",)
+
+    def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
+        if any(k.startswith("decoder.") for k in missing_keys):
+            logger.warning(
+                "SentMAE stage 2 starts from a checkpoint without a RetroMAE decoder: the decoder is new. The paper "
+                "continues a stage-1 RetroMAE checkpoint (decoder included); run `--method retromae` first for that."
+            )
+        super().after_encoder_checkpoint_loaded(missing_keys)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_labels: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        positive_input_ids: torch.Tensor | None = None,
+        positive_attention_mask: torch.Tensor | None = None,
+        positive_encoder_labels: torch.Tensor | None = None,
+        positive_decoder_labels: torch.Tensor | None = None,
+        positive_token_type_ids: torch.Tensor | None = None,
+    ) -> PretrainingOutput:
+        r"""
+        Args:
+            input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids: the anchors, `(batch_size,
+                seq_len)`, as in `RetroMAEForPretraining.forward` (masked by the collator).
+            positive_*: the same five tensors for the positives, row i being the positive of anchor i; same shape
+                as the anchors' (the collator pads both to one length). Needed when `contrastive_weight > 0`.
+
+        Returns:
+            `PretrainingOutput` with `encoder_mlm_loss` and `decoder_loss` over anchors and positives,
+            `contrastive_loss` (when `contrastive_weight > 0`), `loss` = their weighted sum, and
+            `sentence_embedding` `(batch_size, hidden_size)` of the anchors.
+        """
+        batch_size = input_ids.shape[0]
+        anchors = (input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids)
+        positives = (
+            positive_input_ids, positive_attention_mask, positive_encoder_labels, positive_decoder_labels,
+            positive_token_type_ids,
+        )
+        with_positives = positive_input_ids is not None
+        if with_positives:
+            inputs = _concat_pairs(anchors, positives)
+        else:
+            if any(t is not None for t in positives):
+                raise ValueError("positive_* tensors were given without positive_input_ids")
+            inputs = anchors
+        output = super().forward(*inputs)
+        embeddings = output.sentence_embedding  # (B or 2B, H)
+        output.sentence_embedding = embeddings[:batch_size]
+        if output.loss is None or self.config.contrastive_weight == 0:
+            return output
+        if not with_positives:
+            raise ValueError(
+                f"contrastive_weight={self.config.contrastive_weight} needs positives (positive_input_ids ...): "
+                "collate with retromae.trainers.contrastive_data.ContrastiveCollator, or set contrastive_weight=0 "
+                "for RetroMAE alone"
+            )
+        output.contrastive_loss = in_batch_contrastive_loss(
+            embeddings[:batch_size], embeddings[batch_size:], self.config.temperature, self.config.similarity
+        )
+        output.loss = output.loss + self.config.contrastive_weight * output.contrastive_loss
+        return output
+
+
+def _concat_pairs(anchors: tuple, positives: tuple) -> tuple:
+    """Anchors then positives along the batch dimension, `(2B, L)` each; checks that the two halves match."""
+    names = ("input_ids", "attention_mask", "encoder_labels", "decoder_labels", "token_type_ids")
+    shape = anchors[0].shape
+    merged = []
+    for name, anchor, positive in zip(names, anchors, positives, strict=True):
+        if (anchor is None) != (positive is None):
+            given, missing = (name, POSITIVE_PREFIX + name) if positive is None else (POSITIVE_PREFIX + name, name)
+            raise ValueError(f"{given} was given but {missing} was not; pass both or neither")
+        if anchor is None:
+            merged.append(None)
+            continue
+        if anchor.shape != shape or positive.shape != shape:
+            raise ValueError(
+                f"{name} {tuple(anchor.shape)} and {POSITIVE_PREFIX}{name} {tuple(positive.shape)} must both have "
+                f"the anchors' shape {tuple(shape)} (pad anchors and positives to one length)"
+            )
+        merged.append(torch.cat([anchor, positive]))
+    return tuple(merged)
+
+
+SentMAEConfig.register_for_auto_class()
+SentMAEModel.register_for_auto_class("AutoModel")
+SentMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
+
+__all__ = [
+    "SentMAEForPretraining",
+    "SentMAEModel",
+    "gather_across_processes",
+    "in_batch_contrastive_loss",
+]

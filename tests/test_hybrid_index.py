@@ -1,0 +1,302 @@
+"""HybridIndex: exact eq. 12 search (flat), approximate dense candidates (hnsw / ivf), persistence, refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from conftest import tiny_bert_kwargs
+from retromae.modeling.configuration_dupmae import DupMAEConfig
+from retromae.modeling.modeling_dupmae import DupMAEModel
+from retromae.trainers import hybrid_index
+from retromae.trainers.hybrid_index import HybridIndex, HybridIndexError, ModelMismatchError, model_fingerprint
+
+D, V, K = 16, 1000, 20  # dense_dim, vocab_size, doc_top_k of the random corpus
+SCIFACT_MAX_SEQ_LENGTH = 16
+
+
+def random_corpus(num_docs: int, num_queries: int = 7, seed: int = 0):
+    """Random documents (dense + top-K sparse) and queries (dense + full mu), as a DupMAE encoder would give."""
+    rng = np.random.default_rng(seed)
+    doc_dense = rng.normal(size=(num_docs, D)).astype(np.float32)
+    doc_mu = rng.normal(size=(num_docs, V)).astype(np.float32)
+    doc_idx = np.argsort(-doc_mu, axis=1)[:, :K]  # top-K ids
+    doc_val = np.take_along_axis(doc_mu, doc_idx, 1)
+    q_dense = rng.normal(size=(num_queries, D)).astype(np.float32)
+    q_mu = rng.normal(size=(num_queries, V)).astype(np.float32)
+    return doc_dense, doc_idx, doc_val, q_dense, q_mu
+
+
+def brute_force(doc_dense, doc_idx, doc_val, q_dense, q_mu) -> np.ndarray:
+    """(Q, N) eq. 12 scores: h_q . h_d + sum over the document's top-k of mu_q[i] mu_d[i]."""
+    doc_sparse = np.zeros((len(doc_dense), V), np.float64)
+    np.put_along_axis(doc_sparse, doc_idx, doc_val, 1)
+    return q_dense.astype(np.float64) @ doc_dense.T + q_mu.astype(np.float64) @ doc_sparse.T
+
+
+def make_index(num_docs: int, index_type: str = "flat", **kwargs):
+    doc_dense, doc_idx, doc_val, q_dense, q_mu = random_corpus(num_docs)
+    index = HybridIndex(D, V, K, index_type=index_type, model_fingerprint="model-a", **kwargs)
+    half = num_docs // 2  # two add() calls
+    ids = [f"doc{i}" for i in range(num_docs)]
+    index.add(ids[:half], doc_dense[:half], doc_idx[:half], doc_val[:half])
+    index.add(ids[half:], doc_dense[half:], doc_idx[half:], doc_val[half:])
+    return index, brute_force(doc_dense, doc_idx, doc_val, q_dense, q_mu), q_dense, q_mu
+
+
+@pytest.mark.parametrize("score_block", [hybrid_index.SCORE_BLOCK, 7 * 37])  # one block / many document blocks
+def test_flat_search_is_exact(monkeypatch, score_block):
+    monkeypatch.setattr(hybrid_index, "SCORE_BLOCK", score_block)
+    index, expected, q_dense, q_mu = make_index(500)
+    scores, positions = index.search(q_dense, q_mu, top_n=10)
+    order = np.argsort(-expected, axis=1)[:, :10]
+    assert np.array_equal(positions, order)
+    np.testing.assert_allclose(scores, np.take_along_axis(expected, order, 1), rtol=1e-5, atol=1e-4)
+    # the same with the query OT part given as a scipy CSR matrix or a torch tensor
+    for sparse_query in (sp.csr_matrix(q_mu), torch.from_numpy(q_mu)):
+        _, positions_2 = index.search(torch.from_numpy(q_dense), sparse_query, top_n=10)
+        assert np.array_equal(positions_2, order)
+
+
+def test_top_n_larger_than_corpus_and_empty_queries():
+    index, expected, q_dense, q_mu = make_index(6)
+    scores, positions = index.search(q_dense, q_mu, top_n=50)
+    assert positions.shape == (7, 6)
+    assert np.array_equal(positions, np.argsort(-expected, axis=1))
+    scores, positions = index.search(q_dense[:0], q_mu[:0], top_n=5)
+    assert scores.shape == (0, 5)
+    with pytest.raises(ValueError, match="top_n"):
+        index.search(q_dense, q_mu, top_n=0)
+
+
+@pytest.mark.parametrize("index_type", ["hnsw", "ivf"])
+def test_approximate_search_recall(index_type):
+    index, expected, q_dense, q_mu = make_index(2000, index_type=index_type)
+    scores, positions = index.search(q_dense, q_mu, top_n=10)
+    truth = np.argsort(-expected, axis=1)[:, :10]
+    recall = np.mean([len(set(p) & set(t)) / 10 for p, t in zip(positions, truth, strict=True)])
+    print(f"{index_type} recall@10 = {recall:.3f}")  # reported, not exact
+    assert recall >= 0.8
+    # every returned score is the exact eq. 12 score of that document
+    np.testing.assert_allclose(scores, np.take_along_axis(expected, positions, 1), rtol=1e-5, atol=1e-4)
+
+
+def test_memory_per_document():
+    assert HybridIndex(384, 30522, 384).memory_bytes_per_document() == 384 * 4 + 384 * 8 + 8
+    assert HybridIndex(384, 30522, 260).memory_bytes_per_document() == 384 * 4 + 260 * 8 + 8
+    assert HybridIndex(None, 30522, 768).memory_bytes_per_document() == 768 * 8 + 8  # "OT:768"
+    assert HybridIndex(768, 30522, None).memory_bytes_per_document() == 768 * 4  # "CLS:768"
+    assert HybridIndex(16, 100, 4, index_type="hnsw", hnsw_m=8).memory_bytes_per_document() == 64 + 64 + 32 + 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(doc_top_k=0), "doc_top_k"),
+        (dict(doc_top_k=V + 1), "doc_top_k"),
+        (dict(dense_dim=0), "dense_dim"),
+        (dict(dense_dim=None, doc_top_k=None), "dense part"),
+        (dict(index_type="pq"), "index_type"),
+    ],
+)
+def test_bad_configuration(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HybridIndex(**{"dense_dim": D, "vocab_size": V, "doc_top_k": K, **kwargs})
+
+
+def test_add_checks_shapes_and_ids():
+    doc_dense, doc_idx, doc_val, *_ = random_corpus(4)
+    index = HybridIndex(D, V, K)
+    with pytest.raises(HybridIndexError, match="dense"):
+        index.add(["a", "b", "c", "d"], doc_dense[:3], doc_idx, doc_val)
+    with pytest.raises(HybridIndexError, match="unique"):
+        index.add(["a", "a", "c", "d"], doc_dense, doc_idx, doc_val)
+    with pytest.raises(HybridIndexError, match="vocab_size"):
+        index.add(["a", "b", "c", "d"], doc_dense, doc_idx + V, doc_val)
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+def test_save_load_round_trip(tmp_path, index_type):
+    index, _, q_dense, q_mu = make_index(300, index_type=index_type)
+    expected = index.search(q_dense, q_mu, top_n=5)
+    folder = index.save(tmp_path / "index")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["num_documents"] == 300 and manifest["doc_top_k"] == K and manifest["dense_dim"] == D
+    assert manifest["model_fingerprint"] == "model-a" and manifest["index_type"] == index_type
+    assert set(manifest["files"]) == {
+        "dense.faiss",
+        "sparse_indptr.npy",
+        "sparse_indices.npy",
+        "sparse_data.npy",
+        "ids.json",
+    }
+    loaded = HybridIndex.load(folder)
+    assert loaded.ids == index.ids
+    got = loaded.search(q_dense, q_mu, top_n=5)
+    assert np.array_equal(got[1], expected[1])
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no temporary folder left behind
+
+
+def test_save_is_atomic_and_refuses_to_clobber(tmp_path):
+    index, _, q_dense, q_mu = make_index(50)
+    folder = index.save(tmp_path / "index")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        index.save(folder)
+    smaller, _, _, _ = make_index(20)
+    smaller.save(folder, overwrite=True)
+    assert len(HybridIndex.load(folder)) == 20
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
+
+
+@pytest.mark.parametrize("name", ["dense.faiss", "sparse_indices.npy", "ids.json"])
+def test_missing_or_truncated_file_is_named(tmp_path, name):
+    index, *_ = make_index(50)
+    folder = index.save(tmp_path / "index")
+    data = (folder / name).read_bytes()
+    (folder / name).write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(HybridIndexError, match=f"{name}.*truncated"):
+        HybridIndex.load(folder)
+    (folder / name).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    with pytest.raises(HybridIndexError, match=f"{name}.*checksum"):
+        HybridIndex.load(folder)
+    (folder / name).unlink()
+    with pytest.raises(FileNotFoundError, match=name):
+        HybridIndex.load(folder)
+    (folder / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        HybridIndex.load(folder)
+
+
+def test_model_mismatch_is_refused():
+    index, _, q_dense, q_mu = make_index(20)
+    index.search(q_dense, q_mu, top_n=3, model_fingerprint="model-a")
+    with pytest.raises(ModelMismatchError, match="rebuild"):
+        index.search(q_dense, q_mu, top_n=3, model_fingerprint="model-b")
+
+
+# ---- with a DupMAE sentence-transformers model ---------------------------------------------------------------------
+
+DOCS = [
+    "Dense retrievers encode text into vectors.",
+    "Bananas are yellow and sweet.",
+    "RetroMAE pre-trains encoders with a masked auto-encoder.",
+    "Faiss searches vectors by inner product.",
+    "The sparse part of DupMAE keeps the top tokens of the vocabulary.",
+    "",  # an empty document has no ordinary token: mu = 0
+]
+
+
+def export_tiny(tokenizer, folder, seed: int):
+    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+
+    torch.manual_seed(seed)
+    config = DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8, special_token_ids=tokenizer.all_special_ids)
+    model = build_dupmae_sentence_transformer(DupMAEModel(config).eval(), tokenizer, folder, max_seq_length=64)
+    model[1].chunk_size = 256  # CPU-friendly chunks of the vocabulary projection
+    return model
+
+
+@pytest.fixture(scope="module")
+def st_models(tokenizer, tmp_path_factory):
+    root = tmp_path_factory.mktemp("st")
+    return export_tiny(tokenizer, root / "a", seed=0), export_tiny(tokenizer, root / "b", seed=1)
+
+
+def test_build_and_search_texts_equal_model_similarity(st_models, tmp_path):
+    model, _ = st_models
+    index = HybridIndex.build(model, DOCS, ids=[f"d{i}" for i in range(len(DOCS))], batch_size=4)
+    queries = ["what encodes text into vectors?", "yellow fruit"]
+    hits = index.search_texts(model, queries, top_n=3)
+    scores = model.similarity(model.encode_query(queries), model.encode_document(DOCS))  # eq. 12 by dot product
+    for row_hits, row_scores in zip(hits, scores, strict=True):
+        order = torch.argsort(row_scores, descending=True)[:3]
+        assert [doc_id for doc_id, _ in row_hits] == [f"d{int(i)}" for i in order]
+        np.testing.assert_allclose([s for _, s in row_hits], row_scores[order].numpy(), rtol=1e-5, atol=1e-4)
+    loaded = HybridIndex.load(index.save(tmp_path / "index"))
+    assert loaded.search_texts(model, queries, top_n=3) == hits
+
+
+def test_search_texts_refuses_other_model_and_empty_queries(st_models):
+    model, other = st_models
+    assert model_fingerprint(model) != model_fingerprint(other)
+    index = HybridIndex.build(model, DOCS[:3])
+    with pytest.raises(ModelMismatchError):
+        index.search_texts(other, ["dense retrieval"])
+    with pytest.raises(ValueError, match="empty"):
+        index.search_texts(model, ["dense retrieval", "   "])
+    with pytest.raises(TypeError):
+        index.search_texts(model, "dense retrieval")
+    assert index.search_texts(model, []) == []
+
+
+def test_fingerprint_survives_save_and_remote_code_load(st_models, tmp_path):
+    from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer, save_dupmae_sentence_transformer
+
+    model, _ = st_models
+    save_dupmae_sentence_transformer(model, tmp_path / "copy")
+    reloaded = load_dupmae_sentence_transformer(tmp_path / "copy")
+    assert type(reloaded[1]).__module__.startswith("transformers_modules.")
+    assert model_fingerprint(reloaded) == model_fingerprint(model)
+
+
+def test_scifact_corpus_search(shared_data, st_models, tmp_path):
+    corpus_file = shared_data / "scifact" / "corpus.jsonl"
+    if not corpus_file.is_file():
+        pytest.skip(f"{corpus_file} not found")
+    model, _ = st_models
+    # The vocabulary projection costs documents x positions x |V| multiply-adds whatever the model size
+    # (5,183 x 16 x 30,522 = 2.5G logits here, ~4-8 ns each on two shared AVX2 cores): 16 positions keep the whole
+    # corpus under ~30 s. Longer texts only scale this cost linearly.
+    model.max_seq_length = SCIFACT_MAX_SEQ_LENGTH
+    rows = [json.loads(line) for line in corpus_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    # 400 characters hold far more than 16 tokens: the cut only spares the tokenizer whole abstracts
+    texts = [f"{r.get('title', '')} {r['text']}".strip()[:400] for r in rows]
+    start = time.perf_counter()
+    index = HybridIndex.build(model, texts, ids=[r["_id"] for r in rows], batch_size=64)
+    build_seconds = time.perf_counter() - start
+    assert len(index) == len(rows) == 5183
+    queries = [json.loads(line)["text"] for line in (shared_data / "scifact" / "queries.jsonl").open()][:5]
+    hits = index.search_texts(model, queries, top_n=10)
+    assert [len(h) for h in hits] == [10] * 5
+    assert all(a[1] >= b[1] for h in hits for a, b in zip(h, h[1:], strict=False))
+    loaded = HybridIndex.load(index.save(tmp_path / "scifact-index"))
+    assert loaded.search_texts(model, queries, top_n=10) == hits
+    print(f"SciFact: {len(index)} docs indexed in {build_seconds:.1f}s, {index.memory_bytes_per_document()} B/doc")
+    model.max_seq_length = 64
+
+
+@pytest.mark.parametrize("part", ["dense", "sparse"], ids=["cls-only", "ot-only"])
+def test_single_part_indexes_are_exact(part, tmp_path):
+    doc_dense, doc_idx, doc_val, q_dense, q_mu = random_corpus(200)
+    if part == "dense":  # representation "cls": dense part only
+        index = HybridIndex(D, V, None)
+        index.add([str(i) for i in range(200)], doc_dense)
+        expected, query = q_dense @ doc_dense.T, dict(query_dense=q_dense)
+    else:  # representation "ot": sparse part only
+        index = HybridIndex(None, V, K)
+        index.add([str(i) for i in range(200)], sparse_indices=doc_idx, sparse_values=doc_val)
+        expected = brute_force(np.zeros_like(doc_dense), doc_idx, doc_val, np.zeros_like(q_dense), q_mu)
+        query = dict(query_sparse=q_mu)
+    _, positions = HybridIndex.load(index.save(tmp_path / "index")).search(**query, top_n=5)
+    assert np.array_equal(positions, np.argsort(-expected, axis=1)[:, :5])
+
+
+def test_sparse_queries_with_query_top_k(st_models):
+    model, _ = st_models
+    index = HybridIndex.build(model, DOCS[:5])
+    pooling = model[1]
+    pooling.query_top_k = 6  # a query-side setting: the index stays valid
+    try:
+        queries = ["vectors and inner products", "yellow bananas"]
+        hits = index.search_texts(model, queries, top_n=5)
+        scores = model.similarity(model.encode_query(queries), model.encode_document(DOCS[:5]))
+        for row_hits, row_scores in zip(hits, scores, strict=True):
+            order = torch.argsort(row_scores, descending=True)
+            assert [doc_id for doc_id, _ in row_hits] == [str(int(i)) for i in order]
+    finally:
+        pooling.query_top_k = None
