@@ -317,8 +317,19 @@ def build_bert_encoder(request: ExportRequest) -> BertModel:
 # ---- model card ----------------------------------------------------------------------------------------------------
 
 
-def render_model_card(request: ExportRequest, *, embedding_dim: int, num_layers: int, max_seq_length: int) -> str:
-    """README.md from `model_cards/pretrained_encoder.md`; never contains a local filesystem path."""
+CLS_REPRESENTATION = "last-layer `[CLS]` state, {dim} dimensions, not normalised"
+
+
+def render_model_card(
+    request: ExportRequest, *, embedding_dim: int, num_layers: int, max_seq_length: int,
+    representation: str | None = None,
+) -> str:
+    """README.md from `model_cards/pretrained_encoder.md`; never contains a local filesystem path.
+
+    Args:
+        representation: how the sentence embedding is formed; None = the CLS export (plain BERT weights, no remote
+            code). Any other value marks a model that needs `trust_remote_code=True`.
+    """
     method, run_info = request.method, request.run_info or {}
     base_model = run_info.get("base_model")
     hub_base_model = base_model if _is_hub_id(base_model) else None
@@ -351,6 +362,9 @@ def render_model_card(request: ExportRequest, *, embedding_dim: int, num_layers:
         corpus=_public_name(run_info.get("corpus")) or "not recorded",
         num_layers=num_layers,
         embedding_dim=embedding_dim,
+        hidden_size=request.config["hidden_size"],
+        cls_model=representation is None,
+        representation=representation or CLS_REPRESENTATION.format(dim=embedding_dim),
         max_seq_length=max_seq_length,
         global_step=run_info.get("global_step", "not recorded"),
         retromae_version=run_info.get("retromae_version", "not recorded"),

@@ -215,6 +215,10 @@ def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
         embedding_dim=dense + sparse,
         num_layers=request.config["num_hidden_layers"],
         max_seq_length=max_seq_length,
+        representation=(
+            f"DupMAE hybrid: [CLS] projected to {dense} dimensions ⊕ max-pooled ordinary-token vocabulary weights "
+            f"({sparse} dimensions, top-{pooling_config['doc_top_k']} kept for documents); dot product"
+        ),
     )
     (build_dir / "README.md").write_text(card + DUPMAE_CARD_SECTION.format(**pooling_config), encoding="utf-8")
 
