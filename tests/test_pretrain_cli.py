@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_bert_kwargs
+from retromae.trainers.cli import main
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForMaskedLM
-
-from retromae.trainers.cli import main
 
 SENTENCES = [
     "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
@@ -239,3 +238,24 @@ def test_coverage_command_writes_json_and_plot(tiny_bert, corpus, tmp_path, caps
     assert all(0.0 <= float(v) <= 1.0 for v in by_k.values())
     assert (out / "coverage.png").stat().st_size > 1000
     assert "cov@10" in capsys.readouterr().out
+
+
+def test_dupmae_pretrain_export_index_search(tiny_bert, corpus, tmp_path, capsys):
+    run, encoder, index = tmp_path / "dupmae", tmp_path / "dupmae-st", tmp_path / "index"
+    options = '{"dense_dim": 16, "doc_top_k": 24}'
+    assert main(pretrain_args(tiny_bert, corpus, run, "--method", "dupmae", "--method-options", options,
+                              "--no-export", "true", "--max-steps", "2")) == 0
+    state = json.loads((run / "checkpoint-2" / "trainer_state.json").read_text())
+    assert all("bow_loss" in e for e in state["log_history"] if "loss" in e)
+    assert main(["export", str(run), str(encoder)]) == 0
+    docs = tmp_path / "corpus.jsonl"
+    docs.write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(SENTENCES)))
+    assert main(["index", "--model", str(encoder), "--corpus", str(docs), "--output-dir", str(index)]) == 0
+    results = tmp_path / "results.jsonl"
+    assert main(["search", "--index", str(index), "--model", str(encoder), "--query", SENTENCES[3],
+                 "inverted indexes", "--top-n", "3", "--output", str(results)]) == 0
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [len(r["results"]) for r in lines] == [3, 3]
+    assert all(hit["id"].startswith("d") for r in lines for hit in r["results"])
+    assert main(["search", "--index", str(index), "--model", str(encoder)]) == 2
+    assert "no query given" in capsys.readouterr().err

@@ -45,6 +45,7 @@ class ModelArguments:
         default=None,
         metadata={"help": "BERT checkpoint to start from: a local folder or Hub id (BertModel or BertForMaskedLM "
                   "weights), or a retromae pre-training checkpoint to continue (decoder included). "
+                  "A `retromae` checkpoint also continues as SentMAE stage 2 (--method sentmae, decoder included). "
                   f"Default: the bundled all-MiniLM-L6-v2 ({DEFAULT_BASE_MODEL_NAME})."},
     )
     method: str = field(default="retromae", metadata={"help": "pre-training method (see `retromae methods`)"})
@@ -85,6 +86,13 @@ class DataArguments:
     max_seq_length: int = field(default=256, metadata={"help": "tokens per sequence, [CLS]/[SEP] included"})
     packing: bool = field(default=False, metadata={"help": "concatenate passages into full-length blocks"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (larger than memory); needs --max-steps"})
+    # --- SentMAE contrastive data (trainers/contrastive_data.py) ---
+    pairs: str | None = field(
+        default=None,
+        metadata={"help": "--method sentmae with contrastive_weight > 0: a .jsonl of {\"anchor\": ..., \"positive\": ...} "
+                  "lines (e.g. NLI or query-passage pairs) used as positives and as the text, instead of --corpus. "
+                  "Without it the positives are two spans of each --corpus passage (coCondenser-style)."},
+    )
 
 
 @dataclass
@@ -228,7 +236,9 @@ def _check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref:
 
 
 def load_pretraining_model(model_ref: str, method, overrides: dict[str, Any]):
-    """A retromae checkpoint of the same method continues (decoder included); any BERT checkpoint starts fresh."""
+    """A retromae checkpoint of the same method continues (decoder included); any BERT checkpoint starts fresh.
+    A method may also continue checkpoints of the methods in its model class's `continues_from` (SentMAE stage 2
+    continues a stage-1 `retromae` checkpoint)."""
     from transformers import AutoConfig
 
     from .methods import METHODS
@@ -240,7 +250,7 @@ def load_pretraining_model(model_ref: str, method, overrides: dict[str, Any]):
     model_type = raw_config.get("model_type")
     ours = {m.model_class.config_class.model_type: m for m in METHODS.values()}
     if model_type in ours:
-        if ours[model_type].name != method.name:
+        if ours[model_type].name != method.name and model_type not in getattr(method.model_class, "continues_from", ()):
             raise CliError(
                 f"{model_ref} is a {ours[model_type].name!r} pre-training checkpoint but --method is {method.name!r}; "
                 f"continue it with --method {ours[model_type].name}, or export it first (`retromae export`) and "
@@ -293,7 +303,7 @@ def pretrain(argv: list[str]) -> int:
         description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus.",
     )
-    demo = "--corpus" not in argv and "--config" not in argv
+    demo = "--corpus" not in argv and "--config" not in argv and "--pairs" not in argv
     model_args, data_args, run_args, training_args = _parse(parser, argv, DEMO_DEFAULTS if demo else None)
     _configure_logging(training_args.get_process_log_level())
     set_seed(training_args.seed)
@@ -312,16 +322,24 @@ def pretrain(argv: list[str]) -> int:
     model = load_pretraining_model(model_ref, method, overrides)
     _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, model_ref)
 
-    with training_args.main_process_first(desc="reading and tokenizing the corpus"):
-        texts = read_corpus(data_args.corpus, text_format=data_args.text_format, streaming=data_args.streaming)
-        dataset = tokenize_corpus(texts, tokenizer, max_seq_length=data_args.max_seq_length, packing=data_args.packing)
-    config = model.config
-    collator = PretrainingCollator(
-        tokenizer,
-        mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
-        whole_word_mask=getattr(config, "whole_word_mask", True),
-        generator=torch_generator(training_args.seed + training_args.process_index),
-    )
+    # --- SentMAE contrastive data (trainers/contrastive_data.py): None unless the model has a contrastive loss ---
+    from .contrastive_data import contrastive_training_data
+
+    contrastive = contrastive_training_data(model, tokenizer, model_args, data_args, training_args)
+    if contrastive is not None:
+        dataset, collator = contrastive
+    else:
+        with training_args.main_process_first(desc="reading and tokenizing the corpus"):
+            texts = read_corpus(data_args.corpus, text_format=data_args.text_format, streaming=data_args.streaming)
+            dataset = tokenize_corpus(texts, tokenizer, max_seq_length=data_args.max_seq_length, packing=data_args.packing)
+        config = model.config
+        collator = PretrainingCollator(
+            tokenizer,
+            mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
+            whole_word_mask=getattr(config, "whole_word_mask", True),
+            generator=torch_generator(training_args.seed + training_args.process_index),
+        )
+    # --- end SentMAE ---
     run_info = {
         "method": method.name,
         "base_model": base_name,
@@ -435,6 +453,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("cli:pretrain", "pre-train an encoder (default: a short demo run)"),
     "export": ("cli:export", "export a checkpoint's encoder as a sentence-transformers model"),
     "methods": ("cli:methods", "list the pre-training methods"),
+    "index": ("hybrid_index:index_command", "build an exact DupMAE hybrid (dense + sparse) index of a corpus"),
+    "search": ("hybrid_index:search_command", "search a hybrid index with one or more queries"),
     "coverage": ("coverage:coverage_command", "input-token coverage of [CLS] embeddings (did pre-training work?)"),
 }
 

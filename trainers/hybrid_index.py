@@ -41,8 +41,9 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import faiss
 import numpy as np
@@ -659,3 +660,107 @@ def _replace_folder(new: Path, target: Path) -> None:
 
 
 __all__ = ["HybridIndex", "HybridIndexError", "ModelMismatchError", "model_fingerprint"]
+
+
+# ---- command line: `retromae index` / `retromae search` -------------------------------------------------------------
+
+
+@dataclass
+class IndexArguments:
+    model: str = field(metadata={"help": "a DupMAE sentence-transformers folder (`retromae export` of a dupmae run)"})
+    corpus: str = field(metadata={"help": "documents: a BEIR folder / corpus.jsonl (ids from `_id`) or any corpus "
+                                  "`retromae pretrain` reads (ids = passage numbers)"})
+    output_dir: str = field(metadata={"help": "the index folder to write"})
+    index_type: Literal["flat", "hnsw", "ivf"] = field(default="flat", metadata={"help": "dense part: exact (flat) or approximate"})
+    batch_size: int = field(default=32, metadata={"help": "documents per encoding batch"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing index folder"})
+
+
+@dataclass
+class SearchArguments:
+    index: str = field(metadata={"help": "an index folder written by `retromae index`"})
+    model: str = field(metadata={"help": "the DupMAE sentence-transformers folder the index was built with"})
+    query: list[str] = field(default_factory=list, metadata={"help": "query text(s): --query "first" "second" ..."})
+    queries: str | None = field(default=None, metadata={"help": "a BEIR queries.jsonl or a .txt file with one query per line"})
+    top_n: int = field(default=10, metadata={"help": "results per query"})
+    output: str | None = field(default=None, metadata={"help": "write results as JSONL {query_id, query, results}"})
+
+
+def _documents(corpus: str) -> tuple[list[str], list[str]]:
+    from .beir import doc_text, is_beir_folder, read_beir_corpus
+    from .data import read_corpus
+
+    path = Path(corpus)
+    beir_file = path / "corpus.jsonl" if is_beir_folder(path) else path
+    if beir_file.suffix == ".jsonl" and beir_file.is_file():
+        first = beir_file.open(encoding="utf-8", errors="replace").readline()
+        if '"_id"' in first:
+            docs = read_beir_corpus(beir_file)
+            return list(docs), [doc_text(d.get("title"), d["text"]) for d in docs.values()]
+    texts = list(read_corpus(corpus)["text"])
+    return [str(i) for i in range(len(texts))], texts
+
+
+def _queries(args: SearchArguments) -> list[tuple[str, str]]:
+    queries = [(f"q{i}", text) for i, text in enumerate(args.query)]
+    if args.queries:
+        path = Path(args.queries)
+        if not path.is_file():
+            raise HybridIndexError(f"queries file {path} not found")
+        if path.suffix == ".jsonl":
+            from .beir import read_beir_queries
+
+            queries += list(read_beir_queries(path).items())
+        else:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            queries += [(f"{path.stem}:{n}", line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
+    if not queries:
+        raise HybridIndexError("no query given: pass --query TEXT (repeatable) or --queries FILE")
+    return queries
+
+
+def index_command(argv: list[str]) -> int:
+    """`retromae index`: encode a corpus with a DupMAE model and write an exact hybrid index."""
+    from transformers import HfArgumentParser
+
+    from .cli import _configure_logging, _parse
+    from .export_dupmae import load_dupmae_sentence_transformer
+
+    parser = HfArgumentParser(IndexArguments, prog="retromae index", description=index_command.__doc__)
+    (args,) = _parse(parser, argv)
+    _configure_logging()
+    model = load_dupmae_sentence_transformer(args.model)
+    ids, texts = _documents(args.corpus)
+    index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
+                              show_progress_bar=True)
+    folder = index.save(args.output_dir, overwrite=args.overwrite)
+    print(f"retromae: indexed {len(ids)} documents -> {folder} "
+          f"({index.memory_bytes_per_document()} bytes per document)", flush=True)
+    return 0
+
+
+def search_command(argv: list[str]) -> int:
+    """`retromae search`: top-n documents by the exact hybrid score for one or more queries."""
+    from transformers import HfArgumentParser
+
+    from .cli import _configure_logging, _parse
+    from .export_dupmae import load_dupmae_sentence_transformer
+    parser = HfArgumentParser(SearchArguments, prog="retromae search", description=search_command.__doc__)
+    (args,) = _parse(parser, argv)
+    _configure_logging()
+    index = HybridIndex.load(args.index)
+    model = load_dupmae_sentence_transformer(args.model)
+    queries = _queries(args)
+    hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)
+    records = [{"query_id": qid, "query": text, "results": [{"id": d, "score": round(float(s), 4)} for d, s in found]}
+               for (qid, text), found in zip(queries, hits, strict=True)]
+    for record in records[:20]:
+        shown = ", ".join(f"{r['id']} ({r['score']})" for r in record["results"][:5])
+        print(f"{record['query'][:60]!r}: {shown}")
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        os.replace(tmp, out)
+        print(f"retromae: wrote {len(records)} result lists to {out}", flush=True)
+    return 0
