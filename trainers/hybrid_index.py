@@ -680,7 +680,7 @@ class IndexArguments:
 class SearchArguments:
     index: str = field(metadata={"help": "an index folder written by `retromae index`"})
     model: str = field(metadata={"help": "the DupMAE sentence-transformers folder the index was built with"})
-    query: list[str] = field(default_factory=list, metadata={"help": "query text(s): --query "first" "second" ..."})
+    query: list[str] = field(default_factory=list, metadata={"help": "query text(s): --query 'first' 'second' ..."})
     queries: str | None = field(default=None, metadata={"help": "a BEIR queries.jsonl or a .txt file with one query per line"})
     top_n: int = field(default=10, metadata={"help": "results per query"})
     output: str | None = field(default=None, metadata={"help": "write results as JSONL {query_id, query, results}"})
