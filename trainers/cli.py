@@ -6,6 +6,7 @@ Every command parses dataclasses with `HfArgumentParser`; `--config FILE.yaml|js
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -30,6 +31,16 @@ DEMO_DEFAULTS = {
     "max_steps": 200, "max_seq_length": 64, "per_device_train_batch_size": 8, "learning_rate": 5e-5,
     "logging_steps": 20, "save_steps": 100, "output_dir": "out/retromae-demo",
 }
+
+
+PRETRAIN_EXAMPLES = """examples:
+  retromae pretrain                                          # the demo: MiniLM + built-in corpus, ~5 min on CPU
+  retromae pretrain --model bert-base-uncased --corpus wiki.txt --output-dir out/retromae \\
+                    --max-seq-length 512 --max-steps 100000 --per-device-train-batch-size 32 --bf16 true
+  retromae pretrain --config configs/retromae-wiki-book.yaml --corpus wiki.txt   # a paper's preset
+  retromae pretrain --method dupmae --method-options '{"bow_loss_weight": 0.1}' --corpus corpus.jsonl
+  retromae pretrain --output-dir out/retromae --resume-from-checkpoint last       # continue after a stop
+"""
 
 
 class CliError(ValueError):
@@ -301,7 +312,11 @@ def pretrain(argv: list[str]) -> int:
         (ModelArguments, DataArguments, RunArguments, PretrainingArguments),
         prog="retromae pretrain",
         description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
-        "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus.",
+        "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
+        "The options you usually need: --model, --corpus, --method, --output-dir, --max-steps, --max-seq-length, "
+        "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too.",
+        epilog=PRETRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo = "--corpus" not in argv and "--config" not in argv and "--pairs" not in argv
     model_args, data_args, run_args, training_args = _parse(parser, argv, DEMO_DEFAULTS if demo else None)

@@ -56,8 +56,7 @@ METHODS: dict[str, Method] = {
     "sentmae": Method(
         "sentmae",
         SentMAEForPretraining,
-        "SentMAE stage 2: RetroMAE continued on domain text (from a stage-1 retromae checkpoint, decoder included) "
-        "+ in-batch contrastive loss over [CLS] of span or given pairs",
+        "SentMAE stage 2: RetroMAE continued from a stage-1 retromae checkpoint + in-batch contrastive loss on [CLS]",
         "sentmae",
     ),
 }

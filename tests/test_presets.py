@@ -1,0 +1,105 @@
+"""Every preset in configs/ loads through `retromae pretrain --config` and runs two steps on a tiny model.
+
+The paper presets name full-size models, placeholder corpora, GPUs and mixed precision; the test overrides exactly
+those (tiny BERT, tiny corpus or pair file, 2 steps, L 32, batch 2, CPU, fp32, no workers, no accumulation) and keeps
+everything else, so a misspelled key, a value of the wrong type or a method option the method lacks fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_bert_kwargs
+from retromae.trainers.cli import main
+from retromae.trainers.methods import METHODS, method_of_config
+from transformers import BertConfig, BertForMaskedLM
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PRESETS = sorted(CONFIGS.glob("*.yaml"))
+SENTENCES = [
+    "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
+    "The masked auto-encoder reconstructs the original sentence from its embedding and a masked copy.",
+    "Whole word masking hides every piece of a word at once, which makes the task harder.",
+    "Sparse lexical representations weight vocabulary terms and are stored in inverted indexes.",
+]
+PAIRS = [
+    {"anchor": "A man is playing a guitar on stage.", "positive": "Someone performs music."},
+    {"anchor": "Two dogs run through the snow.", "positive": "Animals are outside in winter."},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(**tiny_bert_kwargs())).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(SENTENCES * 2) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PAIRS * 2), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stage1(tiny_bert, corpus, tmp_path_factory) -> Path:
+    """A tiny `retromae` checkpoint: what the SentMAE stage-2 presets continue."""
+    out = tmp_path_factory.mktemp("stage1") / "run"
+    args = ["pretrain", "--model", str(tiny_bert), "--corpus", str(corpus), "--output-dir", str(out),
+            "--max-steps", "1", "--max-seq-length", "32", "--per-device-train-batch-size", "2", "--no-export", "true",
+            "--use-cpu", "true", "--disable-tqdm", "true"]
+    assert main(args) == 0
+    return out
+
+
+def test_every_method_has_a_demo_preset_and_a_paper_preset():
+    names = {p.stem for p in PRESETS}
+    for method in METHODS:
+        assert f"demo-{method}" in names, method
+        assert any(n.startswith(f"{method}-") for n in names), method
+    assert {"sentmae-stage1-wiki-book", "retromae-wiki-book", "retromae-msmarco"} <= names
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_preset_runs_two_steps(preset, tiny_bert, corpus, pairs, stage1, tmp_path):
+    text = preset.read_text(encoding="utf-8")
+    assert text.startswith("#"), "a preset opens with a comment saying where its numbers come from"
+    values = yaml.safe_load(text)
+    method = values["method"]
+    demo = preset.stem.startswith("demo-")
+    if demo:
+        assert "model" not in values and "corpus" not in values, "demo presets use the bundled model and corpus"
+    else:
+        assert ("corpus" in values) != ("pairs" in values), "a paper preset names its data (a placeholder)"
+    # stage 2 continues a stage-1 retromae checkpoint; every other preset starts from a plain BERT
+    model = stage1 if method == "sentmae" else tiny_bert
+    data = ["--pairs", str(pairs)] if "pairs" in values else ["--corpus", str(corpus)]
+    args = ["pretrain", "--config", str(preset), "--model", str(model), *data,
+            "--max-steps", "2", "--max-seq-length", "32", "--per-device-train-batch-size", "2",
+            "--gradient-accumulation-steps", "1", "--output-dir", str(tmp_path / "run"), "--no-export", "true",
+            "--use-cpu", "true", "--bf16", "false", "--fp16", "false", "--dataloader-num-workers", "0",
+            "--save-steps", "100", "--disable-tqdm", "true"]
+    if method == "dupmae":  # the tiny model's hidden size (32) bounds the [CLS] projection; other options stay
+        options = {**(values.get("method_options") or {}), "dense_dim": tiny_bert_kwargs()["hidden_size"]}
+        args += ["--method-options", json.dumps(options)]
+    assert main(args) == 0
+    out = tmp_path / "run"
+    assert json.loads((out / "retromae_run.json").read_text())["method"] == method
+    config = json.loads((out / "config.json").read_text())
+    assert method_of_config(config["model_type"]).name == method
+    for key, value in (values.get("method_options") or {}).items():  # the file's method options reached the model
+        assert config[key] == value or (method == "dupmae" and key == "dense_dim"), key
