@@ -259,3 +259,20 @@ def test_dupmae_pretrain_export_index_search(tiny_bert, corpus, tmp_path, capsys
     assert all(hit["id"].startswith("d") for r in lines for hit in r["results"])
     assert main(["search", "--index", str(index), "--model", str(encoder)]) == 2
     assert "no query given" in capsys.readouterr().err
+
+
+def test_integer_values_for_float_settings_are_accepted(tiny_bert, corpus, tmp_path):
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--method-options", '{"decoder_loss_weight": 2}',
+                              "--no-export", "true", "--max-steps", "1")) == 0
+    assert json.loads((out / "config.json").read_text())["decoder_loss_weight"] == 2.0
+
+
+def test_sentmae_with_cosine_exports_cosine_similarity(tiny_bert, corpus, tmp_path):
+    run, exported = tmp_path / "sentmae", tmp_path / "sentmae-st"
+    assert main(pretrain_args(tiny_bert, corpus, run, "--method", "sentmae", "--no-export", "true",
+                              "--max-steps", "1")) == 0
+    assert main(["export", str(run), str(exported)]) == 0
+    settings = json.loads((exported / "config_sentence_transformers.json").read_text())
+    assert settings["similarity_fn_name"] == "cosine"
+    assert "| Similarity | cosine |" in (exported / "README.md").read_text()

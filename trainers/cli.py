@@ -220,6 +220,8 @@ def _method_config_overrides(model_args: ModelArguments, method, tokenizer) -> d
         if not isinstance(extra, dict):
             raise CliError("--method-options must be a JSON object")
         overrides.update(extra)
+    float_fields = {f.name for f in dataclasses.fields(method.model_class.config_class) if "float" in str(f.type)}
+    overrides = {k: float(v) if k in float_fields and type(v) is int else v for k, v in overrides.items()}
     not_applicable = sorted(set(overrides) - config_fields)
     if not_applicable:
         raise CliError(f"setting(s) {', '.join(not_applicable)} do not apply to method {method.name!r}")
@@ -332,7 +334,13 @@ def pretrain(argv: list[str]) -> int:
     if data_args.streaming and training_args.max_steps <= 0:
         raise CliError("--streaming needs --max-steps (a streamed corpus has no length)")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_ref, trust_remote_code=False)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_ref, trust_remote_code=False)
+    except OSError as error:  # a Hub id while offline, a folder without tokenizer files
+        raise CliError(
+            f"cannot load a tokenizer from {model_args.tokenizer or model_ref}: {str(error).splitlines()[0]} "
+            "(pass a local folder, or --tokenizer)"
+        ) from None
     overrides = _method_config_overrides(model_args, method, tokenizer)
     model = load_pretraining_model(model_ref, method, overrides)
     _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, model_ref)

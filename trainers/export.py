@@ -237,6 +237,8 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
         {"max_seq_length": max_seq_length, "do_lower_case": False, "model_args": {"add_pooling_layer": False}},
     )
     (build_dir / "1_Pooling").mkdir()
+    # a model pre-trained with a cosine contrastive loss (SentMAE's default) is scored with cosine; else dot (RetroMAE)
+    similarity = "cosine" if request.config.get("similarity") == "cos" else "dot"
     _write_json(
         build_dir / "1_Pooling" / "config.json",
         {
@@ -253,11 +255,12 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
             "__version__": _library_versions(),
             "prompts": {"query": "", "document": ""},
             "default_prompt_name": None,
-            "similarity_fn_name": "dot",
+            "similarity_fn_name": similarity,
         },
     )
     card = render_model_card(
-        request, embedding_dim=dim, num_layers=encoder.config.num_hidden_layers, max_seq_length=max_seq_length
+        request, embedding_dim=dim, num_layers=encoder.config.num_hidden_layers, max_seq_length=max_seq_length,
+        similarity=similarity,
     )
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 
@@ -323,6 +326,7 @@ CLS_REPRESENTATION = "last-layer `[CLS]` state, {dim} dimensions, not normalised
 def render_model_card(
     request: ExportRequest, *, embedding_dim: int, num_layers: int, max_seq_length: int,
     representation: str | None = None,
+    similarity: str = "dot",
 ) -> str:
     """README.md from `model_cards/pretrained_encoder.md`; never contains a local filesystem path.
 
@@ -364,6 +368,7 @@ def render_model_card(
         embedding_dim=embedding_dim,
         hidden_size=request.config["hidden_size"],
         cls_model=representation is None,
+        similarity=similarity,
         representation=representation or CLS_REPRESENTATION.format(dim=embedding_dim),
         max_seq_length=max_seq_length,
         global_step=run_info.get("global_step", "not recorded"),
