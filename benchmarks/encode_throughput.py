@@ -56,7 +56,7 @@ def documents(n: int) -> tuple[list[str], str]:
                 if len(texts) == n:
                     break
         return texts, "SciFact corpus (first documents)"
-    words = "dense retrieval encodes queries and documents into vectors compared by inner product".split()
+    words = ["dense", "retrieval", "encodes", "queries", "and", "documents", "into", "vectors", "compared", "by", "inner", "product"]
     return [" ".join(words[(i + j) % len(words)] for j in range(40 + i % 200)) for i in range(n)], "synthetic"
 
 

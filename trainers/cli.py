@@ -478,6 +478,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "methods": ("cli:methods", "list the pre-training methods"),
     "index": ("hybrid_index:index_command", "build an exact DupMAE hybrid (dense + sparse) index of a corpus"),
     "search": ("hybrid_index:search_command", "search a hybrid index with one or more queries"),
+    "finetune": ("finetune:finetune_command", "fine-tune a retrieval bi-encoder (in-batch, hard negatives, distillation)"),
+    "evaluate": ("evaluate:evaluate_command", "MTEB retrieval evaluation on local BEIR folders / registered tasks"),
+    "publish": ("publish:publish_command", "validate a model folder, then upload it to the Hugging Face Hub"),
     "coverage": ("coverage:coverage_command", "input-token coverage of [CLS] embeddings (did pre-training work?)"),
 }
 

@@ -1,0 +1,383 @@
+"""`retromae finetune`: training data readers and their bad input, model loading, the distillation loss, mining, the
+three stages end to end (CLS and DupMAE hybrid), and the output folder with its card."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+import torch
+from conftest import tiny_bert_kwargs
+from retromae.trainers.beir import (
+    RetrievalDataError,
+    TrainingGroup,
+    clean_groups,
+    groups_to_dataset,
+    groups_to_distillation_dataset,
+    load_training_groups,
+    read_training_jsonl,
+)
+from retromae.trainers.finetune import (
+    DistillationLoss,
+    FinetuneError,
+    contrastive_loss,
+    finetune_command,
+    load_encoder,
+)
+from sentence_transformers import SentenceTransformer
+
+WORDS = ["apple", "banana", "cherry", "dog", "elephant", "fish", "grape", "horse", "igloo", "jacket", "kite", "lemon", "mango", "night", "ocean", "piano", "queen", "river", "snake", "tiger"]
+FAST = ["--max-steps", "2", "--per-device-train-batch-size", "4", "--max-seq-length", "32", "--disable-tqdm", "true",
+        "--logging-steps", "1"]
+
+
+def write_beir(folder, num_docs=30, extra_qrels=()):
+    rng = random.Random(0)
+    (folder / "qrels").mkdir(parents=True)
+    with open(folder / "corpus.jsonl", "w") as f:
+        for i in range(num_docs):
+            words = rng.sample(WORDS, 5)
+            f.write(json.dumps({"_id": f"d{i}", "title": words[0], "text": " ".join(words)}) + "\n")
+    with open(folder / "queries.jsonl", "w") as f:
+        for i in range(18):
+            f.write(json.dumps({"_id": f"q{i}", "text": f"about {WORDS[i % 20]} and {WORDS[(i * 7) % 20]}"}) + "\n")
+    for split, queries in (("train", range(0, 12)), ("dev", range(12, 18))):
+        with open(folder / "qrels" / f"{split}.tsv", "w") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            for q in queries:
+                f.write(f"q{q}\td{q}\t1\n")
+            for line in extra_qrels:
+                f.write(line + "\n")
+    return folder
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory, tokenizer):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny") / "bert"
+    BertModel(BertConfig(**tiny_bert_kwargs(initializer_range=0.5)), add_pooling_layer=False).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pretraining_checkpoint(tiny_bert_dir, tmp_path_factory, tokenizer):
+    """A `retromae pretrain`-style checkpoint (RetroMAEForPretraining, decoder included)."""
+    from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+
+    folder = tmp_path_factory.mktemp("ckpt") / "retromae-tiny"
+    RetroMAEForPretraining.from_encoder_checkpoint(str(tiny_bert_dir)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_beir(tmp_path_factory):
+    return write_beir(tmp_path_factory.mktemp("data") / "toy")
+
+
+# ---- training data -------------------------------------------------------------------------------------------------
+
+
+def test_negatives_equal_to_a_positive_are_dropped_with_a_count(tmp_path, caplog):
+    path = write_jsonl(tmp_path / "train.jsonl", [
+        {"query": "q one", "positive": "doc a", "negatives": ["doc a", "doc b", " doc a "]},
+        {"query": "q one", "positive": "doc c", "negatives": ["doc c", "doc d"]},  # doc c is also q one's positive
+        {"query": "q two", "positive": ["doc e", "doc f"], "negatives": ["doc f", "doc a"]},
+    ])
+    with caplog.at_level(logging.WARNING):
+        groups, report = clean_groups(read_training_jsonl(path))
+    # q one: "doc a" (twice, once with spaces) and "doc c" are its positives -> 3 dropped; q two: "doc f" -> 1
+    assert report["negatives_equal_to_a_positive"] == 4
+    assert [[t for _, t in g.negatives] for g in groups] == [["doc b"], ["doc d"], ["doc a"]]
+    assert "dropped 4 negatives equal to a positive" in caplog.text
+
+
+def test_queries_without_positives_are_counted_and_none_left_is_an_error(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [
+        {"query": "q one", "positive": "doc a"},
+        {"query": "q two", "positive": ""},
+        {"query": "q three", "positive": []},
+    ])
+    groups, report = clean_groups(read_training_jsonl(path))
+    assert len(groups) == 1 and report["queries_without_positives"] == 2
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"query": "q", "positive": ""}])
+    with pytest.raises(RetrievalDataError, match="all 1 queries lack a positive"):
+        clean_groups(read_training_jsonl(empty))
+
+
+def test_jsonl_errors_name_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"query": "q", "positive": "p"}\n{"positive": "p"}\n', encoding="utf-8")
+    with pytest.raises(RetrievalDataError, match=r"bad\.jsonl line 2: needs a string field 'query'"):
+        read_training_jsonl(path)
+    path.write_text('{"query": "q", "positive": "p"}\nnot json\n', encoding="utf-8")
+    with pytest.raises(RetrievalDataError, match=r"line 2 is not valid JSON"):
+        read_training_jsonl(path)
+
+
+def test_beir_training_data_with_unknown_qrels(tmp_path):
+    folder = write_beir(tmp_path / "toy", extra_qrels=["q3\tmissing-doc\t1"])
+    with pytest.raises(RetrievalDataError, match=r"1 document id\(s\) missing from corpus.jsonl \(1 lines"):
+        load_training_groups(folder, split="train")
+    groups, data = load_training_groups(folder, split="train", on_missing="skip")
+    assert len(groups) == 12 and data.report["qrels_lines_with_unknown_document"] == 1
+    (folder / "corpus.jsonl").unlink()
+    with pytest.raises(RetrievalDataError, match="training data folder toy is neither a BEIR folder"):
+        load_training_groups(folder)
+
+
+def test_datasets_folder_with_anchor_positive_negative_columns(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_dict({"anchor": ["q a", "q b"], "positive": ["doc a", "doc b"], "negative": ["doc x", "doc b"]}
+                      ).save_to_disk(str(tmp_path / "pairs"))
+    groups, beir = load_training_groups(tmp_path / "pairs")
+    assert beir is None and [g.query for g in groups] == ["q a", "q b"]
+    groups, report = clean_groups(groups)
+    assert [[t for _, t in g.negatives] for g in groups] == [["doc x"], []]
+    assert report["negatives_equal_to_a_positive"] == 1
+    with pytest.raises(RetrievalDataError, match="does not exist"):
+        load_training_groups(tmp_path / "missing.jsonl")
+
+
+def test_dataset_rows_have_fixed_negative_columns():
+    groups = [
+        TrainingGroup("q1", "query 1", [("a", "doc a"), ("b", "doc b")], [(f"n{i}", f"neg {i}") for i in range(5)]),
+        TrainingGroup("q2", "query 2", [("c", "doc c")], [("n9", "neg 9")]),  # too few negatives for k=2
+    ]
+    dataset, report = groups_to_dataset(groups, num_negatives=2, seed=0)
+    assert dataset.column_names == ["query", "positive", "negative_1", "negative_2"]
+    assert dataset["positive"] == ["doc a", "doc b"] and report == {"examples_with_too_few_negatives": 1}
+    pairs, _ = groups_to_dataset(groups, num_negatives=0)
+    assert pairs.column_names == ["query", "positive"] and len(pairs) == 3
+
+
+def test_distillation_rows_need_teacher_scores():
+    groups = [TrainingGroup("q1", "query 1", [("a", "doc a")], [("n1", "neg 1")]),
+              TrainingGroup("q2", "query 2", [("c", "doc c")], [("n2", "neg 2")])]
+    scores = {"q1": {"a": 3.0, "n1": 1.0}, "q2": {"c": 2.0}}
+    with pytest.raises(RetrievalDataError, match=r"1 training examples have .* without a teacher score.*\('q2', 'n2'\)"):
+        groups_to_distillation_dataset(groups, scores, num_negatives=1)
+    dataset, report = groups_to_distillation_dataset(groups, scores, num_negatives=1, on_missing="skip")
+    assert dataset["label"] == [[3.0, 1.0]] and report == {"examples_without_teacher_scores": 1}
+
+
+# ---- model loading -------------------------------------------------------------------------------------------------
+
+
+def test_folder_without_modules_json_loads_as_cls_with_a_warning(tiny_bert_dir, tokenizer, caplog):
+    from transformers import BertModel
+
+    with caplog.at_level(logging.WARNING, logger="retromae"):
+        model, info = load_encoder(tiny_bert_dir)
+    assert "no modules.json" in caplog.text and "assuming CLS pooling and the dot product" in caplog.text
+    assert "MEAN pooling" in caplog.text and "wrong (lower) BEIR numbers" in caplog.text
+    assert info["kind"] == "transformers" and model.similarity_fn_name == "dot"
+    bert = BertModel.from_pretrained(tiny_bert_dir, add_pooling_layer=False).eval()
+    batch = tokenizer(["dense retrieval"], return_tensors="pt")
+    with torch.no_grad():
+        cls = bert(**batch).last_hidden_state[:, 0]
+    assert torch.allclose(model.encode_document(["dense retrieval"], convert_to_tensor=True), cls, atol=1e-5)
+    mean_model, _ = load_encoder(tiny_bert_dir, pooling="mean")
+    assert mean_model.similarity_fn_name == "cosine"
+
+
+def test_pooling_flag_is_refused_for_sentence_transformers_folders(minilm_dir):
+    with pytest.raises(FinetuneError, match="keeps its own pooling"):
+        load_encoder(minilm_dir, pooling="cls")
+
+
+def test_contrastive_loss_follows_the_model_similarity(tiny_bert_dir, minilm_dir):
+    from sentence_transformers.util import cos_sim, dot_score
+
+    dot_model, _ = load_encoder(tiny_bert_dir)
+    loss = contrastive_loss(dot_model, None, gather_across_devices=True)
+    assert loss.similarity_fct is dot_score and loss.scale == 1.0 and loss.gather_across_devices
+    cosine_model = SentenceTransformer(str(minilm_dir), device="cpu")
+    loss = contrastive_loss(cosine_model, None, gather_across_devices=False)
+    assert loss.similarity_fct is cos_sim and loss.scale == 20.0 and not loss.gather_across_devices
+
+
+# ---- the distillation loss -----------------------------------------------------------------------------------------
+
+
+def test_distillation_loss_is_kl_batchmean(tiny_bert_dir):
+    model, _ = load_encoder(tiny_bert_dir)
+    loss = DistillationLoss(model, distill_weight=2.0)
+    query = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    positive = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    negative = torch.tensor([[0.0, 1.0], [1.0, 1.0]])
+    teacher = torch.tensor([[1.0, 2.0], [2.0, 0.0]])
+    parts = loss.compute_loss_from_embeddings([query, positive, negative], teacher)
+    # student dot scores: row 0 [2, 0], row 1 [1, 1] (uniform); the teacher prefers the negative in row 0
+    p_t = torch.softmax(teacher, dim=1)
+    log_p_s = torch.log_softmax(torch.tensor([[2.0, 0.0], [1.0, 1.0]]), dim=1)
+    kl_batchmean = (p_t * (p_t.log() - log_p_s)).sum() / 2  # summed over the group, divided by the batch size 2
+    assert set(parts) == {"distill_loss"} and kl_batchmean.item() > 0.1
+    assert parts["distill_loss"].item() == pytest.approx(2.0 * kl_batchmean.item(), rel=1e-5)
+    with_contrastive = DistillationLoss(model, contrastive_weight=0.5).compute_loss_from_embeddings(
+        [query, positive, negative], teacher
+    )
+    assert set(with_contrastive) == {"distill_loss", "contrastive_loss"}
+    with pytest.raises(ValueError, match="distill_weight"):
+        DistillationLoss(model, distill_weight=0.0)
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+
+
+def test_finetune_from_a_pretraining_checkpoint_mines_and_writes_a_model(pretraining_checkpoint, tiny_beir, tmp_path):
+    out = tmp_path / "finetuned"
+    code = finetune_command([
+        str(pretraining_checkpoint), str(tiny_beir), "--output-dir", str(out), "--num-negatives", "2",
+        "--mine-range-min", "1", "--mine-range-max", "8", "--model-name", "my-org/retromae-toy", *FAST,
+    ])
+    assert code == 0
+    model = SentenceTransformer(str(out))
+    assert model.similarity_fn_name == "dot" and model.get_embedding_dimension() == 32
+    info = json.loads((out / "retromae_finetune.json").read_text())
+    assert [s["stage"] for s in info["stages"]] == ["in-batch", "hard-negatives"]
+    assert info["starting_point"] == "retromae-checkpoint" and info["pretraining_method"] == "retromae"
+    assert info["stages"][1]["negatives"].startswith("mined with the previous-stage model (ranks 1-8")
+
+    with open(out.parent / "finetuned.work" / "hard_negatives.jsonl") as f:
+        mined = [json.loads(line) for line in f]
+    assert len(mined) == 12
+    for record in mined:
+        assert len(record["negative_ids"]) == 2 and not set(record["negative_ids"]) & set(record["positive_ids"])
+
+    card = (out / "README.md").read_text()
+    assert str(tmp_path) not in card and "/tmp" not in card
+    assert "base_model" not in card.split("---")[1]  # a local starting point is not a Hub id
+    assert "RetroMAE (`retromae`" in card and "| `hard-negatives` |" in card and "Not evaluated yet" in card
+    assert "my-org/retromae-toy" in card
+
+
+def test_negatives_file_reuse_and_distillation(tiny_bert_dir, tiny_beir, tmp_path):
+    negatives = write_jsonl(tmp_path / "negatives.jsonl", [
+        {"query_id": f"q{q}", "query": "ignored", "positive_ids": [f"d{q}"], "positive": "x",
+         "negative_ids": [f"d{q + 1}", f"d{q + 2}"], "negatives": ["n1", "n2"]} for q in range(12)
+    ])
+    scores = tmp_path / "teacher.tsv"
+    scores.write_text("".join(f"q{q}\td{q + k}\t{5.0 - k}\n" for q in range(12) for k in range(3)), encoding="utf-8")
+    out = tmp_path / "distilled"
+    assert finetune_command([
+        str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(out), "--stages", "hard-negatives,distill",
+        "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(scores),
+        "--contrastive-weight", "0.1", *FAST,
+    ]) == 0
+    info = json.loads((out / "retromae_finetune.json").read_text())
+    distill = info["stages"][1]
+    assert distill["stage"] == "distill" and distill["examples"] == 12
+    assert distill["loss"] == "KL(batchmean) to cross-encoder scores x 1 + in-batch contrastive x 0.1"
+    assert info["stages"][0]["negatives"] == "file negatives.jsonl"
+    assert info["hyperparameters"]["contrastive_weight"] == 0.1
+
+    partial = tmp_path / "partial.tsv"
+    partial.write_text("q0\td0\t1.0\n", encoding="utf-8")
+    with pytest.raises(FinetuneError, match="without a teacher score"):
+        finetune_command([
+            str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(tmp_path / "x"), "--stages", "distill",
+            "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(partial), *FAST,
+        ])
+
+
+def test_refuses_to_overwrite_and_validates_stages(tiny_bert_dir, tiny_beir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(FinetuneError, match="already exists and is not empty.*--overwrite"):
+        finetune_command([str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(out), *FAST])
+    assert (out / "keep.txt").is_file()
+    with pytest.raises(FinetuneError, match="needs cross-encoder scores"):
+        finetune_command([str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
+                          "--stages", "in-batch,distill"])
+    with pytest.raises(FinetuneError, match="in the order"):
+        finetune_command([str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
+                          "--stages", "hard-negatives,in-batch"])
+
+
+def test_hybrid_dupmae_model_trains_its_dense_projection(tokenizer, tiny_beir, tmp_path):
+    from retromae.modeling.configuration_dupmae import DupMAEConfig
+    from retromae.modeling.modeling_dupmae import DupMAEForPretraining
+    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    build_dupmae_sentence_transformer(
+        DupMAEForPretraining(DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8)), tokenizer,
+        tmp_path / "dup", max_seq_length=32,
+    )
+    out = tmp_path / "dup-ft"
+    assert finetune_command([str(tmp_path / "dup"), str(tiny_beir), "--output-dir", str(out),
+                             "--stages", "in-batch", "--learning-rate", "1e-3", *FAST]) == 0
+    before = load_file(tmp_path / "dup" / "1_DupMAEPooling" / "model.safetensors")
+    after = load_file(out / "1_DupMAEPooling" / "model.safetensors")
+    assert (before["dense_proj.weight"] - after["dense_proj.weight"]).abs().max() > 1e-4
+    assert (out / "st_dupmae.py").is_file() and (out / "layers_dupmae.py").is_file()
+    modules = json.loads((out / "modules.json").read_text())
+    assert modules[1]["type"] == "st_dupmae.DupMAEPooling"
+    model = SentenceTransformer(str(out), trust_remote_code=True)
+    assert model.get_embedding_dimension() == 16 + 30522
+    info = json.loads((out / "retromae_finetune.json").read_text())
+    assert info["trust_remote_code"] and info["pooling"].startswith("DupMAE hybrid")
+    assert "trust_remote_code=True" in (out / "README.md").read_text()
+
+
+DDP_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+from types import SimpleNamespace
+from retromae.trainers.finetune import contrastive_loss
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+queries, docs = torch.randn(8, 4), torch.randn(8, 4)  # the global batch, identical on every rank
+loss_fn = contrastive_loss(SimpleNamespace(similarity_fn_name="dot"), None, gather_across_devices=True)
+local = slice(rank * 4, rank * 4 + 4)  # this rank's 4 queries and their positives
+q, d = queries[local].clone().requires_grad_(), docs[local].clone().requires_grad_()
+loss = loss_fn.compute_loss_from_embeddings([q, d], None)
+loss.backward()
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump({"loss": loss.item(), "grad": d.grad.abs().sum().item()}, f)
+"""
+
+
+def test_ddp_contrastive_loss_uses_the_global_batch(tmp_path):
+    """Under DDP (2 processes, gloo) each rank's in-batch negatives are all 8 documents of the global batch, with its
+    own queries at the global-rank offset: the mean of the ranks' losses equals the single-process loss over the
+    whole batch."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+         str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    torch.manual_seed(0)
+    queries, docs = torch.randn(8, 4), torch.randn(8, 4)
+    single = contrastive_loss(SimpleNamespace(similarity_fn_name="dot"), None, gather_across_devices=False)
+    expected = single.compute_loss_from_embeddings([queries, docs], None).item()
+    assert (ranks[0]["loss"] + ranks[1]["loss"]) / 2 == pytest.approx(expected, rel=1e-5)
+    assert ranks[0]["loss"] != pytest.approx(ranks[1]["loss"])  # different local queries
+    assert all(r["grad"] > 0 for r in ranks)

@@ -1,0 +1,393 @@
+"""`retromae evaluate`: MTEB retrieval evaluation of a sentence-transformers folder, on local BEIR folders and on
+MTEB's registered tasks.
+
+The scoring is mteb's own (`mteb.evaluate`): a local BEIR folder becomes an `AbsTaskRetrieval` subclass whose
+`load_data` fills mteb's `RetrievalSplitData` from our reader (`make_local_task`), so a number printed here is the
+number mteb computes for the same model and data (tests/test_evaluate.py pins that equality on SciFact dev with
+all-MiniLM-L6-v2, and checks mteb's NDCG@10 against an independent computation). The model is scored with its own
+pooling and similarity (modules.json; `similarity_fn_name`), queries through `encode_query` and documents through
+`encode_document` (mteb 2.26 picks these for sentence-transformers >= 5).
+
+Search: exact by default (mteb's brute-force search over the whole corpus, in chunks). ``--search faiss`` indexes
+the corpus in mteb's `FaissSearchIndex` (flat inner-product index; cosine models are normalised) for large corpora of
+dense models; it returns the same ranking up to float ties. The DupMAE hybrid model (dense + |V|-wide sparse part)
+is searched exactly, with the corpus encoded in chunks sized to bound memory (~512 MiB per chunk); a |V|-wide faiss
+index would be impractical (ECOSYSTEM §6).
+
+Outputs under ``--output-dir``::
+
+    mteb/results/<model>/<revision>/<Task>.json   mteb's result JSON (mteb.ResultCache layout)
+    summary.json, summary.md                      NDCG@10 (main), MRR@10, Recall@100, Recall@1000 per task and split
+
+``--update-card`` adds the results to the model folder's card (folders written by `retromae finetune`).
+Registered tasks (``--tasks SciFact,NFCorpus``) download their data from the Hub; offline that fails with a clear
+error: evaluate a local BEIR copy with ``--beir-folder`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sentence_transformers import SentenceTransformer
+
+from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
+from .finetune import CARD_METRICS, RUN_INFO_FILE, FinetuneError, _is_hybrid, load_encoder, write_model_card
+
+logger = logging.getLogger(__name__)
+
+HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+
+__all__ = [
+    "EvaluateError",
+    "evaluate_command",
+    "evaluate_folder",
+    "evaluate_model",
+    "make_local_task",
+    "summary_markdown",
+    "update_model_card",
+]
+
+
+class EvaluateError(ValueError):
+    """The evaluation cannot run (unknown task, unreachable data, bad model folder); the message says why."""
+
+
+# ---- tasks ---------------------------------------------------------------------------------------------------------
+
+
+def make_local_task(data: RetrievalData, dataset_id: str | None = None):
+    """An mteb retrieval task (an `AbsTaskRetrieval` instance) over one split of local BEIR data.
+
+    Args:
+        data: corpus, queries and qrels (`retromae.trainers.beir.read_beir`).
+        dataset_id: what the task's metadata (and the model card) calls the dataset; default `local/<name>`.
+    """
+    from datasets import Dataset
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    metadata = TaskMetadata(
+        name=f"LocalBEIR-{data.name}",
+        description=f"Local BEIR folder {data.name} ({data.split} split), read by retromae",
+        reference=None,
+        dataset={"path": dataset_id or f"local/{data.name}", "revision": "local"},
+        type="Retrieval",
+        category="t2t",
+        modalities=["text"],
+        eval_splits=[data.split],
+        eval_langs=["eng-Latn"],
+        main_score="ndcg_at_10",
+        date=None,
+        domains=None,
+        task_subtypes=None,
+        license=None,
+        annotations_creators=None,
+        dialect=None,
+        sample_creation=None,
+        bibtex_citation=None,
+    )
+
+    def load_data(self, num_proc=None, **kwargs):
+        if self.data_loaded:
+            return
+        corpus = Dataset.from_dict({
+            "id": list(data.corpus),
+            "title": [doc.get("title", "") for doc in data.corpus.values()],
+            "text": [doc["text"] for doc in data.corpus.values()],
+        })
+        queries = Dataset.from_dict({"id": list(data.queries), "text": list(data.queries.values())})
+        self.dataset = {"default": {data.split: RetrievalSplitData(
+            corpus=corpus, queries=queries, relevant_docs=data.qrels, top_ranked=None
+        )}}
+        self.data_loaded = True
+
+    task_class = type("LocalBEIRRetrieval", (AbsTaskRetrieval,), {"metadata": metadata, "load_data": load_data})
+    task = task_class()
+    task.retromae_queries = len(data.queries)
+    return task
+
+
+def registered_tasks(names: list[str]):
+    """mteb's registered retrieval tasks by name; their data is loaded (downloaded) here so that failures are clear."""
+    import mteb
+
+    tasks = []
+    for name in names:
+        try:
+            (task,) = mteb.get_tasks(tasks=[name])
+        except (KeyError, ValueError) as error:
+            raise EvaluateError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
+        if task.metadata.type not in {"Retrieval", "Reranking", "InstructionRetrieval"}:
+            raise EvaluateError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
+        try:
+            task.load_data()
+        except Exception as error:  # OfflineModeIsEnabled / ConnectionError / datasets errors
+            raise EvaluateError(
+                f"cannot load the data of MTEB task {name} ({task.metadata.dataset['path']}): {error}. Registered "
+                "tasks download their data from the Hugging Face Hub (HF_HUB_OFFLINE=1 or no network blocks that); "
+                "evaluate a local copy in BEIR layout with --beir-folder instead"
+            ) from None
+        tasks.append(task)
+    return tasks
+
+
+# ---- evaluation ----------------------------------------------------------------------------------------------------
+
+
+def _mteb_model(model: SentenceTransformer, search: str):
+    if search == "exact" and not _is_hybrid(model):
+        return model  # exactly what `mteb.evaluate(model, ...)` wraps itself
+    from mteb.models import SentenceTransformerEncoderWrapper
+    from mteb.models.search_wrappers import SearchEncoderWrapper
+
+    encoder = SentenceTransformerEncoderWrapper(model)
+    if search == "faiss":
+        if _is_hybrid(model):
+            raise EvaluateError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
+        from mteb.models.search_encoder_index.search_indexes.faiss_search_index import FaissSearchIndex
+
+        return SearchEncoderWrapper(encoder, index_backend=FaissSearchIndex(encoder))
+    chunk = max(256, HYBRID_CHUNK_BYTES // (4 * model.get_embedding_dimension()))
+    return SearchEncoderWrapper(encoder, corpus_chunk_size=chunk)
+
+
+def evaluate_model(
+    model: SentenceTransformer,
+    tasks: list,
+    output_dir: str | os.PathLike,
+    *,
+    model_name: str,
+    batch_size: int = 64,
+    search: Literal["exact", "faiss"] = "exact",
+    show_progress_bar: bool = False,
+) -> list[dict[str, Any]]:
+    """Run mteb on `tasks`, write its result JSON under `output_dir/mteb` and return one summary row per task/split.
+
+    Returns:
+        Rows `{"task", "dataset_id", "dataset_name", "split", "queries", "ndcg_at_10", "mrr_at_10",
+        "recall_at_100", "recall_at_1000", "main_score"}`.
+    """
+    import mteb
+
+    if search not in {"exact", "faiss"}:
+        raise EvaluateError(f"search={search!r} must be 'exact' or 'faiss'")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.model_card_data.model_name = model_name  # mteb's result folder name (else "no_model_name_available")
+    result = mteb.evaluate(
+        _mteb_model(model, search),
+        tasks,
+        cache=mteb.ResultCache(output_dir / "mteb"),
+        encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
+        show_progress_bar=show_progress_bar,
+        overwrite_strategy="always",
+    )
+    by_name = {task.metadata.name: task for task in tasks}
+    rows = []
+    for task_result in result.task_results:
+        task = by_name[task_result.task_name]
+        for split, entries in task_result.scores.items():
+            for entry in entries:
+                rows.append({
+                    "task": task_result.task_name,
+                    "dataset_id": task.metadata.dataset["path"],
+                    "dataset_name": _dataset_name(task),
+                    "split": split,
+                    "subset": entry.get("hf_subset", "default"),
+                    "queries": _query_count(task, entry.get("hf_subset", "default"), split),
+                    **{key: entry.get(key) for key, _ in CARD_METRICS},
+                    "main_score": entry.get("main_score"),
+                })
+    return rows
+
+
+def _dataset_name(task) -> str:
+    name = task.metadata.name
+    return f"{name.removeprefix('LocalBEIR-')} (local BEIR)" if name.startswith("LocalBEIR-") else f"MTEB {name}"
+
+
+def _query_count(task, subset: str, split: str) -> int | None:
+    if hasattr(task, "retromae_queries"):
+        return task.retromae_queries
+    try:
+        return len(task.dataset[subset][split]["queries"])
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
+    header = "| Task | Split | Queries | " + " | ".join(label for _, label in CARD_METRICS) + " |"
+    lines = [f"# Retrieval results: {model_name}", "", header, "|---|---|---|" + "---|" * len(CARD_METRICS)]
+    for row in rows:
+        values = " | ".join("-" if row.get(k) is None else f"{row[k]:.5f}" for k, _ in CARD_METRICS)
+        lines.append(f"| {row['dataset_name']} | {row['split']} | {row.get('queries') or '-'} | {values} |")
+    lines += ["", "NDCG@10 is the main score. Computed by mteb (`retromae evaluate`)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str) -> None:
+    (output_dir / SUMMARY_JSON).write_text(
+        json.dumps({"model": model_name, "search": search, "results": rows}, indent=2) + "\n", encoding="utf-8"
+    )
+    (output_dir / SUMMARY_MD).write_text(summary_markdown(rows, model_name), encoding="utf-8")
+
+
+def update_model_card(model_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """Merge `rows` into the folder's `retromae_finetune.json` (same dataset + split replaced) and re-render the
+    card. Only for folders written by `retromae finetune` (a foreign README is never overwritten)."""
+    model_dir = Path(model_dir)
+    info_file = model_dir / RUN_INFO_FILE
+    if not info_file.is_file():
+        raise EvaluateError(
+            f"--update-card needs a folder written by `retromae finetune` ({RUN_INFO_FILE} not found in "
+            f"{model_dir.name}); its README.md is left as it is"
+        )
+    info = json.loads(info_file.read_text(encoding="utf-8"))
+    keep = [r for r in info.get("eval_results") or []
+            if (r["dataset_id"], r["split"]) not in {(n["dataset_id"], n["split"]) for n in rows}]
+    info["eval_results"] = keep + [
+        {k: row.get(k) for k in ("task", "dataset_id", "dataset_name", "split", "queries",
+                                 *(key for key, _ in CARD_METRICS))} for row in rows
+    ]
+    write_model_card(model_dir, info)
+    logger.info("model card of %s updated with %d result(s)", model_dir.name, len(rows))
+
+
+def evaluate_folder(
+    model: str | os.PathLike,
+    *,
+    beir_folders: list[str | os.PathLike] | None = None,
+    tasks: list[str] | None = None,
+    split: str = "test",
+    output_dir: str | os.PathLike,
+    batch_size: int = 64,
+    search: Literal["exact", "faiss"] = "exact",
+    pooling: str | None = None,
+    on_missing: str = "error",
+    dataset_ids: list[str] | None = None,
+    model_name: str | None = None,
+    update_card: bool = False,
+    show_progress_bar: bool = False,
+) -> list[dict[str, Any]]:
+    """Load a model folder and evaluate it on local BEIR folders and/or registered MTEB tasks (see the module doc).
+
+    Returns:
+        The summary rows (also written to `output_dir/summary.{json,md}`).
+    """
+    beir_folders = list(beir_folders or [])
+    tasks = list(tasks or [])
+    if not beir_folders and not tasks:
+        raise EvaluateError("nothing to evaluate on: pass --beir-folder DIR and/or --tasks NAME[,NAME]")
+    if dataset_ids and len(dataset_ids) != len(beir_folders):
+        raise EvaluateError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
+    if on_missing not in ON_MISSING:
+        raise EvaluateError(f"--on-missing must be one of {ON_MISSING}")
+    mteb_tasks = []
+    for i, folder in enumerate(beir_folders):
+        try:
+            data = read_beir(folder, split=split, on_missing=on_missing)
+        except RetrievalDataError as error:
+            raise EvaluateError(str(error)) from None
+        logger.info("evaluation data %s", data.summary())
+        mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None))
+    mteb_tasks += registered_tasks(tasks)
+    output_dir = Path(output_dir)
+    try:  # a pre-training checkpoint is exported into the output folder first
+        encoder, _ = load_encoder(model, pooling=pooling, work_dir=output_dir)
+    except FinetuneError as error:
+        raise EvaluateError(str(error)) from None
+    name = model_name or _mteb_model_name(model)
+    rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size, search=search,
+                          show_progress_bar=show_progress_bar)
+    write_summary(rows, output_dir, name, search)
+    if update_card:
+        update_model_card(model, rows)
+    return rows
+
+
+def _mteb_model_name(model: str | os.PathLike) -> str:
+    path = Path(model)
+    if path.exists():
+        info_file = path / RUN_INFO_FILE
+        if info_file.is_file():
+            name = json.loads(info_file.read_text(encoding="utf-8")).get("model_name")
+            if name:
+                return name if "/" in name else f"local/{name}"
+        return f"local/{path.resolve().name}"
+    return str(model)
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvaluateArguments:
+    model: str = field(metadata={"help": "a sentence-transformers folder (or a plain BERT folder: CLS + dot assumed)"})
+    beir_folder: list[str] = field(
+        default_factory=list, metadata={"help": "local BEIR folder(s): corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv"}
+    )
+    tasks: str | None = field(
+        default=None, metadata={"help": "registered MTEB retrieval tasks, comma-separated (downloads their data)"}
+    )
+    split: str = field(default="test", metadata={"help": "qrels split of the BEIR folders"})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "where mteb's JSON and the summary go (default: eval-results/MODEL_NAME)"}
+    )
+    batch_size: int = field(default=64, metadata={"help": "encoding batch size"})
+    search: Literal["exact", "faiss"] = field(
+        default="exact", metadata={"help": "exact (brute force) or faiss (mteb's FaissSearchIndex, large corpora)"}
+    )
+    pooling: Literal["cls", "mean"] | None = field(
+        default=None, metadata={"help": "pooling for a folder without modules.json (default cls + dot)"}
+    )
+    on_missing: Literal["skip", "error"] = field(
+        default="error", metadata={"help": "qrels naming unknown queries/documents: refuse, or drop them with a count"}
+    )
+    dataset_ids: str | None = field(
+        default=None, metadata={"help": "Hub dataset ids for the card, one per BEIR folder, comma-separated"}
+    )
+    model_name: str | None = field(default=None, metadata={"help": "name in mteb's results (default: from the folder)"})
+    update_card: bool = field(default=False, metadata={"help": "add the results to the model folder's model card"})
+    progress: bool = field(default=False, metadata={"help": "show encoding progress bars"})
+
+
+def evaluate_command(argv: list[str]) -> int:
+    """`retromae evaluate MODEL --beir-folder DIR [--split dev] [--tasks SciFact] [--output-dir OUT]`."""
+    from transformers import HfArgumentParser
+
+    from .cli import _configure_logging, _parse, _positional_to_flags
+
+    parser = HfArgumentParser(
+        EvaluateArguments, prog="retromae evaluate",
+        description="Evaluate a model with MTEB on local BEIR folders and/or registered retrieval tasks; writes "
+        "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).",
+    )
+    (args,) = _parse(parser, _positional_to_flags(argv, ["model"]))
+    _configure_logging()
+    output_dir = args.output_dir or str(Path("eval-results") / _mteb_model_name(args.model).split("/")[-1])
+    rows = evaluate_folder(
+        args.model,
+        beir_folders=args.beir_folder,
+        tasks=[t.strip() for t in (args.tasks or "").split(",") if t.strip()],
+        split=args.split,
+        output_dir=output_dir,
+        batch_size=args.batch_size,
+        search=args.search,
+        pooling=args.pooling,
+        on_missing=args.on_missing,
+        dataset_ids=[d.strip() for d in args.dataset_ids.split(",")] if args.dataset_ids else None,
+        model_name=args.model_name,
+        update_card=args.update_card,
+        show_progress_bar=args.progress,
+    )
+    print(summary_markdown(rows, args.model_name or _mteb_model_name(args.model)), end="", flush=True)
+    print(f"retromae: mteb results and summary written to {output_dir}", flush=True)
+    return 0

@@ -1,0 +1,295 @@
+"""`retromae publish`: validate a sentence-transformers folder, then upload it to the Hugging Face Hub.
+
+Validation (`validate_model_folder`), each failure a `PublishError` naming the file and the fix:
+
+* `modules.json` is present and well-formed, every module folder it names exists;
+* the Transformer module has `config.json`, weights as **safetensors** (`model.safetensors` or a sharded index;
+  pickle `*.bin` / `*.pt` files are refused, in every module folder) and tokenizer files;
+* remote code: a module type outside `sentence_transformers.*` must be `"<file>.<Class>"` with `<file>.py` at the
+  folder root, and so must every file it imports relatively (`from .x import ...`) and every `auto_map` entry of
+  config.json; a type naming an installed package (`retromae.modeling...`) is refused, since users do not have it;
+* the model card `README.md` exists, its YAML front matter parses (`huggingface_hub.ModelCard`), its `model-index`
+  (if any) yields evaluation results, and it contains no local path of this machine;
+* the folder actually loads: `SentenceTransformer(folder, trust_remote_code=<needed>)` and encodes a sentence to a
+  finite vector. A folder that would not load for users is never uploaded.
+
+Then `HfApi().create_repo(repo_id, exist_ok=True)` and `HfApi().upload_folder(...)`. The equivalent without our
+validation is the Hub CLI (huggingface_hub >= 1.0; `huggingface-cli` no longer exists)::
+
+    hf auth login
+    hf upload my-org/my-model ./my-model .
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi, ModelCard
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
+_RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+__all__ = ["PublishError", "ValidationReport", "publish", "publish_command", "validate_model_folder"]
+
+
+class PublishError(ValueError):
+    """The folder is not fit for upload (or the repo id is malformed); the message names the problem and the fix."""
+
+
+@dataclass
+class ValidationReport:
+    """What `validate_model_folder` found."""
+
+    folder: Path
+    needs_remote_code: bool
+    remote_code_files: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)
+    embedding_dim: int | None = None
+    card_metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PublishError(f"{what} is not valid JSON: {error}") from None
+
+
+def _check_modules(folder: Path) -> list[dict[str, Any]]:
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        raise PublishError(
+            f"{folder.name} has no modules.json: it is not a sentence-transformers folder (without it "
+            "sentence-transformers would guess mean pooling); export it with `retromae export` or save it with "
+            "SentenceTransformer.save"
+        )
+    modules = _read_json(modules_file, "modules.json")
+    if not isinstance(modules, list) or not modules or not all(
+        isinstance(m, dict) and isinstance(m.get("type"), str) and isinstance(m.get("path"), str) for m in modules
+    ):
+        raise PublishError('modules.json must be a non-empty list of {"idx", "name", "path", "type"} entries')
+    for module in modules:
+        if not (folder / module["path"]).is_dir():
+            raise PublishError(f"modules.json names module folder {module['path']!r}, which does not exist")
+    return modules
+
+
+def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
+    for module in modules:
+        module_dir = folder / module["path"]
+        pickles = sorted(p.name for p in module_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        where = module["path"] or "the folder root"
+        if pickles:
+            raise PublishError(
+                f"{where} holds pickle weights ({', '.join(pickles)}); publish safetensors only "
+                "(model.save_pretrained / SentenceTransformer.save write model.safetensors) and remove the pickles"
+            )
+        if module["type"].endswith("Transformer"):
+            if not (module_dir / "config.json").is_file():
+                raise PublishError(f"{where} has no config.json for the Transformer module")
+            _read_json(module_dir / "config.json", f"{where}/config.json")
+            index = module_dir / "model.safetensors.index.json"
+            if index.is_file():
+                shards = set(_read_json(index, "model.safetensors.index.json").get("weight_map", {}).values())
+                missing = sorted(s for s in shards if not (module_dir / s).is_file())
+                if missing:
+                    raise PublishError(f"weight shards listed in model.safetensors.index.json are missing: {missing}")
+            elif not (module_dir / "model.safetensors").is_file():
+                raise PublishError(f"{where} has no model.safetensors (the Transformer's weights)")
+            if not any((module_dir / name).is_file() for name in TOKENIZER_FILES):
+                raise PublishError(
+                    f"{where} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); save the tokenizer "
+                    "next to the weights (tokenizer.save_pretrained)"
+                )
+            if not (module_dir / "tokenizer_config.json").is_file():
+                raise PublishError(f"{where} has no tokenizer_config.json")
+
+
+def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]:
+    needed: list[str] = []
+    for module in modules:
+        type_name = module["type"]
+        if type_name.startswith("sentence_transformers."):
+            continue
+        stem, _, class_name = type_name.rpartition(".")
+        if not stem or "." in stem:
+            raise PublishError(
+                f"modules.json references {type_name!r}, a class of an installed package: users without that package "
+                f"cannot load the model. Put the module's file at the folder root and reference it as "
+                f"'<file>.<Class>' (for DupMAE: retromae.trainers.export_dupmae.save_dupmae_sentence_transformer)"
+            )
+        needed.append(f"{stem}.py")
+    config_file = folder / "config.json"
+    if config_file.is_file():
+        auto_map = _read_json(config_file, "config.json").get("auto_map") or {}
+        for reference in auto_map.values():
+            reference = reference[0] if isinstance(reference, list) else reference
+            if isinstance(reference, str) and "--" not in reference:  # "repo--file.Class" lives elsewhere
+                needed.append(reference.rsplit(".", 1)[0] + ".py")
+    checked: list[str] = []
+    queue = list(dict.fromkeys(needed))
+    while queue:
+        name = queue.pop(0)
+        if name in checked:
+            continue
+        path = folder / name
+        if not path.is_file():
+            raise PublishError(
+                f"remote code file {name} is missing from the folder root (referenced by modules.json / config.json or "
+                "imported by another remote-code file); copy it next to modules.json"
+            )
+        checked.append(name)
+        queue += [f"{m}.py" for m in _RELATIVE_IMPORT.findall(path.read_text(encoding="utf-8"))]
+    return checked
+
+
+def _check_card(folder: Path) -> dict[str, Any]:
+    readme = folder / "README.md"
+    if not readme.is_file():
+        raise PublishError(f"{folder.name} has no model card (README.md); `retromae finetune` / `retromae export` write one")
+    text = readme.read_text(encoding="utf-8")
+    if not text.startswith("---"):
+        raise PublishError("README.md has no YAML metadata block (--- ... ---) at the top")
+    try:
+        card = ModelCard(text)
+        metadata = card.data.to_dict()
+    except Exception as error:  # yaml errors, malformed model-index
+        raise PublishError(f"README.md metadata does not parse: {error}") from None
+    if not metadata.get("library_name"):
+        raise PublishError("README.md metadata has no library_name (sentence-transformers)")
+    if "model-index" in text and not card.data.eval_results:
+        raise PublishError("README.md has a model-index block without readable evaluation results")
+    for local in {str(folder.resolve()), str(folder.resolve().parent), str(Path.home())}:
+        if len(local) > 1 and local in text:
+            raise PublishError(f"README.md contains a local path ({local}); remove it before publishing")
+    return metadata
+
+
+def _check_loads(folder: Path, trust_remote_code: bool) -> int:
+    from sentence_transformers import SentenceTransformer
+
+    call = f"SentenceTransformer({folder.name!r}{', trust_remote_code=True' if trust_remote_code else ''})"
+    try:
+        model = SentenceTransformer(str(folder), trust_remote_code=trust_remote_code, device="cpu")
+        vector = model.encode_document(["A short test sentence."], convert_to_tensor=True, show_progress_bar=False)[0]
+    except Exception as error:  # anything that stops a user from loading it
+        message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise PublishError(f"the folder does not load with {call}: {type(error).__name__}: {message}") from None
+    if not bool(vector.float().isfinite().all()):
+        raise PublishError(f"{call} loads but encodes a test sentence to non-finite values")
+    return int(vector.numel())
+
+
+def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> ValidationReport:
+    """Check that `folder` is a complete, loadable sentence-transformers folder with a valid model card.
+
+    Args:
+        folder: the folder to publish.
+        load: also load it with `SentenceTransformer` and encode a sentence (the final, decisive check).
+
+    Raises:
+        PublishError: the first problem found.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PublishError(f"{folder} is not a folder")
+    modules = _check_modules(folder)
+    _check_weights(folder, modules)
+    remote_files = _check_remote_code(folder, modules)
+    needs_remote = any(not m["type"].startswith("sentence_transformers.") for m in modules)
+    metadata = _check_card(folder)
+    if needs_remote and "custom_code" not in (metadata.get("tags") or []):
+        logger.warning("README.md: the model needs trust_remote_code=True; consider the 'custom_code' tag")
+    report = ValidationReport(folder, needs_remote, remote_files, [m["type"] for m in modules], None, metadata)
+    if load:
+        report.embedding_dim = _check_loads(folder, needs_remote)
+    return report
+
+
+def publish(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    create_pr: bool = False,
+    dry_run: bool = False,
+) -> tuple[ValidationReport, Any]:
+    """Validate `folder`, then create the repo (if needed) and upload the folder with `HfApi().upload_folder`.
+
+    Returns:
+        `(report, commit_info)`; `commit_info` is None with `dry_run=True`.
+    """
+    if not _HUB_ID.match(repo_id) or ".." in repo_id:
+        raise PublishError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
+    report = validate_model_folder(folder)
+    if dry_run:
+        return report, None
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        commit_message=commit_message or f"Upload {Path(folder).name} with retromae publish",
+        create_pr=create_pr,
+        ignore_patterns=IGNORE_PATTERNS,
+    )
+    return report, commit
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishArguments:
+    folder: str = field(metadata={"help": "the sentence-transformers folder to upload (e.g. a retromae finetune output)"})
+    repo_id: str = field(metadata={"help": "Hub repository, owner/name (created if it does not exist)"})
+    private: bool = field(default=False, metadata={"help": "create the repository as private"})
+    revision: str | None = field(default=None, metadata={"help": "branch to upload to (default: main)"})
+    commit_message: str | None = field(default=None, metadata={"help": "commit message"})
+    create_pr: bool = field(default=False, metadata={"help": "open a pull request instead of committing to the branch"})
+    dry_run: bool = field(default=False, metadata={"help": "validate only; upload nothing"})
+
+
+def publish_command(argv: list[str]) -> int:
+    """`retromae publish FOLDER OWNER/NAME [--private] [--dry-run]` (alternative: `hf upload OWNER/NAME FOLDER .`)."""
+    from transformers import HfArgumentParser
+
+    from .cli import _configure_logging, _parse, _positional_to_flags
+
+    parser = HfArgumentParser(
+        PublishArguments, prog="retromae publish",
+        description="Validate a sentence-transformers folder (weights, config, tokenizer, modules.json, remote code, "
+        "model card, and that it loads), then upload it with huggingface_hub. Log in first with `hf auth login`. "
+        "Without validation: hf upload OWNER/NAME FOLDER .",
+    )
+    (args,) = _parse(parser, _positional_to_flags(argv, ["folder", "repo_id"]))
+    _configure_logging()
+    report, commit = publish(
+        args.folder, args.repo_id, private=args.private or None, revision=args.revision,
+        commit_message=args.commit_message, create_pr=args.create_pr, dry_run=args.dry_run,
+    )
+    remote = f", remote code: {', '.join(report.remote_code_files)}" if report.needs_remote_code else ""
+    print(f"retromae: {args.folder} is valid ({len(report.modules)} modules, embedding dimension "
+          f"{report.embedding_dim}{remote})", flush=True)
+    if commit is None:
+        print("retromae: --dry-run: nothing uploaded", flush=True)
+    else:
+        url = getattr(commit, "commit_url", None) or getattr(commit, "pr_url", None) or str(commit)
+        print(f"retromae: uploaded to https://huggingface.co/{args.repo_id} ({url})", flush=True)
+    return 0
+
