@@ -159,6 +159,14 @@ def read_corpus_texts(folder: Path, limit: int | None = None) -> list[str]:
     return texts
 
 
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in read_lines(path) if line.strip()]
+
+
 def make_quick_beir(out: Path) -> Path:
     """A small BEIR folder for --quick: a few train/dev queries, their positives + random documents."""
     folder = out / "scifact-mini"
@@ -167,7 +175,7 @@ def make_quick_beir(out: Path) -> Path:
     rng = random.Random(0)
 
     def qrels(split):
-        rows = [line.rstrip("\n").split("\t") for line in open(SCIFACT / "qrels" / f"{split}.tsv", encoding="utf-8")]
+        rows = [line.split("\t") for line in read_lines(SCIFACT / "qrels" / f"{split}.tsv")]
         return rows[0], rows[1:]
 
     header, train = qrels("train")
@@ -176,7 +184,7 @@ def make_quick_beir(out: Path) -> Path:
     for split, rows, n in (("train", train, QUICK_TRAIN_QUERIES), ("dev", dev, QUICK_DEV_QUERIES)):
         qids = sorted({r[0] for r in rows})[:n]
         keep[split] = [r for r in rows if r[0] in set(qids)]
-    docs = [json.loads(line) for line in open(SCIFACT / "corpus.jsonl", encoding="utf-8")]
+    docs = read_jsonl(SCIFACT / "corpus.jsonl")
     needed = {r[1] for rows in keep.values() for r in rows}
     others = [d for d in docs if d["_id"] not in needed]
     chosen = [d for d in docs if d["_id"] in needed] + rng.sample(others, QUICK_CORPUS - len(needed))
@@ -186,9 +194,9 @@ def make_quick_beir(out: Path) -> Path:
             fh.write(json.dumps(d) + "\n")
     qids = {r[0] for rows in keep.values() for r in rows}
     with open(folder / "queries.jsonl", "w", encoding="utf-8") as fh:
-        for line in open(SCIFACT / "queries.jsonl", encoding="utf-8"):
-            if json.loads(line)["_id"] in qids:
-                fh.write(line)
+        for line in read_lines(SCIFACT / "queries.jsonl"):
+            if line.strip() and json.loads(line)["_id"] in qids:
+                fh.write(line + "\n")
     for split, rows in keep.items():
         with open(folder / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as fh:
             fh.write("\t".join(header) + "\n" + "".join("\t".join(r) + "\n" for r in rows))
@@ -252,11 +260,11 @@ def pretrain(method: str, extra: list[str], corpus: Path, output: Path, cfg: dic
     return output
 
 
-def coverage(model_dir: Path, texts: list[str], cfg: dict) -> dict[str, float]:
+def coverage(model_dir: Path, texts: list[str], cfg: dict, projection: str = "embeddings") -> dict[str, float]:
     from retromae.trainers.coverage import input_token_coverage
 
     cov = input_token_coverage(str(model_dir), None, texts, ks=(10, 20, 50, 100), batch_size=16,
-                               max_seq_length=cfg["max_seq_length"], device="cpu")
+                               max_seq_length=cfg["max_seq_length"], device="cpu", projection=projection)
     return {str(k): round(v, 4) for k, v in cov.items()}
 
 
@@ -295,23 +303,21 @@ def bm25_reference(data: Path) -> dict:
     import bm25s
     import pytrec_eval
 
-    docs = [json.loads(line) for line in open(data / "corpus.jsonl", encoding="utf-8")]
+    docs = read_jsonl(data / "corpus.jsonl")
     ids = [d["_id"] for d in docs]
     texts = [(d.get("title", "") + " " + d.get("text", "")).strip() for d in docs]
     qrels: dict[str, dict[str, int]] = {}
-    for i, line in enumerate(open(data / "qrels" / "dev.tsv", encoding="utf-8")):
-        if i == 0:
-            continue
-        q, d, s = line.rstrip("\n").split("\t")
+    for line in read_lines(data / "qrels" / "dev.tsv")[1:]:
+        q, d, s = line.split("\t")
         qrels.setdefault(q, {})[d] = int(s)
-    queries = {json.loads(l)["_id"]: json.loads(l)["text"] for l in open(data / "queries.jsonl", encoding="utf-8")}
+    queries = {q["_id"]: q["text"] for q in read_jsonl(data / "queries.jsonl")}
     qids = [q for q in qrels if q in queries]
     retriever = bm25s.BM25(k1=1.5, b=0.75)
     retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
     k = min(100, len(ids))
     results, scores = retriever.retrieve(bm25s.tokenize([queries[q] for q in qids], stopwords="en",
                                                         show_progress=False), k=k, show_progress=False)
-    run = {q: {ids[int(j)]: float(s) for j, s in zip(results[i], scores[i])} for i, q in enumerate(qids)}
+    run = {q: {ids[int(j)]: float(s) for j, s in zip(results[i], scores[i], strict=True)} for i, q in enumerate(qids)}
     ev = pytrec_eval.RelevanceEvaluator({q: qrels[q] for q in qids}, {"ndcg_cut.10", "recall.100"})
     per = ev.evaluate(run)
     mrr = []
@@ -363,6 +369,7 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
     starts: dict[str, str] = {}  # variant -> fine-tuning starting point
     if arm == "none":
         starts["none"] = str(base_cls_view(out))
+        starts["none_meanpool"] = str(base_model_path())  # the shipped head: tells the head change from pre-training
         record["coverage"] = timed("coverage", lambda: coverage(base_model_path(), coverage_texts, cfg))
     else:
         method, extra = PRETRAIN[arm]
@@ -376,6 +383,7 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
         else:
             timed("pretrain", lambda: str(pretrain(method, extra, data / "corpus.jsonl", ckpt, cfg, seed0, logf)))
         record["coverage"] = timed("coverage", lambda: coverage(ckpt, coverage_texts, cfg))
+        record["coverage_lm_head"] = timed("coverage_lm_head", lambda: coverage(ckpt, coverage_texts, cfg, "lm_head"))
         if arm == "dupmae":
             def cls_export():
                 from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
@@ -390,15 +398,16 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
             starts["dupmae_cls"] = timed("export_cls", cls_export)
         else:
             starts[arm] = str(ckpt)
-    seeds = list(cfg["seed_list"]) + (list(cfg.get("spread_list", [])) if arm == "none" else [])
     variants = {}
     for variant, start in starts.items():
         per_seed = {}
-        for seed in seeds:
+        spread = list(cfg.get("spread_list", [])) if variant == "none" else []  # the seed spread: arm 1 only
+        for seed in [*cfg["seed_list"], *spread]:
             tag = f"{variant}-s{seed}"
             ft = arm_dir / f"finetuned-{tag}"
-            timed(f"finetune_{tag}", lambda: str(finetune(Path(start), data, ft, cfg, seed, logf)))
-            per_seed[str(seed)] = timed(f"evaluate_{tag}", lambda: evaluate(ft, data, arm_dir / f"eval-{tag}", cfg, tag))
+            timed(f"finetune_{tag}", lambda s=start, f=ft, n=seed: str(finetune(Path(s), data, f, cfg, n, logf)))
+            per_seed[str(seed)] = timed(f"evaluate_{tag}",
+                                        lambda f=ft, t=tag: evaluate(f, data, arm_dir / f"eval-{t}", cfg, t))
         variants[variant] = per_seed
     record["variants"] = variants
     record["phases"] = {k: v["seconds"] for k, v in phases.items()}
@@ -435,7 +444,7 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return m, (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
-LABELS = {"none": "1 none (base, CLS)", "mlm": "2 MLM-only", "retromae": "3 RetroMAE", "dupmae_cls": "4 DupMAE CLS-only",
+LABELS = {"none": "1 none (base, CLS)", "none_meanpool": "1b none, shipped head (mean, cosine)", "mlm": "2 MLM-only", "retromae": "3 RetroMAE", "dupmae_cls": "4 DupMAE CLS-only",
           "dupmae_hybrid": "4 DupMAE hybrid", "bow": "5 BoW", "seed": "6 SEED", "twostage": "7 two-stage (enwiki→SciFact)",
           "bm25": "BM25 (bm25s)", "minilm_shipped": "all-MiniLM-L6-v2 as shipped"}
 
@@ -452,12 +461,13 @@ def build_rows(records: dict, refs: dict, cfg: dict, base_cov: dict | None) -> l
             for m in ("ndcg_at_10", "mrr_at_10", "recall_at_100"):
                 mean, std = mean_std([per_seed[s][m] for s in main_seeds if s in per_seed])
                 metrics[m], metrics[m + "_std"] = mean, std
-            row = {"arm": variant, "label": LABELS[variant], **metrics, "coverage": rec.get("coverage"),
+            row = {"arm": variant, "pretraining_arm": arm, "label": LABELS[variant], **metrics, "coverage": rec.get("coverage"),
+                   "coverage_lm_head": rec.get("coverage_lm_head"),
                    "wall_s": rec["wall_s"], "seeds": {s: per_seed[s]["ndcg_at_10"] for s in per_seed}}
             rows.append(row)
     for ref in REFERENCES:
         if ref in refs:
-            rows.append({"arm": ref, "label": LABELS[ref], **refs[ref]["metrics"], "coverage": None,
+            rows.append({"arm": ref, "label": LABELS[ref], **refs[ref]["metrics"], "coverage": None, "coverage_lm_head": None,
                          "wall_s": refs[ref]["wall_s"], "seeds": {}})
     return rows
 
@@ -479,12 +489,13 @@ def markdown(rows, cfg, spread, base_cov, command, meta) -> str:
     def cov(c):
         return " / ".join(f"{c[k]:.3f}" for k in ("10", "20", "50", "100")) if c else "-"
 
-    lines = ["| arm | dev NDCG@10 | MRR@10 | Recall@100 | coverage@10/20/50/100 | seed NDCG@10 | wall (s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | dev NDCG@10 | MRR@10 | Recall@100 | coverage@10/20/50/100, LM head | coverage, Eᵀ | "
+             "seed NDCG@10 | wall (s) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seeds = ", ".join(f"{s}: {v:.4f}" for s, v in r["seeds"].items()) or "-"
         lines.append(f"| {r['label']} | {f(r['ndcg_at_10'], r.get('ndcg_at_10_std'))} | {f(r['mrr_at_10'])} | "
-                     f"{f(r['recall_at_100'])} | {cov(r['coverage'])} | {seeds} | {r['wall_s']:.0f} |")
+                     f"{f(r['recall_at_100'])} | {cov(r.get('coverage_lm_head'))} | {cov(r['coverage'])} | {seeds} | "
+                     f"{r['wall_s']:.0f} |")
     notes = [
         "",
         f"Command: `{command}`. Hardware: {meta['hardware']}. Total wall time of this invocation: {meta['wall_s']:.0f} s"
@@ -494,8 +505,12 @@ def markdown(rows, cfg, spread, base_cov, command, meta) -> str:
         f"{cfg['steps']} on SciFact); fine-tuning in-batch negatives only, 1 epoch over qrels/train.tsv, batch "
         f"{cfg['ft_batch_size']}, max length {cfg['ft_max_seq_length']} (queries are shorter), lr {cfg['ft_lr']}, "
         f"seeds {cfg['seed_list']}; evaluation on qrels/dev.tsv, length {cfg['eval_max_seq_length']}, exact search "
-        "(mteb). Coverage: input-token coverage of the pre-trained checkpoint's [CLS] on the first "
-        f"{cfg['coverage_docs']} SciFact documents (L {cfg['max_seq_length']}); base = {cov(base_cov)}.",
+        "(mteb). Coverage: input-token coverage@k of the pre-trained checkpoint's [CLS] (share of its top-k "
+        f"vocabulary tokens that occur in the input) on the first {cfg['coverage_docs']} SciFact documents (L "
+        f"{cfg['max_seq_length']}), projected through the checkpoint's trained MLM head (the BoW paper's figures) and "
+        f"through the bare word embeddings Eᵀ (its Algorithm 1; the only one the base has: {cov(base_cov)}). Every "
+        "pre-training arm starts from the same freshly initialised MLM head, so arm 2 (MLM-only) is the baseline "
+        "for the LM-head column.",
         "Arm 1 fine-tunes the base's BERT weights with CLS pooling + dot product, the same head as every pre-trained "
         "arm; all-MiniLM-L6-v2 as shipped (mean pooling + cosine) is the untouched reference. The base has no MLM "
         "head; our loader initialises it (tied to the word embeddings) for every pre-training arm. Arm 2 is "
@@ -536,6 +551,35 @@ def plot(rows, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def export_best_model(rows: list[dict], out: Path, data: Path, cfg: dict) -> dict | None:
+    """Copy the fine-tuned model of the best arm (dev NDCG@10, first seed; references excluded) to `out/best-model`
+    and put its dev results into its model card (`retromae evaluate --update-card`'s function)."""
+    from retromae.trainers.evaluate import update_model_card
+
+    candidates = [r for r in rows if r["arm"] not in REFERENCES]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda r: r["ndcg_at_10"])
+    seed = cfg["seed_list"][0]
+    source = out / best["pretraining_arm"] / f"finetuned-{best['arm']}-s{seed}"
+    summary = read_json(out / best["pretraining_arm"] / f"eval-{best['arm']}-s{seed}" / "summary_row.json")
+    target = out / "best-model"
+    tmp = out / ".best-model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, symlinks=False)
+    name = "scifact" if data == SCIFACT else data.name
+    info = read_json(tmp / "retromae_finetune.json")  # every arm starts from all-MiniLM-L6-v2 (a Hub model)
+    info.update(model_name=f"all-MiniLM-L6-v2-scifact-{best['arm'].replace('_', '-')}",
+                base_model="sentence-transformers/all-MiniLM-L6-v2")
+    write_json(tmp / "retromae_finetune.json", info)
+    update_model_card(tmp, [{"task": f"LocalBEIR-{name}", "dataset_id": f"local/{name}",
+                             "dataset_name": f"{name} (local BEIR)", "split": "dev", **summary}])
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    log(f"best arm {best['arm']}: {source} -> {target} (model card with its dev results)")
+    return {**best, "folder": target}
+
+
 # ---- main ------------------------------------------------------------------------------------------------------------
 
 
@@ -558,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-references", action="store_true", help="skip BM25 and the shipped model")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: build the table, JSON and plot from the arms already finished (partial runs)")
+    p.add_argument("--tag", help="a named variant of the experiment (e.g. a longer run): out dir "
+                               "out/scifact_experiment-TAG, results benchmarks/results/scifact_experiment-TAG.*")
     p.add_argument("--output-dir", help="default out/scifact_experiment (quick: out/scifact_experiment_quick)")
     args = p.parse_args(argv)
 
@@ -577,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(arms) - set(ARMS)
     if unknown:
         p.error(f"unknown arms {sorted(unknown)}; choose from {ARMS}")
-    out = ROOT / (args.output_dir or ("out/scifact_experiment_quick" if args.quick else "out/scifact_experiment"))
+    suffix = f"-{args.tag}" if args.tag else ""
+    out = ROOT / (args.output_dir or ("out/scifact_experiment_quick" if args.quick else f"out/scifact_experiment{suffix}"))
     out.mkdir(parents=True, exist_ok=True)
     if not (SCIFACT / "corpus.jsonl").is_file():
         print(f"SciFact not found at {SCIFACT}; nothing to do", file=sys.stderr)
@@ -627,15 +674,24 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"meta": meta, "settings": cfg, "arms": arms, "rows": rows, "records": records, "references": refs,
                "seed_spread_ndcg_at_10": spread, "base_coverage": base_cov, "failed_arms": failed}
     results_dir = out if args.quick or args.output_dir else RESULTS_DIR
-    stem = "scifact_experiment"
+    stem = f"scifact_experiment{suffix}"
     write_json(results_dir / f"{stem}.json", payload)
     (results_dir / f"{stem}.md").write_text(table, encoding="utf-8")
-    plot(rows, results_dir / "scifact_ndcg.png",
+    best = export_best_model(rows, out, data, cfg)
+    if best:
+        table += (f"\nBest arm on dev: {best['label']} (seed {cfg['seed_list'][0]}), exported "
+                  f"with its dev results in the model card to `{best['folder'].relative_to(ROOT)}` "
+                  f"(`retromae publish --folder {best['folder'].relative_to(ROOT)} --repo-id <your-org>/<name> --dry-run` checks it).\n")
+        (results_dir / f"{stem}.md").write_text(table, encoding="utf-8")
+        payload["best_model"] = {"arm": best["arm"], "folder": str(best["folder"].relative_to(ROOT))}
+        shutil.copyfile(best["folder"] / "README.md", results_dir / f"{stem}_best_model_card.md")  # for review
+        write_json(results_dir / f"{stem}.json", payload)
+    plot(rows, results_dir / f"scifact_ndcg{suffix}.png",
          f"SciFact dev NDCG@10 ({preset}: {cfg['steps']} pre-training steps, fine-tuning seeds {cfg['seed_list']})")
     if failed:
         table += "\nArms missing from this table (failed or not run yet; rerun the command to run them): " + "; ".join(f"{a}: {e}" for a, e in failed.items()) + "\n"
     print(table, flush=True)
-    log(f"results: {results_dir / (stem + '.json')}, .md, scifact_ndcg.png; {meta['wall_s']:.0f} s")
+    log(f"results: {results_dir / (stem + '.json')}, .md, scifact_ndcg{suffix}.png; {meta['wall_s']:.0f} s")
     return 0
 
 

@@ -7,7 +7,8 @@ Loaded as remote code from the root of an exported model (modules.json type ``"s
 Query or document? sentence-transformers 6.2 passes a `task` keyword to every module that lists it in
 `forward_kwargs`: `model.encode_query(...)` runs the modules with ``task="query"``, `model.encode_document(...)` with
 ``task="document"``, plain `model.encode(...)` with ``task=None`` (treated as a document, as sentence-transformers'
-own token-pooling modules do), and the trainer passes the column's task from `router_mapping`.
+own token-pooling modules do). Training losses call the model without the keyword and leave the column's task (from
+the trainer's `router_mapping`) in ``features["task"]``, which is read when the keyword is absent, as `Router` does.
 """
 
 import shutil
@@ -142,7 +143,7 @@ class DupMAEPooling(Module):
         raise ValueError(f"task={task!r}: DupMAEPooling knows 'query' and 'document' (None = 'document')")
 
     def forward(self, features: dict[str, Any], task: str | None = None, **kwargs) -> dict[str, Any]:
-        k = self.top_k_for(task)
+        k = self.top_k_for(task if task is not None else features.get("task"))
         token_embeddings = features["token_embeddings"]  # (B, L, H)
         attention_mask = features["attention_mask"]  # (B, L)
         parts = []

@@ -69,6 +69,38 @@ def test_pretraining_checkpoint_loads_its_encoder_by_prefix(tokenizer, tmp_path)
     assert from_dir == pytest.approx(from_module, abs=1e-9)
 
 
+def test_lm_head_projection_uses_the_trained_head(tokenizer, tmp_path):
+    """projection="lm_head" scores h through the checkpoint's own MLM head (by hand: model.vocab_logits path)."""
+    torch.manual_seed(0)
+    model = BoWForPretraining(BoWConfig(**tiny_bert_kwargs())).eval()
+    with torch.no_grad():  # a head bias that favours the texts' tokens: lm_head coverage > 0, bare Eᵀ's stays ~0
+        model.cls.predictions.bias[tokenizer(TEXTS[0])["input_ids"][1:-1]] = 20.0
+    model.save_pretrained(tmp_path / "bow")
+    tokenizer.save_pretrained(tmp_path / "bow")
+    ks = (1, 5, 10)
+    batch = tokenizer(TEXTS, padding=True, return_special_tokens_mask=True, return_tensors="pt")
+    ordinary = batch["attention_mask"].bool() & ~batch["special_tokens_mask"].bool()
+    in_input = torch.zeros(len(TEXTS), model.config.vocab_size, dtype=torch.bool)
+    for row, (ids, keep) in enumerate(zip(batch["input_ids"], ordinary, strict=True)):
+        in_input[row, ids[keep]] = True
+    with torch.no_grad():
+        h = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+        expected = coverage_at_k(model.cls(h), in_input, ks).mean(0).tolist()
+    from_dir = input_token_coverage(tmp_path / "bow", None, TEXTS, ks=ks, projection="lm_head")
+    from_module = input_token_coverage(model, tokenizer, TEXTS, ks=ks, projection="lm_head")
+    bare = input_token_coverage(tmp_path / "bow", None, TEXTS, ks=ks, projection="embeddings")
+    assert list(from_dir.values()) == pytest.approx(expected, abs=1e-6)
+    assert from_module == pytest.approx(from_dir, abs=1e-6)
+    assert from_dir[1] > 0.2 and from_dir[1] > bare[1]
+
+
+def test_lm_head_projection_needs_a_head(minilm_dir, tokenizer):
+    with pytest.raises(ValueError, match=r"no trained MLM head.*projection='embeddings'"):
+        input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="lm_head")
+    with pytest.raises(ValueError, match="projection="):
+        input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="mlm")
+
+
 def test_checkpoint_without_encoder_weights_is_refused(tmp_path):
     from safetensors.torch import save_file
 

@@ -363,6 +363,24 @@ def test_encode_without_task_is_document_and_query_top_k(exported):
         pooling.query_top_k = None
 
 
+def test_task_in_features_selects_query_top_k(exported):
+    """Training losses call the model without `task=`; the column's task then sits in features["task"]."""
+    _, model, _ = exported
+    pooling = model[1]
+    pooling.query_top_k = 5
+    try:
+        with torch.no_grad():
+            features = model.preprocess(QUERIES)
+            as_keyword = model(dict(features), task="query")["sentence_embedding"]
+            from_features = model({**features, "task": "query"})["sentence_embedding"]
+            as_document = model({**features, "task": "document"})["sentence_embedding"]
+        torch.testing.assert_close(from_features, as_keyword)
+        assert int((from_features[:, 16:] != 0).sum(1).max()) == 5
+        assert int((as_document[:, 16:] != 0).sum(1).max()) > 5
+    finally:
+        pooling.query_top_k = None
+
+
 def test_decode_lists_top_ot_tokens(exported, tokenizer):
     _, model, _ = exported
     pairs = decode(model, TEXTS[0], top_k=5)

@@ -288,6 +288,25 @@ def encode_once():
         yield calls
 
 
+SUBSET_DISTRACTORS = 800
+
+
+def _scifact_dev_subset(source, target):
+    """SciFact dev in BEIR layout with every dev positive plus the first SUBSET_DISTRACTORS other documents: the
+    same 200 queries at a fifth of the corpus, so the three-way equality below runs in a minute on 2 CPU cores."""
+    with open(source / "qrels" / "dev.tsv", encoding="utf-8") as f:
+        positives = {row[1] for row in list(csv.reader(f, delimiter="\t"))[1:]}
+    with open(source / "corpus.jsonl", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    kept = [line for line in lines if json.loads(line)["_id"] in positives]
+    kept += [line for line in lines if json.loads(line)["_id"] not in positives][:SUBSET_DISTRACTORS]
+    (target / "qrels").mkdir(parents=True)
+    (target / "corpus.jsonl").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    (target / "queries.jsonl").write_bytes((source / "queries.jsonl").read_bytes())
+    (target / "qrels" / "dev.tsv").write_bytes((source / "qrels" / "dev.tsv").read_bytes())
+    return target
+
+
 def _read_scifact_dev_directly(folder):
     """SciFact dev read with nothing but json/csv (independent of retromae's reader)."""
     with open(folder / "corpus.jsonl", encoding="utf-8") as f:
@@ -303,15 +322,16 @@ def _read_scifact_dev_directly(folder):
 
 @pytest.mark.slow
 def test_minilm_scifact_dev_equals_mteb(minilm_dir, shared_data, tmp_path, encode_once):
-    """all-MiniLM-L6-v2 as shipped (mean pooling + Normalize, cosine) on SciFact dev: `retromae evaluate` ==
-    `mteb.evaluate(SentenceTransformer(minilm), <local SciFact dev task>)`, and both == NDCG@10 by hand."""
+    """all-MiniLM-L6-v2 as shipped (mean pooling + Normalize, cosine) on SciFact dev (all 200 queries, a 1/5 corpus):
+    `retromae evaluate` == `mteb.evaluate(SentenceTransformer(minilm), <local SciFact dev task>)` == NDCG@10 by hand.
+    (On the full corpus this check gave 0.61088 three times; benchmarks/scifact_experiment.py reports that model.)"""
     import mteb
     from datasets import Dataset
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
     from mteb.abstasks.task_metadata import TaskMetadata
 
-    folder = shared_data / "scifact"
+    folder = _scifact_dev_subset(shared_data / "scifact", tmp_path / "scifact-dev-subset")
     ours = evaluate_folder(minilm_dir, beir_folders=[folder], split="dev", output_dir=tmp_path / "ours",
                            batch_size=64)[0]
 
@@ -349,4 +369,5 @@ def test_minilm_scifact_dev_equals_mteb(minilm_dir, shared_data, tmp_path, encod
     for key in ("mrr_at_10", "recall_at_100", "recall_at_1000"):
         assert ours[key] == direct[key]
     assert direct["ndcg_at_10"] == pytest.approx(by_hand, abs=1e-5)
-    assert 0.5 < ours["ndcg_at_10"] < 0.9  # a sane value for this model on SciFact
+    assert len(corpus) < 1200
+    assert 0.55 < ours["ndcg_at_10"] < 0.95  # a sane value for this model on SciFact dev with a smaller corpus

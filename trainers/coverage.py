@@ -10,10 +10,13 @@ is averaged over the texts. The paper uses it to show that enhanced decoding and
 lexicon into [CLS] (its Figures 2 and 4).
 
 Choices, documented:
-- Projection: the bare word-embedding matrix of eq. 11, not the MLM head (dense + GELU + LayerNorm + bias). Eq. 11
-  and Algorithm 2 write h · Eᵀ; the prose says "language model heads" but glosses them as "its embedding matrix Eᵀ".
-  The bare matrix also exists in every checkpoint: plain BertModel / sentence-transformers folders (e.g.
-  all-MiniLM-L6-v2) have no MLM head, so every model is measured the same way.
+- Projection, two choices (``projection=``): ``"embeddings"`` (default) is the bare word-embedding matrix of eq. 11
+  and Algorithm 2 (h · Eᵀ); it exists in every checkpoint (plain BertModel / sentence-transformers folders such as
+  all-MiniLM-L6-v2 have no MLM head), so every model is measured the same way. ``"lm_head"`` is the prose of §3.2 and
+  §5.2 ("projecting dense representations to the vocabulary space via the BERT language model heads"): the trained
+  MLM head (dense + GELU + LayerNorm, then Eᵀ + bias). Our BoW / DupMAE losses train h through that head, so only
+  ``"lm_head"`` sees what they taught; it needs a checkpoint that carries the head (`cls.predictions.*`: our
+  pre-training checkpoints, BertForMaskedLM / BertForPreTraining folders).
 - Denominator: k, the share of the top-k tokens that occur in the input (the paper's prose: "the ratio of the above
   tokens appearing in the tokenized input token set"). Algorithm 1's "/ Numbers of T" is ambiguous between T_topk
   and T; dividing by |T| would make the value grow with k for any model.
@@ -26,18 +29,23 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_KS", "coverage_at_k", "input_token_coverage", "load_encoder", "plot_coverage", "run_coverage"]
+__all__ = ["DEFAULT_KS", "PROJECTIONS", "coverage_at_k", "input_token_coverage", "load_encoder", "load_lm_head",
+           "plot_coverage", "run_coverage"]
 
 DEFAULT_KS = (10, 20, 50, 100)
+PROJECTIONS = ("embeddings", "lm_head")
+Projection = Literal["embeddings", "lm_head"]
+HEAD_PREFIX = "cls.predictions."
 
 
 def coverage_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
@@ -98,9 +106,56 @@ def load_encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
     return encoder
 
 
+def load_lm_head(model_or_path: str | os.PathLike | nn.Module, encoder: nn.Module) -> nn.Module:
+    """The trained MLM head of a checkpoint (transform + decoder tied to `encoder`'s word embeddings).
+
+    Raises:
+        ValueError: the checkpoint carries no MLM head (a plain BertModel or sentence-transformers folder).
+    """
+    from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+
+    if isinstance(model_or_path, nn.Module):
+        head = getattr(model_or_path, "cls", None)
+        if head is None:
+            raise ValueError(f"{type(model_or_path).__name__} has no MLM head (`cls`); use projection='embeddings'")
+        return head
+    from safetensors.torch import load_file
+
+    weights_file = Path(model_or_path) / "model.safetensors"
+    state = load_file(str(weights_file)) if weights_file.is_file() else {}
+    head_state = {k.removeprefix(HEAD_PREFIX): v for k, v in state.items() if k.startswith(HEAD_PREFIX)}
+    head_state.pop("decoder.weight", None)  # tied to the word embeddings below
+    if not any(k.startswith("transform.") for k in head_state):
+        raise ValueError(
+            f"{model_or_path} has no trained MLM head ({HEAD_PREFIX}transform.* not in {weights_file.name}); "
+            "projection='lm_head' needs a pre-training or masked-LM checkpoint, use projection='embeddings'"
+        )
+    head = BertOnlyMLMHead(encoder.config).predictions
+    head.decoder.weight = encoder.get_input_embeddings().weight
+    missing, unexpected = head.load_state_dict(head_state, strict=False)
+    missing = [k for k in missing if k not in ("decoder.weight", "decoder.bias")]
+    if missing or unexpected:
+        raise ValueError(f"{model_or_path}: MLM head weights do not match the encoder config (missing {missing}, "
+                         f"unexpected {unexpected})")
+    head.decoder.bias = head.bias  # tied as in BertForMaskedLM (a standalone head does not tie it itself)
+    return head
+
+
+def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """h (B, H) -> vocabulary scores (B, V) for `projection`."""
+    if projection == "embeddings":
+        embedding_matrix = encoder.get_input_embeddings().weight
+        return lambda h: h.float() @ embedding_matrix.float().t()  # h · Eᵀ
+    if projection == "lm_head":
+        head = load_lm_head(model_or_path, encoder).eval()
+        return lambda h: head.to(h.device)(h.to(next(head.parameters()).dtype)).float()
+    raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+
+
 @torch.no_grad()
 def _coverage_sums(
     encoder: nn.Module,
+    project: Callable[[torch.Tensor], torch.Tensor],
     tokenizer,
     texts: Sequence[str],
     ks: Sequence[int],
@@ -109,8 +164,7 @@ def _coverage_sums(
     device: torch.device,
 ) -> tuple[torch.Tensor, int]:
     """Sum over texts of coverage@k `(len(ks),)` and the number of texts scored."""
-    embedding_matrix = encoder.get_input_embeddings().weight.float()  # (V, H)
-    vocab_size = embedding_matrix.shape[0]
+    vocab_size = encoder.get_input_embeddings().weight.shape[0]
     totals = torch.zeros(len(ks), dtype=torch.float64)
     scored = 0
     for start in range(0, len(texts), batch_size):
@@ -128,7 +182,7 @@ def _coverage_sums(
         if int(input_ids.max()) >= vocab_size:
             raise ValueError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
-        scores = hidden[:, 0].float() @ embedding_matrix.t()  # (B, V): h · Eᵀ
+        scores = project(hidden[:, 0])  # (B, V)
         counts = torch.zeros(scores.shape, device=device)
         counts.scatter_add_(1, input_ids, ordinary.float())  # occurrences of each id among the ordinary tokens
         in_input = counts > 0  # (B, V)
@@ -157,6 +211,7 @@ def input_token_coverage(
     batch_size: int = 32,
     max_seq_length: int = 512,
     device: str | torch.device | None = None,
+    projection: Projection = "embeddings",
 ) -> dict[int, float]:
     """Mean input-token coverage@k of a model's [CLS] representations over `texts` (Algorithm 1, see module doc).
 
@@ -168,6 +223,7 @@ def input_token_coverage(
         batch_size: texts per forward pass.
         max_seq_length: truncation length in tokens (special tokens included).
         device: where to run; default the module's device, else CUDA when available.
+        projection: "embeddings" (h · Eᵀ) or "lm_head" (the checkpoint's trained MLM head); see the module doc.
 
     Returns:
         `{k: coverage@k}` in the order of `ks`, each in [0, 1].
@@ -177,7 +233,10 @@ def input_token_coverage(
         raise ValueError("no texts given")
     if batch_size < 1 or max_seq_length < 2:
         raise ValueError(f"batch_size={batch_size} must be >= 1 and max_seq_length={max_seq_length} >= 2")
+    if projection not in PROJECTIONS:
+        raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
     encoder = load_encoder(model_dir_or_model)
+    project = _projector(model_dir_or_model, encoder, projection)
     if tokenizer is None:
         if isinstance(model_dir_or_model, nn.Module):
             raise ValueError("tokenizer is required when a module is given")
@@ -196,7 +255,7 @@ def input_token_coverage(
     original_device = next(encoder.parameters()).device
     encoder.eval().to(device)
     try:
-        totals, scored = _coverage_sums(encoder, tokenizer, texts, ks, batch_size, max_seq_length, device)
+        totals, scored = _coverage_sums(encoder, project, tokenizer, texts, ks, batch_size, max_seq_length, device)
     finally:
         encoder.train(was_training)
         encoder.to(original_device)
@@ -273,6 +332,7 @@ def run_coverage(
     batch_size: int = 32,
     max_seq_length: int = 512,
     device: str | torch.device | None = None,
+    projection: Projection = "embeddings",
 ) -> dict[str, dict[int, float]]:
     """Coverage@k of several models on the same texts; writes `coverage.json` and `coverage.png` to `output_dir`.
 
@@ -281,7 +341,7 @@ def run_coverage(
         texts: the corpus texts (materialised once and shared by all models).
         tokenizer: one tokenizer for every model; None loads each model's own.
         output_dir: created if missing; both files are replaced atomically.
-        ks, batch_size, max_seq_length, device: as in `input_token_coverage`.
+        ks, batch_size, max_seq_length, device, projection: as in `input_token_coverage`.
 
     Returns:
         `{model: {k: coverage@k}}`.
@@ -297,14 +357,16 @@ def run_coverage(
     for name in names:
         logger.info("coverage: %s on %d texts", name, len(texts))
         results[name] = input_token_coverage(
-            name, tokenizer, texts, ks=ks, batch_size=batch_size, max_seq_length=max_seq_length, device=device
+            name, tokenizer, texts, ks=ks, batch_size=batch_size, max_seq_length=max_seq_length, device=device,
+            projection=projection,
         )
         logger.info("coverage: %s %s", name, {k: round(v, 4) for k, v in results[name].items()})
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         "metric": "input token coverage@k (Ma et al., 2024, Algorithm 1)",
-        "projection": "last-layer [CLS] state of the unmasked input times the word-embedding matrix transposed",
+        "projection": projection,
+        "representation": "last-layer [CLS] state of the unmasked input",
         "denominator": "k",
         "ks": list(ks),
         "num_texts": len(texts),
@@ -328,6 +390,11 @@ class CoverageArguments:
     max_seq_length: int = field(default=256, metadata={"help": "tokens per text"})
     batch_size: int = field(default=32, metadata={"help": "texts per forward pass"})
     output_dir: str = field(default="out/coverage", metadata={"help": "where coverage.json and coverage.png go"})
+    projection: str = field(
+        default="embeddings",
+        metadata={"help": "embeddings: h·Eᵀ (Algorithm 1, any model); lm_head: the checkpoint's trained MLM head "
+                  "(the paper's figures; needs a pre-training or masked-LM checkpoint)", "choices": list(PROJECTIONS)},
+    )
 
 
 def coverage_command(argv: list[str]) -> int:
@@ -349,7 +416,7 @@ def coverage_command(argv: list[str]) -> int:
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
     models = args.model or [_default_model_dir()]
     results = run_coverage(models, texts, output_dir=args.output_dir, max_seq_length=args.max_seq_length,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, projection=args.projection)
     width = max(len(m) for m in results)
     print(f"{'model':{width}s}  " + "  ".join(f"cov@{k:<4d}" for k in DEFAULT_KS))
     for name, by_k in results.items():
