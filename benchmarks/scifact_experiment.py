@@ -298,6 +298,25 @@ def evaluate(model_dir: Path, data: Path, out_dir: Path, cfg: dict, name: str) -
     return row
 
 
+def hybrid_score_parts(model_dir: Path, data: Path, cfg: dict, queries: int = 16, docs: int = 64) -> dict:
+    """The two terms of DupMAE's score (eq. 12) for the fine-tuned hybrid model: dense ĥq·ĥd and sparse Σ μq·μd,
+    over the first `queries` dev queries x the first `docs` corpus documents (mean and std of each term)."""
+    import torch
+    from retromae.trainers.finetune import load_encoder
+
+    model, _ = load_encoder(str(model_dir), max_seq_length=cfg["eval_max_seq_length"], work_dir=model_dir.parent,
+                            device="cpu")
+    dev_ids = [line.split("\t")[0] for line in read_lines(data / "qrels" / "dev.tsv")[1:]]
+    by_id = {q["_id"]: q["text"] for q in read_jsonl(data / "queries.jsonl")}
+    query_texts = [by_id[q] for q in dict.fromkeys(dev_ids)][:queries]
+    with torch.no_grad():
+        q = model.encode_query(query_texts, convert_to_tensor=True)
+        d = model.encode_document(read_corpus_texts(data, docs), convert_to_tensor=True)
+    dense_dim = model[1].dense_dim
+    parts = {"dense": q[:, :dense_dim] @ d[:, :dense_dim].T, "sparse": q[:, dense_dim:] @ d[:, dense_dim:].T}
+    return {name: {"mean": round(float(x.mean()), 2), "std": round(float(x.std()), 2)} for name, x in parts.items()}
+
+
 def bm25_reference(data: Path) -> dict:
     """bm25s (Lucene BM25, k1 1.5, b 0.75, English stopwords, no stemming) on the dev split; pytrec_eval metrics."""
     import bm25s
@@ -332,8 +351,12 @@ def bm25_reference(data: Path) -> dict:
 # ---- arms ------------------------------------------------------------------------------------------------------------
 
 
+PRETRAINING_ONLY = ("steps", "batch_size", "pretrain_lr", "enwiki_articles")  # arm 1 does not depend on these
+
+
 def settings_key(cfg: dict, data: Path, arm: str) -> str:
-    relevant = {k: cfg[k] for k in sorted(cfg) if k not in ("seeds", "spread_seeds")}
+    skip = ("seeds", "spread_seeds", *(PRETRAINING_ONLY if arm == "none" else ()))
+    relevant = {k: cfg[k] for k in sorted(cfg) if k not in skip}
     relevant.update(data=str(data), arm=arm, seeds=cfg["seed_list"], spread=cfg.get("spread_list", []) if arm == "none" else [])
     return hashlib.sha1(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -410,6 +433,10 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
                                         lambda f=ft, t=tag: evaluate(f, data, arm_dir / f"eval-{t}", cfg, t))
         variants[variant] = per_seed
     record["variants"] = variants
+    if arm == "dupmae":
+        tag = f"dupmae_hybrid-s{cfg['seed_list'][0]}"
+        record["hybrid_score_parts"] = timed(
+            "hybrid_score_parts", lambda: hybrid_score_parts(arm_dir / f"finetuned-{tag}", data, cfg))
     record["phases"] = {k: v["seconds"] for k, v in phases.items()}
     record["wall_s"] = round(sum(record["phases"].values()), 1)
     write_json(marker, record)
@@ -671,6 +698,11 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t_start, 1), "preset": preset, "command": command,
     }
     table = markdown(rows, cfg, spread, base_cov, command, meta)
+    parts = records.get("dupmae", {}).get("hybrid_score_parts")
+    if parts:
+        table += ("DupMAE hybrid, fine-tuned: the two terms of its score (eq. 12) over 16 dev queries x 64 documents: "
+                  f"dense {parts['dense']['mean']} ± {parts['dense']['std']}, sparse {parts['sparse']['mean']} ± "
+                  f"{parts['sparse']['std']}.\n")
     payload = {"meta": meta, "settings": cfg, "arms": arms, "rows": rows, "records": records, "references": refs,
                "seed_spread_ndcg_at_10": spread, "base_coverage": base_cov, "failed_arms": failed}
     results_dir = out if args.quick or args.output_dir else RESULTS_DIR

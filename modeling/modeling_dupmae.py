@@ -39,10 +39,19 @@ class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
 def ot_vector(head: BertOnlyMLMHead, hidden: torch.Tensor, keep: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """mu = max over the kept positions of the tied MLM head's logits `(batch_size, vocab_size)` (eq. 6-7).
 
-    The head's transform runs on `(B, L, H)`; the vocabulary projection + max runs chunked (`token_max_logits`).
+    The kept positions are first packed to the front of each row (stable, so ties still resolve to the earliest
+    position) and the sequence is cut to the longest row's count: in pre-training the encoder-masked positions and
+    the specials/padding never reach the head, so the OT projection costs ~0.7 L rows per sequence, not L. The head's
+    transform then runs on `(B, L_kept, H)`; the vocabulary projection + max runs chunked (`token_max_logits`).
     """
+    keep = keep.bool()
+    kept = int(keep.sum(dim=1).max()) if keep.numel() else 0
+    if 0 < kept < keep.shape[1]:
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :kept]  # (B, L_kept) kept first
+        hidden = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, L_kept, H)
+        keep = keep.gather(1, order)
     predictions = head.predictions
-    transformed = predictions.transform(hidden)  # (B, L, H)
+    transformed = predictions.transform(hidden)  # (B, L_kept, H)
     return token_max_logits(transformed, predictions.decoder.weight, predictions.decoder.bias, keep, chunk_size)
 
 

@@ -15,7 +15,7 @@ from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_dupmae import TABLE4_REPRESENTATIONS, DupMAEConfig
 from retromae.modeling.layers_dupmae import ordinary_token_mask, sparsify_top_k, token_max_logits
 from retromae.modeling.layers_retromae import bag_of_words_loss, bag_of_words_targets
-from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel, ot_vector
 from retromae.modeling.st_dupmae import DupMAEPooling, decode
 
 TEXTS = [
@@ -128,6 +128,38 @@ def test_chunked_mu_equals_naive_with_equal_gradients(chunk_size):
         torch.testing.assert_close(g_chunked, g_naive)
     with torch.no_grad():  # the inference path (no arg-max bookkeeping) gives the same mu
         torch.testing.assert_close(token_max_logits(*leaves, keep, chunk_size=chunk_size), mu_naive)
+
+
+def test_ot_vector_packs_kept_positions_without_changing_mu_or_gradients():
+    """ot_vector packs the kept positions to the front before the head; mu and every gradient equal the head run on
+    all positions followed by a masked max (rows with different kept counts, one with none)."""
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+
+    torch.manual_seed(0)
+    head = BertOnlyMLMHead(BertConfig(hidden_size=8, vocab_size=50)).double()
+    B, L = 4, 11
+    keep = torch.rand(B, L) > 0.4
+    keep[1] = False
+    keep[2, :] = False
+    keep[2, -1] = True  # the only kept position is the last one
+    hidden = torch.randn(B, L, 8, dtype=torch.float64)
+    grad_mu = torch.randn(B, 50, dtype=torch.float64)
+    results = []
+    for fn in (lambda h: naive_mu(head.predictions.transform(h), head.predictions.decoder.weight,
+                                  head.predictions.decoder.bias, keep),
+               lambda h: ot_vector(head, h, keep, chunk_size=5)):
+        head.zero_grad()
+        h = hidden.clone().requires_grad_()
+        mu = fn(h)
+        (mu * grad_mu).sum().backward()
+        results.append((mu.detach(), h.grad, [(n, p.grad.clone()) for n, p in head.named_parameters() if p.grad is not None]))
+    (mu_a, gh_a, gp_a), (mu_b, gh_b, gp_b) = results
+    torch.testing.assert_close(mu_b, mu_a)
+    torch.testing.assert_close(gh_b, gh_a)
+    assert [n for n, _ in gp_b] == [n for n, _ in gp_a] and len(gp_a) >= 5  # transform + decoder
+    for (_, a), (_, b) in zip(gp_a, gp_b, strict=True):
+        torch.testing.assert_close(b, a)
 
 
 def test_pretraining_bow_loss_matches_naive_computation(tokenizer):
