@@ -238,6 +238,10 @@ def test_coverage_command_writes_json_and_plot(tiny_bert, corpus, tmp_path, caps
     assert all(0.0 <= float(v) <= 1.0 for v in by_k.values())
     assert (out / "coverage.png").stat().st_size > 1000
     assert "cov@10" in capsys.readouterr().out
+    assert results["projection"] == "embeddings"
+    assert main(["coverage", "--model", str(tiny_bert), "--corpus", str(corpus), "--max-texts", "8",
+                 "--max-seq-length", "32", "--output-dir", str(out), "--projection", "lm_head"]) == 0
+    assert json.loads((out / "coverage.json").read_text())["projection"] == "lm_head"  # the BertForMaskedLM head
 
 
 def test_dupmae_pretrain_export_index_search(tiny_bert, corpus, tmp_path, capsys):
