@@ -167,6 +167,15 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in read_lines(path) if line.strip()]
 
 
+def read_qrels(data: Path, split: str) -> dict[str, dict[str, int]]:
+    """query id -> {document id: relevance} from qrels/SPLIT.tsv (header row skipped)."""
+    qrels: dict[str, dict[str, int]] = {}
+    for line in read_lines(data / "qrels" / f"{split}.tsv")[1:]:
+        query, doc, score = line.split("\t")
+        qrels.setdefault(query, {})[doc] = int(score)
+    return qrels
+
+
 def make_quick_beir(out: Path) -> Path:
     """A small BEIR folder for --quick: a few train/dev queries, their positives + random documents."""
     folder = out / "scifact-mini"
@@ -317,6 +326,52 @@ def hybrid_score_parts(model_dir: Path, data: Path, cfg: dict, queries: int = 16
     return {name: {"mean": round(float(x.mean()), 2), "std": round(float(x.std()), 2)} for name, x in parts.items()}
 
 
+SPARSE_WEIGHTS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # lambda grid for the saturated hybrid
+
+
+def pooling_config_file(model_dir: Path) -> Path:
+    """The config.json of a sentence-transformers folder's DupMAEPooling module."""
+    module = next(m for m in read_json(model_dir / "modules.json") if m["type"].endswith("DupMAEPooling"))
+    return model_dir / module["path"] / "config.json"
+
+
+def select_sparse_weight(model_dir: Path, data: Path, cfg: dict) -> dict:
+    """Choose lambda of the hybrid score dense + lambda * sparse on the TRAIN queries (qrels/train.tsv; dev is never
+    read) and write it into the model's pooling config: the corpus and the train queries are encoded once, every
+    lambda in SPARSE_WEIGHTS is scored from the two parts, the best train NDCG@10 wins."""
+    import pytrec_eval
+    import torch
+    from retromae.trainers.finetune import load_encoder
+
+    config_file = pooling_config_file(model_dir)
+    pooling = read_json(config_file)
+    model, _ = load_encoder(str(model_dir), max_seq_length=cfg["eval_max_seq_length"], work_dir=model_dir.parent,
+                            device="cpu")
+    qrels = read_qrels(data, "train")
+    by_id = {q["_id"]: q["text"] for q in read_jsonl(data / "queries.jsonl")}
+    qids = [q for q in qrels if q in by_id]
+    docs = read_jsonl(data / "corpus.jsonl")
+    with torch.no_grad():
+        q = model.encode_query([by_id[i] for i in qids], convert_to_tensor=True, batch_size=32)
+        d = model.encode_document([(x.get("title", "") + " " + x.get("text", "")).strip() for x in docs],
+                                  convert_to_tensor=True, batch_size=32)
+    dim, scale = pooling["dense_dim"], pooling["sparse_weight"]  # the stored sparse parts carry sqrt(scale)
+    dense = q[:, :dim] @ d[:, :dim].T
+    sparse = (q[:, dim:] @ d[:, dim:].T) / scale
+    ids = [x["_id"] for x in docs]
+    evaluator = pytrec_eval.RelevanceEvaluator({i: qrels[i] for i in qids}, {"ndcg_cut.10"})
+    by_weight = {}
+    for weight in SPARSE_WEIGHTS:
+        values, top = (dense + weight * sparse).topk(100, dim=1)
+        run = {qid: {ids[int(j)]: float(v) for j, v in zip(top[r], values[r], strict=True)} for r, qid in enumerate(qids)}
+        per_query = evaluator.evaluate(run).values()
+        by_weight[str(weight)] = round(sum(x["ndcg_cut_10"] for x in per_query) / len(qids), 4)
+    best = max(SPARSE_WEIGHTS, key=lambda w: by_weight[str(w)])
+    write_json(config_file, {**pooling, "sparse_weight": best})
+    log(f"sparse_weight on {len(qids)} train queries: {by_weight} -> {best}")
+    return {"sparse_weight": best, "train_ndcg_at_10": by_weight}
+
+
 def bm25_reference(data: Path) -> dict:
     """bm25s (Lucene BM25, k1 1.5, b 0.75, English stopwords, no stemming) on the dev split; pytrec_eval metrics."""
     import bm25s
@@ -325,10 +380,7 @@ def bm25_reference(data: Path) -> dict:
     docs = read_jsonl(data / "corpus.jsonl")
     ids = [d["_id"] for d in docs]
     texts = [(d.get("title", "") + " " + d.get("text", "")).strip() for d in docs]
-    qrels: dict[str, dict[str, int]] = {}
-    for line in read_lines(data / "qrels" / "dev.tsv")[1:]:
-        q, d, s = line.split("\t")
-        qrels.setdefault(q, {})[d] = int(s)
+    qrels = read_qrels(data, "dev")
     queries = {q["_id"]: q["text"] for q in read_jsonl(data / "queries.jsonl")}
     qids = [q for q in qrels if q in queries]
     retriever = bm25s.BM25(k1=1.5, b=0.75)
@@ -417,8 +469,19 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
                                                   dense_dim=hidden, max_seq_length=cfg["ft_max_seq_length"])
                 return str(target)
 
+            def saturated_export():
+                from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+
+                target = arm_dir / "export-hybrid-sat"
+                build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, ot_activation="log1p_relu",
+                                                  max_seq_length=cfg["ft_max_seq_length"])
+                return str(target)
+
             starts["dupmae_hybrid"] = str(ckpt)  # `retromae finetune` exports the checkpoint: the hybrid model
             starts["dupmae_cls"] = timed("export_cls", cls_export)
+            starts["dupmae_hybrid_sat"] = timed("export_hybrid_sat", saturated_export)
+            record["sparse_weight_before_finetuning"] = timed(
+                "select_sparse_weight", lambda: select_sparse_weight(arm_dir / "export-hybrid-sat", data, cfg))
         else:
             starts[arm] = str(ckpt)
     variants = {}
@@ -429,6 +492,9 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
             tag = f"{variant}-s{seed}"
             ft = arm_dir / f"finetuned-{tag}"
             timed(f"finetune_{tag}", lambda s=start, f=ft, n=seed: str(finetune(Path(s), data, f, cfg, n, logf)))
+            if variant == "dupmae_hybrid_sat":  # lambda again for the fine-tuned weights, still on train queries
+                record.setdefault("sparse_weight_after_finetuning", {})[str(seed)] = timed(
+                    f"select_sparse_weight_{tag}", lambda f=ft: select_sparse_weight(f, data, cfg))
             per_seed[str(seed)] = timed(f"evaluate_{tag}",
                                         lambda f=ft, t=tag: evaluate(f, data, arm_dir / f"eval-{t}", cfg, t))
         variants[variant] = per_seed
@@ -437,6 +503,9 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
         tag = f"dupmae_hybrid-s{cfg['seed_list'][0]}"
         record["hybrid_score_parts"] = timed(
             "hybrid_score_parts", lambda: hybrid_score_parts(arm_dir / f"finetuned-{tag}", data, cfg))
+        sat = f"dupmae_hybrid_sat-s{cfg['seed_list'][0]}"
+        record["hybrid_sat_score_parts"] = timed(
+            "hybrid_sat_score_parts", lambda: hybrid_score_parts(arm_dir / f"finetuned-{sat}", data, cfg))
     record["phases"] = {k: v["seconds"] for k, v in phases.items()}
     record["wall_s"] = round(sum(record["phases"].values()), 1)
     write_json(marker, record)
@@ -472,7 +541,8 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
 
 
 LABELS = {"none": "1 none (base, CLS)", "none_meanpool": "1b none, shipped head (mean, cosine)", "mlm": "2 MLM-only", "retromae": "3 RetroMAE", "dupmae_cls": "4 DupMAE CLS-only",
-          "dupmae_hybrid": "4 DupMAE hybrid", "bow": "5 BoW", "seed": "6 SEED", "twostage": "7 two-stage (enwiki→SciFact)",
+          "dupmae_hybrid": "4 DupMAE hybrid (paper: raw μ, λ 1)",
+          "dupmae_hybrid_sat": "4 DupMAE hybrid (log(1+relu μ), λ on train)", "bow": "5 BoW", "seed": "6 SEED", "twostage": "7 two-stage (enwiki→SciFact)",
           "bm25": "BM25 (bm25s)", "minilm_shipped": "all-MiniLM-L6-v2 as shipped"}
 
 
@@ -552,6 +622,25 @@ def markdown(rows, cfg, spread, base_cov, command, meta) -> str:
                      f"the largest difference between pre-training arms is {gap:.4f}, {verdict} that spread"
                      + (" -- the arms are not distinguishable at this budget." if gap < spread else "."))
     return "\n".join(lines + notes) + "\n"
+
+
+def dupmae_notes(record: dict) -> str:
+    """How the two DupMAE hybrids scored: the terms of eq. 12 and the lambda chosen on the train queries."""
+    lines = []
+    for key, name in (("hybrid_score_parts", "paper"), ("hybrid_sat_score_parts", "saturated")):
+        parts = record.get(key)
+        if parts:
+            lines.append(f"DupMAE hybrid ({name}), fine-tuned: the two terms of its score (eq. 12, sparse term x lambda) "
+                         f"over 16 dev queries x 64 documents: dense {parts['dense']['mean']} ± {parts['dense']['std']}, "
+                         f"sparse {parts['sparse']['mean']} ± {parts['sparse']['std']}.")
+    before = record.get("sparse_weight_before_finetuning")
+    if before:
+        after = "; ".join(f"seed {seed}: {sel['train_ndcg_at_10']} -> {sel['sparse_weight']}"
+                          for seed, sel in record.get("sparse_weight_after_finetuning", {}).items())
+        lines.append("Saturated hybrid: lambda chosen by train-query NDCG@10 (qrels/train.tsv against the whole corpus; dev unused) "
+                     f"before fine-tuning {before['train_ndcg_at_10']} -> {before['sparse_weight']}, and again after "
+                     f"it ({after}).")
+    return "".join(line + "\n" for line in lines)
 
 
 def plot(rows, path: Path, title: str) -> None:
@@ -698,11 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - t_start, 1), "preset": preset, "command": command,
     }
     table = markdown(rows, cfg, spread, base_cov, command, meta)
-    parts = records.get("dupmae", {}).get("hybrid_score_parts")
-    if parts:
-        table += ("DupMAE hybrid, fine-tuned: the two terms of its score (eq. 12) over 16 dev queries x 64 documents: "
-                  f"dense {parts['dense']['mean']} ± {parts['dense']['std']}, sparse {parts['sparse']['mean']} ± "
-                  f"{parts['sparse']['std']}.\n")
+    table += dupmae_notes(records.get("dupmae", {}))
     payload = {"meta": meta, "settings": cfg, "arms": arms, "rows": rows, "records": records, "references": refs,
                "seed_spread_ndcg_at_10": spread, "base_coverage": base_cov, "failed_arms": failed}
     results_dir = out if args.quick or args.output_dir else RESULTS_DIR

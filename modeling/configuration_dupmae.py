@@ -3,6 +3,7 @@
 from huggingface_hub.dataclasses import strict
 
 from .configuration_retromae import RetroMAEConfig, _check_choice
+from .layers_dupmae import OT_ACTIVATIONS
 
 REPRESENTATIONS = ("hybrid", "cls", "ot")
 
@@ -46,6 +47,10 @@ class DupMAEConfig(RetroMAEConfig):
             packed indices; our index stores int32 ids + float32 weights (8 bytes per entry).
         query_top_k: entries of mu kept for a query; None (default) keeps the full mu, as eq. 12 does
             (the score only reads the query at the document's top-k ids). Allowed None or 1..vocab_size.
+        ot_activation: the values of mu a representation uses: ``"none"`` (default) = the max-pooled logits as in
+            eq. 6-7; ``"log1p_relu"`` = SPLADE's saturation log(1 + relu(mu)). Pre-training is unaffected.
+        sparse_weight: lambda, the weight of the sparse term in eq. 12's score: dense . dense + lambda * sum mu_q mu_d
+            (default 1.0, the paper). The sparse part of each embedding is scaled by sqrt(lambda). Must be > 0.
         special_token_ids: ids of the tokenizer's special tokens ([CLS], [SEP], [PAD], [MASK], <s>, </s> ...),
             excluded from mu when encoding raw text (`DupMAEModel`). Set it from `tokenizer.all_special_ids`. When
             absent (None), the encoder falls back to excluding position 0 and the last real position of every row
@@ -65,6 +70,8 @@ class DupMAEConfig(RetroMAEConfig):
     dense_dim: int = 384
     doc_top_k: int = 384
     query_top_k: int | None = None
+    ot_activation: str = "none"
+    sparse_weight: float = 1.0
     special_token_ids: list[int] | None = None
 
     def validate_dupmae_fields(self) -> None:
@@ -89,6 +96,9 @@ class DupMAEConfig(RetroMAEConfig):
             raise ValueError(
                 f"query_top_k={self.query_top_k} must be None (full mu) or lie in [1, vocab_size={self.vocab_size}]"
             )
+        _check_choice("ot_activation", self.ot_activation, OT_ACTIVATIONS)
+        if not self.sparse_weight > 0:
+            raise ValueError(f"sparse_weight={self.sparse_weight} must be > 0 (1.0 = the paper's eq. 12)")
         if self.special_token_ids is not None:
             bad = [i for i in self.special_token_ids if not 0 <= i < self.vocab_size]
             if bad:

@@ -5,6 +5,7 @@ beside `st_dupmae.py` at the root of an exported model).
 - `ordinary_token_mask`: which positions are ordinary tokens (not special, not padding).
 - `token_max_logits`: mu = max over ordinary tokens of the vocabulary logits (DupMAE eq. 6-7), computed in
   sequence chunks so no (batch, seq_len, vocab_size) logits tensor is ever alive, with an exact chunked backward.
+- `activate_ot`: the values a representation uses: mu itself (eq. 6-7) or SPLADE's saturation log(1 + relu(mu)).
 - `sparsify_top_k`: keep the k largest entries of mu per row (eq. 11).
 """
 
@@ -145,6 +146,24 @@ def ordinary_token_mask(
     return real & (positions > 0) & (positions != last_real)
 
 
+OT_ACTIVATIONS = ("none", "log1p_relu")
+
+
+def activate_ot(mu: torch.Tensor, activation: str) -> torch.Tensor:
+    """The OT vector a representation uses, from mu `(batch_size, vocab_size)`.
+
+    ``"none"`` is the paper's mu (eq. 6-7). ``"log1p_relu"`` is SPLADE's saturation log(1 + relu(mu)), the sparse
+    code the DupMAE authors point to (staoxiao/RetroMAE issue #29). Raw max-pooled logits are mostly positive, so the
+    sparse term of eq. 12 is a large sum whose spread across documents dwarfs the dense term; saturation shrinks it
+    and zeroes the negative entries. Pre-training's bag-of-words loss always reads the raw logits.
+    """
+    if activation == "none":
+        return mu
+    if activation == "log1p_relu":
+        return torch.log1p(torch.relu(mu))
+    raise ValueError(f"ot_activation={activation!r} is not supported; choose one of {OT_ACTIVATIONS}")
+
+
 def sparsify_top_k(mu: torch.Tensor, k: int | None) -> torch.Tensor:
     """Keep the `k` largest entries of each row of `mu` `(batch_size, vocab_size)`, zero the rest (eq. 11).
 
@@ -156,4 +175,4 @@ def sparsify_top_k(mu: torch.Tensor, k: int | None) -> torch.Tensor:
     return torch.zeros_like(mu).scatter(-1, indices, values)
 
 
-__all__ = ["ordinary_token_mask", "sparsify_top_k", "token_max_logits"]
+__all__ = ["OT_ACTIVATIONS", "activate_ot", "ordinary_token_mask", "sparsify_top_k", "token_max_logits"]

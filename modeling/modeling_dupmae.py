@@ -13,7 +13,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAtte
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
 from .configuration_dupmae import DupMAEConfig
-from .layers_dupmae import ordinary_token_mask, sparsify_top_k, token_max_logits
+from .layers_dupmae import activate_ot, ordinary_token_mask, sparsify_top_k, token_max_logits
 from .layers_retromae import bag_of_words_loss, bag_of_words_targets
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
 from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
@@ -29,7 +29,8 @@ class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
         dense_embedding: `(batch_size, dense_dim)` the dense part: W^cls h (paper eq. 10) for
             ``representation="hybrid"``, h itself for ``"cls"``, None for ``"ot"``.
         ot_embedding: `(batch_size, vocab_size)` mu, the full (not yet sparsified) OT vector over the ordinary tokens
-            of the unmasked input (eq. 6-7); None for ``representation="cls"``. `sparsify_top_k(mu, k)` gives eq. 11.
+            of the unmasked input (eq. 6-7) after `config.ot_activation`; None for ``representation="cls"``.
+            `sparsify_top_k(mu, k)` gives eq. 11.
     """
 
     dense_embedding: torch.Tensor | None = None
@@ -125,7 +126,7 @@ class DupMAEModel(ClsEncoderModel):
             if attention_mask is None:
                 attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
             keep = ordinary_token_mask(input_ids, attention_mask, self.config.special_token_ids)  # (B, L)
-            mu = ot_vector(self.cls, hidden, keep, self.config.loss_chunk_size)  # (B, V)
+            mu = activate_ot(ot_vector(self.cls, hidden, keep, self.config.loss_chunk_size), self.config.ot_activation)
         return DupMAEModelOutput(
             last_hidden_state=hidden,
             pooler_output=h,
@@ -138,15 +139,16 @@ class DupMAEModel(ClsEncoderModel):
     def hybrid_embedding(self, output: DupMAEModelOutput, task: str = "document") -> torch.Tensor:
         """[dense ; sparsified mu] `(batch_size, dense_dim + vocab_size)` (fewer columns for "cls"/"ot").
 
-        Documents keep `config.doc_top_k` entries of mu, queries `config.query_top_k` (None = all). The dot product
-        of a query's and a document's hybrid embedding is the paper's eq. 12 score.
+        Documents keep `config.doc_top_k` entries of mu, queries `config.query_top_k` (None = all); the sparse part
+        is scaled by sqrt(`config.sparse_weight`). The dot product of a query's and a document's hybrid embedding is
+        the paper's eq. 12 score (with lambda * the sparse term).
         """
         if task not in ("query", "document"):
             raise ValueError(f"task={task!r} must be 'query' or 'document'")
         parts = [] if output.dense_embedding is None else [output.dense_embedding]
         if output.ot_embedding is not None:
             k = self.config.doc_top_k if task == "document" else self.config.query_top_k
-            parts.append(sparsify_top_k(output.ot_embedding, k))
+            parts.append(sparsify_top_k(output.ot_embedding, k) * self.config.sparse_weight**0.5)
         return torch.cat(parts, dim=-1)
 
 

@@ -20,7 +20,7 @@ from sentence_transformers.base.modules import Module
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .layers_dupmae import ordinary_token_mask, token_max_logits
+from .layers_dupmae import OT_ACTIVATIONS, activate_ot, ordinary_token_mask, token_max_logits
 
 REPRESENTATIONS = ("hybrid", "cls", "ot")
 
@@ -45,14 +45,14 @@ class DupMAEPooling(Module):
         ``dense_embedding`` `(batch_size, dense_dim)`: W^cls h (eq. 10), h = token_embeddings[:, 0] (BERT's [CLS],
             right padding); h itself for ``representation="cls"``; absent for ``"ot"``.
         ``ot_embedding`` `(batch_size, vocab_size)`: the full mu, MLM-head logits max-pooled over ordinary tokens
-            (eq. 6-7; special tokens by `special_token_ids`, padding by the attention mask).
-        ``sparse_embedding`` `(batch_size, vocab_size)`: mu with all but its top-k entries zeroed (eq. 11):
-            k = `doc_top_k` for documents, `query_top_k` for queries (None = the full mu, as eq. 12).
+            (eq. 6-7; special tokens by `special_token_ids`, padding by the attention mask), after `ot_activation`.
+        ``sparse_embedding`` `(batch_size, vocab_size)`: sqrt(`sparse_weight`) * mu with all but its top-k entries
+            zeroed (eq. 11): k = `doc_top_k` for documents, `query_top_k` for queries (None = the full mu, as eq. 12).
         ``sparse_indices`` / ``sparse_values`` `(batch_size, k)`: the kept entries (documents, and queries with a
-            `query_top_k`) -- what an index stores.
+            `query_top_k`), weighted as in ``sparse_embedding`` -- what an index stores.
         ``sentence_embedding`` `(batch_size, dense_dim + vocab_size)`: concat of the dense and sparse parts, so with
             ``similarity_fn_name="dot"``, `encode_query(q) @ encode_document(d).T` is eq. 12:
-            h_q . h_d + sum_{i in top-k(d)} mu_q[i] mu_d[i].
+            h_q . h_d + lambda * sum_{i in top-k(d)} mu_q[i] mu_d[i] (lambda = `sparse_weight`, the paper's 1).
 
     Weights: `dense_proj` (the fine-tuned W^cls) and a copy of the MLM head (`transform.*`, `decoder_weight`
     `(vocab_size, hidden_size)` = the word embeddings, `decoder_bias`), stored in this module's folder as
@@ -66,6 +66,8 @@ class DupMAEPooling(Module):
         query_top_k: k for queries; None keeps the full mu.
         special_token_ids: the tokenizer's special ids; None = exclude the first and last real position.
         representation: ``"hybrid"`` (default), ``"cls"`` (dense [CLS] only, no projection) or ``"ot"`` (sparse only).
+        ot_activation: ``"none"`` (the paper's mu) or ``"log1p_relu"`` (SPLADE's saturation; `activate_ot`).
+        sparse_weight: lambda > 0, the weight of the sparse term of the score (1.0 = the paper).
         hidden_act / layer_norm_eps: the MLM-head transform's activation and LayerNorm epsilon.
         chunk_size: logits rows per chunk when computing mu.
     """
@@ -78,6 +80,8 @@ class DupMAEPooling(Module):
         "query_top_k",
         "special_token_ids",
         "representation",
+        "ot_activation",
+        "sparse_weight",
         "hidden_act",
         "layer_norm_eps",
         "chunk_size",
@@ -93,6 +97,8 @@ class DupMAEPooling(Module):
         query_top_k: int | None = None,
         special_token_ids: list[int] | None = None,
         representation: str = "hybrid",
+        ot_activation: str = "none",
+        sparse_weight: float = 1.0,
         hidden_act: str = "gelu",
         layer_norm_eps: float = 1e-12,
         chunk_size: int = 4096,
@@ -110,6 +116,10 @@ class DupMAEPooling(Module):
             raise ValueError(f"query_top_k={query_top_k} must be None (full mu) or lie in [1, vocab_size={vocab_size}]")
         if chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        if ot_activation not in OT_ACTIVATIONS:
+            raise ValueError(f"ot_activation={ot_activation!r} is not supported; choose one of {OT_ACTIVATIONS}")
+        if not sparse_weight > 0:
+            raise ValueError(f"sparse_weight={sparse_weight} must be > 0 (1.0 = the paper's eq. 12)")
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.dense_dim = dense_dim
@@ -117,6 +127,8 @@ class DupMAEPooling(Module):
         self.query_top_k = query_top_k
         self.special_token_ids = sorted(set(special_token_ids)) if special_token_ids is not None else None
         self.representation = representation
+        self.ot_activation = ot_activation
+        self.sparse_weight = sparse_weight
         self.hidden_act = hidden_act
         self.layer_norm_eps = layer_norm_eps
         self.chunk_size = chunk_size
@@ -154,14 +166,17 @@ class DupMAEPooling(Module):
             parts.append(dense)
         if self.has_sparse:
             keep = ordinary_token_mask(features.get("input_ids"), attention_mask, self.special_token_ids)  # (B, L)
-            mu = token_max_logits(
+            logits = token_max_logits(
                 self.transform(token_embeddings), self.decoder_weight, self.decoder_bias, keep, self.chunk_size
             )  # (B, V)
+            mu = activate_ot(logits, self.ot_activation)
             features["ot_embedding"] = mu
+            scale = self.sparse_weight**0.5
             if k is None or k >= self.vocab_size:
-                sparse = mu
+                sparse = mu * scale
             else:
                 values, indices = mu.topk(k, dim=-1)  # (B, k), the kept entries
+                values = values * scale
                 sparse = torch.zeros_like(mu).scatter(-1, indices, values)  # (B, V)
                 features["sparse_indices"] = indices
                 features["sparse_values"] = values

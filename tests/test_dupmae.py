@@ -67,6 +67,8 @@ def make_batch(tokenizer, texts=TEXTS, mask_every: int = 4, seed: int = 0) -> di
         (dict(representation="mean"), "representation"),
         (dict(representation="cls", dense_dim=16), "representation='cls'"),
         (dict(special_token_ids=[101, 40000]), "special_token_ids"),
+        (dict(ot_activation="relu"), "ot_activation"),
+        (dict(sparse_weight=0.0), "sparse_weight"),
     ],
 )
 def test_config_rejects_bad_values(overrides, field):
@@ -379,6 +381,35 @@ def test_export_similarity_equals_eq12(exported, tokenizer):
     # documents keep exactly k entries, queries the full mu
     assert int((d[:, 16:] != 0).sum(1).max()) == 8
     assert int((q[:, 16:] != 0).sum(1).min()) > 8
+
+
+def test_saturated_weighted_export_equals_weighted_eq12(exported, tokenizer, tmp_path):
+    """ot_activation="log1p_relu" + sparse_weight=lambda: score = dense + lambda * sum over I_d of sat(mu_q) sat(mu_d),
+    with I_d the top-k of the saturated document vector, in the export and in `DupMAEModel` alike."""
+    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+
+    encoder, _, _ = exported
+    model = build_dupmae_sentence_transformer(
+        encoder, tokenizer, tmp_path / "sat", max_seq_length=64, ot_activation="log1p_relu", sparse_weight=0.25
+    )
+    q = model.encode_query(QUERIES, convert_to_tensor=True)
+    d = model.encode_document(TEXTS, convert_to_tensor=True)
+    with torch.no_grad():
+        qo = encoder(**tokenizer(QUERIES, padding=True, return_tensors="pt"))
+        do = encoder(**tokenizer(TEXTS, padding=True, return_tensors="pt"))
+    assert do.ot_embedding.min() < 0  # the raw mu has negative entries for saturation to zero
+    sat_q, sat_d = torch.log1p(do.ot_embedding.new_tensor(qo.ot_embedding).relu()), torch.log1p(do.ot_embedding.relu())
+    top_k = sat_d.topk(8, dim=-1).indices
+    expected = qo.dense_embedding @ do.dense_embedding.T + 0.25 * torch.stack(
+        [(sat_q[:, top_k[j]] * sat_d[j, top_k[j]]).sum(-1) for j in range(len(TEXTS))], dim=1
+    )
+    torch.testing.assert_close(model.similarity(q, d), expected, atol=1e-5, rtol=1e-6)
+    assert "log1p_relu" in (tmp_path / "sat" / "README.md").read_text()  # the card states the representation
+    twin = DupMAEModel(tiny_config(tokenizer, ot_activation="log1p_relu", sparse_weight=0.25)).eval()
+    twin.load_state_dict(encoder.state_dict())
+    with torch.no_grad():
+        out = twin(**tokenizer(TEXTS, padding=True, return_tensors="pt"))
+    torch.testing.assert_close(twin.hybrid_embedding(out, "document"), d, atol=1e-5, rtol=1e-6)
 
 
 def test_encode_without_task_is_document_and_query_top_k(exported):

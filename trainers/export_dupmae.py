@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 MODULE_TYPE = "st_dupmae.DupMAEPooling"
 REMOTE_CODE_FILES = ("st_dupmae.py", "layers_dupmae.py")
 # representation fields a caller may override at export time (validated by DupMAEPooling)
-REPRESENTATION_FIELDS = ("representation", "dense_dim", "doc_top_k", "query_top_k")
+REPRESENTATION_FIELDS = ("representation", "dense_dim", "doc_top_k", "query_top_k", "ot_activation", "sparse_weight")
 DEFAULT_MAX_SEQ_LENGTH = 512
 DUPMAE_CARD_SECTION = """
 ## DupMAE hybrid representation
@@ -58,7 +58,8 @@ This model's embedding is DupMAE's hybrid representation (paper §3.4), built by
 the [CLS] state projected to {dense_dim} dimensions, concatenated with the {vocab_size}-dimensional ordinary-token
 vector mu (the MLM-head logits max-pooled over the non-special tokens). Documents keep the top-{doc_top_k} entries
 of mu, queries keep the full mu, so the dot product of `encode_query` and `encode_document` outputs is eq. 12:
-dense . dense + sum over the document's top-k ids of mu_q * mu_d. Representation: `{representation}`.
+dense . dense + lambda * sum over the document's top-k ids of mu_q * mu_d. Representation: `{representation}`;
+mu values: `{ot_activation}` (`log1p_relu` = SPLADE's log(1 + relu(mu))); lambda (`sparse_weight`): {sparse_weight}.
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -96,6 +97,8 @@ def build_dupmae_pooling(
         query_top_k=config.get("query_top_k"),
         special_token_ids=special_token_ids,
         representation=config.get("representation", "hybrid"),
+        ot_activation=config.get("ot_activation", "none"),
+        sparse_weight=config.get("sparse_weight", 1.0),
         hidden_act=config.get("hidden_act", "gelu"),
         layer_norm_eps=config.get("layer_norm_eps", 1e-12),
         chunk_size=config.get("loss_chunk_size", 4096),
