@@ -281,7 +281,7 @@ def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: 
     if (output / "modules.json").is_file() and (output / ".finetune_done").is_file():
         return output
     args = [str(start), str(data), "--output_dir", str(output), "--overwrite", "--stages", "in-batch",
-            "--num_train_epochs", "1", "--per_device_train_batch_size", str(cfg["ft_batch_size"]),
+            "--num_train_epochs", str(cfg["ft_epochs"]), "--per_device_train_batch_size", str(cfg["ft_batch_size"]),
             "--max_seq_length", str(cfg["ft_max_seq_length"]), "--learning_rate", str(cfg["ft_lr"]),
             "--seed", str(seed), "--report_to", "none", "--disable_tqdm", "true", "--work_dir",
             str(output.parent / f"{output.name}.work")]
@@ -404,10 +404,12 @@ def bm25_reference(data: Path) -> dict:
 
 
 PRETRAINING_ONLY = ("steps", "batch_size", "pretrain_lr", "enwiki_articles")  # arm 1 does not depend on these
+LATER_SETTINGS = {"ft_epochs": 1}  # added after runs were cached: at these defaults they leave an arm's key as it was
 
 
 def settings_key(cfg: dict, data: Path, arm: str) -> str:
-    skip = ("seeds", "spread_seeds", *(PRETRAINING_ONLY if arm == "none" else ()))
+    skip = ("seeds", "spread_seeds", *(PRETRAINING_ONLY if arm == "none" else ()),
+            *(k for k, default in LATER_SETTINGS.items() if cfg.get(k) == default))
     relevant = {k: cfg[k] for k in sorted(cfg) if k not in skip}
     relevant.update(data=str(data), arm=arm, seeds=cfg["seed_list"], spread=cfg.get("spread_list", []) if arm == "none" else [])
     return hashlib.sha1(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]
@@ -599,7 +601,7 @@ def markdown(rows, cfg, spread, base_cov, command, meta) -> str:
         " (cached arms count their original time in the table).",
         f"Settings: pre-training {cfg['steps']} steps, batch {cfg['batch_size']}, L {cfg['max_seq_length']}, lr "
         f"{cfg['pretrain_lr']} (two-stage: {cfg['steps']} steps on {cfg['enwiki_articles']} enwiki articles + "
-        f"{cfg['steps']} on SciFact); fine-tuning in-batch negatives only, 1 epoch over qrels/train.tsv, batch "
+        f"{cfg['steps']} on SciFact); fine-tuning in-batch negatives only, {cfg['ft_epochs']} epoch(s) over qrels/train.tsv, batch "
         f"{cfg['ft_batch_size']}, max length {cfg['ft_max_seq_length']} (queries are shorter), lr {cfg['ft_lr']}, "
         f"seeds {cfg['seed_list']}; evaluation on qrels/dev.tsv, length {cfg['eval_max_seq_length']}, exact search "
         "(mteb). Coverage: input-token coverage@k of the pre-trained checkpoint's [CLS] (share of its top-k "
@@ -657,7 +659,10 @@ def plot(rows, path: Path, title: str) -> None:
     ax.barh(labels[::-1], values[::-1], xerr=errs[::-1], color=colors[::-1])
     for i, v in enumerate(values[::-1]):
         ax.text(v + 0.005, i, f"{v:.3f}", va="center", fontsize=8)
-    ax.set_xlabel("SciFact dev NDCG@10")
+    baseline = next((r["ndcg_at_10"] for r in rows if r["arm"] == "none"), None)
+    if baseline is not None:  # what every pre-training arm has to beat
+        ax.axvline(baseline, ls="--", lw=0.8, color="#444444")
+    ax.set_xlabel("SciFact dev NDCG@10 (dashed: arm 1, no further pre-training)")
     ax.set_title(title, fontsize=10)
     ax.set_xlim(0, max(values) * 1.15 if values else 1)
     fig.tight_layout()
@@ -709,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-length", type=int, help="pre-training length (and coverage length)")
     p.add_argument("--batch-size", type=int, help="pre-training batch size")
     p.add_argument("--ft-batch-size", type=int)
+    p.add_argument("--ft-epochs", type=int, help="fine-tuning epochs over qrels/train.tsv (default 1)")
     p.add_argument("--ft-max-seq-length", type=int)
     p.add_argument("--eval-max-seq-length", type=int)
     p.add_argument("--coverage-docs", type=int)
@@ -727,7 +733,8 @@ def main(argv: list[str] | None = None) -> int:
 
     preset = "quick" if args.quick else args.scale
     cfg = dict(PRESETS[preset])
-    for name in ("steps", "max_seq_length", "batch_size", "ft_batch_size", "ft_max_seq_length",
+    cfg.setdefault("ft_epochs", 1)
+    for name in ("steps", "max_seq_length", "batch_size", "ft_batch_size", "ft_epochs", "ft_max_seq_length",
                  "eval_max_seq_length", "coverage_docs", "seeds", "spread_seeds"):
         value = getattr(args, name)
         if value is not None:
