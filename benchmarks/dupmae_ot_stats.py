@@ -23,15 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scifact_experiment as experiment  # noqa: E402
 
 
-def ndcg_at_10(scores, qids: list[str], doc_ids: list[str], qrels: dict[str, dict[str, int]]) -> float:
-    import pytrec_eval
-
-    values, top = scores.topk(min(100, scores.shape[1]), dim=1)
-    run = {q: {doc_ids[int(j)]: float(v) for j, v in zip(top[r], values[r], strict=True)} for r, q in enumerate(qids)}
-    per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run).values()
-    return sum(x["ndcg_cut_10"] for x in per_query) / len(qids)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", default=str(experiment.ROOT / "out/scifact_experiment/dupmae/pretrained"))
@@ -56,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   max_seq_length=args.max_seq_length)
         with torch.no_grad():  # the raw mu (ot_activation "none" is the export's default)
             mu_docs = torch.stack(list(model.encode_document(
-                [(d.get("title", "") + " " + d["text"]).strip() for d in subset], output_value="ot_embedding",
+                [experiment.doc_text(d) for d in subset], output_value="ot_embedding",
                 convert_to_tensor=True, batch_size=32)))
             mu_queries = torch.stack(list(model.encode_query(
                 [queries[q] for q in qids], output_value="ot_embedding", convert_to_tensor=True, batch_size=32)))
@@ -68,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for activation in ("none", "log1p_relu"):
         q, d = activate_ot(mu_queries, activation), activate_ot(mu_docs, activation)
         scores = q @ sparsify_top_k(d, args.top_k).T
-        print(f"| {activation} | {ndcg_at_10(scores, qids, doc_ids, qrels):.4f} | {float(scores.mean()):.1f} | "
+        print(f"| {activation} | {experiment.ndcg_at_10(scores, qids, doc_ids, qrels):.4f} | {float(scores.mean()):.1f} | "
               f"{float(scores.std(dim=1).mean()):.2f} |")
     return 0
 

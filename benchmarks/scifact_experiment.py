@@ -148,12 +148,16 @@ def retromae_cli(command: str, args: list[str], log_file: Path) -> None:
 # ---- data ------------------------------------------------------------------------------------------------------------
 
 
+def doc_text(doc: dict) -> str:
+    """A BEIR document as one text: title, then body."""
+    return (doc.get("title", "") + " " + doc.get("text", "")).strip()
+
+
 def read_corpus_texts(folder: Path, limit: int | None = None) -> list[str]:
     texts = []
     with open(folder / "corpus.jsonl", encoding="utf-8") as fh:
         for line in fh:
-            d = json.loads(line)
-            texts.append((d.get("title", "") + " " + d.get("text", "")).strip())
+            texts.append(doc_text(json.loads(line)))
             if limit and len(texts) >= limit:
                 break
     return texts
@@ -174,6 +178,16 @@ def read_qrels(data: Path, split: str) -> dict[str, dict[str, int]]:
         query, doc, score = line.split("\t")
         qrels.setdefault(query, {})[doc] = int(score)
     return qrels
+
+
+def ndcg_at_10(scores, qids: list[str], doc_ids: list[str], qrels: dict[str, dict[str, int]]) -> float:
+    """Mean NDCG@10 (pytrec_eval) of a `(len(qids), len(doc_ids))` score matrix, ranking each query's top 100."""
+    import pytrec_eval
+
+    values, top = scores.topk(min(100, scores.shape[1]), dim=1)
+    run = {q: {doc_ids[int(j)]: float(v) for j, v in zip(top[r], values[r], strict=True)} for r, q in enumerate(qids)}
+    per_query = pytrec_eval.RelevanceEvaluator({q: qrels[q] for q in qids}, {"ndcg_cut.10"}).evaluate(run).values()
+    return sum(x["ndcg_cut_10"] for x in per_query) / len(qids)
 
 
 def make_quick_beir(out: Path) -> Path:
@@ -339,7 +353,6 @@ def select_sparse_weight(model_dir: Path, data: Path, cfg: dict) -> dict:
     """Choose lambda of the hybrid score dense + lambda * sparse on the TRAIN queries (qrels/train.tsv; dev is never
     read) and write it into the model's pooling config: the corpus and the train queries are encoded once, every
     lambda in SPARSE_WEIGHTS is scored from the two parts, the best train NDCG@10 wins."""
-    import pytrec_eval
     import torch
     from retromae.trainers.finetune import load_encoder
 
@@ -353,19 +366,12 @@ def select_sparse_weight(model_dir: Path, data: Path, cfg: dict) -> dict:
     docs = read_jsonl(data / "corpus.jsonl")
     with torch.no_grad():
         q = model.encode_query([by_id[i] for i in qids], convert_to_tensor=True, batch_size=32)
-        d = model.encode_document([(x.get("title", "") + " " + x.get("text", "")).strip() for x in docs],
-                                  convert_to_tensor=True, batch_size=32)
+        d = model.encode_document([doc_text(x) for x in docs], convert_to_tensor=True, batch_size=32)
     dim, scale = pooling["dense_dim"], pooling["sparse_weight"]  # the stored sparse parts carry sqrt(scale)
     dense = q[:, :dim] @ d[:, :dim].T
     sparse = (q[:, dim:] @ d[:, dim:].T) / scale
     ids = [x["_id"] for x in docs]
-    evaluator = pytrec_eval.RelevanceEvaluator({i: qrels[i] for i in qids}, {"ndcg_cut.10"})
-    by_weight = {}
-    for weight in SPARSE_WEIGHTS:
-        values, top = (dense + weight * sparse).topk(100, dim=1)
-        run = {qid: {ids[int(j)]: float(v) for j, v in zip(top[r], values[r], strict=True)} for r, qid in enumerate(qids)}
-        per_query = evaluator.evaluate(run).values()
-        by_weight[str(weight)] = round(sum(x["ndcg_cut_10"] for x in per_query) / len(qids), 4)
+    by_weight = {str(w): round(ndcg_at_10(dense + w * sparse, qids, ids, qrels), 4) for w in SPARSE_WEIGHTS}
     best = max(SPARSE_WEIGHTS, key=lambda w: by_weight[str(w)])
     write_json(config_file, {**pooling, "sparse_weight": best})
     log(f"sparse_weight on {len(qids)} train queries: {by_weight} -> {best}")
@@ -379,7 +385,7 @@ def bm25_reference(data: Path) -> dict:
 
     docs = read_jsonl(data / "corpus.jsonl")
     ids = [d["_id"] for d in docs]
-    texts = [(d.get("title", "") + " " + d.get("text", "")).strip() for d in docs]
+    texts = [doc_text(d) for d in docs]
     qrels = read_qrels(data, "dev")
     queries = {q["_id"]: q["text"] for q in read_jsonl(data / "queries.jsonl")}
     qids = [q for q in qrels if q in queries]

@@ -398,7 +398,7 @@ def test_saturated_weighted_export_equals_weighted_eq12(exported, tokenizer, tmp
         qo = encoder(**tokenizer(QUERIES, padding=True, return_tensors="pt"))
         do = encoder(**tokenizer(TEXTS, padding=True, return_tensors="pt"))
     assert do.ot_embedding.min() < 0  # the raw mu has negative entries for saturation to zero
-    sat_q, sat_d = torch.log1p(do.ot_embedding.new_tensor(qo.ot_embedding).relu()), torch.log1p(do.ot_embedding.relu())
+    sat_q, sat_d = torch.log1p(qo.ot_embedding.relu()), torch.log1p(do.ot_embedding.relu())
     top_k = sat_d.topk(8, dim=-1).indices
     expected = qo.dense_embedding @ do.dense_embedding.T + 0.25 * torch.stack(
         [(sat_q[:, top_k[j]] * sat_d[j, top_k[j]]).sum(-1) for j in range(len(TEXTS))], dim=1
