@@ -6,6 +6,8 @@ from .configuration_retromae import RetroMAEConfig, _check_choice
 from .layers_dupmae import OT_ACTIVATIONS
 
 REPRESENTATIONS = ("hybrid", "cls", "ot")
+# how the bag-of-words target of OT decoding is normalised (see `DupMAEConfig.bow_normalization`)
+BOW_NORMALIZATIONS = ("unique", "all_tokens")
 
 # Table 4 (lower part) of the DupMAE paper for BERT-base (hidden_size 768, |V| 30522), as config values.
 # Pass one of them as keyword arguments: `DupMAEConfig(**TABLE4_REPRESENTATIONS["CLS:384+OT:260"], ...)`.
@@ -31,7 +33,15 @@ class DupMAEConfig(RetroMAEConfig):
 
     Args:
         bow_loss_weight: weight w of the OT-decoding bag-of-words loss. Paper eq. 9 is a plain sum (w = 1, our
-            default); the official code (staoxiao/RetroMAE `--bow_loss_weight`) uses 0.1. Must be >= 0.
+            default); the official code (staoxiao/RetroMAE `--bow_loss_weight`) uses 0.1 together with
+            ``bow_normalization="all_tokens"``. Must be >= 0.
+        bow_normalization: the bag-of-words target of a row whose n ordinary tokens hold the unique set S.
+            ``"unique"`` (default): 1/|S| on each id of S, so the row's loss is the mean of -log p(x) over the
+            unique tokens. ``"all_tokens"`` (the official code's `bag_word_weight`): 1/n on each id of S, n counting
+            repeats, so the loss is the sum of -log p(x) over S divided by n, i.e. |S|/n times the "unique" loss
+            (|S|/n is about 0.39 on packed 512-token text). The same bow_loss_weight therefore weighs the BoW
+            term less under "all_tokens": the official setting is w = 0.1 with "all_tokens", about 0.039 with
+            "unique".
         cls_decoding: train the [CLS] embedding with RetroMAE's decoder (Table 4 ablation "CLS decoding").
         ot_decoding: train the ordinary-token states with the bag-of-words objective (Table 4 ablation "OT
             decoding"). At least one of the two must be on.
@@ -42,6 +52,9 @@ class DupMAEConfig(RetroMAEConfig):
             1..hidden_size: the projection is a *reduction*; a d' > d map has rank <= d, so it adds memory and
             inner-product cost without adding information. With ``representation="cls"`` there is no projection
             and dense_dim must equal hidden_size.
+        dense_proj_seed: seed of the projection W^cls before it is fine-tuned (a random Johnson-Lindenstrauss map,
+            `initial_dense_projection`). The encoder and the sentence-transformers export both draw it from this
+            seed, never from the global RNG, so they give the same dense vectors (default 0).
         doc_top_k: k, the entries of mu kept for a document (paper eq. 11; default 384). Allowed 1..vocab_size.
             260 is the paper's "same memory as a 768-d vector" setting (Table 4) -- that equality assumes ~15-bit
             packed indices; our index stores int32 ids + float32 weights (8 bytes per entry).
@@ -64,10 +77,12 @@ class DupMAEConfig(RetroMAEConfig):
     model_type = "dupmae"
 
     bow_loss_weight: float = 1.0
+    bow_normalization: str = "unique"
     cls_decoding: bool = True
     ot_decoding: bool = True
     representation: str = "hybrid"
     dense_dim: int = 384
+    dense_proj_seed: int = 0
     doc_top_k: int = 384
     query_top_k: int | None = None
     ot_activation: str = "none"
@@ -79,11 +94,13 @@ class DupMAEConfig(RetroMAEConfig):
             raise ValueError(f"bow_loss_weight={self.bow_loss_weight} must be >= 0 (paper: 1.0, official code: 0.1)")
         if not (self.cls_decoding or self.ot_decoding):
             raise ValueError("cls_decoding=False and ot_decoding=False: at least one decoding task must be on")
+        _check_choice("bow_normalization", self.bow_normalization, BOW_NORMALIZATIONS)
         _check_choice("representation", self.representation, REPRESENTATIONS)
         if not 1 <= self.dense_dim <= self.hidden_size:
             raise ValueError(
                 f"dense_dim={self.dense_dim} must lie in [1, hidden_size={self.hidden_size}] (d' is a reduction of "
-                "the [CLS] embedding; a larger d' adds cost but no information)"
+                "the [CLS] embedding; a larger d' adds cost but no information): set it with "
+                f"""--method-options '{{"dense_dim": {self.hidden_size}}}' (or method_options: dense_dim in a config)"""
             )
         if self.representation == "cls" and self.dense_dim != self.hidden_size:
             raise ValueError(
@@ -105,4 +122,4 @@ class DupMAEConfig(RetroMAEConfig):
                 raise ValueError(f"special_token_ids {bad} lie outside [0, vocab_size={self.vocab_size})")
 
 
-__all__ = ["REPRESENTATIONS", "TABLE4_REPRESENTATIONS", "DupMAEConfig"]
+__all__ = ["BOW_NORMALIZATIONS", "REPRESENTATIONS", "TABLE4_REPRESENTATIONS", "DupMAEConfig"]

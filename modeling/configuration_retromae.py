@@ -6,6 +6,8 @@ from transformers import BertConfig
 DECODINGS = ("enhanced", "basic")
 QUERY_STREAMS = ("position", "embeddings")
 DECODER_INITS = ("bert", "copy_last_layer")
+DECODER_VISIBILITIES = ("token", "reference")
+DECODER_TARGETS = ("ordinary", "reference")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -40,6 +42,22 @@ class RetroMAEConfig(BertConfig):
             the decoder from the encoder's last layer, as SimLM does).
         mask_token_id: id of the tokenizer's mask token; needed by basic decoding (set from the tokenizer).
         loss_chunk_size: rows per chunk of the fused vocabulary projection + cross-entropy (bounds logits memory).
+        decoder_visibility: how enhanced decoding samples each row's visible positions.
+
+            - ``"token"`` (default, the paper's eq. 7): every row independently sees a uniformly random
+              n - round(n * decoder_mask_ratio) of the n real tokens (per token, so words get split), never itself;
+              [CLS] (position 0, h) is always visible, [SEP] like any other token.
+            - ``"reference"`` (the official code's collator, staoxiao/RetroMAE `src/pretrain/data.py`): whole words
+              are hidden, greedily up to min(512, round(n * decoder_mask_ratio)) tokens; [CLS] and [SEP] are never
+              hidden, so every other row sees both; each sequence draws min(n, 256) such masks and every row picks
+              one of them at random (rows may share a mask) and hides itself. Needs the batch's
+              `decoder_word_starts`.
+        decoder_targets: which tokens the decoder reconstructs.
+
+            - ``"ordinary"`` (default): the collator's `decoder_labels`, every real token that is not a special
+              token ([UNK] included among the special tokens, so it is never a target).
+            - ``"reference"`` (the official code): every real token except the first and the last ([CLS], [SEP]),
+              [UNK] included.
     """
 
     model_type = "retromae"
@@ -55,6 +73,8 @@ class RetroMAEConfig(BertConfig):
     decoder_init: str = "bert"
     mask_token_id: int | None = None
     loss_chunk_size: int = 4096
+    decoder_visibility: str = "token"
+    decoder_targets: str = "ordinary"
 
     def validate_retromae_fields(self) -> None:
         _check_open_unit_interval("encoder_mask_ratio", self.encoder_mask_ratio)
@@ -62,6 +82,13 @@ class RetroMAEConfig(BertConfig):
         _check_choice("decoding", self.decoding, DECODINGS)
         _check_choice("query_stream", self.query_stream, QUERY_STREAMS)
         _check_choice("decoder_init", self.decoder_init, DECODER_INITS)
+        _check_choice("decoder_visibility", self.decoder_visibility, DECODER_VISIBILITIES)
+        _check_choice("decoder_targets", self.decoder_targets, DECODER_TARGETS)
+        if self.decoder_visibility == "reference" and self.decoding != "enhanced":
+            raise ValueError(
+                "decoder_visibility='reference' samples the visibility matrix of enhanced decoding; "
+                f"decoding={self.decoding!r} has none (use decoding='enhanced' or decoder_visibility='token')"
+            )
         if self.decoding == "enhanced" and self.num_decoder_layers != 1:
             raise ValueError(
                 f"num_decoder_layers={self.num_decoder_layers} with decoding='enhanced': enhanced decoding works "

@@ -4,6 +4,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
 SEED_DECODER_INITS = ("bert", "copy_last_layer")
+ATTENTION_WINDOW_SCOPES = ("per_layer", "total")
 
 
 @strict
@@ -20,6 +21,10 @@ class SEEDConfig(BertConfig):
         attention_window: k, the attention span of every decoder layer (paper: 2): the position that predicts x_t
             attends to the [CLS] embedding h and to x_{t-k} ... x_{t-1} (paper eq. 9). As in the reference code the
             span applies per layer, so a stack of `decoder_layers` N reaches N(k-1)+1 tokens back.
+        attention_window_scope: ``"per_layer"`` (default, the reference code: every layer attends to k positions,
+            so the default 3 layers with k=2 predict x_t from x_{t-4} ... x_{t-1}) or ``"total"`` (the paper's
+            reading: the decoder as a whole sees exactly k previous tokens; the first layer attends to k positions,
+            the later ones only to their own position and h).
         encoder_loss_weight / decoder_loss_weight: weights of the two loss terms (paper: plain sum).
         decoder_init: ``"bert"`` (fresh BERT initialisation) or ``"copy_last_layer"`` (every decoder layer starts as a
             copy of the encoder's last layer).
@@ -36,6 +41,7 @@ class SEEDConfig(BertConfig):
     decoder_loss_weight: float = 1.0
     decoder_init: str = "bert"
     loss_chunk_size: int = 4096
+    attention_window_scope: str = "per_layer"
 
     def validate_seed_fields(self) -> None:
         if not 0.0 < self.encoder_mask_ratio < 1.0:
@@ -46,6 +52,11 @@ class SEEDConfig(BertConfig):
             raise ValueError(
                 f"attention_window={self.attention_window} must be >= 1 (number of previous tokens each decoder "
                 "position may attend to; paper: 2)"
+            )
+        if self.attention_window_scope not in ATTENTION_WINDOW_SCOPES:
+            raise ValueError(
+                f"attention_window_scope={self.attention_window_scope!r} is not supported; choose one of "
+                f"{', '.join(map(repr, ATTENTION_WINDOW_SCOPES))}"
             )
         if self.decoder_init not in SEED_DECODER_INITS:
             raise ValueError(
@@ -59,4 +70,4 @@ class SEEDConfig(BertConfig):
             raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
 
 
-__all__ = ["SEED_DECODER_INITS", "SEEDConfig"]
+__all__ = ["ATTENTION_WINDOW_SCOPES", "SEED_DECODER_INITS", "SEEDConfig"]

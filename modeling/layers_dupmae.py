@@ -7,6 +7,7 @@ beside `st_dupmae.py` at the root of an exported model).
   sequence chunks so no (batch, seq_len, vocab_size) logits tensor is ever alive, with an exact chunked backward.
 - `activate_ot`: the values a representation uses: mu itself (eq. 6-7) or SPLADE's saturation log(1 + relu(mu)).
 - `sparsify_top_k`: keep the k largest entries of mu per row (eq. 11).
+- `initial_dense_projection`: the W^cls every untrained projection starts from, a function of the config alone.
 """
 
 import torch
@@ -146,6 +147,18 @@ def ordinary_token_mask(
     return real & (positions > 0) & (positions != last_real)
 
 
+def initial_dense_projection(hidden_size: int, dense_dim: int, seed: int) -> torch.Tensor:
+    """The starting W^cls `(dense_dim, hidden_size)`: a random Johnson-Lindenstrauss map, normal(0, 1/sqrt(dense_dim)),
+    drawn from its own CPU generator seeded with `seed` (`config.dense_proj_seed`).
+
+    A pure function of the config, never of the global RNG: `DupMAEModel` (AutoModel) and the sentence-transformers
+    export start every untrained projection from the same matrix, so they give the same dense vectors. With it,
+    (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d until the projection is fine-tuned.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(dense_dim, hidden_size, generator=generator) * dense_dim**-0.5
+
+
 OT_ACTIVATIONS = ("none", "log1p_relu")
 
 
@@ -175,4 +188,4 @@ def sparsify_top_k(mu: torch.Tensor, k: int | None) -> torch.Tensor:
     return torch.zeros_like(mu).scatter(-1, indices, values)
 
 
-__all__ = ["OT_ACTIVATIONS", "activate_ot", "ordinary_token_mask", "sparsify_top_k", "token_max_logits"]
+__all__ = ["OT_ACTIVATIONS", "activate_ot", "initial_dense_projection", "ordinary_token_mask", "sparsify_top_k", "token_max_logits"]

@@ -3,7 +3,8 @@
 - `linear_cross_entropy`: vocabulary projection fused with cross-entropy, computed in row chunks so no
   (rows, vocab_size) logits tensor outlives its chunk; gradients are formed in the forward pass (no recompute).
 - `enhanced_visibility_mask`: RetroMAE's position-specific attention mask (paper eq. 7), sampled on the device.
-- `two_stream_layer_forward`: one BertLayer with queries from one stream and keys/values from another.
+- `two_stream_layer_forward` / `TwoStreamBertLayer`: one BertLayer with queries from one stream and keys/values from
+  another, through transformers' attention interface and gradient checkpointing.
 - `random_row_mask`: an exact-count random subset of positions per row, vectorized.
 - `bag_of_words_targets` / `bag_of_words_loss`: the BoW objective shared by BoW prediction and DupMAE.
 """
@@ -11,8 +12,52 @@
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.bert.modeling_bert import BertLayer, eager_attention_forward
 
 IGNORE_INDEX = -100  # label of positions that carry no target
+
+
+def _fused_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int,
+    compute_dtype: torch.dtype,
+    needs_grad: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Summed cross-entropy over chunks of rows, plus the unscaled gradients of the summed loss w.r.t. `hidden`,
+    `weight` and `bias` for the inputs flagged in `needs_grad` (None for the others; no (V, H) buffer at all when
+    none is flagged, as in evaluation)."""
+    num_rows = hidden.shape[0]  # N
+    any_grad = any(needs_grad)
+    w = weight.to(compute_dtype)
+    acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # softmax and sums never below fp32
+    total = torch.zeros((), dtype=acc_dtype, device=hidden.device)
+    grad_hidden = torch.empty_like(hidden) if needs_grad[0] else None
+    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if needs_grad[1] else None
+    grad_bias = torch.zeros(bias.shape, dtype=acc_dtype, device=bias.device) if needs_grad[2] else None
+    for start in range(0, num_rows, chunk_size):
+        h = hidden[start : start + chunk_size].to(compute_dtype)  # (n, H)
+        y = labels[start : start + chunk_size]  # (n,)
+        logits = torch.addmm(bias.to(compute_dtype), h, w.t()).to(acc_dtype)  # (n, V)
+        lse = torch.logsumexp(logits, dim=-1)  # (n,)
+        total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+        if not any_grad:
+            continue
+        grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+        grad_logits[torch.arange(y.shape[0], device=y.device), y] -= 1.0
+        grad_logits = grad_logits.to(compute_dtype)
+        if grad_hidden is not None:
+            grad_hidden[start : start + chunk_size] = (grad_logits @ w).to(hidden.dtype)  # (n, H)
+        if grad_weight is not None and compute_dtype == acc_dtype:
+            grad_weight.addmm_(grad_logits.t(), h)  # (V, H)
+        elif grad_weight is not None:
+            grad_weight += (grad_logits.t() @ h).to(acc_dtype)
+        if grad_bias is not None:
+            grad_bias += grad_logits.to(acc_dtype).sum(0)
+    return total, grad_hidden, grad_weight, grad_bias
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -20,48 +65,35 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     The gradient of the mean loss w.r.t. the logits is (softmax - one_hot) / N; it is folded into the gradients of
     `hidden`, `weight` and `bias` chunk by chunk during the forward pass, which costs the same three matmuls as the
-    ordinary forward + backward but keeps only one chunk of logits alive.
+    ordinary forward + backward but keeps only one chunk of logits alive. The backward scales the saved gradients in
+    place (no second (V, H) buffer), so it runs once per forward: a second backward through a retained graph raises.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, chunk_size: int, compute_dtype: torch.dtype):
-        num_rows = hidden.shape[0]  # N
-        needs_grad = any(ctx.needs_input_grad[:3])
-        w = weight.to(compute_dtype)
-        acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # softmax and sums never below fp32
-        total = torch.zeros((), dtype=acc_dtype, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if needs_grad else None
-        grad_bias = torch.zeros(bias.shape, dtype=acc_dtype, device=bias.device) if needs_grad else None
-        for start in range(0, num_rows, chunk_size):
-            h = hidden[start : start + chunk_size].to(compute_dtype)  # (n, H)
-            y = labels[start : start + chunk_size]  # (n,)
-            logits = torch.addmm(bias.to(compute_dtype), h, w.t()).to(acc_dtype)  # (n, V)
-            lse = torch.logsumexp(logits, dim=-1)  # (n,)
-            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
-            if not needs_grad:
-                continue
-            grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-            grad_logits[torch.arange(y.shape[0], device=y.device), y] -= 1.0
-            grad_logits = grad_logits.to(compute_dtype)
-            if grad_hidden is not None:
-                grad_hidden[start : start + chunk_size] = (grad_logits @ w).to(hidden.dtype)  # (n, H)
-            if compute_dtype == acc_dtype:
-                grad_weight.addmm_(grad_logits.t(), h)  # (V, H)
-            else:
-                grad_weight += (grad_logits.t() @ h).to(acc_dtype)
-            grad_bias += grad_logits.to(acc_dtype).sum(0)
-        scale = 1.0 / max(num_rows, 1)
-        if needs_grad:  # scaled in place: one (V, H) gradient buffer per call, no copies
-            grad_weight = grad_weight.mul_(scale).to(weight.dtype)
-            grad_bias = grad_bias.mul_(scale).to(bias.dtype)
-            ctx.save_for_backward(grad_hidden.mul_(scale) if grad_hidden is not None else None, grad_weight, grad_bias)
+        needs_grad = tuple(ctx.needs_input_grad[:3])
+        total, grad_hidden, grad_weight, grad_bias = _fused_cross_entropy(
+            hidden, weight, bias, labels, chunk_size, compute_dtype, needs_grad
+        )
+        scale = 1.0 / max(hidden.shape[0], 1)
+        ctx.backward_done = False
+        ctx.save_for_backward(
+            grad_hidden.mul_(scale) if grad_hidden is not None else None,
+            grad_weight.mul_(scale).to(weight.dtype) if grad_weight is not None else None,
+            grad_bias.mul_(scale).to(bias.dtype) if grad_bias is not None else None,
+        )
         return total * scale
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        # the saved gradients are used once, so they are scaled in place (grad_output is 1 unless weighted)
+        if ctx.backward_done:  # the saved gradients were already scaled in place by the first backward
+            raise RuntimeError(
+                "linear_cross_entropy does not support a second backward through the same graph (retain_graph=True): "
+                "its gradients are formed in the forward pass and consumed by the first backward; compute the loss "
+                "again for another backward"
+            )
+        ctx.backward_done = True
         grads = [g.mul_(grad_output) if g is not None else None for g in ctx.saved_tensors]
         return grads[0], grads[1], grads[2], None, None, None
 
@@ -74,6 +106,8 @@ def linear_cross_entropy(
     chunk_size: int = 4096,
 ) -> torch.Tensor:
     """Mean cross-entropy of the vocabulary projection of `hidden`.
+
+    Under `torch.no_grad()` (or when no input requires a gradient) only the loss is computed: no gradient buffers.
 
     Args:
         hidden: `(num_rows, hidden_size)` states already selected at the positions that carry a label.
@@ -89,7 +123,12 @@ def linear_cross_entropy(
         return hidden.sum() * 0.0 + weight.sum() * 0.0
     device_type = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    tracks_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad)
     with torch.autocast(device_type, enabled=False):
+        if not tracks_grad:
+            no_grad = (False, False, False)
+            total = _fused_cross_entropy(hidden, weight, bias, labels, chunk_size, compute_dtype, no_grad)[0]
+            return total * (1.0 / hidden.shape[0])
         return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype)
 
 
@@ -108,11 +147,79 @@ def random_row_mask(candidates: torch.Tensor, ratio: float) -> torch.Tensor:
     return (ranks < count) & candidates
 
 
+_KEY_MASK = 0x3FFFFFFF  # 30 random bits per key
+_PADDING_KEY_BIT = 0x40000000  # set on padding columns: above every real key, so never among the smallest
+
+
+def _random_keys(leading_shape: tuple[int, ...], num_keys: int, device: torch.device) -> torch.Tensor:
+    """`(*leading_shape, num_keys)` int32 keys, i.i.d. uniform over [0, 2**30).
+
+    One int64 `random_()` draw (uniform over [0, 2**63)) yields two 32-bit halves, each masked to 30 uniform bits:
+    half the generator calls of `torch.rand`, and a finer grid than its 2**-24 (a tie at a row's cut-off, the only
+    way keys could bias a selection, has probability about L / 2**30).
+    """
+    raw = torch.empty(*leading_shape, (num_keys + 1) // 2, dtype=torch.int64, device=device).random_()
+    return raw.view(torch.int32)[..., :num_keys].bitwise_and_(_KEY_MASK)
+
+
+def _row_subsets_by_topk(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
+    """CPU sampler: per sequence, the `n_visible` smallest of fresh keys over its real rows x real columns.
+
+    `topk(sorted=False)` is a linear-time selection per row (no full sort), and keys are drawn for real positions
+    only; padding rows choose nothing.
+    """
+    batch_size, seq_len = real.shape
+    chosen = torch.zeros(batch_size, seq_len, seq_len, dtype=torch.bool, device=real.device)
+    if bool(real.all()):  # no padding (packed text): one selection over the whole batch, same count everywhere
+        keys = _random_keys((batch_size, seq_len), seq_len, real.device)  # (B, Lq, Lk)
+        picked = keys.topk(int(n_visible[0]), dim=-1, largest=False, sorted=False).indices  # (B, Lq, count)
+        return chosen.scatter_(-1, picked, torch.ones((), dtype=torch.bool).expand(picked.shape))
+    for b, count in enumerate(n_visible.tolist()):
+        columns = real[b].nonzero().squeeze(1)  # (n,)
+        n = columns.numel()
+        if n == 0:
+            continue
+        picked = _random_keys((n,), n, real.device).topk(count, dim=-1, largest=False, sorted=False).indices  # (n, count)
+        if bool(real[b, :n].all()):  # real tokens first (right padding): write into the (n, n) corner in place
+            chosen[b, :n, :n].scatter_(-1, picked, torch.ones((), dtype=torch.bool).expand(picked.shape))
+        else:
+            chosen[b, columns[:, None], columns[picked]] = True
+    return chosen
+
+
+def _row_subsets_by_sort(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
+    """Accelerator sampler: one batched sort of the keys, no host sync; padding rows choose nothing."""
+    batch_size, seq_len = real.shape
+    keys = _random_keys((batch_size, seq_len), seq_len, real.device)  # (B, Lq, Lk)
+    keys.bitwise_or_(torch.where(real, 0, _PADDING_KEY_BIT).to(torch.int32)[:, None, :])
+    cutoff = keys.sort(-1).values.gather(-1, (n_visible - 1)[:, None, None].expand(-1, seq_len, 1))  # (B, Lq, 1)
+    return (keys <= cutoff) & real[:, :, None]
+
+
+def random_row_subsets(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
+    """For every real query row of every sequence, an independent, uniformly random set of exactly `n_visible[b]` of
+    the sequence's real columns (the subset of the smallest i.i.d. keys); padding rows get no column.
+
+    Args:
+        real: `(batch_size, seq_len)` bool, True for real tokens.
+        n_visible: `(batch_size,)` long, 1 <= n_visible[b] <= real[b].sum() for every non-empty sequence.
+
+    Returns:
+        `(batch_size, seq_len, seq_len)` bool.
+    """
+    sampler = _row_subsets_by_topk if real.device.type == "cpu" else _row_subsets_by_sort
+    return sampler(real, n_visible)
+
+
 def enhanced_visibility_mask(attention_mask: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     """RetroMAE's position-specific attention mask (paper eq. 7), sampled independently for every row.
 
     Row i may attend to a random `1 - mask_ratio` share of the real positions, never to itself, and always to
     position 0 (the sentence embedding) when i > 0. Padding is never visible; padding rows see position 0 only.
+
+    Precisely: each real row first draws a uniformly random subset of exactly n_visible = n - round(n * mask_ratio)
+    of the n real columns (`random_row_subsets`); then its diagonal is removed and position 0 added (rows i > 0),
+    and a row left empty (row 0 of a 1-token sequence, padding rows) sees position 0.
 
     Args:
         attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
@@ -122,20 +229,120 @@ def enhanced_visibility_mask(attention_mask: torch.Tensor, mask_ratio: float) ->
         `(batch_size, 1, seq_len, seq_len)` bool, True = may attend (SDPA convention).
     """
     real = attention_mask.bool()  # (B, L)
-    batch_size, seq_len = real.shape
-    keys = torch.rand(batch_size, seq_len, seq_len, device=real.device)  # (B, Lq, Lk)
-    keys.masked_fill_(~real[:, None, :], 2.0)  # padding columns sort last, never chosen
-    n_visible = (real.sum(-1) - (real.sum(-1) * mask_ratio).round()).clamp(min=1).long()  # (B,)
-    kth_key = keys.sort(-1).values.gather(-1, (n_visible - 1)[:, None, None].expand(-1, seq_len, 1))  # (B, Lq, 1)
-    visible = keys <= kth_key  # (B, Lq, Lk), n_visible real columns per row
-    eye = torch.eye(seq_len, dtype=torch.bool, device=real.device)
-    visible &= ~eye
+    n_real = real.sum(-1)  # (B,)
+    n_visible = (n_real - (n_real * mask_ratio).round()).clamp(min=1).long()  # (B,)
+    visible = random_row_subsets(real, n_visible)  # (B, Lq, Lk)
+    visible.diagonal(dim1=1, dim2=2).fill_(False)
     visible[:, 1:, 0] = True
-    # rows left with nothing to attend to (padding rows, row 0 of a 1-token sequence) look at position 0
-    empty = ~visible.any(-1) | ~real
-    visible[empty] = False
-    visible[..., 0] |= empty
+    visible[:, 0, 0] |= ~visible[:, 0].any(-1)  # row 0 left with nothing to attend to looks at itself (position 0)
     return visible[:, None]
+
+
+REFERENCE_POOL_SIZE = 256  # the official collator draws min(n, 256) whole-word masks per sequence
+REFERENCE_MAX_PREDICTIONS = 512  # transformers' `_whole_word_mask` cap on masked tokens
+
+
+def reference_target_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The official code's decoder targets: every real position except the first and the last ([CLS], [SEP]).
+
+    [UNK] and any other special id inside the text are targets too (the collator's `decoder_labels` skip them).
+
+    Returns:
+        `(batch_size, seq_len)` bool.
+    """
+    real = attention_mask.bool()  # (B, L)
+    seq_len = real.shape[1]
+    first = real.long().argmax(-1)  # (B,)
+    last = seq_len - 1 - real.flip(-1).long().argmax(-1)  # (B,)
+    positions = torch.arange(seq_len, device=real.device)
+    return real & (positions != first[:, None]) & (positions != last[:, None])
+
+
+def _greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
+    """Which words of each shuffled word list the official `_whole_word_mask` masks.
+
+    It walks the words in their shuffled order and takes every word that still fits under `budget` tokens (skipping,
+    not stopping at, one that does not), until the budget is met. Until the first skip that is a prefix; after it,
+    only words no longer than the remaining budget can be taken, so at most max-word-length further steps.
+
+    Args:
+        sizes: `(..., W)` tokens per word in shuffled order; words that do not exist have a size above any budget.
+        budget: `(...)` long.
+
+    Returns:
+        `(..., W)` bool, True = masked.
+    """
+    taken = sizes.cumsum(-1) <= budget[..., None]  # (..., W): the prefix before the first word that does not fit
+    remaining = budget - (sizes * taken).sum(-1)  # (...)
+    next_word = taken.sum(-1)  # (...): the first word not taken
+    word_index = torch.arange(sizes.shape[-1], device=sizes.device)
+    while True:
+        fits = (sizes <= remaining[..., None]) & (word_index >= next_word[..., None]) & (remaining > 0)[..., None]
+        found = fits.any(-1)  # (...)
+        if not bool(found.any()):
+            return taken
+        first = fits.long().argmax(-1, keepdim=True)  # (..., 1): the next word that fits
+        taken.scatter_(-1, first, found[..., None] | taken.gather(-1, first))
+        remaining = remaining - torch.where(found, sizes.gather(-1, first).squeeze(-1), 0)
+        next_word = torch.where(found, first.squeeze(-1) + 1, next_word)
+
+
+def reference_visibility_mask(
+    attention_mask: torch.Tensor, word_starts: torch.Tensor, mask_ratio: float
+) -> torch.Tensor:
+    """The decoder visibility matrix as the official RetroMAE collator samples it (`decoder_visibility="reference"`).
+
+    Per sequence of n real tokens: the first and last ([CLS], [SEP]) are never hidden; the others form whole words
+    (a word starts where `word_starts` is 1). A pool of min(n, 256) masks is drawn, each by shuffling the words and
+    hiding them greedily, skipping any that would overflow, up to min(512, max(1, round(n * mask_ratio))) tokens
+    (transformers' `_whole_word_mask`). Every row picks one mask of the pool uniformly (rows may share one) and also
+    hides itself. Padding is never visible; padding rows see position 0 only.
+
+    Args:
+        attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+        word_starts: `(batch_size, seq_len)`, 1 where a token begins a word (special tokens count as words).
+        mask_ratio: the official `decoder_mlm_probability`.
+
+    Returns:
+        `(batch_size, 1, seq_len, seq_len)` bool, True = may attend.
+    """
+    real = attention_mask.bool()  # (B, L)
+    batch_size, seq_len = real.shape
+    device = real.device
+    maskable = reference_target_positions(attention_mask)  # (B, L): all real tokens but [CLS] and [SEP]
+    follows_maskable = torch.cat([torch.zeros_like(maskable[:, :1]), maskable[:, :-1]], dim=1)
+    starts = maskable & ((word_starts != 0) | ~follows_maskable)  # a word also starts after [CLS]
+    word_of_token = (starts.long().cumsum(-1) - 1).clamp(min=0)  # (B, L), meaningful where maskable
+    num_words = int(starts.sum(-1).max().clamp(min=1))
+    sizes = torch.zeros(batch_size, num_words, dtype=torch.long, device=device)
+    sizes.scatter_add_(1, word_of_token, maskable.long())  # (B, W)
+    sizes.masked_fill_(sizes == 0, seq_len + 1)  # absent words never fit
+    n_real = real.sum(-1)  # (B,)
+    budget = (n_real.double() * mask_ratio).round().long().clamp(min=1, max=REFERENCE_MAX_PREDICTIONS)  # Python round
+    pool_sizes = n_real.clamp(min=1, max=REFERENCE_POOL_SIZE)  # (B,)
+    pool = int(pool_sizes.max())
+    order = torch.rand(batch_size, pool, num_words, device=device).argsort(-1)  # (B, P, W): one shuffle per mask
+    taken_in_order = _greedy_whole_word_fill(sizes[:, None, :].expand(-1, pool, -1).gather(-1, order), budget[:, None])
+    taken = torch.zeros_like(taken_in_order).scatter_(-1, order, taken_in_order)  # (B, P, W) by word id
+    hidden_pool = taken.gather(-1, word_of_token[:, None, :].expand(-1, pool, -1)) & maskable[:, None, :]  # (B, P, L)
+    pick = torch.randint(0, 2**62, (batch_size, seq_len), device=device) % pool_sizes[:, None]  # (B, L)
+    hidden = hidden_pool.gather(1, pick[..., None].expand(-1, -1, seq_len))  # (B, Lq, Lk)
+    visible = real[:, None, :] & ~hidden & real[:, :, None]
+    visible.diagonal(dim1=1, dim2=2).fill_(False)
+    visible[:, 1:, 0] |= ~real[:, 1:]  # padding rows see position 0
+    visible[:, 0, 0] |= ~visible[:, 0].any(-1)  # a 1-token sequence's row 0 looks at position 0
+    return visible[:, None]
+
+
+def attention_bias(visible: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype) -> torch.Tensor:
+    """The mask form an attention implementation expects, from a bool `visible` (True = may attend).
+
+    `eager` adds the mask to the scores, so it gets 0 / finfo.min of `dtype`; `sdpa` takes the bool mask as is (as
+    transformers' own `sdpa_mask` / `eager_mask` build them for BertModel).
+    """
+    if attn_implementation == "eager":
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
+    return visible
 
 
 def two_stream_layer_forward(
@@ -144,7 +351,8 @@ def two_stream_layer_forward(
     """Run a `BertLayer` with queries from `query_stream` and keys/values from `content_stream`.
 
     The residual connection runs on the query stream (RetroMAE eq. 5); parameter names stay BertLayer's, so BERT
-    weights load into the decoder. Equals `layer(x, mask)` when both streams are `x`.
+    weights load into the decoder. Equals `layer(x, mask)` when both streams are `x`. Attention goes through
+    transformers' attention interface, keyed by `config._attn_implementation` as in `BertSelfAttention`.
 
     Args:
         layer: a `transformers` BertLayer.
@@ -157,19 +365,38 @@ def two_stream_layer_forward(
     """
     attention = layer.attention.self
     batch_size, q_len, _ = query_stream.shape
-    heads, head_dim = attention.num_attention_heads, attention.attention_head_size
+    head_dim = attention.attention_head_size
 
     def split_heads(x: torch.Tensor) -> torch.Tensor:
-        return x.view(batch_size, -1, heads, head_dim).transpose(1, 2)  # (B, heads, L, head_dim)
+        return x.view(batch_size, -1, attention.num_attention_heads, head_dim).transpose(1, 2)  # (B, heads, L, d)
 
     q = split_heads(attention.query(query_stream))
     k = split_heads(attention.key(content_stream))
     v = split_heads(attention.value(content_stream))
-    context = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=visible, dropout_p=attention.dropout.p if layer.training else 0.0, scale=attention.scaling
-    )  # (B, heads, Lq, head_dim)
-    context = context.transpose(1, 2).reshape(batch_size, q_len, heads * head_dim)
+    implementation = attention.config._attn_implementation
+    attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    context, _ = attention_function(
+        attention,
+        q,
+        k,
+        v,
+        attention_bias(visible, implementation, query_stream.dtype),
+        dropout=attention.dropout.p if layer.training else 0.0,
+        scaling=attention.scaling,
+    )  # (B, Lq, heads, d)
+    context = context.reshape(batch_size, q_len, -1)
     return layer.feed_forward_chunk(layer.attention.output(context, query_stream))
+
+
+class TwoStreamBertLayer(BertLayer):
+    """A `BertLayer` (same parameters and names) whose forward is `two_stream_layer_forward`.
+
+    Being a BertLayer, hence a `GradientCheckpointingLayer`, it is checkpointed by `gradient_checkpointing_enable()`
+    like the encoder's layers; tensors are passed positionally, as checkpointing requires.
+    """
+
+    def forward(self, query_stream: torch.Tensor, content_stream: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        return two_stream_layer_forward(self, query_stream, content_stream, visible)
 
 
 def bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -212,4 +439,4 @@ def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return (per_row * has_targets).sum() / has_targets.sum().clamp(min=1.0)  # no host sync
 
 
-__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "two_stream_layer_forward"]
+__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "random_row_subsets", "reference_target_positions", "reference_visibility_mask", "two_stream_layer_forward", "TwoStreamBertLayer", "attention_bias"]

@@ -13,7 +13,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAtte
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
 from .configuration_dupmae import DupMAEConfig
-from .layers_dupmae import activate_ot, ordinary_token_mask, sparsify_top_k, token_max_logits
+from .layers_dupmae import activate_ot, initial_dense_projection, ordinary_token_mask, sparsify_top_k, token_max_logits
 from .layers_retromae import bag_of_words_loss, bag_of_words_targets
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
 from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
@@ -56,6 +56,22 @@ def ot_vector(head: BertOnlyMLMHead, hidden: torch.Tensor, keep: torch.Tensor, c
     return token_max_logits(transformed, predictions.decoder.weight, predictions.decoder.bias, keep, chunk_size)
 
 
+def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normalization: str) -> torch.Tensor:
+    """OT decoding's bag-of-words target `(batch_size, vocab_size)` over each row's labelled (ordinary) tokens.
+
+    ``"unique"``: 1/|S| on each unique id (`bag_of_words_targets`). ``"all_tokens"``: 1/n on each unique id, n the
+    row's labelled tokens counting repeats, as the official code's `bag_word_weight` (repeats overwrite the same
+    entry, so the row sums to |S|/n <= 1).
+    """
+    unique_targets = bag_of_words_targets(token_labels, vocab_size)  # (B, V)
+    if normalization == "unique":
+        return unique_targets
+    if normalization == "all_tokens":
+        token_count = (token_labels != IGNORE_INDEX).sum(-1, keepdim=True).clamp(min=1).float()  # (B, 1) n
+        return (unique_targets > 0).float() / token_count
+    raise ValueError(f"bow_normalization={normalization!r} is not supported; choose 'unique' or 'all_tokens'")
+
+
 class DupMAEModel(ClsEncoderModel):
     """The DupMAE encoder (`AutoModel`): a plain BERT (same parameter names) plus what the representation needs:
     the tied MLM head `cls` (for mu) and `dense_proj` Linear(hidden_size -> dense_dim) (eq. 10).
@@ -64,6 +80,8 @@ class DupMAEModel(ClsEncoderModel):
     initialised there, because the paper learns W^cls during fine-tuning. The fresh projection is a random
     Johnson-Lindenstrauss map (normal, std 1/sqrt(dense_dim), zero bias), so before fine-tuning the dense score
     (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d (BERT's std 0.02 would scale it by dense_dim * 4e-4).
+    It is drawn from `config.dense_proj_seed`, not the global RNG (`initial_dense_projection`): every load of a
+    checkpoint, and its sentence-transformers export, gives the same dense vectors.
 
     `forward` runs on the UNMASKED input and pools mu over its ordinary tokens: positions whose id is not in
     `config.special_token_ids` (fallback when that is None: all real positions but the first and the last, i.e. the
@@ -71,7 +89,7 @@ class DupMAEModel(ClsEncoderModel):
     """
 
     config_class = DupMAEConfig
-    _keys_to_ignore_on_load_unexpected = [r"^decoder\."]  # the pre-training checkpoint's [CLS] decoder
+    quiet_missing_keys = (*ClsEncoderModel.quiet_missing_keys, r"^dense_proj\.")  # from the config's seed
     _head_tied_weights_keys = {
         "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -89,8 +107,10 @@ class DupMAEModel(ClsEncoderModel):
     @torch.no_grad()
     def _init_weights(self, module):
         if module is not None and module is getattr(self, "dense_proj", None):
-            # a random Johnson-Lindenstrauss projection: E[(W h_q) . (W h_d)] = h_q . h_d before fine-tuning
-            init.normal_(module.weight, mean=0.0, std=self.config.dense_dim**-0.5)
+            # the config's fixed Johnson-Lindenstrauss map, the same matrix the sentence-transformers export starts from
+            config = self.config
+            start = initial_dense_projection(config.hidden_size, config.dense_dim, config.dense_proj_seed)
+            init.copy_(module.weight, start.to(module.weight.dtype))
             init.zeros_(module.bias)
             return
         super()._init_weights(module)
@@ -162,11 +182,11 @@ class DupMAEForPretraining(RetroMAEForPretraining):
     OT decoding (paper §3.3): the encoder states of the *unmasked ordinary* tokens of the masked input (labels say
     which: `decoder_labels != -100` and `encoder_labels == -100`) go through the tied MLM head; the logits are
     max-pooled over those tokens into mu `(batch_size, vocab_size)` (eq. 6-7). The BoW loss (eq. 8) is the
-    cross-entropy of softmax(mu) against the set of unique ordinary input tokens, normalised by the set's size
-    (the uniform distribution over set(X), so each row's loss is the mean of -log p(x) over x in set(X)), then
-    averaged over rows. Eq. 8 as printed sums over set(X) without normalising, which scales each row's loss by its
-    number of unique tokens; the official code normalises by the token count including repeats (a target summing to
-    <= 1). mu is computed chunked (`token_max_logits`): no `(batch_size, seq_len, vocab_size)` logits tensor exists.
+    cross-entropy of softmax(mu) against the set of unique ordinary input tokens, then averaged over rows. By
+    default (`bow_normalization="unique"`) the target is normalised by the set's size (the uniform distribution over
+    set(X), so each row's loss is the mean of -log p(x) over x in set(X)); `"all_tokens"` normalises by the token
+    count including repeats, as the official code does (a target summing to |set(X)|/n <= 1). Eq. 8 as printed sums
+    over set(X) without normalising, which scales each row's loss by its number of unique tokens. mu is computed chunked (`token_max_logits`): no `(batch_size, seq_len, vocab_size)` logits tensor exists.
     """
 
     config_class = DupMAEConfig
@@ -195,6 +215,7 @@ class DupMAEForPretraining(RetroMAEForPretraining):
         encoder_labels: torch.Tensor | None = None,
         decoder_labels: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        decoder_word_starts: torch.Tensor | None = None,
     ) -> PretrainingOutput:
         r"""
         Args:
@@ -204,6 +225,8 @@ class DupMAEForPretraining(RetroMAEForPretraining):
             decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere:
                 the [CLS] decoder's targets and, as a set per row, the bag of words of OT decoding.
                 Without labels only `sentence_embedding` is returned.
+            decoder_word_starts: `(batch_size, seq_len)`, 1 where a token begins a word; read only with
+                `config.decoder_visibility == "reference"`.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -218,14 +241,16 @@ class DupMAEForPretraining(RetroMAEForPretraining):
         if config.cls_decoding:
             original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
             decoder_hidden, targets = self.decoder(
-                sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings
+                sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings,
+                decoder_word_starts,
             )
             decoder_loss = self.mlm_loss(decoder_hidden, targets)
             loss = loss + config.decoder_loss_weight * decoder_loss
         if config.ot_decoding:
             keep = (decoder_labels != IGNORE_INDEX) & (encoder_labels == IGNORE_INDEX)  # unmasked ordinary tokens
             mu = self.ot_embedding(hidden, keep)  # (B, V)
-            bow_loss = bag_of_words_loss(mu, bag_of_words_targets(decoder_labels, mu.shape[-1]))
+            targets = ot_bag_of_words_targets(decoder_labels, mu.shape[-1], config.bow_normalization)
+            bow_loss = bag_of_words_loss(mu, targets)
             loss = loss + config.bow_loss_weight * bow_loss
         return PretrainingOutput(
             loss=loss,
@@ -240,4 +265,11 @@ DupMAEConfig.register_for_auto_class()
 DupMAEModel.register_for_auto_class("AutoModel")
 DupMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
 
-__all__ = ["DupMAEForPretraining", "DupMAEModel", "DupMAEModelOutput", "ot_vector", "sparsify_top_k"]
+__all__ = [
+    "DupMAEForPretraining",
+    "DupMAEModel",
+    "DupMAEModelOutput",
+    "ot_bag_of_words_targets",
+    "ot_vector",
+    "sparsify_top_k",
+]

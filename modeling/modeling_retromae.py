@@ -8,7 +8,13 @@ from torch import nn
 from transformers.models.bert.modeling_bert import BertLayer
 
 from .configuration_retromae import RetroMAEConfig
-from .layers_retromae import enhanced_visibility_mask, random_row_mask, two_stream_layer_forward
+from .layers_retromae import (
+    TwoStreamBertLayer,
+    enhanced_visibility_mask,
+    random_row_mask,
+    reference_target_positions,
+    reference_visibility_mask,
+)
 from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
 
 
@@ -30,18 +36,40 @@ class RetroMAEDecoder(nn.Module):
     def __init__(self, config: RetroMAEConfig):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList([BertLayer(config) for _ in range(config.num_decoder_layers)])
+        # BertLayer parameter names either way, so BERT weights load; both kinds are GradientCheckpointingLayers
+        layer_class = TwoStreamBertLayer if config.decoding == "enhanced" else BertLayer
+        self.layers = nn.ModuleList([layer_class(config) for _ in range(config.num_decoder_layers)])
 
     def forward(
         self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor,
-        decoder_labels: torch.Tensor, embeddings: nn.Module,
+        decoder_labels: torch.Tensor, embeddings: nn.Module, word_starts: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns decoder states `(B, L, H)` and the labels they are scored against `(B, L)`."""
+        """Returns decoder states `(B, L, H)` and the labels they are scored against `(B, L)`.
+
+        `word_starts` `(B, L)` (1 where a token begins a word) is needed by `decoder_visibility="reference"` only.
+        """
+        if self.config.decoder_targets == "reference":  # the official targets: all but [CLS] and [SEP], [UNK] included
+            decoder_labels = original_ids.masked_fill(~reference_target_positions(attention_mask), IGNORE_INDEX)
         if self.config.decoding == "enhanced":
-            return self._enhanced(sentence_embedding, original_ids, attention_mask, embeddings), decoder_labels
+            hidden = self._enhanced(sentence_embedding, original_ids, attention_mask, embeddings, word_starts)
+            return hidden, decoder_labels
         return self._basic(sentence_embedding, original_ids, attention_mask, decoder_labels, embeddings)
 
-    def _enhanced(self, h: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings) -> torch.Tensor:
+    def _visibility(self, attention_mask: torch.Tensor, word_starts: torch.Tensor | None) -> torch.Tensor:
+        if self.config.decoder_visibility == "token":
+            return enhanced_visibility_mask(attention_mask, self.config.decoder_mask_ratio)
+        if word_starts is None:
+            raise ValueError(
+                "decoder_visibility='reference' hides whole words and needs the batch key 'decoder_word_starts' "
+                "(the collator's word_starts: 1 where a token begins a word); pass it, or set "
+                "decoder_visibility='token'"
+            )
+        return reference_visibility_mask(attention_mask, word_starts, self.config.decoder_mask_ratio)
+
+    def _enhanced(
+        self, h: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings,
+        word_starts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         batch_size, seq_len = original_ids.shape
         h_rows = h[:, None, :].expand(batch_size, seq_len, h.shape[-1])  # (B, L, H)
         if self.config.query_stream == "position":
@@ -51,8 +79,8 @@ class RetroMAEDecoder(nn.Module):
             query_stream = embeddings(inputs_embeds=h_rows)  # LayerNorm(h + p_i + t_0), dropout
         content = embeddings(input_ids=original_ids)  # (B, L, H): e(x_i) + p_i over the unmasked input
         content_stream = torch.cat([h[:, None, :], content[:, 1:]], dim=1)  # position 0 carries h
-        visible = enhanced_visibility_mask(attention_mask, self.config.decoder_mask_ratio)  # (B, 1, L, L)
-        return two_stream_layer_forward(self.layers[0], query_stream, content_stream, visible)
+        visible = self._visibility(attention_mask, word_starts)  # (B, 1, L, L)
+        return self.layers[0](query_stream, content_stream, visible)
 
     def _basic(self, h, original_ids, attention_mask, decoder_labels, embeddings) -> tuple[torch.Tensor, torch.Tensor]:
         if self.config.mask_token_id is None:
@@ -77,6 +105,8 @@ class RetroMAEForPretraining(BertPretrainingBase):
     config_class = RetroMAEConfig
     encoder_class = RetroMAEModel
     head_prefixes = ("decoder.",)
+    _supports_flash_attn = False  # the decoder's per-row visibility matrix is a dense mask: eager or sdpa
+    _supports_flex_attn = False
 
     def __init__(self, config: RetroMAEConfig):
         super().__init__(config)
@@ -90,6 +120,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
         encoder_labels: torch.Tensor | None = None,
         decoder_labels: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        decoder_word_starts: torch.Tensor | None = None,
     ) -> PretrainingOutput:
         r"""
         Args:
@@ -98,6 +129,8 @@ class RetroMAEForPretraining(BertPretrainingBase):
             encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
             decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere.
                 Without labels only `sentence_embedding` is returned.
+            decoder_word_starts: `(batch_size, seq_len)`, 1 where a token begins a word (the collator's
+                `word_starts`); read only with `config.decoder_visibility == "reference"`.
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -108,7 +141,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
         encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
         original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
         decoder_hidden, targets = self.decoder(
-            sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings
+            sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings, decoder_word_starts
         )
         decoder_loss = self.mlm_loss(decoder_hidden, targets)
         loss = self.config.encoder_loss_weight * encoder_mlm_loss + self.config.decoder_loss_weight * decoder_loss

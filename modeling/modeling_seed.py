@@ -15,8 +15,10 @@ In every layer, row j attends to column 0 (h) and to columns j-k+1 ... j (k = `a
 are never visible. With one layer, x_t is predicted from h and exactly x_{t-k} ... x_{t-1} (paper eq. 9). The window
 is an attention span per layer, as in the reference code (its `buffered_future_mask` is applied in each of the
 3 layers) and the paper's "attention span k = 2": stacked, N layers reach N(k-1)+1 inputs back, so the default 3
-layers with k=2 predict x_t from h and x_{t-4} ... x_{t-1}. Every real non-special token x_1..x_n is predicted
-exactly once. The output head is the encoder's tied MLM head (`cls`), so input and output embeddings are shared.
+layers with k=2 predict x_t from h and x_{t-4} ... x_{t-1}. `attention_window_scope="total"` offers the paper's
+reading instead (eq. 9, a receptive field of exactly k): the first layer attends to the k-window, the later layers
+only to their own position and h, so x_t is predicted from h and x_{t-k} ... x_{t-1}. Every real non-special token
+x_1..x_n is predicted exactly once. The output head is the encoder's tied MLM head (`cls`), so input and output embeddings are shared.
 
 Conditioning: h is a prefix token at position 0 that every row may attend to, not the one-vector cross-attention
 memory of the reference code (microsoft/SEED-Encoder, fairseq `TransformerDecoder` with `EncoderOut` of length 1).
@@ -110,13 +112,20 @@ class SEEDDecoder(nn.Module):
         """
         tokens = embeddings(input_ids=original_ids)  # (B, L, H)
         hidden = torch.cat([sentence_embedding[:, None, :].to(tokens.dtype), tokens[:, 1:]], dim=1)  # h replaces [CLS]
-        visible = windowed_causal_visibility(attention_mask, self.config.attention_window)  # (B, 1, L, L)
-        # additive float mask: correct for both the eager and the sdpa attention paths (ECOSYSTEM §1.5)
-        additive_mask = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device)
-        additive_mask = additive_mask.masked_fill(~visible, torch.finfo(hidden.dtype).min)
-        for layer in self.layers:
-            hidden = layer(hidden, attention_mask=additive_mask)
+        first_mask = self._additive_mask(attention_mask, self.config.attention_window, hidden.dtype)
+        # "total": the later layers see only their own position and h, so the whole stack sees k tokens back
+        later_mask = first_mask if self.config.attention_window_scope == "per_layer" else (
+            self._additive_mask(attention_mask, 1, hidden.dtype)
+        )
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, attention_mask=first_mask if index == 0 else later_mask)
         return hidden
+
+    @staticmethod
+    def _additive_mask(attention_mask: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
+        """`(B, 1, L, L)` 0 / finfo.min: an additive float mask is right for both eager and sdpa (ECOSYSTEM §1.5)."""
+        visible = windowed_causal_visibility(attention_mask, window)
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 class SEEDEncoderForPretraining(BertPretrainingBase):

@@ -6,6 +6,7 @@ Hub remote code: torch/transformers only, relative imports for our own files.
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,73 @@ from transformers.utils import ModelOutput
 from .layers_retromae import IGNORE_INDEX, linear_cross_entropy
 
 logger = logging.getLogger(__name__)
+
+# model_type of every checkpoint with BERT's layout (`bert.*` encoder, BERT position ids): plain BERT and ours.
+# RoBERTa / XLM-R offset their position ids by padding_idx + 1, so their weights would load but encode wrongly.
+BERT_LAYOUT_MODEL_TYPES = ("bert", "retromae", "dupmae", "bow_prediction", "seed_encoder", "sentmae")
+# BERT weights no model here uses: the pooler (our sentence embedding is the [CLS] state) and the NSP head
+UNUSED_BERT_KEYS = (r"(^|\.)pooler\.", r"^cls\.seq_relationship\.")
+
+
+class _HoldLoadReport(logging.Filter):
+    """Holds back what transformers logs about missing / unexpected keys during `from_pretrained` (the LOAD REPORT
+    table; the "checkpoint seem corrupted" line of an MLM head absent from a bare BertModel), to show it only if
+    it matters."""
+
+    held_messages = ("LOAD REPORT", "This checkpoint seem corrupted")
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if any(message in str(record.msg) for message in self.held_messages):
+            self.held.append(record)
+            return False
+        return True
+
+
+def _only_expected_keys(info: dict, quiet_missing: tuple[str, ...], quiet_unexpected: tuple[str, ...]) -> bool:
+    """True when every missing / unexpected key of a load matches the class's patterns (and nothing mismatched)."""
+
+    def covered(keys, patterns) -> bool:
+        return all(any(re.search(p, key) for p in patterns) for key in keys)
+
+    return (
+        not info.get("mismatched_keys")
+        and not info.get("error_msgs")
+        and covered(info.get("missing_keys", ()), quiet_missing)
+        and covered(info.get("unexpected_keys", ()), quiet_unexpected)
+    )
+
+
+class QuietLoadReportMixin:
+    """`from_pretrained` that logs transformers' LOAD REPORT table only when it lists a key that matters.
+
+    Loading a pre-training checkpoint into an encoder class (heads left out), or plain BERT into a pre-training
+    class (a new decoder; BERT's pooler left out), is the intended use; a table for it on every command hides the
+    loads that are wrong. Keys matching `quiet_missing_keys` / `quiet_unexpected_keys` (regular expressions) are
+    expected; any other key shows the whole table as before. `output_loading_info=True` still returns every key
+    (unlike `_keys_to_ignore_on_load_*`, which would hide them from the caller too).
+    """
+
+    quiet_missing_keys: tuple[str, ...] = ()
+    quiet_unexpected_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pretrained(cls, *args, output_loading_info: bool = False, **kwargs):
+        report_logger = logging.getLogger("transformers.modeling_utils")
+        hold = _HoldLoadReport()
+        report_logger.addFilter(hold)
+        info = None
+        try:
+            model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        finally:  # a failed load (e.g. mismatched shapes) shows its report: the error refers to it
+            report_logger.removeFilter(hold)
+            if info is None or not _only_expected_keys(info, cls.quiet_missing_keys, cls.quiet_unexpected_keys):
+                for record in hold.held:
+                    report_logger.handle(record)
+        return (model, info) if output_loading_info else model
 
 
 @dataclass
@@ -40,9 +108,13 @@ class PretrainingOutput(ModelOutput):
     sentence_embedding: torch.Tensor | None = None
 
 
-class ClsEncoderModel(BertModel):
+class ClsEncoderModel(QuietLoadReportMixin, BertModel):
     """A plain `BertModel` (same parameter names, no pooler) whose `pooler_output` is the last-layer [CLS] state,
-    the sentence embedding of the CLS-based methods. Loads a pre-training checkpoint by stripping the `bert.` prefix."""
+    the sentence embedding of the CLS-based methods. Loads a pre-training checkpoint by stripping the `bert.` prefix;
+    the checkpoint's heads (`cls.*`, `decoder.*`) and BERT's pooler are left out without a load-report table."""
+
+    quiet_missing_keys = UNUSED_BERT_KEYS  # a pooler asked for with add_pooling_layer=True: its output is replaced
+    quiet_unexpected_keys = (*UNUSED_BERT_KEYS, r"^cls\.", r"^decoder\.")
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = False):
         super().__init__(config, add_pooling_layer=add_pooling_layer)
@@ -54,7 +126,7 @@ class ClsEncoderModel(BertModel):
         return output
 
 
-class BertPretrainingBase(BertPreTrainedModel):
+class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
     """Encoder `bert` + MLM head `cls`, named as in `BertForMaskedLM` so BERT checkpoints load unchanged.
 
     Subclasses set `config_class` and `encoder_class`, build their heads in `__init__` before `self.post_init()`,
@@ -71,6 +143,10 @@ class BertPretrainingBase(BertPreTrainedModel):
     encoder_class: type = ClsEncoderModel
     # state-dict prefixes of the method's own new modules (reported as missing when starting from plain BERT)
     head_prefixes: tuple[str, ...] = ()
+    # new when starting from BERT (no load-report table): the decoders, and the MLM head of a bare BertModel
+    # (`from_encoder_checkpoint` logs what was initialised); BERT's pooler and NSP head are left out
+    quiet_missing_keys = (r"^decoder\.", r"^cls\.predictions\.")
+    quiet_unexpected_keys = UNUSED_BERT_KEYS
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -137,11 +213,20 @@ class BertPretrainingBase(BertPreTrainedModel):
     def from_encoder_checkpoint(cls, model_name_or_path: str | os.PathLike, **config_overrides):
         """Start pre-training from any BERT checkpoint (BertModel, BertForMaskedLM or one of our checkpoints).
 
+        Other architectures (RoBERTa, XLM-R ...: `model_type` not in `BERT_LAYOUT_MODEL_TYPES`) are refused with a
+        `ValueError`, as `retromae pretrain --model` refuses them: their position ids are offset, so their weights
+        would load into BERT's layout and encode wrongly.
+
         The config keeps the checkpoint's architecture and takes the method's fields from `config_overrides`.
         Modules absent from the checkpoint are initialised as BERT does (normal(0, initializer_range), zero biases,
         unit LayerNorms); the MLM output matrix is always the tied word-embedding matrix. With
         `decoder_init="copy_last_layer"` a fresh decoder starts as a copy of the encoder's last layer.
         """
+        model_type = BertConfig.get_config_dict(model_name_or_path)[0].get("model_type")
+        if model_type not in (None, *BERT_LAYOUT_MODEL_TYPES):
+            raise ValueError(
+                f"{model_name_or_path} has model_type {model_type!r}; retromae pre-trains BERT-architecture encoders"
+            )
         base = BertConfig.from_pretrained(model_name_or_path).to_dict()
         fields = {k: v for k, v in base.items() if k not in {"model_type", "architectures", "auto_map", "transformers_version"}}
         config = cls.config_class(**{**fields, **config_overrides})
@@ -167,4 +252,11 @@ class BertPretrainingBase(BertPreTrainedModel):
                 layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
 
 
-__all__ = ["BertPretrainingBase", "ClsEncoderModel", "IGNORE_INDEX", "PretrainingOutput"]
+__all__ = [
+    "BERT_LAYOUT_MODEL_TYPES",
+    "BertPretrainingBase",
+    "ClsEncoderModel",
+    "IGNORE_INDEX",
+    "PretrainingOutput",
+    "QuietLoadReportMixin",
+]

@@ -36,6 +36,19 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, tokenizer) -> Path:
+    """A randomly initialised tiny BertForMaskedLM (seed 0) with the real MiniLM tokenizer beside it."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(**tiny_bert_kwargs())).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def tiny_bert_kwargs(**overrides) -> dict:
     """Tiny BERT sizes with the real 30,522-token vocabulary so the MiniLM tokenizer fits."""
     kwargs = dict(

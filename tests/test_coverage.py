@@ -125,3 +125,37 @@ def test_invalid_arguments(tokenizer):
 def test_plot_writes_a_png_creating_the_folder(tmp_path):
     path = plot_coverage({"bert": {10: 0.05, 20: 0.04}, "bow": {10: 0.6, 20: 0.45}}, tmp_path / "sub" / "c.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- CLI: repeated --model, progress bar, incomplete folders (issue 12, items 3 and 6) -------------------------------
+
+
+def test_cli_measures_every_repeated_model_and_shows_progress(minilm_dir, tokenizer, tmp_path, capsys):
+    """The README's `coverage --model A --model B`: HEAD measured B alone and showed no progress bar."""
+    from retromae.trainers.coverage import coverage_command
+
+    tiny = tmp_path / "tiny"
+    torch.manual_seed(0)
+    BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False).save_pretrained(tiny)
+    tokenizer.save_pretrained(tiny)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(t for t in TEXTS if t) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert coverage_command(["--model", str(minilm_dir), "--model", str(tiny), "--corpus", str(corpus),
+                             "--max-seq-length", "32", "--output-dir", str(out)]) == 0
+    saved = json.loads((out / "coverage.json").read_text())
+    assert list(saved["coverage"]) == [str(minilm_dir), str(tiny)]
+    assert "batch" in capsys.readouterr().err  # tqdm's bar, one per model
+    with pytest.raises(ValueError, match="--max-seq-length is given 2 times"):
+        coverage_command(["--max-seq-length", "32", "--max-seq-length", "64"])
+
+
+def test_folder_killed_mid_save_is_refused(tokenizer, tmp_path):
+    """Weights + tokenizer_config.json without tokenizer.json: HEAD measured it with a 5-token tokenizer."""
+    torch.manual_seed(0)
+    model = BoWForPretraining(BoWConfig(**tiny_bert_kwargs())).eval()
+    model.save_pretrained(tmp_path / "checkpoint-2")
+    tokenizer.save_pretrained(tmp_path / "checkpoint-2")
+    (tmp_path / "checkpoint-2" / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match=r"coverage: model folder .*checkpoint-2 is incomplete, it has no tokenizer"):
+        input_token_coverage(tmp_path / "checkpoint-2", None, TEXTS, ks=(10,))

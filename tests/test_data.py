@@ -172,8 +172,13 @@ def test_invalid_text_format(tmp_path):
 GOOD_LINE = json.dumps({"text": "fine"}) + "\n"
 BAD_FILES = {
     "not_json": ("c.jsonl", (GOOD_LINE + "{not json}\n").encode(), ":2:", "not valid JSON"),
-    "no_text": ("c.jsonl", (GOOD_LINE * 2 + '{"title": "t", "body": "x"}\n').encode(), ":3:", 'string "text" field'),
-    "text_not_string": ("c.jsonl", (GOOD_LINE + '{"text": null}\n').encode(), ":2:", 'string "text" field'),
+    "no_text": ("c.jsonl", (GOOD_LINE * 2 + '{"title": "t", "body": "x"}\n').encode(), ":3:",
+                'no "text" field (keys: [\'body\', \'title\']); give every line a string "text" field'),
+    "text_null": ("c.jsonl", (GOOD_LINE + '{"text": null}\n').encode(), ":2:",
+                  'the "text" field must be a string, found null (JSON null)'),
+    "text_number": ("c.jsonl", (GOOD_LINE + '{"text": 123}\n').encode(), ":2:",
+                    'the "text" field must be a string, found 123 (JSON number); write the passage in quotes'),
+    "not_object": ("c.jsonl", (GOOD_LINE + '["a", "b"]\n').encode(), ":2:", 'found a JSON array'),
     "latin1_jsonl": ("c.jsonl", (GOOD_LINE * 2).encode() + '{"text": "café"}\n'.encode("latin-1"), ":3:", "UTF-8"),
     "latin1_txt": ("c.txt", b"ok\nok\ncaf\xe9 au lait\n", ":3:", "UTF-8"),
 }
@@ -521,6 +526,29 @@ def test_row_without_ordinary_tokens(tokenizer):
     rows = [{"input_ids": [101, 102]}, {"input_ids": [101, 7592, 102]}]
     batch = PretrainingCollator(tokenizer)(rows)
     assert (batch["encoder_labels"] != -100).sum(dim=1).tolist() == [0, 1]  # nothing to mask; max(1, round(0.3))
+
+
+def test_pad_then_mask_batch_equals_a_call(tokenizer, features):
+    """The Trainer runs `pad` in DataLoader workers and `mask_batch` in the training process: together they are
+    exactly `collator(features)`, and `pad` draws nothing."""
+    collator = PretrainingCollator(tokenizer, generator=torch.Generator().manual_seed(3))
+    whole = collator(features)
+    global_state = torch.random.get_rng_state()
+    padded = collator.pad(features)
+    assert torch.equal(torch.random.get_rng_state(), global_state), "pad is deterministic"
+    assert set(padded) == {"input_ids", "attention_mask", "word_starts"}
+    assert torch.equal(padded["input_ids"], original_ids(whole)), "pad leaves the ids uncorrupted"
+    split = collator.mask_batch(padded, torch.Generator().manual_seed(3))
+    assert all(torch.equal(whole[key], split[key]) for key in whole)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mask_batch_on_gpu_draws_the_cpu_masks(tokenizer, features):
+    collator = PretrainingCollator(tokenizer)
+    padded = collator.pad(features)
+    on_gpu = collator.mask_batch({k: v.cuda() for k, v in padded.items()}, torch.Generator().manual_seed(3))
+    on_cpu = collator.mask_batch(padded, torch.Generator().manual_seed(3))
+    assert all(on_gpu[key].is_cuda and torch.equal(on_gpu[key].cpu(), on_cpu[key]) for key in on_cpu)
 
 
 def test_global_rng_makes_masking_reproducible(tokenizer, features):

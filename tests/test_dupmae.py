@@ -15,7 +15,7 @@ from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_dupmae import TABLE4_REPRESENTATIONS, DupMAEConfig
 from retromae.modeling.layers_dupmae import ordinary_token_mask, sparsify_top_k, token_max_logits
 from retromae.modeling.layers_retromae import bag_of_words_loss, bag_of_words_targets
-from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel, ot_vector
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel, ot_bag_of_words_targets, ot_vector
 from retromae.modeling.st_dupmae import DupMAEPooling, decode
 
 TEXTS = [
@@ -74,6 +74,12 @@ def make_batch(tokenizer, texts=TEXTS, mask_every: int = 4, seed: int = 0) -> di
 def test_config_rejects_bad_values(overrides, field):
     with pytest.raises((ValueError, StrictDataclassError), match=field):
         tiny_config(**overrides)
+
+
+def test_dense_dim_error_names_the_flag_that_sets_it():
+    with pytest.raises((ValueError, StrictDataclassError)) as error:
+        tiny_config(dense_dim=384)  # DupMAE's default d' on a model with hidden_size 32
+    assert """--method-options '{"dense_dim": 32}'""" in str(error.value)
 
 
 def test_config_defaults_and_table4_presets():
@@ -164,9 +170,25 @@ def test_ot_vector_packs_kept_positions_without_changing_mu_or_gradients():
         torch.testing.assert_close(b, a)
 
 
-def test_pretraining_bow_loss_matches_naive_computation(tokenizer):
+def test_bow_normalizations_hand_checkable():
+    # softmax(mu) = [1/2, 1/4, 1/8, 1/8]; the row's ordinary tokens are 0, 1, 0: n = 3, unique set S = {0, 1}
+    mu = torch.log(torch.tensor([[0.5, 0.25, 0.125, 0.125]]))
+    labels = torch.tensor([[-100, 0, 1, 0, -100]])
+    unique = ot_bag_of_words_targets(labels, 4, "unique")
+    official = ot_bag_of_words_targets(labels, 4, "all_tokens")
+    assert torch.equal(unique, torch.tensor([[0.5, 0.5, 0.0, 0.0]]))  # 1/|S| on each id of S
+    torch.testing.assert_close(official, torch.tensor([[1 / 3, 1 / 3, 0.0, 0.0]]))  # 1/n, repeats overwrite
+    # "unique": (ln 2 + 2 ln 2) / 2 = 1.5 ln 2;  "all_tokens": (ln 2 + 2 ln 2) / 3 = ln 2
+    assert bag_of_words_loss(mu, unique).item() == pytest.approx(1.5 * math.log(2), abs=1e-6)
+    assert bag_of_words_loss(mu, official).item() == pytest.approx(math.log(2), abs=1e-6)
+    with pytest.raises((ValueError, StrictDataclassError), match="bow_normalization"):
+        tiny_config(bow_normalization="tokens")
+
+
+@pytest.mark.parametrize("normalization", ["unique", "all_tokens"])
+def test_pretraining_bow_loss_matches_naive_computation(tokenizer, normalization):
     torch.manual_seed(0)
-    model = DupMAEForPretraining(tiny_config(tokenizer, loss_chunk_size=8)).eval()
+    model = DupMAEForPretraining(tiny_config(tokenizer, loss_chunk_size=8, bow_normalization=normalization)).eval()
     batch = make_batch(tokenizer)
     out = model(**batch)
     hidden = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
@@ -175,8 +197,11 @@ def test_pretraining_bow_loss_matches_naive_computation(tokenizer):
     mu = logits.masked_fill(~keep[:, :, None], float("-inf")).max(1).values
     expected = []
     for row, labels in zip(mu, batch["decoder_labels"], strict=True):
-        bag = labels[labels != -100].unique()
-        expected.append(-F.log_softmax(row, -1)[bag].mean())  # mean over the unique ordinary input tokens
+        ordinary = labels[labels != -100]
+        bag = ordinary.unique()
+        # "unique": mean over the unique ordinary tokens; "all_tokens": their sum over n, repeats counted in n
+        norm = len(bag) if normalization == "unique" else len(ordinary)
+        expected.append(-F.log_softmax(row, -1)[bag].sum() / norm)
     assert out.bow_loss.item() == pytest.approx(torch.stack(expected).mean().item(), abs=1e-5)
     total = out.encoder_mlm_loss + out.decoder_loss + out.bow_loss
     assert out.loss.item() == pytest.approx(total.item(), abs=1e-5)
@@ -316,7 +341,7 @@ def test_pretraining_checkpoint_loads_as_automodel_remote_code(tokenizer, tmp_pa
 
     encoder, info = DupMAEModel.from_pretrained(checkpoint, output_loading_info=True)
     assert info["missing_keys"] == {"dense_proj.weight", "dense_proj.bias"}  # learnt in fine-tuning
-    assert not info["unexpected_keys"]
+    assert info["unexpected_keys"] and all(k.startswith("decoder.") for k in info["unexpected_keys"])
     encoder.eval()
     with torch.no_grad():
         local = encoder(**enc)
@@ -324,7 +349,34 @@ def test_pretraining_checkpoint_loads_as_automodel_remote_code(tokenizer, tmp_pa
     torch.testing.assert_close(remote["pooler"], local.pooler_output)
     torch.testing.assert_close(remote["pooler"], hidden[:, 0])  # the pre-training model's own [CLS] state
     torch.testing.assert_close(remote["ot"], local.ot_embedding)
-    assert remote["dense"].shape == (3, 16)  # dense_proj is freshly initialised in each process
+    assert remote["dense"].shape == (3, 16)
+    # the fresh projection is a function of the config (dense_proj_seed), not of either process's global RNG
+    torch.testing.assert_close(remote["dense"], local.dense_embedding)
+
+
+def test_automodel_and_export_give_the_same_dense_vectors(tokenizer, tmp_path):
+    from retromae.trainers.export import export_sentence_transformer
+    from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer
+
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "ckpt"
+    DupMAEForPretraining(tiny_config(tokenizer)).save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    enc = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    run_fresh_python(  # AutoModel(trust_remote_code) on the checkpoint, in a process whose global RNG differs
+        "import torch\ntorch.manual_seed(1234)\n"
+        + REMOTE_LOAD.format(ids=enc["input_ids"].tolist(), attention=enc["attention_mask"].tolist()),
+        checkpoint,
+        tmp_path,
+    )
+    automodel_dense = torch.load(checkpoint / "out.pt")["dense"]
+    torch.manual_seed(99)
+    exported = load_dupmae_sentence_transformer(export_sentence_transformer(checkpoint, tmp_path / "st"))
+    export_dense = exported.encode_document(TEXTS, convert_to_tensor=True)[:, :16]  # [dense (16) ; sparse]
+    torch.testing.assert_close(export_dense, automodel_dense, atol=1e-5, rtol=1e-5)
+    assert automodel_dense.abs().sum() > 0
+    other_seed = DupMAEModel(tiny_config(tokenizer, dense_proj_seed=1))
+    assert not torch.equal(other_seed.dense_proj.weight, DupMAEModel(tiny_config(tokenizer)).dense_proj.weight)
 
 
 # ---- sentence-transformers export ------------------------------------------------------------------------------------

@@ -371,3 +371,30 @@ def test_minilm_scifact_dev_equals_mteb(minilm_dir, shared_data, tmp_path, encod
     assert direct["ndcg_at_10"] == pytest.approx(by_hand, abs=1e-5)
     assert len(corpus) < 1200
     assert 0.55 < ours["ndcg_at_10"] < 0.95  # a sane value for this model on SciFact dev with a smaller corpus
+
+
+# ---- progress bar, repeated --beir-folder, incomplete folders (issue 12, items 3 and 6) ------------------------------
+
+
+def test_cli_shows_progress_and_evaluates_every_repeated_beir_folder(tiny_cls_dir, tiny_beir, tmp_path, capsys):
+    """HEAD showed no progress bar by default, and `--beir-folder A --beir-folder B` evaluated B alone."""
+    import shutil
+
+    second = tmp_path / "toy2"
+    shutil.copytree(tiny_beir, second)
+    assert evaluate_command([str(tiny_cls_dir), "--beir-folder", str(tiny_beir), "--beir-folder", str(second),
+                             "--split", "dev", "--output-dir", str(tmp_path / "eval")]) == 0
+    rows = json.loads((tmp_path / "eval" / "summary.json").read_text())["results"]
+    assert sorted(row["dataset_name"] for row in rows) == ["toy (local BEIR)", "toy2 (local BEIR)"]
+    err = capsys.readouterr().err
+    assert "it/s" in err or "s/it" in err  # tqdm's encoding bars
+
+
+def test_model_folder_killed_mid_save_is_refused_before_reading_data(tiny_cls_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "checkpoint-9"
+    shutil.copytree(tiny_cls_dir, broken)
+    (broken / "tokenizer.json").unlink()
+    with pytest.raises(EvaluateError, match=r"evaluate --model: model folder .*checkpoint-9 is incomplete"):
+        evaluate_folder(broken, beir_folders=[tmp_path / "not-read-yet"], output_dir=tmp_path / "eval")

@@ -221,14 +221,14 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
         tmp_path / "empty": r"empty is not a retromae checkpoint: no config.json",
         tmp_path / "missing": r"missing does not exist",
         no_weights: r"no-weights is not a retromae checkpoint: no model.safetensors",
-        no_tokenizer: r"no-tokenizer has no tokenizer files",
+        no_tokenizer: r"export: model folder .*no-tokenizer is incomplete, it has no tokenizer.json",
     }
     for source, message in cases.items():
         with pytest.raises(ExportError, match=message):
             export_sentence_transformer(source, tmp_path / "out")
         assert not (tmp_path / "out").exists()
     _, checkpoint = pretrained
-    with pytest.raises(ExportError, match="would replace the checkpoint"):
+    with pytest.raises(ExportError, match="would replace the input"):
         export_sentence_transformer(checkpoint, checkpoint.parent, overwrite=True)
     assert issubclass(ExportError, ValueError)
 
@@ -261,3 +261,129 @@ def test_sharded_checkpoint(pretrained, exported, tokenizer, tmp_path):
     out = export_sentence_transformer(checkpoint, tmp_path / "out")
     a, b = load_file(out / "model.safetensors"), load_file(exported / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- incomplete checkpoints and killed exports (issue 12, item 3) -----------------------------------------------------
+
+
+def _killed_mid_save(pretrained, folder: Path) -> Path:
+    """What a kill during the Trainer's save leaves: weights and tokenizer_config.json, no tokenizer.json."""
+    import shutil
+
+    _, checkpoint = pretrained
+    shutil.copytree(checkpoint, folder)
+    (folder / "tokenizer.json").unlink()
+    return folder
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
+    """On HEAD the export loaded a 5-token tokenizer (every word [UNK]) and wrote a folder that looked valid."""
+    from transformers import AutoTokenizer
+
+    broken = _killed_mid_save(pretrained, tmp_path / "checkpoint-500")
+    assert len(AutoTokenizer.from_pretrained(str(broken))) == 5  # what transformers silently loads from it
+    with pytest.raises(ExportError, match=r"export: model folder .*checkpoint-500 is incomplete, it has no "
+                                          r"tokenizer.json .*killed mid-save"):
+        export_sentence_transformer(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+    # a Trainer checkpoint whose optimizer was written but whose trainer_state.json (written last) was not
+    _, checkpoint = pretrained
+    unfinished = tmp_path / "run" / "checkpoint-7"
+    import shutil
+
+    shutil.copytree(checkpoint, unfinished)
+    (unfinished / "optimizer.pt").write_bytes(b"partial")
+    with pytest.raises(ExportError, match=r"no trainer_state.json \(the Trainer writes it last"):
+        export_sentence_transformer(unfinished, tmp_path / "out")
+
+
+def test_pretrain_model_refuses_an_incomplete_folder(pretrained, tmp_path):
+    """`retromae pretrain --model` goes through `load_pretraining_model`; on HEAD it loaded the folder."""
+    from retromae.trainers.cli import load_pretraining_model
+    from retromae.trainers.methods import get_method
+
+    broken = _killed_mid_save(pretrained, tmp_path / "checkpoint-500")
+    with pytest.raises(ValueError, match=r"--model: model folder .*is incomplete, it has no tokenizer.json"):
+        load_pretraining_model(str(broken), get_method("retromae"), {})
+
+
+def test_killed_export_leaves_no_folder_and_the_next_one_cleans_up(pretrained, tmp_path):
+    """SIGKILL an export half-way through writing: the target never appears, and the next export removes the
+    temporary folder the killed one left (HEAD left it forever)."""
+    import subprocess
+    import sys
+
+    _, checkpoint = pretrained
+    out = tmp_path / "retromae-tiny"
+    script = (
+        "import os, signal, sys\n"
+        "from retromae.trainers import export\n"
+        "def killed(request, build_dir):\n"
+        "    (build_dir / 'config.json').write_text('{}')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "export.EXPORTERS['retromae'] = killed\n"
+        "export.export_sentence_transformer(sys.argv[1], sys.argv[2])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(checkpoint), str(out)], capture_output=True, timeout=120)
+    assert result.returncode == -9
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert not out.exists() and len(leftovers) == 1 and leftovers[0].startswith(".retromae-tiny.tmp-")
+
+    assert export_sentence_transformer(checkpoint, out) == out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["retromae-tiny"]
+
+
+def test_a_swap_killed_between_its_renames_is_restored(pretrained, tmp_path):
+    """A kill between `target -> .old` and `.tmp -> target` leaves no target: the next write puts it back."""
+    _, checkpoint = pretrained
+    out = export_sentence_transformer(checkpoint, tmp_path / "retromae-tiny")
+    before = (out / "model.safetensors").read_bytes()
+    pid = _dead_pid()
+    out.rename(tmp_path / f".retromae-tiny.old-{pid}-0123abcd")
+    (tmp_path / f".retromae-tiny.tmp-{pid}-4567cdef").mkdir()
+    with pytest.raises(ExportError, match="already exists and is not empty"):  # restored, so not overwritten
+        export_sentence_transformer(checkpoint, out)
+    assert (out / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["retromae-tiny"]
+
+
+def test_check_model_folder_layouts(pretrained, tmp_path, minilm_dir):
+    from retromae.trainers.folders import IncompleteModelFolder, check_model_folder
+
+    check_model_folder("sentence-transformers/all-MiniLM-L6-v2", purpose="x")  # a Hub id: not checked here
+    check_model_folder(minilm_dir, purpose="x")  # a sentence-transformers folder (Transformer at the root)
+    _, checkpoint = pretrained
+    check_model_folder(checkpoint, purpose="x")
+    with pytest.raises(IncompleteModelFolder, match=r"does not exist"):
+        check_model_folder(tmp_path / "nope", purpose="x")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_text("{}")
+    (sharded / "vocab.txt").write_text("[PAD]\n")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001.safetensors"}}))
+    with pytest.raises(IncompleteModelFolder, match=r"no model-00001.safetensors \(listed in model.safetensors"):
+        check_model_folder(sharded, purpose="x")
+
+
+def test_relative_paths_in_run_info_are_not_written_to_the_card(pretrained, tokenizer, tmp_path, monkeypatch):
+    """A corpus `data/corpus.jsonl` or base model `out/encoder` looks like `owner/name`: HEAD wrote both as they
+    were, the base model as `base_model:` metadata with a link to a Hub page that does not exist."""
+    model, _ = pretrained
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / "encoder").mkdir(parents=True)
+    run_info = {**RUN_INFO, "corpus": "data/my_corpus.jsonl", "base_model": "out/encoder"}
+    out = export_from_model(model, tokenizer, tmp_path / "export", run_info)
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model is None
+    assert "data/my_corpus.jsonl" not in card.text and "my_corpus.jsonl" in card.text
+    assert "out/encoder" not in card.text

@@ -381,3 +381,54 @@ def test_ddp_contrastive_loss_uses_the_global_batch(tmp_path):
     assert (ranks[0]["loss"] + ranks[1]["loss"]) / 2 == pytest.approx(expected, rel=1e-5)
     assert ranks[0]["loss"] != pytest.approx(ranks[1]["loss"])  # different local queries
     assert all(r["grad"] > 0 for r in ranks)
+
+
+# ---- incomplete folders and local base models (issue 12, items 3 and 5) ---------------------------------------------
+
+
+def test_model_folder_killed_mid_save_is_refused(tiny_bert_dir, tmp_path):
+    """Weights + tokenizer_config.json but no tokenizer.json: HEAD loaded a 5-token tokenizer (all words [UNK])."""
+    import shutil
+
+    broken = tmp_path / "checkpoint-3"
+    shutil.copytree(tiny_bert_dir, broken)
+    (broken / "tokenizer.json").unlink()
+    with pytest.raises(FinetuneError, match=r"--model: model folder .*checkpoint-3 is incomplete, it has no tokenizer"):
+        load_encoder(broken)
+
+
+def test_local_starting_model_is_not_written_as_a_hub_id(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch):
+    """The README's `finetune --model out/encoder`: HEAD wrote `base_model: out/encoder` and a Hub link to it."""
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_bert_dir, tmp_path / "out" / "encoder")
+    assert finetune_command(["out/encoder", str(tiny_beir), "--output-dir", "out/ft", "--stages", "in-batch",
+                             *FAST]) == 0
+    info = json.loads((tmp_path / "out" / "ft" / "retromae_finetune.json").read_text())
+    assert info["base_model"] is None
+    card = (tmp_path / "out" / "ft" / "README.md").read_text()
+    assert "base_model" not in ModelCard(card).data.to_dict()
+    assert "out/encoder" not in card and "a local model (no Hub id recorded)" in card
+
+    with pytest.raises(FinetuneError, match="--base-model-name 'out/encoder/' is not a Hub id"):
+        finetune_command(["out/encoder", str(tiny_beir), "--output-dir", "out/x", "--base-model-name", "out/encoder/"])
+
+
+def test_hub_id_of_a_local_model(tmp_path):
+    from retromae.trainers.folders import hub_id_of_model
+
+    assert hub_id_of_model("my-org/encoder") == "my-org/encoder"  # not a folder here: a Hub id
+    plain = tmp_path / "encoder"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"model_type": "bert", "_name_or_path": str(tmp_path)}))
+    assert hub_id_of_model(plain) is None  # a local `_name_or_path` is no Hub id
+    named = tmp_path / "named"
+    named.mkdir()
+    (named / "README.md").write_text("---\nmodel_name: my-org/retromae-scifact\nbase_model: bert-base-uncased\n---\n")
+    assert hub_id_of_model(named) == "my-org/retromae-scifact"  # its own id, not its base's
+    snapshot = tmp_path / "hub" / "models--BAAI--bge-small-en" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert hub_id_of_model(snapshot) == "BAAI/bge-small-en"

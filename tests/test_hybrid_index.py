@@ -300,3 +300,47 @@ def test_sparse_queries_with_query_top_k(st_models):
             assert [doc_id for doc_id, _ in row_hits] == [str(int(i)) for i in order]
     finally:
         pooling.query_top_k = None
+
+
+# ---- command line: bad folders and repeated flags (issue 12, item 6 and the index CLI) -------------------------------
+
+
+def test_search_cli_without_a_manifest_is_a_one_line_error(tmp_path):
+    """HEAD raised FileNotFoundError (a traceback from `retromae search`)."""
+    from retromae.trainers.hybrid_index import search_command
+
+    (tmp_path / "index").mkdir()
+    with pytest.raises(HybridIndexError, match=r"--index: .*manifest.json is missing"):
+        search_command(["--index", str(tmp_path / "index"), "--model", str(tmp_path / "model"), "--query", "x"])
+
+
+def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypatch):
+    """HEAD encoded the whole corpus, then failed with FileExistsError."""
+    from retromae.trainers.hybrid_index import index_command
+
+    out = tmp_path / "index"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
+    with pytest.raises(HybridIndexError, match=r"output folder .*index already exists.*--overwrite"):
+        index_command(["--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.jsonl"),
+                       "--output-dir", str(out)])
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
+    """`search --query a --query b`: HEAD answered b alone. A repeated single-value flag is refused."""
+    from retromae.trainers.export_dupmae import save_dupmae_sentence_transformer
+    from retromae.trainers.flags import RepeatedFlagError
+    from retromae.trainers.hybrid_index import search_command
+
+    model, _ = st_models
+    save_dupmae_sentence_transformer(model, tmp_path / "model")
+    HybridIndex.build(model, DOCS[:4], ids=[f"d{i}" for i in range(4)]).save(tmp_path / "index")
+    common = ["--index", str(tmp_path / "index"), "--model", str(tmp_path / "model"), "--top-n", "2"]
+    assert search_command([*common, "--query", "dense vectors", "--query", "yellow fruit", "fish",
+                           "--output", str(tmp_path / "hits.jsonl")]) == 0
+    records = [json.loads(line) for line in (tmp_path / "hits.jsonl").read_text().splitlines()]
+    assert [r["query"] for r in records] == ["dense vectors", "yellow fruit", "fish"]
+    with pytest.raises(RepeatedFlagError, match="--top-n is given 2 times"):
+        search_command([*common, "--query", "x", "--top-n", "3"])

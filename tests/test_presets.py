@@ -8,15 +8,17 @@ everything else, so a misspelled key, a value of the wrong type or a method opti
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from conftest import tiny_bert_kwargs
 from retromae.trainers.cli import main
 from retromae.trainers.methods import METHODS, method_of_config
-from transformers import BertConfig, BertForMaskedLM
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.glob("*.yaml"))
@@ -30,15 +32,6 @@ PAIRS = [
     {"anchor": "A man is playing a guitar on stage.", "positive": "Someone performs music."},
     {"anchor": "Two dogs run through the snow.", "positive": "Animals are outside in winter."},
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory, tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(**tiny_bert_kwargs())).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +96,37 @@ def test_preset_runs_two_steps(preset, tiny_bert, corpus, pairs, stage1, tmp_pat
     assert method_of_config(config["model_type"]).name == method
     for key, value in (values.get("method_options") or {}).items():  # the file's method options reached the model
         assert config[key] == value or (method == "dupmae" and key == "dense_dim"), key
+
+
+def test_presets_load_by_name_and_by_readme_path_outside_the_source_tree(tiny_bert, corpus, tmp_path, monkeypatch):
+    """A pip user has no configs/ folder: `--config NAME` and the README's `configs/NAME.yaml` find the bundled one."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", str(tiny_bert), "--corpus", str(corpus), "--max-steps", "1", "--max-seq-length", "32",
+              "--per-device-train-batch-size", "2", "--no-export", "true", "--use-cpu", "true", "--disable-tqdm", "true"]
+    assert main(["pretrain", "--config", "demo-bow", *common, "--output-dir", "by-name"]) == 0
+    assert main(["pretrain", "--config", "configs/demo-seed.yaml", *common, "--output-dir", "by-path"]) == 0
+    assert json.loads((tmp_path / "by-name" / "retromae_run.json").read_text())["method"] == "bow"
+    assert json.loads((tmp_path / "by-path" / "retromae_run.json").read_text())["method"] == "seed"
+
+
+def test_unknown_preset_lists_the_bundled_ones(capsys):
+    assert main(["pretrain", "--config", "no-such-preset"]) == 2
+    assert "bundled presets: bow-msmarco" in capsys.readouterr().err
+
+
+def test_wheel_ships_the_presets(tmp_path):
+    """`pip install retromae` users get configs/ as package data beside retromae/trainers/ (where cli.py looks)."""
+    pytest.importorskip("setuptools")
+    root = CONFIGS.parent
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    for package in ("modeling", "trainers", "model_cards", "configs"):
+        shutil.copytree(root / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("retromae-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"retromae/configs/{p.name}" for p in PRESETS} <= names and "retromae/trainers/cli.py" in names

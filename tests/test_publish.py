@@ -159,3 +159,62 @@ def test_a_folder_that_would_not_load_is_refused(cls_folder, copy_of):
     (broken / "modules.json").write_text('[{"idx": 0, "name": "0", "path": "", "type": ')
     with pytest.raises(PublishError, match="modules.json is not valid JSON"):
         validate_model_folder(broken)
+
+
+# ---- local paths in the metadata, half-saved tokenizers (issue 12, items 3 and 5) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("base_model", "out/encoder", "base_model"),  # the README's `finetune --model out/encoder`, run from tmp_path
+        ("datasets", ["data/train.jsonl"], r"datasets\[0\]"),
+        ("base_model", "../models/encoder", "base_model"),
+        ("model-index", [{"name": "x", "results": [{"task": {"type": "retrieval"},
+                                                    "dataset": {"type": "/data/beir/scifact", "name": "scifact"},
+                                                    "metrics": [{"type": "ndcg_at_10", "value": 0.5}]}]}],
+         r"model-index\[0\].results\[0\].dataset.type"),
+    ],
+)
+def test_local_paths_in_any_metadata_field_are_refused(cls_folder, copy_of, tmp_path, monkeypatch, field, value,
+                                                       named):
+    """HEAD looked only for this folder's absolute path and the home folder in the text."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / "encoder").mkdir(parents=True)
+    folder = copy_of(cls_folder)
+    text = (folder / "README.md").read_text()
+    _, front, body = text.split("---", 2)
+    metadata = yaml.safe_load(front)
+    metadata[field] = value
+    (folder / "README.md").write_text(f"---\n{yaml.safe_dump(metadata)}---{body}")
+    with pytest.raises(PublishError, match=rf"metadata field '{named}' is a local path"):
+        publish(folder, "my-org/x", dry_run=True)
+
+
+def test_hub_ids_in_metadata_pass(cls_folder, copy_of):
+    import yaml
+
+    folder = copy_of(cls_folder)
+    _, front, body = (folder / "README.md").read_text().split("---", 2)
+    metadata = {**yaml.safe_load(front), "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+                "datasets": ["BeIR/scifact"]}
+    (folder / "README.md").write_text(f"---\n{yaml.safe_dump(metadata)}---{body}")
+    assert validate_model_folder(folder, load=False)
+
+
+def test_tokenizer_saved_from_a_half_written_checkpoint_is_refused(cls_folder, copy_of, tmp_path):
+    """A checkpoint killed mid-save has tokenizer_config.json but no tokenizer.json; transformers loads a 5-token
+    tokenizer from it, and an export saves that one with all files present. HEAD's `--dry-run` called it valid."""
+    from transformers import AutoTokenizer
+
+    folder = copy_of(cls_folder)
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "tokenizer_config.json").write_text((folder / "tokenizer_config.json").read_text())
+    degenerate = AutoTokenizer.from_pretrained(str(half))
+    assert len(degenerate) == 5
+    degenerate.save_pretrained(folder)
+    with pytest.raises(PublishError, match=r"maps every word of a test sentence to \[UNK\].*tokenizer is incomplete"):
+        publish(folder, "my-org/x", dry_run=True)

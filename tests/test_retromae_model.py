@@ -12,6 +12,8 @@ from conftest import run_without_retromae, tiny_bert_kwargs
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.layers_retromae import (
+    _row_subsets_by_sort,
+    _row_subsets_by_topk,
     enhanced_visibility_mask,
     linear_cross_entropy,
     random_row_mask,
@@ -143,6 +145,113 @@ def test_two_stream_layer_equals_bert_layer_when_streams_match():
     assert torch.allclose(two_stream_layer_forward(layer, x, x, visible), layer(x), atol=1e-5)
 
 
+# ---- visibility sampling: exact counts, uniform subsets, fast ------------------------------------------------------
+
+SUBSET_SAMPLERS = [_row_subsets_by_topk, _row_subsets_by_sort]
+
+
+def holey_real_mask() -> torch.Tensor:
+    """Right padding, left padding with a hole, a 1-token sequence and an all-padding sequence."""
+    real = torch.zeros(5, 12, dtype=torch.bool)
+    real[0, :12] = True
+    real[1, :7] = True
+    real[2, [2, 3, 5, 8, 9, 10]] = True
+    real[3, 0] = True
+    return real
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "packed"])
+@pytest.mark.parametrize("sampler", SUBSET_SAMPLERS, ids=lambda s: s.__name__)
+def test_row_subsets_pick_exactly_n_visible_real_columns(sampler, padded):
+    torch.manual_seed(0)
+    real = holey_real_mask() if padded else torch.ones(3, 13, dtype=torch.bool)  # odd length: int32 keys sliced
+    n_visible = torch.tensor([6, 3, 2, 1, 1]) if padded else torch.full((3,), 5)
+    for _ in range(20):
+        chosen = sampler(real, n_visible)  # (B, L, L)
+        assert not (chosen & ~real[:, None, :]).any(), "only real columns"
+        assert not (chosen & ~real[:, :, None]).any(), "padding rows choose nothing"
+        counts = chosen.sum(-1)  # (B, L)
+        assert torch.equal(counts, torch.where(real, n_visible[:, None], 0)), "exactly n_visible per real row"
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "packed"])
+@pytest.mark.parametrize("sampler", SUBSET_SAMPLERS, ids=lambda s: s.__name__)
+def test_row_subsets_are_uniform_and_rows_independent(sampler, padded):
+    """4 real columns (with holes, or no padding at all), 2 visible: each of the C(4,2) = 6 subsets has probability
+    1/6, and the subsets of two rows are independent (36 pairs, 1/36 each). Chi-square thresholds at p = 1e-4 (5 and
+    35 dof)."""
+    torch.manual_seed(0)
+    columns = [0, 2, 3, 5] if padded else [0, 1, 2, 3]
+    real = torch.zeros(3000, 6 if padded else 4, dtype=torch.bool)
+    real[:, columns] = True
+    chosen = sampler(real, torch.full((3000,), 2))[:, columns][:, :, columns]  # (B, 4, 4)
+    code = (chosen.long() * torch.tensor([1, 2, 4, 8])).sum(-1)  # (B, 4): bit pattern of each row's subset
+    subsets = sorted({1 + 2, 1 + 4, 1 + 8, 2 + 4, 2 + 8, 4 + 8})
+    assert set(code.unique().tolist()) == set(subsets)
+    single = torch.stack([(code == s).sum() for s in subsets]).double()  # 12,000 draws over 6 subsets
+    expected = single.sum() / 6
+    assert ((single - expected) ** 2 / expected).sum() < 25.7
+    pair = torch.tensor([[((code[:, 1] == a) & (code[:, 2] == b)).sum() for b in subsets] for a in subsets]).double()
+    expected = pair.sum() / 36
+    assert ((pair - expected) ** 2 / expected).sum() < 66.6
+
+
+def test_visibility_mask_columns_equally_likely_and_fixups_exact():
+    """Over many draws every real column j != i is visible to row i with the same probability (position 0 always,
+    for i > 0); the diagonal, padding columns and padding rows follow the paper's fix-ups exactly."""
+    torch.manual_seed(0)
+    attention = torch.zeros(400, 24, dtype=torch.long)
+    attention[:, 3:20] = 1  # 17 real positions, 3 of them left padding: n_visible = 17 - round(8.5) = 9
+    attention[:, 0] = 1  # position 0 real, so 18 real: n_visible = 18 - 9 = 9
+    visible = enhanced_visibility_mask(attention, 0.5)[:, 0]  # (B, L, L)
+    real = attention[0].bool()
+    rows = real.nonzero().squeeze(1)[1:]  # real rows i > 0
+    assert visible[:, rows, 0].all()
+    assert not visible[:, torch.arange(24), torch.arange(24)][:, 1:].any(), "no row sees itself"
+    assert not visible[:, :, ~real].any(), "padding columns are never visible"
+    assert visible[:, ~real, 0].all() and visible[:, ~real, 1:].sum() == 0, "padding rows see position 0 only"
+    # row i keeps column j != i, j > 0 when j is among its 9 of 18 draws: probability 9/18 = 0.5
+    columns = real.nonzero().squeeze(1)[1:]
+    share = visible[:, rows][:, :, columns].double().mean(0)  # (17, 17): per (row, column)
+    off_diagonal = ~torch.eye(17, dtype=torch.bool)
+    sd = (0.25 / 400) ** 0.5
+    assert ((share[off_diagonal] - 0.5).abs() < 5 * sd).all()
+    # and every row's count is 9 - [i drawn] + [0 not drawn], i.e. within 8..10, with mean 9 - 0.5 + 0.5 = 9
+    counts = visible[:, rows].sum(-1).double()
+    assert counts.min() >= 8 and counts.max() <= 10 and abs(counts.mean() - 9) < 0.05
+
+
+def test_visibility_mask_one_token_and_empty_sequences():
+    attention = torch.zeros(2, 5, dtype=torch.long)
+    attention[0, 0] = 1
+    visible = enhanced_visibility_mask(attention, 0.5)[:, 0]
+    assert visible[:, :, 0].all() and visible[:, :, 1:].sum() == 0
+
+
+def test_visibility_sampling_is_much_faster_than_a_full_sort():
+    """Issue 15 item 4: the full sort of B x L x L keys (HEAD's method) was the cost. Interleaved medians, so load on
+    the machine hits both sides; on HEAD the sampler itself contains that sort and the ratio is above 1."""
+    import time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared machine stalls multi-threaded kernels unevenly; one thread compares fairly
+    attention = torch.ones(4, 512, dtype=torch.long)
+    attention[-1, 300:] = 0
+    new_times, sort_times = [], []
+    try:
+        for _ in range(5):
+            start = time.perf_counter()
+            enhanced_visibility_mask(attention, 0.5)
+            new_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            torch.rand(4, 512, 512).sort(-1)
+            sort_times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    ratio = sorted(new_times)[2] / sorted(sort_times)[2]
+    assert ratio < 0.6, f"visibility sampling takes {ratio:.2f}x a full sort of its keys"
+
+
 # ---- the model ----------------------------------------------------------------------------------------------------
 
 
@@ -212,6 +321,51 @@ def test_eager_and_sdpa_give_the_same_losses():
     torch.manual_seed(3)
     eager = model(**batch)
     assert torch.allclose(sdpa.loss, eager.loss, atol=1e-5)
+
+
+def test_decoder_attention_goes_through_the_attention_interface(monkeypatch):
+    """`config._attn_implementation` picks the decoder's attention too: with sdpa the registered sdpa function runs in
+    the 2 encoder layers and the decoder (3 calls); with eager the decoder uses transformers' eager function."""
+    import retromae.modeling.layers_retromae as layers
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    calls = []
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", lambda *a, **kw: calls.append("sdpa") or sdpa(*a, **kw))
+    model(**make_batch())
+    assert calls == ["sdpa"] * 3
+    eager = layers.eager_attention_forward
+    monkeypatch.setattr(layers, "eager_attention_forward", lambda *a, **kw: calls.append("eager") or eager(*a, **kw))
+    model.set_attn_implementation("eager")
+    model(**make_batch())
+    assert calls == ["sdpa"] * 3 + ["eager"]
+
+
+def test_gradient_checkpointing_recomputes_the_decoder_with_equal_gradients():
+    """`gradient_checkpointing_enable()` checkpoints the two-stream decoder layer: its forward runs again in the
+    backward pass, and the gradients (dropout on) equal those of the plain run."""
+    torch.manual_seed(0)
+    model = RetroMAEForPretraining(tiny_config()).train()
+    batch = make_batch()
+    query_calls = []
+    model.decoder.layers[0].attention.self.query.register_forward_hook(lambda *_: query_calls.append(1))
+
+    def gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(5)
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    plain_loss, plain = gradients()
+    assert len(query_calls) == 1
+    model.gradient_checkpointing_enable()
+    checkpointed_loss, checkpointed = gradients()
+    assert len(query_calls) == 3, "the decoder layer is recomputed in the backward pass"
+    assert torch.equal(plain_loss, checkpointed_loss) and plain.keys() == checkpointed.keys()
+    for name, grad in plain.items():
+        assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
 
 
 def test_embeddings_query_stream_runs():

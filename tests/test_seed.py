@@ -251,3 +251,41 @@ def test_encoder_class_and_plain_bert_load_the_checkpoint_by_prefix(tmp_path):
         with torch.no_grad():
             got = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
         assert torch.allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(("layers", "window"), [(3, 2), (2, 3)])
+def test_total_window_scope_keeps_the_papers_receptive_field_of_k(layers, window):
+    """Paper eq. 9: x_t is predicted from h and x_{t-k} ... x_{t-1} only. The decoder position that predicts x_t is
+    t-1 (shifted input), so changing the token at position t-k-1 (x_{t-k-1}) must leave it bit-identical under
+    `attention_window_scope="total"`; with the per-layer window (reference code) it moves it."""
+    torch.manual_seed(0)
+    seq_len, t = 16, 13
+    ids = torch.randint(5, VOCAB, (1, seq_len))
+    ids[0, 0] = 2
+    attention = torch.ones_like(ids)
+    h = torch.randn(1, 32)
+    changed = ids.clone()
+    changed[0, t - window - 1] = 5 if ids[0, t - window - 1] != 5 else 6
+
+    def moved(scope: str) -> float:
+        torch.manual_seed(0)
+        config = tiny_config(decoder_layers=layers, attention_window=window, initializer_range=0.3,
+                             attention_window_scope=scope)
+        model = SEEDEncoderForPretraining(config).eval()
+        before, after = _decoder_states(model, h, ids, attention), _decoder_states(model, h, changed, attention)
+        return (after[0, t - 1] - before[0, t - 1]).abs().max().item()
+
+    assert moved("total") == 0.0
+    assert moved("per_layer") > 1e-3
+    torch.manual_seed(0)
+    model = SEEDEncoderForPretraining(tiny_config(decoder_layers=layers, attention_window=window,
+                                                  attention_window_scope="total", initializer_range=0.3)).eval()
+    nearest = ids.clone()
+    nearest[0, t - window] = 5 if ids[0, t - window] != 5 else 6  # x_{t-k}: inside the paper's window
+    assert (_decoder_states(model, h, nearest, attention)[0, t - 1] - _decoder_states(model, h, ids, attention)[0, t - 1]).abs().max() > 1e-3
+
+
+def test_attention_window_scope_is_checked():
+    with pytest.raises((ValueError, StrictDataclassError), match="attention_window_scope"):
+        tiny_config(attention_window_scope="global")
+    assert SEEDConfig().attention_window_scope == "per_layer"

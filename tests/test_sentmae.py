@@ -23,7 +23,6 @@ from retromae.trainers.cli import main
 from retromae.trainers.contrastive_data import ContrastiveCollator, cut_two_spans, read_pairs, tokenize_pairs
 from retromae.trainers.data import CorpusError, tokenize_corpus
 from safetensors.torch import load_file
-from transformers import BertConfig, BertForMaskedLM
 
 PASSAGES = [
     "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
@@ -51,15 +50,6 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory, tokenizer) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    BertForMaskedLM(BertConfig(**tiny_bert_kwargs())).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n".join(PASSAGES * 3) + "\n", encoding="utf-8")
@@ -80,9 +70,13 @@ def stage1(tiny_bert, corpus, tmp_path_factory) -> Path:
 
 
 def cli_args(model: Path, output: Path, *extra: str) -> list[str]:
-    return ["pretrain", "--model", str(model), "--output-dir", str(output), "--max-seq-length", "32",
-            "--per-device-train-batch-size", "4", "--max-steps", "2", "--save-steps", "100", "--logging-steps", "1",
-            "--disable-tqdm", "true", "--use-cpu", "true", "--no-export", "true", *extra]
+    """The flags of a tiny run; a flag in `extra` replaces its default (the CLI refuses a repeated flag)."""
+    defaults = {"--max-seq-length": "32", "--per-device-train-batch-size": "4", "--max-steps": "2",
+                "--save-steps": "100", "--logging-steps": "1", "--disable-tqdm": "true", "--use-cpu": "true",
+                "--no-export": "true"}
+    given = set(extra)
+    kept = [item for flag, value in defaults.items() if flag not in given for item in (flag, value)]
+    return ["pretrain", "--model", str(model), "--output-dir", str(output), *kept, *extra]
 
 
 # ---- config ---------------------------------------------------------------------------------------------------------
@@ -322,17 +316,24 @@ def test_span_collator_cuts_both_spans_from_one_passage(tokenizer):
             assert (batch[f"{prefix}encoder_labels"][i] != -100).any(), "every sequence is masked"
 
 
-def test_span_collator_resumes_with_the_same_spans(tokenizer):
+def test_span_cuts_are_drawn_when_masking_not_when_padding(tokenizer):
+    """Workers run only `pad` (deterministic); the spans and masks come from `mask_batch`'s generator."""
     import datasets
 
     rows = list(tokenize_corpus(datasets.Dataset.from_dict({"text": PASSAGES}), tokenizer, max_seq_length=32))
-    collator = ContrastiveCollator(tokenizer, generator=torch.Generator().manual_seed(0))
-    collator(rows[:3])
-    second = collator(rows[3:])
-    collator.restart_generator(collator.generator_state_before(1))  # what a checkpoint after batch 1 stores
-    again = collator(rows[3:])
-    for key in second:
-        assert torch.equal(second[key], again[key]), key
+    collator = ContrastiveCollator(tokenizer)
+    torch.manual_seed(0)
+    padded = collator.pad(rows)
+    torch.manual_seed(1)
+    assert all(torch.equal(padded[key], value) for key, value in collator.pad(rows).items()), "pad draws nothing"
+    first = collator.mask_batch(padded, torch.Generator().manual_seed(5))
+    again = collator.mask_batch(padded, torch.Generator().manual_seed(5))
+    other = collator.mask_batch(padded, torch.Generator().manual_seed(6))
+    for key in first:
+        assert torch.equal(first[key], again[key]), key
+    assert not torch.equal(first["attention_mask"], other["attention_mask"]), "other spans for another state"
+    standalone = ContrastiveCollator(tokenizer, generator=torch.Generator().manual_seed(5))(rows)
+    assert all(torch.equal(first[key], standalone[key]) for key in first), "collator(features) = mask_batch(pad(.))"
 
 
 def test_pair_collator(tokenizer):

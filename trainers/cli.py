@@ -11,7 +11,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from transformers import TrainingArguments
+
+from .flags import reject_repeated_flags
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -153,14 +154,10 @@ def _configure_logging(level: int = logging.INFO) -> None:
 
 def _parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     """Parse argv into the parser's dataclasses; `--config FILE` (YAML/JSON) sets defaults that flags override."""
-    file_values: dict[str, Any] = {}
-    if "--config" in argv:
-        at = argv.index("--config")
-        if at + 1 >= len(argv):
-            raise CliError("--config needs a file name")
-        file_values = _read_config_file(argv[at + 1])
-        argv = argv[:at] + argv[at + 2 :]
-    known = {action.dest for action in parser._actions}
+    _add_config_option(parser)
+    argv, file_values = _split_config(argv)
+    reject_repeated_flags(parser, argv)  # argparse would keep only the last value (list flags collect them all)
+    known = {action.dest for action in parser._actions} - {"config"}
     unknown = sorted(set(file_values) - known)
     if unknown:
         raise CliError(f"unknown setting(s) in the config file: {', '.join(unknown)} (see --help for the names)")
@@ -168,10 +165,49 @@ def _parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def _read_config_file(path: str) -> dict[str, Any]:
+def _add_config_option(parser) -> None:
+    """List `--config` in --help (it is read by `_split_config` before argparse sees the rest)."""
+    if not any("--config" in action.option_strings for action in parser._actions):
+        parser.add_argument(
+            "--config", metavar="FILE_OR_PRESET", default=argparse.SUPPRESS,
+            help="YAML/JSON file of settings (option names with underscores); flags on the command line win. "
+            f"`retromae pretrain` also takes a bundled preset by name: {', '.join(preset_names())}",
+        )
+
+
+def _split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """argv without `--config FILE`, and the file's values."""
+    if "--config" not in argv:
+        return argv, {}
+    at = argv.index("--config")
+    if at + 1 >= len(argv):
+        raise CliError("--config needs a file name")
+    return argv[:at] + argv[at + 2 :], _read_config_file(argv[at + 1])
+
+
+# The presets ship inside the package: `configs/` sits beside `trainers/` both in the source tree and in an
+# installed `retromae` package (pyproject.toml maps it to `retromae.configs`).
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
+
+
+def _config_file(path: str) -> Path:
+    """The file `--config` names: a file, else a bundled preset by name (`retromae-wiki-book`) or by the README's
+    path (`configs/retromae-wiki-book.yaml`, for installs without the source tree)."""
     file = Path(path)
-    if not file.is_file():
-        raise CliError(f"config file {path} not found")
+    if file.is_file():
+        return file
+    preset = PRESETS_DIR / f"{file.stem}.yaml"
+    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", ".yaml"} and preset.is_file():
+        return preset
+    raise CliError(f"config file {path} not found; bundled presets: {', '.join(preset_names())}")
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    file = _config_file(path)
     text = file.read_text(encoding="utf-8")
     try:
         if file.suffix in {".yaml", ".yml"}:
@@ -254,8 +290,10 @@ def load_pretraining_model(model_ref: str, method, overrides: dict[str, Any]):
     continues a stage-1 `retromae` checkpoint)."""
     from transformers import AutoConfig
 
+    from .folders import check_model_folder
     from .methods import METHODS
 
+    check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
     try:
         raw_config = AutoConfig.for_model("bert").get_config_dict(model_ref)[0]
     except OSError as error:
@@ -276,74 +314,131 @@ def load_pretraining_model(model_ref: str, method, overrides: dict[str, Any]):
     return method.model_class.from_encoder_checkpoint(model_ref, **overrides)
 
 
-def _check_output_dir(output_dir: str, run_args: RunArguments, resume: str | None) -> str | None:
-    """Refuse to write into a folder with an earlier run unless asked; resolve `--resume-from-checkpoint last`."""
+def _resolve_resume(output_dir: str, resume: str | None) -> str | None:
+    """The checkpoint `--resume-from-checkpoint` names: `last` is the newest complete one in OUTPUT_DIR."""
     from .trainer import last_complete_checkpoint
 
-    folder = Path(output_dir)
     if resume in {"last", "auto", "true", "True"}:
-        found = last_complete_checkpoint(folder)
+        found = last_complete_checkpoint(output_dir)
         if found is None:
-            raise CliError(f"--resume-from-checkpoint {resume}: no complete checkpoint in {folder}")
+            raise CliError(f"--resume-from-checkpoint {resume}: no complete checkpoint in {output_dir}")
         return str(found)
-    if resume:
-        if not (Path(resume) / "trainer_state.json").is_file():
-            raise CliError(f"--resume-from-checkpoint {resume}: not a complete checkpoint folder (no trainer_state.json)")
-        return resume
-    if folder.is_dir() and any(folder.iterdir()):
-        if not run_args.overwrite_output_dir:
-            latest = last_complete_checkpoint(folder)
-            hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})" if latest else "choose another --output-dir"
-            raise CliError(
-                f"output folder {folder} already holds files from an earlier run; {hint}, "
-                "or pass --overwrite-output-dir to start over (it deletes that folder's checkpoints)"
-            )
-        for checkpoint in folder.glob("checkpoint-*"):
-            shutil.rmtree(checkpoint)
-    return None
+    if resume and not (Path(resume) / "trainer_state.json").is_file():
+        raise CliError(f"--resume-from-checkpoint {resume}: not a complete checkpoint folder (no trainer_state.json)")
+    return resume
 
 
-def pretrain(argv: list[str]) -> int:
-    from transformers import AutoTokenizer, HfArgumentParser, set_seed
+def _prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool) -> None:
+    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
+    --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else.
+    Build folders of saves a kill interrupted are removed in any case."""
+    from .trainer import clean_killed_saves, last_complete_checkpoint, remove_previous_run
 
-    from .data import PretrainingCollator, read_corpus, tokenize_corpus
-    from .methods import get_method
-    from .trainer import RetroMAETrainer
+    folder = Path(output_dir)
+    if should_save:
+        clean_killed_saves(folder)
+    own_folder = resume is not None and folder.resolve() == Path(resume).resolve().parent
+    if own_folder and run_args.overwrite_output_dir:
+        raise CliError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
+                       "drop one of the two")
+    if own_folder or not (folder.is_dir() and any(folder.iterdir())):
+        return
+    if not run_args.overwrite_output_dir:
+        latest = last_complete_checkpoint(folder)
+        hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})" if latest else "choose another --output-dir"
+        raise CliError(
+            f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
+            "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
+        )
+    if should_save:
+        removed = remove_previous_run(folder)
+        logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
 
-    parser = HfArgumentParser(
+
+def _pretrain_parser():
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(
         (ModelArguments, DataArguments, RunArguments, PretrainingArguments),
         prog="retromae pretrain",
         description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
         "The options you usually need: --model, --corpus, --method, --output-dir, --max-steps, --max-seq-length, "
-        "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too.",
+        "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too. "
+        "Resuming (--resume-from-checkpoint) restores every setting of the run from its checkpoint.",
         epilog=PRETRAIN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def _pretrain_arguments(argv: list[str]):
+    """Parse `retromae pretrain`'s options. Resuming, the checkpoint's recorded settings (`resume.py`) are the
+    defaults and a flag may only repeat them. Returns the four argument dataclasses, the checkpoint to resume
+    from (or None) and the settings to record in this run's checkpoints."""
+    from .resume import ResumeConflict, check_given_options, given_options, new_run_id, read_settings, record_settings
+
     demo = "--corpus" not in argv and "--config" not in argv and "--pairs" not in argv
-    model_args, data_args, run_args, training_args = _parse(parser, argv, DEMO_DEFAULTS if demo else None)
+    parser = _pretrain_parser()
+    parsed = _parse(parser, argv, DEMO_DEFAULTS if demo else None)
+    resume = _resolve_resume(parsed[3].output_dir, parsed[3].resume_from_checkpoint)
+    recorded = read_settings(resume) if resume else None
+    if resume and not (recorded and recorded["settings"]):
+        logger.warning("%s records no run settings (written by an older retromae): the flags given now apply", resume)
+    elif recorded:
+        flags, file_values = _split_config(argv)
+        try:
+            check_given_options(recorded, {**file_values, **given_options(_pretrain_parser(), flags)}, resume)
+        except ResumeConflict as error:
+            raise CliError(str(error)) from None
+        parser = _pretrain_parser()
+        parsed = _parse(parser, argv, recorded["settings"])
+    values = vars(parser.parse_known_args(_split_config(argv)[0])[0])  # every option, as this run uses it
+    settings = record_settings(values, recorded["run_id"] if recorded else new_run_id())
+    _prepare_output_dir(parsed[3].output_dir, parsed[2], resume, parsed[3].should_save)
+    return (*parsed, resume, settings)
+
+
+def _read_json_file(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def pretrain(argv: list[str]) -> int:
+    from transformers import AutoTokenizer, set_seed
+
+    from .data import PretrainingCollator, read_corpus, tokenize_corpus
+    from .methods import get_method
+    from .trainer import RUN_INFO_NAME, RetroMAETrainer
+
+    model_args, data_args, run_args, training_args, resume, run_settings = _pretrain_arguments(argv)
     _configure_logging(training_args.get_process_log_level())
     set_seed(training_args.seed)
+    if training_args.dataloader_pin_memory and training_args.device.type == "cpu":
+        training_args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
 
     method = get_method(model_args.method)
     model_ref = model_args.model or _default_model_dir()
-    base_name = model_args.base_model_name or (
+    resumed_info = _read_json_file(Path(resume) / RUN_INFO_NAME) if resume else {}
+    base_name = model_args.base_model_name or resumed_info.get("base_model") or (
         _display_name(model_args.model, DEFAULT_BASE_MODEL_NAME) if model_args.model else DEFAULT_BASE_MODEL_NAME
     )
-    resume = _check_output_dir(training_args.output_dir, run_args, training_args.resume_from_checkpoint)
     if data_args.streaming and training_args.max_steps <= 0:
         raise CliError("--streaming needs --max-steps (a streamed corpus has no length)")
 
+    # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
+    tokenizer_ref = resume or model_args.tokenizer or model_ref
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer or model_ref, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_ref, trust_remote_code=False)
     except OSError as error:  # a Hub id while offline, a folder without tokenizer files
         raise CliError(
-            f"cannot load a tokenizer from {model_args.tokenizer or model_ref}: {str(error).splitlines()[0]} "
+            f"cannot load a tokenizer from {tokenizer_ref}: {str(error).splitlines()[0]} "
             "(pass a local folder, or --tokenizer)"
         ) from None
     overrides = _method_config_overrides(model_args, method, tokenizer)
-    model = load_pretraining_model(model_ref, method, overrides)
-    _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, model_ref)
+    model = load_pretraining_model(resume or model_ref, method, overrides)
+    _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, resume or model_ref)
 
     # --- SentMAE contrastive data (trainers/contrastive_data.py): None unless the model has a contrastive loss ---
     from .contrastive_data import contrastive_training_data
@@ -360,20 +455,20 @@ def pretrain(argv: list[str]) -> int:
             tokenizer,
             mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
             whole_word_mask=getattr(config, "whole_word_mask", True),
-            generator=torch_generator(training_args.seed + training_args.process_index),
-        )
+        )  # no generator: RetroMAETrainer draws the masks from its own per-process, checkpointed generator
     # --- end SentMAE ---
     run_info = {
         "method": method.name,
         "base_model": base_name,
-        "corpus": data_args.corpus_name or _display_name(data_args.corpus, "python-stdlib-docstrings"),
+        "corpus": data_args.corpus_name or resumed_info.get("corpus")
+        or _display_name(data_args.corpus, "python-stdlib-docstrings"),
         "max_seq_length": data_args.max_seq_length,
         "packing": data_args.packing,
         "retromae_version": _version(),
     }
     trainer = RetroMAETrainer(
         model=model, args=training_args, train_dataset=dataset, data_collator=collator,
-        processing_class=tokenizer, run_info=run_info,
+        processing_class=tokenizer, run_info=run_info, run_settings=run_settings,
     )
     started = time.time()
     trainer.train(resume_from_checkpoint=resume)
@@ -385,12 +480,6 @@ def pretrain(argv: list[str]) -> int:
     if trainer.is_world_process_zero():
         _print_summary(trainer, training_args.output_dir, export_dir, time.time() - started)
     return 0
-
-
-def torch_generator(seed: int):
-    import torch
-
-    return torch.Generator().manual_seed(seed)
 
 
 def _version() -> str:
@@ -406,16 +495,19 @@ def _print_summary(trainer, output_dir: str, export_dir: str | None, seconds: fl
     info = trainer.current_run_info()
     first, final = info.get("first_losses", {}), info.get("final_losses", {})
     losses = ", ".join(f"{k} {first.get(k, float('nan')):.3f} -> {v:.3f}" for k, v in sorted(final.items()))
+    logged_steps = [entry["step"] for entry in trainer.state.log_history if "loss" in entry]
+    window = f"step {logged_steps[0]} -> step {logged_steps[-1]}" if logged_steps else "none logged"
     lines = [
         "",
         f"retromae: {info['method']} pre-training finished: {info['global_step']} steps in {seconds / 60:.1f} min",
-        f"  losses (first -> last logged): {losses}",
+        f"  losses ({window}): {losses}",
         f"  pre-training checkpoint (decoder included): {output_dir}",
     ]
     if export_dir:
         from sentence_transformers import SentenceTransformer
 
-        encoder = SentenceTransformer(export_dir)
+        # our own export, just written; DupMAE's carries its hybrid module as remote code
+        encoder = SentenceTransformer(export_dir, trust_remote_code=True)
         example = "Dense retrievers encode text into vectors."
         vector = encoder.encode_document([example])[0]
         lines += [

@@ -34,6 +34,7 @@ import datasets
 import torch
 
 from .data import (
+    UNMASKED_KEY,
     CorpusError,
     PretrainingCollator,
     _code_fingerprint,
@@ -217,7 +218,9 @@ class ContrastiveCollator(PretrainingCollator):
     (``positive_input_ids``, ``positive_word_starts``), e.g. from ``tokenize_pairs``.
 
     All 2B sequences are padded to one length and masked exactly as ``PretrainingCollator`` masks (same fields, same
-    generator; the span draws come from that generator too, so a resumed run repeats them).
+    generator). The span cuts are random, so they belong to ``mask_batch`` (drawn from the same generator, before
+    the masks): under ``RetroMAETrainer`` they come from the trainer's per-process generator too, never from a
+    DataLoader worker.
 
     Returns (``__call__``): ``input_ids``, ``attention_mask``, ``encoder_labels``, ``decoder_labels`` of the anchors,
     ``(batch_size, padded_length)`` each, and the same four keys prefixed with ``positive_`` for the positives.
@@ -231,20 +234,24 @@ class ContrastiveCollator(PretrainingCollator):
             raise ValueError(f"positives={self.positives!r} is not supported; choose 'spans' or 'pairs'")
         self._prefix, self._suffix = _special_template(self.tokenizer) if self.positives == "spans" else ([], [])
 
-    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def pad(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Pairs: anchors then positives, ``(2B, L)``. Spans: the B passages; the spans are cut in ``mask_batch``."""
         if not features:
             raise ValueError("ContrastiveCollator got an empty batch")
-        state = self.generator.get_state() if self.generator is not None else None
         if self.positives == "spans":
-            anchors, positives = self._cut_spans(features)
-        else:
-            anchors, positives = self._split_pairs(features)
-        batch = super().__call__(anchors + positives)  # (2B, L) each
-        if state is not None:  # the base recorded the state after the span draws; a resumed batch must redo them
-            self._states_before[self._calls - 1] = state
-        size = len(features)
-        out = {key: value[:size] for key, value in batch.items()}
-        out.update({POSITIVE_PREFIX + key: value[size:] for key, value in batch.items()})
+            return super().pad(features)
+        anchors, positives = self._split_pairs(features)
+        return super().pad(anchors + positives)
+
+    def mask_batch(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        if self.positives == "spans":  # span draws first (in Python, on the CPU), then the masks of all 2B sequences
+            anchors, positives = self._cut_spans(_unpadded_rows(batch), generator)
+            device = batch["input_ids"].device
+            batch = {key: value.to(device) for key, value in super().pad(anchors + positives).items()}
+        masked = super().mask_batch(batch, generator)  # (2B, L) each
+        size = masked["input_ids"].shape[0] // 2
+        out = {key: value[:size] for key, value in masked.items()}
+        out.update({POSITIVE_PREFIX + key: value[size:] for key, value in masked.items()})
         return out
 
     def _split_pairs(self, features: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -258,14 +265,16 @@ class ContrastiveCollator(PretrainingCollator):
         positives = [{"input_ids": f[key], "word_starts": f.get(POSITIVE_PREFIX + "word_starts")} for f in features]
         return anchors, positives
 
-    def _cut_spans(self, features: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
-        draws = torch.rand(len(features), 6, generator=self.generator).tolist()  # (B, 6)
+    def _cut_spans(
+        self, features: list[dict[str, Any]], generator: torch.Generator | None
+    ) -> tuple[list[dict], list[dict]]:
+        draws = torch.rand(len(features), 6, generator=generator).tolist()  # (B, 6)
         prefix, suffix = self._prefix, self._suffix
         anchors, positives = [], []
         for feature, row_draws in zip(features, draws, strict=True):
-            ids = [int(i) for i in feature["input_ids"]]
+            ids = list(map(int, feature["input_ids"]))
             starts = feature.get("word_starts")
-            starts = [int(s) for s in starts] if starts is not None else [1] * len(ids)
+            starts = list(map(int, starts)) if starts is not None else [1] * len(ids)
             head = len(prefix) if ids[: len(prefix)] == prefix else 0
             tail = len(suffix) if suffix and len(ids) - head >= len(suffix) and ids[-len(suffix) :] == suffix else 0
             body_ids, body_starts = ids[head : len(ids) - tail], starts[head : len(ids) - tail]
@@ -278,6 +287,13 @@ class ContrastiveCollator(PretrainingCollator):
                     "word_starts": [1] * len(prefix) + span_starts + [1] * len(suffix),
                 })
         return anchors, positives
+
+
+def _unpadded_rows(batch: dict[str, torch.Tensor]) -> list[dict[str, list[int]]]:
+    """The features behind a batch of ``PretrainingCollator.pad``: ids and word starts without the padding."""
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    ids, starts = batch["input_ids"].tolist(), batch[UNMASKED_KEY].tolist()
+    return [{"input_ids": i[:n], "word_starts": w[:n]} for i, w, n in zip(ids, starts, lengths, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -358,7 +374,6 @@ def contrastive_training_data(model, tokenizer, model_args, data_args, training_
         tokenizer,
         mask_ratio=config.encoder_mask_ratio,
         whole_word_mask=config.whole_word_mask,
-        generator=torch.Generator().manual_seed(training_args.seed + training_args.process_index),
         positives=config.positives,
     )
     logger.info(

@@ -37,6 +37,9 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .flags import LIST_FLAG
+from .folders import check_model_folder
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_KS", "PROJECTIONS", "coverage_at_k", "input_token_coverage", "load_encoder", "load_lm_head",
@@ -91,6 +94,7 @@ def load_encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     path = str(model_or_path)
+    check_model_folder(path, purpose="coverage", tokenizer=False)  # a run killed mid-save; Hub ids pass
     config_dict, _ = PretrainedConfig.get_config_dict(path)
     model_type = config_dict.get("model_type")
     if model_type in CONFIG_MAPPING and model_type != "bert":
@@ -162,12 +166,15 @@ def _coverage_sums(
     batch_size: int,
     max_seq_length: int,
     device: torch.device,
+    desc: str | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Sum over texts of coverage@k `(len(ks),)` and the number of texts scored."""
+    """Sum over texts of coverage@k `(len(ks),)` and the number of texts scored; a progress bar named `desc` if given."""
+    from tqdm.auto import tqdm
+
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
     totals = torch.zeros(len(ks), dtype=torch.float64)
     scored = 0
-    for start in range(0, len(texts), batch_size):
+    for start in tqdm(range(0, len(texts), batch_size), desc=desc, unit="batch", disable=desc is None):
         batch = tokenizer(
             list(texts[start : start + batch_size]),
             truncation=True,
@@ -212,6 +219,7 @@ def input_token_coverage(
     max_seq_length: int = 512,
     device: str | torch.device | None = None,
     projection: Projection = "embeddings",
+    show_progress_bar: bool = False,
 ) -> dict[int, float]:
     """Mean input-token coverage@k of a model's [CLS] representations over `texts` (Algorithm 1, see module doc).
 
@@ -224,6 +232,7 @@ def input_token_coverage(
         max_seq_length: truncation length in tokens (special tokens included).
         device: where to run; default the module's device, else CUDA when available.
         projection: "embeddings" (h · Eᵀ) or "lm_head" (the checkpoint's trained MLM head); see the module doc.
+        show_progress_bar: show a tqdm bar over the batches.
 
     Returns:
         `{k: coverage@k}` in the order of `ks`, each in [0, 1].
@@ -235,6 +244,8 @@ def input_token_coverage(
         raise ValueError(f"batch_size={batch_size} must be >= 1 and max_seq_length={max_seq_length} >= 2")
     if projection not in PROJECTIONS:
         raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+    if not isinstance(model_dir_or_model, nn.Module):  # its own tokenizer is read from it when none is given
+        check_model_folder(model_dir_or_model, purpose="coverage", tokenizer=tokenizer is None)
     encoder = load_encoder(model_dir_or_model)
     project = _projector(model_dir_or_model, encoder, projection)
     if tokenizer is None:
@@ -255,7 +266,8 @@ def input_token_coverage(
     original_device = next(encoder.parameters()).device
     encoder.eval().to(device)
     try:
-        totals, scored = _coverage_sums(encoder, project, tokenizer, texts, ks, batch_size, max_seq_length, device)
+        totals, scored = _coverage_sums(encoder, project, tokenizer, texts, ks, batch_size, max_seq_length, device,
+                                        desc=str(model_dir_or_model) if show_progress_bar else None)
     finally:
         encoder.train(was_training)
         encoder.to(original_device)
@@ -333,6 +345,7 @@ def run_coverage(
     max_seq_length: int = 512,
     device: str | torch.device | None = None,
     projection: Projection = "embeddings",
+    show_progress_bar: bool = False,
 ) -> dict[str, dict[int, float]]:
     """Coverage@k of several models on the same texts; writes `coverage.json` and `coverage.png` to `output_dir`.
 
@@ -341,7 +354,7 @@ def run_coverage(
         texts: the corpus texts (materialised once and shared by all models).
         tokenizer: one tokenizer for every model; None loads each model's own.
         output_dir: created if missing; both files are replaced atomically.
-        ks, batch_size, max_seq_length, device, projection: as in `input_token_coverage`.
+        ks, batch_size, max_seq_length, device, projection, show_progress_bar: as in `input_token_coverage`.
 
     Returns:
         `{model: {k: coverage@k}}`.
@@ -358,7 +371,7 @@ def run_coverage(
         logger.info("coverage: %s on %d texts", name, len(texts))
         results[name] = input_token_coverage(
             name, tokenizer, texts, ks=ks, batch_size=batch_size, max_seq_length=max_seq_length, device=device,
-            projection=projection,
+            projection=projection, show_progress_bar=show_progress_bar,
         )
         logger.info("coverage: %s %s", name, {k: round(v, 4) for k, v in results[name].items()})
     out = Path(output_dir)
@@ -382,8 +395,8 @@ def run_coverage(
 class CoverageArguments:
     model: list[str] = field(
         default_factory=list,
-        metadata={"help": "one or more models: our checkpoints, exported encoders or any BERT folder / Hub id "
-                  "(default: the bundled all-MiniLM-L6-v2)"},
+        metadata={"help": "one or more models, `--model A --model B` or `--model A B`: our checkpoints, exported "
+                  "encoders or any BERT folder / Hub id (default: the bundled all-MiniLM-L6-v2)", **LIST_FLAG},
     )
     corpus: str | None = field(default=None, metadata={"help": "texts to probe (same formats as `retromae pretrain`)"})
     max_texts: int = field(default=1000, metadata={"help": "use the first N passages of the corpus"})
@@ -395,6 +408,7 @@ class CoverageArguments:
         metadata={"help": "embeddings: h·Eᵀ (Algorithm 1, any model); lm_head: the checkpoint's trained MLM head "
                   "(the paper's figures; needs a pre-training or masked-LM checkpoint)", "choices": list(PROJECTIONS)},
     )
+    progress: bool = field(default=True, metadata={"help": "show a progress bar per model (--no-progress: none)"})
 
 
 def coverage_command(argv: list[str]) -> int:
@@ -416,7 +430,7 @@ def coverage_command(argv: list[str]) -> int:
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
     models = args.model or [_default_model_dir()]
     results = run_coverage(models, texts, output_dir=args.output_dir, max_seq_length=args.max_seq_length,
-                           batch_size=args.batch_size, projection=args.projection)
+                           batch_size=args.batch_size, projection=args.projection, show_progress_bar=args.progress)
     width = max(len(m) for m in results)
     print(f"{'model':{width}s}  " + "  ".join(f"cov@{k:<4d}" for k in DEFAULT_KS))
     for name, by_k in results.items():

@@ -47,7 +47,9 @@ NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many
 __all__ = [
     "CorpusError",
     "PretrainingCollator",
+    "UNMASKED_KEY",
     "builtin_corpus",
+    "masking_generator",
     "read_corpus",
     "tokenize_corpus",
 ]
@@ -292,7 +294,10 @@ def _code_fingerprint(*functions: Any) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _reader_fingerprint() -> str:
-    return _code_fingerprint(_generate_passages, _iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl)
+    return _code_fingerprint(
+        _generate_passages, _iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl, _check_jsonl_record,
+        _json_type,
+    )
 
 
 def _generate_passages(
@@ -369,17 +374,39 @@ def _iter_jsonl(path: str) -> Iterator[str]:
                 f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno}); "
                 f'write one JSON object per line, e.g. {{"text": "..."}}'
             ) from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            found = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise CorpusError(
-                f'{path}:{line_no}: expected a JSON object with a string "text" field, found {found}; '
-                f'give every line a "text" (and optionally a "title")'
-            )
+        _check_jsonl_record(record, f"{path}:{line_no}")
         title = record.get("title")
         text = f"{title} {record['text']}" if isinstance(title, str) and title.strip() else record["text"]
         text = " ".join(text.split())
         if text:
             yield text
+
+
+def _check_jsonl_record(record: Any, where: str) -> None:
+    """Raises ``CorpusError`` unless ``record`` is a JSON object with a string ``"text"``; ``where`` is ``file:line``."""
+    if not isinstance(record, dict):
+        raise CorpusError(
+            f'{where}: expected a JSON object with a string "text" field, found a JSON {_json_type(record)}; '
+            f'write one object per line, e.g. {{"text": "..."}}'
+        )
+    if "text" not in record:
+        raise CorpusError(
+            f'{where}: no "text" field (keys: {sorted(record)}); give every line a string "text" field '
+            f'(and optionally a "title")'
+        )
+    if not isinstance(record["text"], str):
+        found = json.dumps(record["text"])
+        found = found if len(found) <= 40 else found[:37] + "..."
+        raise CorpusError(
+            f'{where}: the "text" field must be a string, found {found} (JSON {_json_type(record["text"])}); '
+            f'write the passage in quotes, e.g. {{"text": "..."}}'
+        )
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (``123`` -> ``"number"``)."""
+    names = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -708,6 +735,18 @@ def _pack_batch(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+UNMASKED_KEY = "word_starts"  # in a padded batch that still awaits masking (models take no such input)
+
+
+def masking_generator(seed: int, process_index: int, stream: str = "train") -> torch.Generator:
+    """A CPU generator for the masks of one process, distinct for every ``(seed, process_index, stream)``.
+
+    Hashing the three (instead of ``seed + process_index``) keeps seed 1 on rank 0 apart from seed 0 on rank 1.
+    """
+    digest = hashlib.sha256(f"retromae-masking/{stream}/{seed}/{process_index}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)  # < 2**63
+
+
 @dataclass
 class PretrainingCollator:
     """Pads tokenized rows and applies the encoder's masked-language-model corruption, vectorized in torch.
@@ -725,8 +764,11 @@ class PretrainingCollator:
     - Of the masked positions, a share ``replace_with_mask`` becomes ``tokenizer.mask_token_id``, a share
       ``replace_with_random`` a uniformly random non-special id in ``[0, len(tokenizer))``, the rest stays unchanged.
 
-    Randomness comes from ``generator`` when given (its state is checkpointed by ``RetroMAETrainer``, which
-    makes a resumed run continue exactly), else from torch's global RNG.
+    The work is split in two halves: ``pad`` (deterministic: padding and word starts) and ``mask_batch`` (every
+    random draw). ``collator(features)`` is ``mask_batch(pad(features), generator)``. ``RetroMAETrainer`` runs only
+    ``pad`` in the DataLoader workers and ``mask_batch`` in the training process, with its own generator per process
+    (checkpointed), so masks never repeat across workers or epochs and a resumed run continues exactly.
+    Standalone calls draw from ``generator`` when given, else from torch's global RNG.
     The original ids are ``torch.where(encoder_labels != -100, encoder_labels, input_ids)``.
 
     Args:
@@ -737,7 +779,8 @@ class PretrainingCollator:
         replace_with_mask: Share of masked positions replaced by the mask token, in [0, 1].
         replace_with_random: Share of masked positions replaced by a random token, in [0, 1]; with
             ``replace_with_mask`` at most 1.
-        generator: Optional ``torch.Generator`` for every random draw of the collator.
+        generator: Optional ``torch.Generator`` for the random draws of standalone calls (``RetroMAETrainer`` uses
+            its own).
 
     Features: dicts with ``"input_ids"`` (list or tensor) and optionally ``"word_starts"`` (default: every token
     starts a word); other keys are ignored.
@@ -755,10 +798,11 @@ class PretrainingCollator:
     replace_with_mask: float = 0.8
     replace_with_random: float = 0.1
     generator: torch.Generator | None = None
-    _calls: int = field(default=0, init=False, repr=False, compare=False)
-    _states_before: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
     _special_ids: torch.Tensor = field(init=False, repr=False, compare=False)
     _random_ids: torch.Tensor = field(init=False, repr=False, compare=False)
+    _id_tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_ratio < 1.0:
@@ -780,37 +824,48 @@ class PretrainingCollator:
         vocab = torch.arange(len(self.tokenizer))
         self._random_ids = vocab[~torch.isin(vocab, self._special_ids)]
 
-    def generator_state_before(self, call: int) -> torch.Tensor | None:
-        """State of `generator` before this collator's `call`-th call (0-based), kept for the last 64 calls.
-
-        Data loaders collate ahead of training (accelerate prefetches one batch), so a checkpoint must store the
-        state from before the first batch the model has not consumed yet, not the current one.
-        """
-        if self.generator is None:
-            return None
-        return self.generator.get_state() if call >= self._calls else self._states_before.get(call)
-
-    def restart_generator(self, state: torch.Tensor) -> None:
-        """Continue from a checkpointed generator state; call counting starts again at 0."""
-        self.generator.set_state(state)
-        self._calls, self._states_before = 0, {}
-
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        if self.generator is not None:
-            self._states_before[self._calls] = self.generator.get_state()
-            self._states_before.pop(self._calls - 64, None)
-            self._calls += 1
+        return self.mask_batch(self.pad(features), self.generator)
+
+    def pad(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """The deterministic half: ``input_ids`` (uncorrupted), ``attention_mask`` and ``word_starts``, ``(B, L)`` long.
+
+        The presence of ``word_starts`` (``UNMASKED_KEY``) marks a batch that still needs ``mask_batch``.
+        """
         input_ids, word_starts, attention_mask = self._pad(features)
-        special = torch.isin(input_ids, self._special_ids)
-        ordinary = attention_mask & ~special  # (B, L)
-        masked = self._choose_masked(ordinary, word_starts)
-        corrupted = self._corrupt(input_ids, masked)
-        return {
-            "input_ids": corrupted,
+        return {"input_ids": input_ids, "attention_mask": attention_mask.long(), UNMASKED_KEY: word_starts}
+
+    def mask_batch(self, batch: dict[str, torch.Tensor], generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """The random half: the model inputs of a batch from ``pad``, drawn from ``generator`` (global RNG if None).
+
+        The random numbers are drawn on the CPU and everything else runs on the batch's device without waiting for
+        it (integer and comparison ops, a stable sort), so a CPU and a GPU run with the same generator state get the
+        same masks and the training loop does not stall.
+        """
+        input_ids = batch["input_ids"]
+        B, L = input_ids.shape
+        word_keys = torch.rand(B, L, generator=generator)  # random order of the words
+        share_draws = torch.rand(B, L, generator=generator)  # 80/10/10
+        replacements = torch.randint(len(self._random_ids), (B, L), generator=generator)  # used where "random"
+        device = input_ids.device if input_ids.device.type != "mps" else torch.device("cpu")  # MPS has no float64
+        # host -> device copies of fresh CPU tensors need no wait; the batch itself is already there (but for MPS)
+        draws = (word_keys, share_draws, replacements)
+        word_keys, share_draws, replacements = (draw.to(device, non_blocking=True) for draw in draws)
+        keys = ("input_ids", "attention_mask", UNMASKED_KEY)
+        input_ids, attention_mask, word_starts = (batch[key].to(device) for key in keys)
+        if device not in self._id_tables:  # copied to an accelerator once, not every batch
+            self._id_tables[device] = (self._special_ids.to(device), self._random_ids.to(device))
+        special_ids, random_ids = self._id_tables[device]
+        attention_mask = attention_mask.bool()
+        ordinary = attention_mask & ~torch.isin(input_ids, special_ids)  # (B, L)
+        masked = self._choose_masked(ordinary, word_starts, word_keys)
+        out = {
+            "input_ids": self._corrupt(input_ids, masked, share_draws, random_ids[replacements]),
             "attention_mask": attention_mask.long(),
             "encoder_labels": torch.where(masked, input_ids, -100),
             "decoder_labels": torch.where(ordinary, input_ids, -100),
         }
+        return {key: value.to(batch["input_ids"].device) for key, value in out.items()}
 
     def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Right-pads ids (pad id) and word starts (1): ``(B, L)`` long, long, and a bool attention mask."""
@@ -837,9 +892,13 @@ class PretrainingCollator:
             word_starts[attention_mask] = torch.cat(starts)
         return input_ids, word_starts, attention_mask
 
-    def _choose_masked(self, ordinary: torch.Tensor, word_starts: torch.Tensor) -> torch.Tensor:
-        """Exactly ``n_mask`` ordinary tokens per row, in whole-word units (see the class docstring): ``(B, L)`` bool."""
+    def _choose_masked(self, ordinary: torch.Tensor, word_starts: torch.Tensor, word_keys: torch.Tensor) -> torch.Tensor:
+        """Exactly ``n_mask`` ordinary tokens per row, in whole-word units (see the class docstring): ``(B, L)`` bool.
+
+        ``word_keys``: ``(B, L)`` uniform draws; word w of a row is taken in the order of ``word_keys[:, w]``.
+        """
         B, L = ordinary.shape
+        device = ordinary.device
         n_ordinary = ordinary.sum(dim=1)  # (B,)
         # float64 so that the rounding matches Python's round(mask_ratio * n) (float32 differs at some .5 ties)
         n_mask = torch.clamp(torch.round(n_ordinary.double() * self.mask_ratio).long(), min=1) * (n_ordinary > 0)
@@ -851,9 +910,9 @@ class PretrainingCollator:
         else:
             starts = torch.ones_like(ordinary)
         word_index = torch.cumsum(starts.long(), dim=1) - 1  # (B, L), word of each token, 0 .. L-1
-        word_length = torch.zeros((B, L), dtype=torch.long).scatter_add_(1, word_index, ordinary.long())  # (B, L words)
-        keys = torch.rand(B, L, generator=self.generator).masked_fill_(word_length == 0, 2.0)  # no-token words sort last
-        order = torch.argsort(keys, dim=1)  # (B, L): words in random order
+        word_length = torch.zeros((B, L), dtype=torch.long, device=device).scatter_add_(1, word_index, ordinary.long())
+        keys = word_keys.masked_fill(word_length == 0, 2.0)  # (B, L words); no-token words sort last
+        order = torch.sort(keys, dim=1, stable=True).indices  # (B, L): words in random order, the same on every device
         sorted_length = word_length.gather(1, order)
         budget = n_mask[:, None]  # (B, 1)
         chosen = (torch.cumsum(sorted_length, dim=1) <= budget) & (sorted_length > 0)
@@ -861,18 +920,19 @@ class PretrainingCollator:
         left = budget - (sorted_length * chosen).sum(dim=1, keepdim=True)
         single = (sorted_length == 1) & ~chosen
         chosen |= single & (torch.cumsum(single.long(), dim=1) <= left)
-        chosen_words = torch.zeros((B, L), dtype=torch.bool).scatter_(1, order, chosen)  # back to word order
+        chosen_words = torch.zeros((B, L), dtype=torch.bool, device=device).scatter_(1, order, chosen)  # word order
         return chosen_words.gather(1, word_index) & ordinary
 
-    def _corrupt(self, input_ids: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        """80/10/10: mask token, random non-special token, unchanged (shares from the fields)."""
-        draw = torch.rand(input_ids.shape, generator=self.generator)
-        to_mask = masked & (draw < self.replace_with_mask)
-        to_random = (
-            masked & (draw >= self.replace_with_mask) & (draw < self.replace_with_mask + self.replace_with_random)
-        )
+    def _corrupt(
+        self, input_ids: torch.Tensor, masked: torch.Tensor, share_draws: torch.Tensor, replacements: torch.Tensor
+    ) -> torch.Tensor:
+        """80/10/10: mask token, random non-special token, unchanged (shares from the fields).
+
+        ``share_draws``: ``(B, L)`` uniform draws; ``replacements``: ``(B, L)`` random non-special ids, used only where
+        a random token goes (drawn for every position so that no host sync counts those first).
+        """
+        to_mask = masked & (share_draws < self.replace_with_mask)
+        random_share = self.replace_with_mask + self.replace_with_random
+        to_random = masked & (share_draws >= self.replace_with_mask) & (share_draws < random_share)
         corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
-        n_random = int(to_random.sum())
-        if n_random:
-            corrupted[to_random] = self._random_ids[torch.randint(len(self._random_ids), (n_random,), generator=self.generator)]
-        return corrupted
+        return torch.where(to_random, replacements, corrupted)

@@ -37,6 +37,8 @@ from sentence_transformers import SentenceTransformer
 
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
 from .finetune import CARD_METRICS, RUN_INFO_FILE, FinetuneError, _is_hybrid, load_encoder, write_model_card
+from .flags import LIST_FLAG
+from .folders import check_model_folder, folder_errors_as
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +292,8 @@ def evaluate_folder(
         raise EvaluateError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
     if on_missing not in ON_MISSING:
         raise EvaluateError(f"--on-missing must be one of {ON_MISSING}")
+    with folder_errors_as(EvaluateError):  # before reading the data: a half-saved model folder is refused at once
+        check_model_folder(model, purpose="evaluate --model")
     mteb_tasks = []
     for i, folder in enumerate(beir_folders):
         try:
@@ -332,7 +336,9 @@ def _mteb_model_name(model: str | os.PathLike) -> str:
 class EvaluateArguments:
     model: str = field(metadata={"help": "a sentence-transformers folder (or a plain BERT folder: CLS + dot assumed)"})
     beir_folder: list[str] = field(
-        default_factory=list, metadata={"help": "local BEIR folder(s): corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv"}
+        default_factory=list,
+        metadata={"help": "local BEIR folder(s), `--beir-folder A --beir-folder B` or `--beir-folder A B`: "
+                  "corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv", **LIST_FLAG},
     )
     tasks: str | None = field(
         default=None, metadata={"help": "registered MTEB retrieval tasks, comma-separated (downloads their data)"}
@@ -356,7 +362,7 @@ class EvaluateArguments:
     )
     model_name: str | None = field(default=None, metadata={"help": "name in mteb's results (default: from the folder)"})
     update_card: bool = field(default=False, metadata={"help": "add the results to the model folder's model card"})
-    progress: bool = field(default=False, metadata={"help": "show encoding progress bars"})
+    progress: bool = field(default=True, metadata={"help": "show encoding progress bars (--no-progress: none)"})
 
 
 def evaluate_command(argv: list[str]) -> int:

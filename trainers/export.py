@@ -39,9 +39,6 @@ import importlib
 import json
 import logging
 import os
-import re
-import shutil
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -51,6 +48,15 @@ from typing import Any
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 from retromae.modeling.pretraining_base import BertPretrainingBase
+from retromae.trainers.folders import (
+    atomic_folder,
+    check_destination,
+    check_model_folder,
+    folder_errors_as,
+    is_hub_id,
+    is_local_folder,
+    public_name,
+)
 from retromae.trainers.methods import CITATIONS, METHODS, Method, method_of_config
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
@@ -60,7 +66,6 @@ logger = logging.getLogger(__name__)
 RUN_INFO_FILE = "retromae_run.json"
 CARD_TEMPLATE = "pretrained_encoder.md"
 DEFAULT_MAX_SEQ_LENGTH = 512
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 EXPECTS = "export expects the output of `retromae pretrain` (a checkpoint-N folder or the output dir)"
 
 # BertConfig's own fields: what the exported plain-BERT config.json keeps. Everything else in a method config
@@ -79,7 +84,6 @@ PAPER_URLS = {
     "sentmae": "https://arxiv.org/abs/2208.00231",
 }
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class ExportError(ValueError):
@@ -139,8 +143,11 @@ def export_sentence_transformer(
     """
     checkpoint_dir, output_dir = Path(checkpoint_dir), Path(output_dir)
     method, config = _read_checkpoint_config(checkpoint_dir)
-    _check_destination(output_dir, overwrite, source=checkpoint_dir)
+    with folder_errors_as(ExportError):
+        check_destination(output_dir, overwrite, source=checkpoint_dir)
     weight_files = _weight_files(checkpoint_dir)
+    with folder_errors_as(ExportError):  # a checkpoint of a run killed mid-save (e.g. no tokenizer vocabulary)
+        check_model_folder(checkpoint_dir, purpose="export")
     tokenizer = _read_checkpoint_tokenizer(checkpoint_dir)
     run_info = _read_run_info(checkpoint_dir)
     request = ExportRequest(
@@ -182,7 +189,8 @@ def export_from_model(
         )
     output_dir = Path(output_dir)
     method = _method_of(model.config.model_type, type(model).__name__, hint=f"known methods: {', '.join(METHODS)}")
-    _check_destination(output_dir, overwrite)
+    with folder_errors_as(ExportError):
+        check_destination(output_dir, overwrite)
     request = ExportRequest(
         method=method,
         config=model.config.to_dict(),
@@ -199,17 +207,11 @@ def export_from_model(
 
 
 def _export(request: ExportRequest, output_dir: Path, overwrite: bool) -> Path:
-    """Run the method's writer in a temporary sibling folder, then move the finished folder into place."""
+    """Run the method's writer in a temporary sibling folder, then move the finished folder into place
+    (`atomic_folder`, which also removes the temporary folders of an earlier, killed export to the same place)."""
     writer = exporter_for(request.method.name)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    build_dir = _sibling(output_dir, "tmp")
-    build_dir.mkdir()  # honours the umask (tempfile.mkdtemp would make it 0700)
-    try:
+    with folder_errors_as(ExportError), atomic_folder(output_dir, overwrite=overwrite) as build_dir:
         writer(request, build_dir)
-        _move_into_place(build_dir, output_dir, overwrite)
-    except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
     logger.info("Exported %s encoder to %s", request.method.name, output_dir)
     return output_dir
 
@@ -336,7 +338,7 @@ def render_model_card(
     """
     method, run_info = request.method, request.run_info or {}
     base_model = run_info.get("base_model")
-    hub_base_model = base_model if _is_hub_id(base_model) else None
+    hub_base_model = base_model if is_hub_id(base_model) and not is_local_folder(base_model) else None
     title, _, summary = method.summary.partition(": ")
     if not summary:
         title, summary = method.name, method.summary
@@ -407,16 +409,9 @@ def _fmt(value: Any, loss: bool = False) -> str:
     return str(value)
 
 
-def _is_hub_id(name: Any) -> bool:
-    return isinstance(name, str) and bool(_HUB_ID.match(name)) and ".." not in name
-
-
 def _public_name(name: Any) -> str | None:
     """A Hub id as is; anything path-like reduced to its basename (no local paths in the card)."""
-    if not name:
-        return None
-    name = str(name)
-    return name if _is_hub_id(name) or ("/" not in name and "\\" not in name) else Path(name.replace("\\", "/")).name
+    return public_name(name) if name else None
 
 
 def _default_model_name(method: Method, run_info: Mapping[str, Any] | None, output_dir: Path) -> str:
@@ -480,11 +475,7 @@ def _read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def _read_checkpoint_tokenizer(checkpoint_dir: Path) -> PreTrainedTokenizerBase:
-    if not any((checkpoint_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise ExportError(
-            f"{checkpoint_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer next to the "
-            "weights (tokenizer.save_pretrained(checkpoint_dir); `retromae pretrain` does this) and export again"
-        )
+    """The checkpoint's tokenizer; `check_model_folder` has made sure its vocabulary file is there."""
     try:
         # trust_remote_code=False: the checkpoint's config.json has an auto_map, but the tokenizer is a plain one
         return AutoTokenizer.from_pretrained(str(checkpoint_dir), trust_remote_code=False)
@@ -508,47 +499,7 @@ def _max_seq_length(run_info: Mapping[str, Any] | None, max_position_embeddings:
     return min(int(recorded) if recorded else DEFAULT_MAX_SEQ_LENGTH, max_position_embeddings)
 
 
-# ---- output folder -------------------------------------------------------------------------------------------------
-
-
-def _check_destination(output_dir: Path, overwrite: bool, source: Path | None = None) -> None:
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ExportError(f"output {output_dir} exists and is not a folder")
-    if source is not None:
-        out, src = output_dir.resolve(), source.resolve()
-        if out == src or out in src.parents:
-            raise ExportError(
-                f"output folder {output_dir} would replace the checkpoint {source}; choose another folder"
-            )
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
-        raise ExportError(
-            f"output folder {output_dir} already exists and is not empty; pass overwrite=True (CLI: --overwrite) "
-            "to replace it"
-        )
-
-
-def _move_into_place(build_dir: Path, output_dir: Path, overwrite: bool) -> None:
-    """Rename the finished `build_dir` to `output_dir`; a previous `output_dir` is removed only afterwards."""
-    _check_destination(output_dir, overwrite)
-    if not output_dir.exists() or not any(output_dir.iterdir()):
-        os.replace(build_dir, output_dir)  # replaces an empty folder too
-        return
-    old = _sibling(output_dir, "old")
-    os.replace(output_dir, old)
-    try:
-        os.replace(build_dir, output_dir)
-    except BaseException:
-        os.replace(old, output_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _sibling(output_dir: Path, kind: str) -> Path:
-    """A fresh hidden name beside `output_dir`, e.g. `.export.tmp-1a2b3c4d`."""
-    while True:
-        candidate = output_dir.parent / f".{output_dir.name}.{kind}-{uuid.uuid4().hex[:8]}"
-        if not candidate.exists():
-            return candidate
+# ---- helpers -------------------------------------------------------------------------------------------------------
 
 
 def _write_json(path: Path, obj: Any) -> None:

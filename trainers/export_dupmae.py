@@ -29,15 +29,16 @@ import os
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from retromae.modeling.layers_dupmae import initial_dense_projection
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
 from retromae.modeling.st_dupmae import DupMAEPooling, find_dupmae_pooling
 from retromae.trainers.export import ExportRequest, build_bert_encoder, export_sentence_transformer, render_model_card
+from retromae.trainers.folders import atomic_folder
 from retromae.trainers.methods import get_method
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Transformer
@@ -68,7 +69,8 @@ scores = model.similarity(model.encode_query(["..."]), model.encode_document([".
 ```
 
 The projection (`dense_proj`) is learnt during fine-tuning; in a pre-training export it is a random
-Johnson-Lindenstrauss map. For large corpora index the compact form (dense part + top-k pairs) with
+Johnson-Lindenstrauss map drawn from the checkpoint config's `dense_proj_seed`, the same matrix that
+`AutoModel.from_pretrained(checkpoint, trust_remote_code=True)` uses, so both give the same dense vectors. For large corpora index the compact form (dense part + top-k pairs) with
 `retromae.trainers.hybrid_index.HybridIndex` instead of the full concatenated vectors.
 """
 
@@ -77,7 +79,6 @@ def build_dupmae_pooling(
     config: Mapping[str, Any],
     state_dict: Mapping[str, torch.Tensor],
     special_token_ids: list[int] | None,
-    seed: int = 0,
 ) -> DupMAEPooling:
     """A `DupMAEPooling` holding a DupMAE checkpoint's representation weights.
 
@@ -85,9 +86,10 @@ def build_dupmae_pooling(
         config: a DupMAE config as a dict (`hidden_size`, `vocab_size`, `dense_dim`, `doc_top_k`, ...).
         state_dict: pre-training (`bert.*`, `cls.*`) or encoder (`embeddings.*`, `cls.*`, `dense_proj.*`) weights.
         special_token_ids: the tokenizer's special ids (None: fall back to the first/last position rule).
-        seed: seed of the projection W^cls when the weights have none (a pre-training checkpoint: the paper learns
-            it in fine-tuning). It starts as a random Johnson-Lindenstrauss map, normal(0, 1/sqrt(dense_dim)), as in
-            `DupMAEModel`, so the dense score estimates the [CLS] dot product until it is fine-tuned.
+
+    When the weights have no projection W^cls (a pre-training checkpoint: the paper learns it in fine-tuning), it
+    starts as `initial_dense_projection` of the config's `dense_proj_seed`, exactly the matrix `DupMAEModel`
+    (AutoModel) starts from, so the export and AutoModel give the same dense vectors.
     """
     pooling = DupMAEPooling(
         hidden_size=config["hidden_size"],
@@ -136,11 +138,8 @@ def build_dupmae_pooling(
                 pooling.hidden_size,
                 pooling.dense_dim,
             )
-            generator = torch.Generator().manual_seed(seed)
-            std = pooling.dense_dim**-0.5
-            weights["dense_proj.weight"] = (
-                torch.randn(pooling.dense_dim, pooling.hidden_size, generator=generator) * std
-            )
+            seed = config.get("dense_proj_seed", 0)
+            weights["dense_proj.weight"] = initial_dense_projection(pooling.hidden_size, pooling.dense_dim, seed)
             weights["dense_proj.bias"] = torch.zeros(pooling.dense_dim)
     pooling.load_state_dict({k: v.detach().float().cpu() for k, v in weights.items()}, strict=True)
     return pooling.eval()
@@ -293,31 +292,9 @@ def build_dupmae_sentence_transformer(
         model_name=model_name or f"dupmae-{output_dir.name}",
         folder_name=output_dir.name,
     )
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    build_dir = output_dir.parent / f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    build_dir.mkdir()
-    try:
+    with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
         write_dupmae_export(request, build_dir)
-        replace_folder(build_dir, output_dir)
-    except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
     return load_dupmae_sentence_transformer(output_dir)
-
-
-def replace_folder(new: Path, target: Path) -> None:
-    """Rename the finished folder `new` to `target`; a previous `target` is removed only afterwards."""
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        os.replace(new, target)
-        return
-    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-    os.replace(target, old)
-    try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_dupmae_sentence_transformer(path: str | os.PathLike, **kwargs: Any) -> SentenceTransformer:
@@ -331,7 +308,6 @@ __all__ = [
     "build_dupmae_pooling",
     "build_dupmae_sentence_transformer",
     "load_dupmae_sentence_transformer",
-    "replace_folder",
     "save_dupmae_sentence_transformer",
     "write_dupmae_export",
 ]

@@ -51,7 +51,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -81,7 +80,16 @@ from .beir import (
     read_training_jsonl,
     write_training_jsonl,
 )
-from .export import CITATIONS, PAPER_URLS, ExportError, _check_destination, _move_into_place, _sibling
+from .export import CITATIONS, PAPER_URLS
+from .folders import (
+    atomic_folder,
+    check_destination,
+    check_model_folder,
+    folder_errors_as,
+    hub_id_of_model,
+    is_hub_id,
+    public_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -300,6 +308,8 @@ def load_encoder(
     path = Path(model_ref).expanduser()
     info: dict[str, Any] = {"kind": "hub", "pretraining_method": None, "trust_remote_code": False}
     if path.is_dir():
+        with folder_errors_as(FinetuneError):
+            check_model_folder(path, purpose="--model")
         method = _pretraining_method(path)
         info["pretraining_method"] = method
         if not (path / "modules.json").is_file() and (path / "config.json").is_file() and method is not None:
@@ -580,6 +590,8 @@ def _stage_args(training_args: FinetuneTrainingArguments, work_dir: Path, stage:
     args.output_dir = str(work_dir / f"stage-{stage}")
     if training_args.world_size > 1:
         args.dataloader_drop_last = True  # all_gather needs equal batch sizes on every rank
+    if args.device.type == "cpu":
+        args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
     if hybrid and not args.router_mapping:
         # query column = task "query" (full OT vector), the others "document" (top-k); sentence-transformers 6.2
         # stamps it into each column's features as features["task"]
@@ -606,11 +618,12 @@ def run_finetune(
     from transformers import set_seed
 
     stages = _parse_stages(data_args.stages, data_args.teacher_scores)
+    if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
+        raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
+                            "names no local paths: omit the flag to record the starting model as local")
     output_dir = Path(training_args.output_dir)
-    try:
-        _check_destination(output_dir, training_args.overwrite, source=Path(model_args.model))
-    except ExportError as error:
-        raise FinetuneError(str(error)) from None
+    with folder_errors_as(FinetuneError):
+        check_destination(output_dir, training_args.overwrite, source=Path(model_args.model))
     work_dir = Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
     work_dir.mkdir(parents=True, exist_ok=True)
     set_seed(training_args.seed)
@@ -694,19 +707,14 @@ def _loss_config(loss: nn.Module) -> dict[str, Any]:
     return {k: (v if isinstance(v, int | float | str | bool | dict | type(None)) else str(v)) for k, v in config.items()}
 
 
-def _public_name(name: str | None, fallback: str) -> str:
-    from .export import _public_name as public
-
-    return public(name) or fallback
-
-
 def _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
               stage_records, output_dir: Path) -> dict[str, Any]:
     from .cli import _version
     from .export import _library_versions
 
-    base = model_args.base_model_name or _public_name(model_args.model, "unknown")
-    train_name = beir.name if beir is not None else _public_name(data_args.train_data, "training data")
+    # a local starting folder is recorded by its own Hub id when it names one, never by its path
+    base = model_args.base_model_name or hub_id_of_model(model_args.model)
+    train_name = beir.name if beir is not None else public_name(data_args.train_data) or "training data"
     hyper = {
         "learning_rate": training_args.learning_rate,
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
@@ -751,25 +759,14 @@ def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLi
                          overwrite: bool = False) -> Path:
     """Write `model` + its card + the run record to `output_dir`, atomically (temporary sibling, then rename)."""
     output_dir = Path(output_dir)
-    try:
-        _check_destination(output_dir, overwrite)
-    except ExportError as error:
-        raise FinetuneError(str(error)) from None
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    build_dir = _sibling(output_dir, "tmp")
-    try:
+    with folder_errors_as(FinetuneError), atomic_folder(output_dir, overwrite=overwrite) as build_dir:
         if _is_hybrid(model):
             from .export_dupmae import save_dupmae_sentence_transformer
 
-            build_dir.mkdir()
             save_dupmae_sentence_transformer(model, build_dir, create_model_card=False)
         else:
             model.save(str(build_dir), create_model_card=False)
         write_model_card(build_dir, info)
-        _move_into_place(build_dir, output_dir, overwrite)
-    except BaseException:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
     logger.info("fine-tuned model written to %s", output_dir)
     return output_dir
 
@@ -835,7 +832,8 @@ def render_finetuned_card(info: Mapping[str, Any]) -> str:
         template_str=template,
         model_name=model_name,
         repo_id=repo_id,
-        base_model_text=f"[{hub_base}](https://huggingface.co/{hub_base})" if hub_base else f"`{base_model}` (local)",
+        base_model_text=(f"[{hub_base}](https://huggingface.co/{hub_base})" if hub_base
+                         else "a local model (no Hub id recorded)" if not base_model else f"`{base_model}` (local)"),
         method_text=(f"{method_info.summary.partition(':')[0]} (`{method}`, [paper]({PAPER_URLS.get(method_info.paper, '')}))"
                      if method_info else "not a retromae pre-training (or not recorded)"),
         pooling=info.get("pooling"),

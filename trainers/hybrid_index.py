@@ -38,8 +38,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +47,9 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 import torch
+
+from .flags import LIST_FLAG
+from .folders import atomic_folder, check_destination, check_model_folder, folder_errors_as
 
 logger = logging.getLogger(__name__)
 
@@ -498,10 +499,8 @@ class HybridIndex:
         if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
             raise FileExistsError(f"{folder} exists and is not empty; pass overwrite=True to replace it")
         self._finalize()
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
+        # overwrite=True: a non-empty folder was refused above (as FileExistsError, this method's contract)
+        with atomic_folder(folder, overwrite=True) as tmp:
             files = []
             if self._dense is not None:
                 faiss.write_index(self._dense, str(tmp / DENSE_FILE))
@@ -533,10 +532,6 @@ class HybridIndex:
                 },
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-            _replace_folder(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return folder
 
     @classmethod
@@ -644,21 +639,6 @@ def _queries_sparse(outputs: list[dict[str, Any]], pooling: Any) -> Any:
     return np.stack([_as_numpy(o["sparse_embedding"]) for o in outputs])
 
 
-def _replace_folder(new: Path, target: Path) -> None:
-    """Rename the complete folder `new` to `target`; an existing `target` is removed only afterwards."""
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        os.replace(new, target)
-        return
-    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-    os.replace(target, old)
-    try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 __all__ = ["HybridIndex", "HybridIndexError", "ModelMismatchError", "model_fingerprint"]
 
 
@@ -680,7 +660,10 @@ class IndexArguments:
 class SearchArguments:
     index: str = field(metadata={"help": "an index folder written by `retromae index`"})
     model: str = field(metadata={"help": "the DupMAE sentence-transformers folder the index was built with"})
-    query: list[str] = field(default_factory=list, metadata={"help": "query text(s): --query 'first' 'second' ..."})
+    query: list[str] = field(
+        default_factory=list,
+        metadata={"help": "query text(s): --query 'first' --query 'second' or --query 'first' 'second'", **LIST_FLAG},
+    )
     queries: str | None = field(default=None, metadata={"help": "a BEIR queries.jsonl or a .txt file with one query per line"})
     top_n: int = field(default=10, metadata={"help": "results per query"})
     output: str | None = field(default=None, metadata={"help": "write results as JSONL {query_id, query, results}"})
@@ -729,11 +712,17 @@ def index_command(argv: list[str]) -> int:
     parser = HfArgumentParser(IndexArguments, prog="retromae index", description=index_command.__doc__)
     (args,) = _parse(parser, argv)
     _configure_logging()
+    with folder_errors_as(HybridIndexError):  # refused before hours of encoding, not after
+        check_destination(Path(args.output_dir), args.overwrite)
+        check_model_folder(args.model, purpose="index --model")
     model = load_dupmae_sentence_transformer(args.model)
     ids, texts = _documents(args.corpus)
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
                               show_progress_bar=True)
-    folder = index.save(args.output_dir, overwrite=args.overwrite)
+    try:
+        folder = index.save(args.output_dir, overwrite=args.overwrite)
+    except FileExistsError as error:  # created by someone else while we encoded
+        raise HybridIndexError(str(error)) from None
     print(f"retromae: indexed {len(ids)} documents -> {folder} "
           f"({index.memory_bytes_per_document()} bytes per document)", flush=True)
     return 0
@@ -748,7 +737,12 @@ def search_command(argv: list[str]) -> int:
     parser = HfArgumentParser(SearchArguments, prog="retromae search", description=search_command.__doc__)
     (args,) = _parse(parser, argv)
     _configure_logging()
-    index = HybridIndex.load(args.index)
+    try:
+        index = HybridIndex.load(args.index)
+    except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it
+        raise HybridIndexError(f"--index: {error}") from None
+    with folder_errors_as(HybridIndexError):
+        check_model_folder(args.model, purpose="search --model")
     model = load_dupmae_sentence_transformer(args.model)
     queries = _queries(args)
     hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)

@@ -32,13 +32,18 @@ from typing import Any
 
 from huggingface_hub import HfApi, ModelCard
 
+from .folders import FILE_SUFFIXES, TOKENIZER_VOCAB_FILES
+
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model")
+TOKENIZER_FILES = TOKENIZER_VOCAB_FILES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
 _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# a metadata value that names a file of this machine: absolute (/x, ~/x, C:\x), explicitly relative (./x, ../x), with
+# backslashes, or a data/weights file name; Hub ids are `owner/name` and URLs have a scheme
+_LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
 
 __all__ = ["PublishError", "ValidationReport", "publish", "publish_command", "validate_model_folder"]
 
@@ -170,10 +175,40 @@ def _check_card(folder: Path) -> dict[str, Any]:
         raise PublishError("README.md metadata has no library_name (sentence-transformers)")
     if "model-index" in text and not card.data.eval_results:
         raise PublishError("README.md has a model-index block without readable evaluation results")
+    _check_metadata_paths(metadata, folder)
     for local in {str(folder.resolve()), str(folder.resolve().parent), str(Path.home())}:
         if len(local) > 1 and local in text:
             raise PublishError(f"README.md contains a local path ({local}); remove it before publishing")
     return metadata
+
+
+def _check_metadata_paths(metadata: Any, folder: Path, field_name: str = "") -> None:
+    """Refuse a local path in any metadata field (base_model, datasets, model-index names, ...): on the Hub it
+    would be a link to a page that does not exist, and it discloses this machine's layout."""
+    if isinstance(metadata, dict):
+        for key, value in metadata.items():
+            _check_metadata_paths(value, folder, f"{field_name}.{key}" if field_name else str(key))
+    elif isinstance(metadata, list):
+        for i, value in enumerate(metadata):
+            _check_metadata_paths(value, folder, f"{field_name}[{i}]")
+    elif isinstance(metadata, str) and _is_local_path(metadata, folder):
+        raise PublishError(
+            f"README.md metadata field {field_name!r} is a local path ({metadata!r}); use a Hub id (owner/name) or "
+            "remove the field (a local base model is described in the card text, not in the metadata)"
+        )
+
+
+def _is_local_path(value: str, folder: Path) -> bool:
+    value = value.strip()
+    if not value or "://" in value or "\n" in value:
+        return False
+    if _LOCAL_PATH.search(value) or value.lower().endswith(FILE_SUFFIXES):
+        return True
+    if " " in value or "/" not in value:  # prose, or a plain name
+        return False
+    # `owner/name` and `out/encoder` look alike: a path that exists here (from the working directory or beside the
+    # folder) is local; so is anything with more than one slash, which no Hub id has
+    return value.count("/") > 1 or any((base / value).exists() for base in (Path.cwd(), folder.resolve().parent))
 
 
 def _check_loads(folder: Path, trust_remote_code: bool) -> int:
@@ -188,7 +223,23 @@ def _check_loads(folder: Path, trust_remote_code: bool) -> int:
         raise PublishError(f"the folder does not load with {call}: {type(error).__name__}: {message}") from None
     if not bool(vector.float().isfinite().all()):
         raise PublishError(f"{call} loads but encodes a test sentence to non-finite values")
+    _check_tokenizer_vocabulary(model, call)
     return int(vector.numel())
+
+
+def _check_tokenizer_vocabulary(model: Any, call: str) -> None:
+    """A tokenizer saved from a half-written checkpoint knows only its special tokens: every word becomes [UNK]."""
+    tokenizer = getattr(model, "tokenizer", None)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if tokenizer is None or unk is None:
+        return
+    ids = tokenizer("A short test sentence about dense retrieval.", add_special_tokens=False)["input_ids"]
+    if ids and all(i == unk for i in ids):
+        raise PublishError(
+            f"{call} maps every word of a test sentence to {tokenizer.unk_token} (its tokenizer has {len(tokenizer)} "
+            "tokens): the tokenizer is incomplete, e.g. exported from a checkpoint killed mid-save; export again "
+            "from a complete checkpoint"
+        )
 
 
 def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> ValidationReport:

@@ -2,10 +2,23 @@
 
 - logs every loss component of the model output (fields ending in `_loss`), averaged over the logging window
   and across processes;
-- periodic checkpoints are full `save_pretrained` folders (decoder included) plus `retromae_run.json` and the
-  collator's random state, so `--resume-from-checkpoint` continues exactly where the run stopped (map-style
-  datasets with `dataloader_num_workers=0`; with workers or streaming, resuming loses nothing but draws new masks);
-- callbacks a method needs (BoW's weight schedule) are registered automatically;
+- masking is drawn in the training process, not in DataLoader workers: with a `PretrainingCollator` (or subclass)
+  the workers only `pad`, and `training_step` applies `mask_batch` with one generator per process, seeded from
+  `(args.seed, args.process_index)`. Masks therefore differ across workers, epochs and ranks. Evaluation masks come
+  from a second generator, re-seeded at every evaluation (the same masks each time, so eval losses compare) and
+  leaving the training stream untouched;
+- periodic checkpoints are full `save_pretrained` folders (decoder included) plus `retromae_run.json` and that
+  generator's state (`collator_rng_<rank>.safetensors`). The Trainer skips already-trained batches on resume
+  without a `training_step`, so `--resume-from-checkpoint` continues exactly where the run stopped, with or without
+  workers (a streamed corpus is re-read up to the checkpoint by the Trainer; the masks continue from the state);
+- resuming reads only safetensors and JSON files of ours; the Trainer's `optimizer.pt`, `scheduler.pt`,
+  `rng_state*.pth` (and `scaler.pt`) are read with `torch.load(weights_only=True)`; `training_args.bin` is never read;
+- every save is atomic: `checkpoint-N` is built in a hidden sibling (`folders.atomic_folder`) and renamed when
+  complete; the final save is built in `OUTPUT_DIR/.retromae-final` and moved into the root with `config.json`
+  last. Each checkpoint also records the run's settings and id (`retromae_resume.json`, see `resume.py`);
+  rotation (`save_total_limit`) deletes only checkpoints with this run's id;
+- callbacks a method needs (BoW's weight schedule) are registered automatically, and the last step is always
+  logged (`LogLastStepCallback`);
 - `save_model()` called by a user exports the encoder as a sentence-transformers folder instead.
 """
 
@@ -15,14 +28,18 @@ import json
 import logging
 import os
 import re
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .data import UNMASKED_KEY, PretrainingCollator, masking_generator
+from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of
 from .schedules import schedule_callbacks
 
 logger = logging.getLogger(__name__)
@@ -61,31 +78,161 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     return complete[-1] if complete else None
 
 
+# ---- what a run writes at its output root ---------------------------------------------------------------------------
+
+FINAL_BUILD_NAME = ".retromae-final"  # the final save is built here, then its files move to the output root
+_ROOT_FILE_PATTERNS = (
+    "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+    "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "chat_template.jinja",
+    "training_args.bin", "collator_rng_*.safetensors", RUN_INFO_NAME,
+)
+
+
+def _remote_code_files() -> set[str]:
+    """The modeling files `save_pretrained` copies beside a checkpoint's weights (our Hub remote code)."""
+    import retromae.modeling
+
+    return {path.name for path in Path(retromae.modeling.__file__).parent.glob("*.py") if path.name != "__init__.py"}
+
+
+def run_output_files(output_dir: str | os.PathLike) -> list[Path]:
+    """What `retromae pretrain` wrote in `output_dir`: the final model's files at the root (weights, config,
+    tokenizer, run info, remote code), the `checkpoint-N` folders, the default export `encoder/` (a
+    sentence-transformers folder) and folders left by killed saves. Anything else there is the user's."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    code = _remote_code_files()
+    return [entry for entry in sorted(folder.iterdir()) if _is_run_file(entry, code) or _is_run_folder(entry)]
+
+
+def _is_run_file(entry: Path, remote_code: set[str]) -> bool:
+    return entry.is_file() and (entry.name in remote_code or any(entry.match(p) for p in _ROOT_FILE_PATTERNS))
+
+
+def _is_run_folder(entry: Path) -> bool:
+    return entry.is_dir() and bool(
+        _CHECKPOINT_RE.match(entry.name) or _is_killed_save(entry.name)
+        or (entry.name == "encoder" and (entry / "modules.json").is_file())
+    )
+
+
+def _is_killed_save(name: str) -> bool:
+    """A hidden build folder of a checkpoint or final save (`atomic_folder`'s `.<name>.tmp-...`/`.old-...`)."""
+    return name.startswith((f".{PREFIX_CHECKPOINT_DIR}-", FINAL_BUILD_NAME, f".{FINAL_BUILD_NAME}"))
+
+
+def remove_previous_run(output_dir: str | os.PathLike) -> list[Path]:
+    """Delete what an earlier run wrote in `output_dir` (see `run_output_files`); other files stay."""
+    removed = run_output_files(output_dir)
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return removed
+
+
+def clean_killed_saves(output_dir: str | os.PathLike) -> None:
+    """Remove the build folders of checkpoint and final saves that a killed run left in `output_dir` (a swap cut
+    short between its two renames is undone by `clean_stale_siblings`)."""
+    from .folders import clean_stale_siblings
+
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name == FINAL_BUILD_NAME:
+            shutil.rmtree(entry, ignore_errors=True)
+        elif _is_killed_save(entry.name) and entry.is_dir():
+            clean_stale_siblings(folder / entry.name[1:].rsplit(".", 1)[0])  # `.checkpoint-6.tmp-...` -> checkpoint-6
+
+
+def _install_files(build: Path, root: Path) -> None:
+    """Move the files of a finished final save from `build` into `root`, replacing the previous final save's
+    files (and removing those the new save does not have, e.g. shards or another method's code). `config.json` goes
+    first and comes back last, so `root` lacks it, and readers refuse it, while the two saves are mixed."""
+    incoming = {path.name for path in build.iterdir()}
+    (root / "config.json").unlink(missing_ok=True)
+    for stale in run_output_files(root):
+        if stale.is_file() and stale.name not in incoming:
+            stale.unlink()
+    for path in sorted(build.iterdir(), key=lambda p: (p.name == "config.json", p.name == RUN_INFO_NAME, p.name)):
+        os.replace(path, root / path.name)
+    build.rmdir()
+
+
+class LogLastStepCallback(TrainerCallback):
+    """Log at the last step too: a run shorter than `logging_steps` would otherwise log only its first step, and
+    its summary would show that step's losses as both first and last."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps > 0 and args.logging_strategy == "steps":
+            control.should_log = True
+        return control
+
+
 class RetroMAETrainer(Trainer):
     """Trainer for `*ForPretraining` models.
 
     Args:
         run_info: what the run was (method, base model, corpus, lengths); written to every checkpoint as
             `retromae_run.json` and used by the model card. Must not contain local paths.
-        Other arguments as `transformers.Trainer`. The data collator may expose a `generator`
-        (`torch.Generator`); its state is checkpointed for exact resumption.
+        run_settings: what resuming restores (`resume.record_settings`), written to every checkpoint as
+            `retromae_resume.json`; its `run_id` marks the checkpoints checkpoint rotation may delete (default: a
+            fresh id and no settings).
+        Other arguments as `transformers.Trainer`. A `PretrainingCollator` data collator is split: its `pad` runs
+        in the DataLoader (so `trainer.data_collator` is that bound method), its `mask_batch` in `training_step`
+        and `prediction_step`, drawing from the trainer's generators (its own `generator` is not used).
     """
 
-    def __init__(self, *args, run_info: dict[str, Any] | None = None, **kwargs):
+    def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.run_info = dict(run_info or {})
+        self.run_settings = dict(run_settings or record_settings({}, new_run_id()))
+        self.add_callback(LogLastStepCallback())
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_steps = 0
-        self._batches_consumed = 0  # training micro-batches seen by this process (for the collator's state)
+        collator = self.data_collator
+        self.masking_collator = collator if isinstance(collator, PretrainingCollator) else None
+        if self.masking_collator is not None:
+            self.data_collator = self.masking_collator.pad  # workers pad; masks are drawn in this process
+        self._train_masking = masking_generator(self.args.seed, self.args.process_index)
+        self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
         for callback in schedule_callbacks(self.model):
             self.add_callback(callback)
+
+    # ---- masking ------------------------------------------------------------------------------------------------
+
+    def _mask_inputs(self, inputs: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """Masks a padded batch (one that still has `UNMASKED_KEY`); other batches pass unchanged."""
+        if self.masking_collator is None or UNMASKED_KEY not in inputs:
+            return inputs
+        masked = self.masking_collator.mask_batch(inputs, generator)
+        if getattr(self.model.config, "decoder_visibility", "token") == "reference":  # hides whole words
+            masked["decoder_word_starts"] = inputs[UNMASKED_KEY].to(masked["input_ids"].device)
+        return masked
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        # Called once per consumed micro-batch, in order, and never for the batches a resume skips: the generator's
+        # state at a checkpoint is exactly what the next batch needs, whatever the workers prefetched.
+        return super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        return super().prediction_step(model, self._mask_inputs(inputs, self._eval_masking), prediction_loss_only,
+                                       ignore_keys)
+
+    def evaluation_loop(self, *args, **kwargs):
+        self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
+        return super().evaluation_loop(*args, **kwargs)
 
     # ---- loss components --------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         outputs = model(**inputs)
         if model.training:
-            self._batches_consumed += 1
             for name, value in outputs.items():
                 if name.endswith("_loss") and value is not None:
                     self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value.detach().float()
@@ -120,8 +267,86 @@ class RetroMAETrainer(Trainer):
             )
 
     def save_pretraining_model(self, output_dir: str | os.PathLike) -> None:
-        """Save the full pre-training model (decoder included) + tokenizer + run info, e.g. at the end of training."""
-        self.save_model(str(output_dir), _internal_call=True)
+        """Save the full pre-training model (decoder included) + tokenizer + run info, e.g. at the end of training.
+
+        The output root also holds the checkpoints, so it cannot be swapped whole: the files are built in
+        `FINAL_BUILD_NAME`, then moved in one by one. `config.json` (which every reader needs) is removed first and
+        moved in last, so a kill in between leaves a root that readers refuse rather than a mix of two saves."""
+        root = Path(output_dir)
+        with self._atomic_save(root / FINAL_BUILD_NAME) as build:
+            self.save_model(str(build), _internal_call=True)
+        if self.args.should_save:
+            _install_files(root / FINAL_BUILD_NAME, root)
+        self.accelerator.wait_for_everyone()
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint (model, optimizer, scheduler, RNG states, trainer state, our files), written into
+        a temporary sibling and renamed to `checkpoint-N` only when complete; then this run's older checkpoints are
+        rotated. Pre-training selects no best model, so the Trainer's best-checkpoint bookkeeping is left out."""
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()
+        run_dir = Path(self._get_output_dir(trial=trial))
+        target = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        with self._atomic_save(target) as build:
+            self.save_model(str(build), _internal_call=True)
+            if not self.args.save_only_model:
+                self._save_optimizer_and_scheduler(str(build))
+                self._save_scaler(str(build))
+                self._save_rng_state(str(build))
+            if self.args.should_save:
+                write_json_atomic(build / RESUME_FILE, self.run_settings)
+                self._save_trainer_state(build)
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(str(target))
+        if self.args.should_save:
+            self._rotate_own_checkpoints(run_dir)
+
+    def _save_trainer_state(self, folder: Path) -> None:
+        """`trainer_state.json` with the state of the callbacks that export one (as `Trainer._save_checkpoint`)."""
+        from transformers.trainer_callback import ExportableState
+
+        for callback in [*self.callback_handler.callbacks, self.control]:
+            if isinstance(callback, ExportableState):
+                name, state = type(callback).__name__, callback.state()
+                if isinstance(self.state.stateful_callbacks.get(name), list):
+                    self.state.stateful_callbacks[name].append(state)
+                else:
+                    self.state.stateful_callbacks[name] = state
+        self.state.save_to_json(str(folder / TRAINER_STATE_NAME))
+
+    @contextmanager
+    def _atomic_save(self, target: Path):
+        """Yield one temporary folder that every process writes into; the main process renames it to `target`
+        (`folders.atomic_folder`) once all processes are done, and nobody goes on before that."""
+        from .folders import atomic_folder
+
+        if self.args.should_save:
+            with atomic_folder(target, overwrite=True) as build:
+                yield self._shared_path(build)
+                self.accelerator.wait_for_everyone()  # every process's files are in
+        else:
+            yield self._shared_path(None)
+            self.accelerator.wait_for_everyone()
+        self.accelerator.wait_for_everyone()  # the folder has its final name
+
+    def _shared_path(self, path: Path | None) -> Path:
+        """The main process's `path`, on every process."""
+        if self.args.world_size > 1:
+            from accelerate.utils import broadcast_object_list
+
+            path = Path(broadcast_object_list([str(path) if path else None], from_process=0)[0])
+        return path
+
+    def _rotate_own_checkpoints(self, run_dir: Path) -> None:
+        """Keep at most `save_total_limit` checkpoints of this run (same `run_id`), the newest always; checkpoints
+        that another run left in the folder are never deleted."""
+        limit = self.args.save_total_limit
+        if not limit or limit <= 0:
+            return
+        own = [p for p in list_checkpoints(run_dir) if run_id_of(p) == self.run_settings.get("run_id")]
+        for checkpoint in own[: max(len(own) - limit, 0)]:
+            logger.info("Deleting older checkpoint %s (save_total_limit=%d)", checkpoint, limit)
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
     def current_run_info(self) -> dict[str, Any]:
         training = {key: getattr(self.args, key) for key in _RUN_INFO_TRAINING_KEYS}
@@ -133,15 +358,8 @@ class RetroMAETrainer(Trainer):
         return {**self.run_info, "global_step": self.state.global_step, "training": training,
                 "first_losses": first, "final_losses": final}
 
-    def _collator_generator(self) -> torch.Generator | None:
-        return getattr(self.data_collator, "generator", None)
-
     def _collator_state_to_save(self) -> torch.Tensor | None:
-        collator = self.data_collator
-        if hasattr(collator, "generator_state_before"):
-            return collator.generator_state_before(self._batches_consumed)
-        generator = self._collator_generator()
-        return generator.get_state() if generator is not None else None
+        return self._train_masking.get_state() if self.masking_collator is not None else None
 
     def _collator_state_file(self, folder: str | os.PathLike) -> Path:
         return Path(folder) / f"collator_rng_{self.args.process_index}.safetensors"
@@ -153,24 +371,23 @@ class RetroMAETrainer(Trainer):
             save_file({"state": state}, str(self._collator_state_file(folder)))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """As `Trainer.train`; restores the collator's random state first (the Trainer restores its own RNG only
-        after it has already collated the first resumed batch)."""
+        """As `Trainer.train`; the masks start from `(args.seed, process_index)`, or from the checkpoint's state."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
                 raise ValueError(f"no complete checkpoint to resume from in {self.args.output_dir}")
             resume_from_checkpoint = str(resume_from_checkpoint)
-        generator = self._collator_generator()
-        if resume_from_checkpoint and generator is not None:
+        self._train_masking = masking_generator(self.args.seed, self.args.process_index)
+        if resume_from_checkpoint and self.masking_collator is not None:
             state_file = self._collator_state_file(resume_from_checkpoint)
             if state_file.is_file():
-                state = load_file(str(state_file))["state"]
-                restart = getattr(self.data_collator, "restart_generator", generator.set_state)
-                restart(state)
-                self._batches_consumed = 0
+                self._train_masking.set_state(load_file(str(state_file))["state"])
             else:
-                logger.warning("%s has no collator random state; masks after resuming will differ", resume_from_checkpoint)
+                logger.warning("%s has no %s; masks after resuming will differ", resume_from_checkpoint, state_file.name)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
 
-__all__ = ["RUN_INFO_NAME", "RetroMAETrainer", "last_complete_checkpoint", "list_checkpoints", "write_json_atomic"]
+__all__ = [
+    "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "clean_killed_saves", "last_complete_checkpoint",
+    "list_checkpoints", "remove_previous_run", "run_output_files", "write_json_atomic",
+]

@@ -1,0 +1,132 @@
+"""Time to sample RetroMAE's enhanced-decoding visibility matrix on CPU: the previous full sort vs today's sampler.
+
+Both draw, for every real query row, a uniformly random set of exactly n_visible = n - round(n * ratio) of the n real
+columns, then apply the paper's fix-ups (no diagonal, position 0 visible to rows i > 0, padding rows see position 0).
+
+- ``sort`` (the baseline, copied below as it was): B x L x L float keys, a full sort of every row to read its
+  n_visible-th smallest key, then a comparison.
+- ``topk``: `enhanced_visibility_mask` as shipped: 30-bit integer keys (two per int64 draw), drawn over real rows and
+  columns only, and a linear-time `topk(sorted=False)` selection per row scattered into the mask.
+
+Layouts: ``packed`` (every row has L real tokens, as the wiki/msmarco presets pack text) and ``padded`` (right
+padding, lengths drawn uniformly in [L/4, L] with a fixed seed). Calls are interleaved (sort, topk, sort, ...) so load
+drift on a shared machine hits both; after `--burn-in` calls each, the median of `--repeats` is reported in ms per
+sample (per row of the batch). Results: a printed table and ``benchmarks/results/visibility_sampling.json``.
+
+    python benchmarks/visibility_sampling.py                     # 2 threads, L=128/256/512, B=8/32
+    python benchmarks/visibility_sampling.py --threads 1 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spin-waiting OpenMP threads stall on a shared machine
+
+import torch  # noqa: E402
+from retromae.modeling.layers_retromae import enhanced_visibility_mask  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "visibility_sampling.json"
+TARGET_MS_AT_512 = 5.0  # issue 15, item 4
+
+
+def sort_baseline(attention_mask: torch.Tensor, mask_ratio: float) -> torch.Tensor:
+    """The previous `enhanced_visibility_mask`, unchanged: a full sort of B x L x L random keys."""
+    real = attention_mask.bool()  # (B, L)
+    batch_size, seq_len = real.shape
+    keys = torch.rand(batch_size, seq_len, seq_len, device=real.device)  # (B, Lq, Lk)
+    keys.masked_fill_(~real[:, None, :], 2.0)  # padding columns sort last, never chosen
+    n_visible = (real.sum(-1) - (real.sum(-1) * mask_ratio).round()).clamp(min=1).long()  # (B,)
+    kth_key = keys.sort(-1).values.gather(-1, (n_visible - 1)[:, None, None].expand(-1, seq_len, 1))  # (B, Lq, 1)
+    visible = keys <= kth_key  # (B, Lq, Lk), n_visible real columns per row
+    eye = torch.eye(seq_len, dtype=torch.bool, device=real.device)
+    visible &= ~eye
+    visible[:, 1:, 0] = True
+    empty = ~visible.any(-1) | ~real
+    visible[empty] = False
+    visible[..., 0] |= empty
+    return visible[:, None]
+
+
+def attention_masks(batch_size: int, seq_len: int, layout: str) -> torch.Tensor:
+    mask = torch.ones(batch_size, seq_len, dtype=torch.long)
+    if layout == "padded":
+        lengths = torch.randint(seq_len // 4, seq_len + 1, (batch_size,), generator=torch.Generator().manual_seed(0))
+        mask = (torch.arange(seq_len)[None, :] < lengths[:, None]).long()
+    return mask
+
+
+def time_interleaved(
+    samplers: dict[str, Callable], mask: torch.Tensor, ratio: float, burn_in: int, repeats: int
+) -> dict[str, list[float]]:
+    seconds: dict[str, list[float]] = {name: [] for name in samplers}
+    for step in range(burn_in + repeats):
+        for name, sampler in samplers.items():
+            start = time.perf_counter()
+            sampler(mask, ratio)
+            elapsed = time.perf_counter() - start
+            if step >= burn_in:
+                seconds[name].append(elapsed)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lengths", default="128,256,512")
+    parser.add_argument("--batch-sizes", default="8,32")
+    parser.add_argument("--layouts", default="packed,padded")
+    parser.add_argument("--mask-ratio", type=float, default=0.5)
+    parser.add_argument("--burn-in", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    samplers = {"sort": sort_baseline, "topk": enhanced_visibility_mask}
+    rows = []
+    print(f"{'layout':<7} {'B':>3} {'L':>4} {'sort ms/sample':>15} {'topk ms/sample':>15} {'speed-up':>9}")
+    for layout in args.layouts.split(","):
+        for seq_len in map(int, args.lengths.split(",")):
+            for batch_size in map(int, args.batch_sizes.split(",")):
+                mask = attention_masks(batch_size, seq_len, layout)
+                seconds = time_interleaved(samplers, mask, args.mask_ratio, args.burn_in, args.repeats)
+                ms = {name: 1000 * statistics.median(s) / batch_size for name, s in seconds.items()}
+                rows.append({"layout": layout, "batch_size": batch_size, "seq_len": seq_len,
+                             "ms_per_sample": ms, "speedup": ms["sort"] / ms["topk"], "seconds": seconds})
+                print(f"{layout:<7} {batch_size:>3} {seq_len:>4} {ms['sort']:>15.2f} {ms['topk']:>15.2f} "
+                      f"{ms['sort'] / ms['topk']:>8.1f}x")
+    at_512 = [r["ms_per_sample"]["topk"] for r in rows if r["seq_len"] == 512]
+    if at_512:
+        verdict = "met" if max(at_512) <= TARGET_MS_AT_512 else "missed"
+        print(f"target <= {TARGET_MS_AT_512} ms/sample at L=512: worst {max(at_512):.2f} ms ({verdict})")
+    result = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": "cpu",
+        "threads": args.threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "mask_ratio": args.mask_ratio,
+        "burn_in": args.burn_in,
+        "repeats": args.repeats,
+        "statistic": "median over repeats, ms per sample (one sequence of the batch)",
+        "target_ms_per_sample_at_512": TARGET_MS_AT_512,
+        "rows": rows,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Loading checkpoints into our classes: no load-report table for the keys a load is meant to skip or create, the
+full table for any other key, and non-BERT architectures refused by `from_encoder_checkpoint`."""
+
+import logging
+
+import pytest
+import torch
+from conftest import tiny_bert_kwargs
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
+from retromae.modeling.pretraining_base import BERT_LAYOUT_MODEL_TYPES
+from transformers import BertConfig, BertForPreTraining, BertModel, RobertaConfig, RobertaModel
+from transformers.utils import logging as transformers_logging
+
+PRETRAINING_CLASSES = [RetroMAEForPretraining, DupMAEForPretraining, SEEDEncoderForPretraining]
+TINY = dict(dense_dim=16)  # DupMAE's projection must fit the tiny hidden size
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def transformers_warnings():
+    """Every message transformers logs at warning level (the suite runs with TRANSFORMERS_VERBOSITY=error)."""
+    records = _Records()
+    root = logging.getLogger("transformers")
+    previous = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_warning()
+    root.addHandler(records)
+    try:
+        yield records.messages
+    finally:
+        root.removeHandler(records)
+        transformers_logging.set_verbosity(previous)
+
+
+def _overrides(klass) -> dict:
+    return TINY if klass is DupMAEForPretraining else {}
+
+
+@pytest.mark.parametrize("klass", PRETRAINING_CLASSES, ids=lambda k: k.__name__)
+def test_pretraining_checkpoint_into_encoder_class_logs_no_report(klass, tmp_path, transformers_warnings):
+    model = klass(klass.config_class(**tiny_bert_kwargs(), **_overrides(klass)))
+    model.save_pretrained(tmp_path)
+    encoder, info = klass.encoder_class.from_pretrained(tmp_path, output_loading_info=True)
+    assert not [m for m in transformers_warnings if "LOAD REPORT" in m]
+    assert any(k.startswith("decoder.") for k in info["unexpected_keys"])  # still told to a caller who asks
+    state = dict(encoder.state_dict())
+    assert torch.equal(state["encoder.layer.0.output.dense.weight"], model.bert.encoder.layer[0].output.dense.weight)
+
+
+@pytest.mark.parametrize("klass", PRETRAINING_CLASSES, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("bert_class", [BertForPreTraining, BertModel], ids=["pooler+nsp+mlm", "bare"])
+def test_bert_into_pretraining_class_logs_no_report(klass, bert_class, tmp_path, transformers_warnings):
+    bert_class(BertConfig(**tiny_bert_kwargs())).save_pretrained(tmp_path)  # with BERT's pooler
+    model = klass.from_encoder_checkpoint(tmp_path, **_overrides(klass))
+    assert not [m for m in transformers_warnings if "LOAD REPORT" in m or "seem corrupted" in m]
+    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+
+
+def test_a_load_that_lost_encoder_weights_still_shows_the_report(tmp_path, transformers_warnings):
+    from safetensors.torch import save_file
+
+    BertConfig(**tiny_bert_kwargs()).save_pretrained(tmp_path)
+    save_file({"something.else": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="not a BERT checkpoint"):
+        RetroMAEForPretraining.from_encoder_checkpoint(tmp_path)
+    assert [m for m in transformers_warnings if "LOAD REPORT" in m and "bert.encoder.layer" in m]
+
+
+def test_roberta_checkpoint_is_refused_as_the_cli_refuses_it(tmp_path):
+    config = RobertaConfig(**tiny_bert_kwargs(max_position_embeddings=130))
+    RobertaModel(config, add_pooling_layer=False).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has model_type 'roberta'; retromae pre-trains BERT-architecture encoders"):
+        RetroMAEForPretraining.from_encoder_checkpoint(tmp_path)
+
+
+def test_every_method_checkpoint_counts_as_bert_layout():
+    from retromae.trainers.methods import METHODS
+
+    assert {m.model_class.config_class.model_type for m in METHODS.values()} <= set(BERT_LAYOUT_MODEL_TYPES)
+
+
+def test_a_failed_load_still_shows_the_report_it_refers_to(tmp_path, transformers_warnings):
+    RetroMAEForPretraining(RetroMAEForPretraining.config_class(**tiny_bert_kwargs())).save_pretrained(tmp_path)
+    other_width = RetroMAEForPretraining.config_class(**tiny_bert_kwargs(intermediate_size=40))
+    with pytest.raises(RuntimeError, match="report"):  # transformers: "For details look at the above report!"
+        RetroMAEForPretraining.from_pretrained(tmp_path, config=other_width)
+    assert [m for m in transformers_warnings if "LOAD REPORT" in m and "intermediate" in m]

@@ -1,0 +1,335 @@
+"""Model folders on disk: refuse incomplete ones, write new ones atomically, clean up after killed writers.
+
+* `check_model_folder(path, purpose=...)`: every command that reads a local model folder calls it first. A run killed
+  mid-save leaves weights without a tokenizer vocabulary; transformers then silently loads a 5-token tokenizer
+  (every word becomes [UNK]), so such a folder must be refused, not loaded. Hub ids pass through.
+* `atomic_folder(target, overwrite=...)`: build a folder in a hidden temporary sibling and rename it into place only
+  when complete, so a reader never sees half a folder. A previous `target` is swapped out and removed only after the
+  new one is in place.
+* `clean_stale_siblings(target)`: remove (or restore) what a killed `atomic_folder` left beside `target`.
+* `hub_id_of_model(path_or_id)`: what a model card may call a starting model: a Hub id, never a local path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# Files that carry a tokenizer's vocabulary. `tokenizer_config.json` alone is not enough: without one of these,
+# AutoTokenizer falls back to a tokenizer with only the special tokens.
+TOKENIZER_VOCAB_FILES = (
+    "tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+)
+# file names, never Hub ids (`data/corpus.jsonl` looks like `owner/name` otherwise)
+FILE_SUFFIXES = (".jsonl", ".json", ".tsv", ".csv", ".txt", ".parquet", ".arrow", ".safetensors", ".bin", ".pt")
+TRAINER_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
+TRAINER_STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")
+KILLED_SAVE_HINT = (
+    "it was probably written by a run killed mid-save; use another checkpoint (e.g. the previous checkpoint-N) "
+    "or save it again"
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # huggingface_hub's cache folder names
+# `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
+_SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+class FolderError(ValueError):
+    """A model folder cannot be read or written for a reason the user can fix; the message says which and how."""
+
+
+class IncompleteModelFolder(FolderError):
+    """A local model folder lacks files a complete save writes."""
+
+
+# ---- reading ------------------------------------------------------------------------------------------------------
+
+
+def is_local_folder(path_or_id: str | os.PathLike) -> bool:
+    """True for an existing folder, or for anything that cannot be a Hub id (absolute, `./x`, `a/b/c`, `x\\y`)."""
+    text = os.fspath(path_or_id)
+    if Path(text).exists():
+        return True
+    return Path(text).is_absolute() or text.startswith((".", "~")) or text.count("/") > 1 or "\\" in text
+
+
+def missing_model_files(folder: Path, *, tokenizer: bool = True) -> list[str]:
+    """The files (or alternatives, joined by ' or ') a complete model folder has and `folder` lacks."""
+    missing: list[str] = []
+    model_dir = _transformer_dir(folder, missing)
+    if not (model_dir / "config.json").is_file():
+        missing.append(_rel(model_dir / "config.json", folder))
+    missing += _missing_weights(model_dir, folder)
+    # a tokenizer_config.json without a vocabulary is half a tokenizer save, required or not
+    started = (model_dir / "tokenizer_config.json").is_file()
+    if (tokenizer or started) and not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+        missing.append(_rel(model_dir / "tokenizer.json", folder) + " (or another tokenizer vocabulary: "
+                       + ", ".join(TOKENIZER_VOCAB_FILES[1:]) + ")")
+    if _is_trainer_checkpoint(folder) and not (folder / "trainer_state.json").is_file():
+        missing.append("trainer_state.json (the Trainer writes it last: the save did not finish)")
+    return missing
+
+
+def _is_trainer_checkpoint(folder: Path) -> bool:
+    """A Trainer's `checkpoint-N` with its training state (the Trainer writes trainer_state.json after these)."""
+    return bool(TRAINER_CHECKPOINT.match(folder.name)) and any(
+        (folder / name).is_file() for name in TRAINER_STATE_FILES
+    )
+
+
+def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer: bool = True) -> None:
+    """Refuse a local model folder that a complete save would not look like; Hub ids pass through unchecked.
+
+    Args:
+        path_or_id: a local folder or a Hub model id.
+        purpose: what the folder was given for, for the message (e.g. "--model", "export").
+        tokenizer: require a tokenizer vocabulary (False for readers that may take the tokenizer elsewhere; a
+            half-saved tokenizer, tokenizer_config.json without a vocabulary, is refused either way).
+
+    Raises:
+        IncompleteModelFolder: one line naming the folder, the missing files and the fix.
+    """
+    if not is_local_folder(path_or_id):
+        return
+    folder = Path(path_or_id).expanduser()
+    if not folder.exists():
+        raise IncompleteModelFolder(f"{purpose}: model folder {folder} does not exist")
+    if not folder.is_dir():
+        raise IncompleteModelFolder(f"{purpose}: {folder} is not a folder")
+    missing = missing_model_files(folder, tokenizer=tokenizer)
+    if missing and not any(f.name in {"config.json", "modules.json"} or f.suffix == ".safetensors"
+                           for f in folder.iterdir()):
+        raise IncompleteModelFolder(f"{purpose}: {folder} is not a model folder: it has no {'; no '.join(missing)}")
+    if missing:
+        raise IncompleteModelFolder(
+            f"{purpose}: model folder {folder} is incomplete, it has no {'; no '.join(missing)}; {KILLED_SAVE_HINT}"
+        )
+
+
+def _transformer_dir(folder: Path, missing: list[str]) -> Path:
+    """Where config/weights/tokenizer live: the root, or a sentence-transformers folder's Transformer module path."""
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return folder
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        paths = [(str(m.get("type", "")), str(m.get("path", ""))) for m in modules]
+    except (ValueError, AttributeError, TypeError):
+        missing.append("valid modules.json (the file is not a JSON list of modules)")
+        return folder
+    transformer = [p for kind, p in paths if kind.rsplit(".", 1)[-1].endswith("Transformer")]
+    return folder / transformer[0] if transformer else folder
+
+
+def _missing_weights(model_dir: Path, folder: Path) -> list[str]:
+    """Nothing when a single weights file is there; else the index's missing shards (or the weights file itself)."""
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (model_dir / single).is_file():
+            return []
+    index = next((model_dir / f"{single}.index.json" for single in ("model.safetensors", "pytorch_model.bin")
+                  if (model_dir / f"{single}.index.json").is_file()), None)
+    if index is None:
+        return [_rel(model_dir / "model.safetensors", folder) + " (or a model.safetensors.index.json with its shards)"]
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [f"valid {_rel(index, folder)} (it has no weight_map)"]
+    return [f"{_rel(model_dir / shard, folder)} (listed in {index.name})"
+            for shard in shards if not (model_dir / shard).is_file()]
+
+
+def _rel(path: Path, folder: Path) -> str:
+    return path.relative_to(folder).as_posix()
+
+
+@contextmanager
+def folder_errors_as(error_class: type[ValueError]) -> Iterator[None]:
+    """Re-raise a `FolderError` as the caller's own error class (ExportError, FinetuneError, ...), same message."""
+    try:
+        yield
+    except FolderError as error:
+        if isinstance(error, error_class):
+            raise
+        raise error_class(str(error)) from None
+
+
+def is_hub_id(name: object) -> bool:
+    """`owner/name` as the Hub spells model and dataset ids (our own `local/<name>` labels excluded)."""
+    return (isinstance(name, str) and bool(_HUB_ID.match(name)) and ".." not in name
+            and not name.startswith("local/"))
+
+
+def hub_id_of_model(path_or_id: str | os.PathLike) -> str | None:
+    """The Hub id a model card may name for a starting model, or None.
+
+    A Hub id is returned as is. A local folder is named only by its own Hub id when it records one: a Hugging Face
+    cache snapshot (`models--owner--name/snapshots/...`), the `model_name` of its card or run record, or a
+    `_name_or_path` in config.json (older transformers wrote it) - never by its path, which would link to a Hub page
+    that does not exist. The card's `base_model` is not used: it names the folder's own starting model.
+    """
+    if not is_local_folder(path_or_id):
+        return os.fspath(path_or_id) if is_hub_id(os.fspath(path_or_id)) else None
+    folder = Path(path_or_id).expanduser().resolve()
+    for part in reversed(folder.parts):
+        cached = _HF_CACHE_REPO.match(part)
+        if cached:
+            return cached["id"].replace("--", "/", 1)
+    for name in _recorded_names(folder):
+        if is_hub_id(name) and not name.startswith("<") and not is_local_folder(name):
+            return name
+    return None
+
+
+def public_name(path_or_id: str | os.PathLike | None) -> str | None:
+    """A Hub id as is; a local path (or anything path-like) reduced to its last component."""
+    if not path_or_id:
+        return None
+    text = os.fspath(path_or_id)
+    if is_hub_id(text) and not is_local_folder(text) and Path(text).suffix.lower() not in FILE_SUFFIXES:
+        return text
+    return Path(text.replace("\\", "/")).name or None
+
+
+def _recorded_names(folder: Path) -> Iterator[str]:
+    """Names a folder records for itself: card `model_name`, run-record `model_name`, config `_name_or_path`."""
+    readme = folder / "README.md"
+    if readme.is_file():
+        try:
+            from huggingface_hub import ModelCard
+
+            yield str(ModelCard.load(readme).data.to_dict().get("model_name") or "")
+        except Exception:  # a hand-written README without (valid) front matter
+            pass
+    for file, key in (("retromae_finetune.json", "model_name"), ("config.json", "_name_or_path")):
+        try:
+            yield str(json.loads((folder / file).read_text(encoding="utf-8")).get(key) or "")
+        except (OSError, ValueError, AttributeError):
+            continue
+
+
+# ---- writing -------------------------------------------------------------------------------------------------------
+
+
+def check_destination(target: Path, overwrite: bool, source: Path | None = None) -> None:
+    """Refuse a target that is a file, that would replace `source` (or a folder holding it), or that is a non-empty
+    folder while `overwrite` is False."""
+    if target.exists() and not target.is_dir():
+        raise FolderError(f"output {target} exists and is not a folder")
+    if source is not None:
+        out, src = target.resolve(), source.resolve()
+        if out == src or out in src.parents:
+            raise FolderError(f"output folder {target} would replace the input {source}; choose another folder")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise FolderError(
+            f"output folder {target} already exists and is not empty; pass overwrite=True (CLI: --overwrite) "
+            "to replace it"
+        )
+
+
+@contextmanager
+def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False, source: Path | None = None) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `target` to fill; on success it is renamed to `target`.
+
+    On an exception (or a kill, see `clean_stale_siblings`) `target` is untouched. With `overwrite`, a previous
+    non-empty `target` is renamed aside, replaced, and deleted only after the new folder is in place.
+    """
+    target = Path(target)
+    clean_stale_siblings(target)  # first: it may restore a previous `target` that a killed swap left aside
+    check_destination(target, overwrite, source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = _sibling(target, "tmp")
+    build_dir.mkdir()  # honours the umask (tempfile.mkdtemp would make it 0700)
+    try:
+        yield build_dir
+        _move_into_place(build_dir, target, overwrite)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+
+
+def _move_into_place(build_dir: Path, target: Path, overwrite: bool) -> None:
+    check_destination(target, overwrite)  # again: something may have appeared while we were building
+    if not target.exists() or not any(target.iterdir()):
+        os.replace(build_dir, target)  # replaces an empty folder too
+        return
+    old = _sibling(target, "old")
+    os.replace(target, old)
+    try:
+        os.replace(build_dir, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _sibling(target: Path, kind: str) -> Path:
+    """A fresh hidden name beside `target` that records our pid, e.g. `.export.tmp-4242-1a2b3c4d`."""
+    while True:
+        candidate = target.parent / f".{target.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if not candidate.exists():
+            return candidate
+
+
+def clean_stale_siblings(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporary siblings of `target` that a killed `atomic_folder` left; returns what was handled.
+
+    A `.tmp-` build of a dead process is deleted. An `.old-` folder (the previous `target`, moved aside during a swap)
+    is deleted when `target` exists and renamed back to `target` when the kill came between the two renames.
+    Siblings of a live process (another export writing the same folder right now) are left alone.
+    """
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    handled = []
+    for entry in sorted(target.parent.iterdir()):
+        match = _SIBLING.match(entry.name)
+        if not match or match["name"] != target.name or not entry.is_dir() or _alive(int(match["pid"])):
+            continue
+        if match["kind"] == "old" and not target.exists():
+            os.replace(entry, target)
+            logger.warning("restored %s from %s, left by a killed save", target, entry.name)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            logger.info("removed %s, left by a killed save", entry)
+        handled.append(entry)
+    return handled
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+__all__ = [
+    "FolderError",
+    "IncompleteModelFolder",
+    "TOKENIZER_VOCAB_FILES",
+    "atomic_folder",
+    "check_destination",
+    "check_model_folder",
+    "clean_stale_siblings",
+    "folder_errors_as",
+    "hub_id_of_model",
+    "is_hub_id",
+    "public_name",
+    "is_local_folder",
+    "missing_model_files",
+]
