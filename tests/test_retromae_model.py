@@ -228,28 +228,27 @@ def test_visibility_mask_one_token_and_empty_sequences():
     assert visible[:, :, 0].all() and visible[:, :, 1:].sum() == 0
 
 
-def test_visibility_sampling_is_much_faster_than_a_full_sort():
-    """Issue 15 item 4: the full sort of B x L x L keys (HEAD's method) was the cost. Interleaved medians, so load on
-    the machine hits both sides; on HEAD the sampler itself contains that sort and the ratio is above 1."""
-    import time
+def test_visibility_sampling_never_sorts_the_full_key_tensor():
+    """Issue 15 item 4: HEAD sorted all B x L x L keys to find each row's k-th one; the CPU sampler selects with a
+    partial top-k instead. Checked on the ops that run (their speed is benchmarks/visibility_sampling.py's job)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a shared machine stalls multi-threaded kernels unevenly; one thread compares fairly
-    attention = torch.ones(4, 512, dtype=torch.long)
-    attention[-1, 300:] = 0
-    new_times, sort_times = [], []
-    try:
-        for _ in range(5):
-            start = time.perf_counter()
-            enhanced_visibility_mask(attention, 0.5)
-            new_times.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            torch.rand(4, 512, 512).sort(-1)
-            sort_times.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
-    ratio = sorted(new_times)[2] / sorted(sort_times)[2]
-    assert ratio < 0.6, f"visibility sampling takes {ratio:.2f}x a full sort of its keys"
+    class SortRecorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sorted_shapes: list[tuple[int, ...]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.sort, torch.ops.aten.argsort):
+                self.sorted_shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    attention = torch.ones(4, 64, dtype=torch.long)
+    attention[-1, 40:] = 0
+    with SortRecorder() as recorder:
+        visible = enhanced_visibility_mask(attention, 0.5)
+    assert visible.shape == (4, 1, 64, 64)
+    assert not [shape for shape in recorder.sorted_shapes if shape[-2:] == (64, 64)], recorder.sorted_shapes
 
 
 # ---- the model ----------------------------------------------------------------------------------------------------
