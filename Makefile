@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.retromae-installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test smoke lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# End-to-end smoke runs of the experiment scripts (minutes; outside `make test`'s 10-minute budget).
+smoke: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m experiment
 
 lint: setup
 	$(BIN)/ruff check modeling trainers tests benchmarks

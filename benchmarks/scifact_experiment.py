@@ -287,7 +287,7 @@ def coverage(model_dir: Path, texts: list[str], cfg: dict, projection: str = "em
     from retromae.trainers.coverage import input_token_coverage
 
     cov = input_token_coverage(str(model_dir), None, texts, ks=(10, 20, 50, 100), batch_size=16,
-                               max_seq_length=cfg["max_seq_length"], device="cpu", projection=projection)
+                               max_seq_length=cfg["max_seq_length"], device=cfg.get("device", "cpu"), projection=projection)
     return {str(k): round(v, 4) for k, v in cov.items()}
 
 
@@ -313,7 +313,7 @@ def evaluate(model_dir: Path, data: Path, out_dir: Path, cfg: dict, name: str) -
     result_file = out_dir / "summary_row.json"
     if result_file.is_file():
         return read_json(result_file)
-    model, _ = load_encoder(str(model_dir), max_seq_length=cfg["eval_max_seq_length"], work_dir=out_dir, device="cpu")
+    model, _ = load_encoder(str(model_dir), max_seq_length=cfg["eval_max_seq_length"], work_dir=out_dir, device=cfg.get("device", "cpu"))
     task = make_local_task(read_beir(str(data), split="dev"), "scifact-dev")
     rows = evaluate_model(model, [task], out_dir, model_name=name, batch_size=32)
     row = {k: rows[0][k] for k in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "queries")}

@@ -75,3 +75,14 @@ def run_without_retromae(script: str, args: list[str], cwd, env: dict | None = N
     env = {k: v for k, v in (env or os.environ).items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, "-S", "-c", prelude + script, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_cli_in_two_processes(args: list[str], port: int, env: dict | None = None):
+    """`retromae ARGS` under `torch.distributed.run` with 2 CPU processes (gloo); the completed process."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+               "-m", "retromae.trainers.cli", *args]
+    return subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1"} | (env or {}), capture_output=True,
+                          text=True, timeout=600)

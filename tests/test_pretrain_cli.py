@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
+from conftest import run_cli_in_two_processes, tiny_bert_kwargs
 from retromae.trainers.cli import main
 from retromae.trainers.methods import METHODS
 from safetensors.torch import load_file
@@ -187,10 +186,7 @@ def _cli(*args: str) -> list[str]:
 def test_two_process_ddp_on_cpu(tiny_bert, corpus, tmp_path):
     out = tmp_path / "ddp"
     args = pretrain_args(tiny_bert, corpus, out, "--max-steps", "3", "--save-steps", "3")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               "-m", "retromae.trainers.cli", *args]
-    result = subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                            timeout=600)
+    result = run_cli_in_two_processes(args, 29517)
     assert result.returncode == 0, result.stderr[-4000:]
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3

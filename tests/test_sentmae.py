@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_without_retromae, tiny_bert_kwargs
+from conftest import run_cli_in_two_processes, run_without_retromae, tiny_bert_kwargs
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.configuration_sentmae import SentMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
@@ -447,15 +447,10 @@ def test_bad_stage2_input_gets_one_clear_line(tiny_bert, corpus, pairs_file, tmp
 
 @pytest.mark.slow
 def test_stage2_two_process_ddp_on_cpu(stage1, corpus, tmp_path):
-    import subprocess
-    import sys
 
     out = tmp_path / "ddp"
     args = cli_args(stage1, out, "--method", "sentmae", "--corpus", str(corpus), "--per-device-train-batch-size", "2")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-               "-m", "retromae.trainers.cli", *args]
-    result = subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                            timeout=600)
+    result = run_cli_in_two_processes(args, 29531)
     assert result.returncode == 0, result.stderr[-4000:]
     assert all("contrastive_loss" in e for e in _logged(out))
     assert json.loads((out / "retromae_run.json").read_text())["training"]["world_size"] == 2

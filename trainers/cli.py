@@ -21,6 +21,7 @@ from typing import Any, Literal
 from transformers import TrainingArguments
 
 from .flags import reject_repeated_flags
+from .recipe import RecipeArguments
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -41,6 +42,7 @@ PRETRAIN_EXAMPLES = """examples:
   retromae pretrain --config configs/retromae-wiki-book.yaml --corpus wiki.txt   # a paper's preset
   retromae pretrain --method dupmae --method-options '{"bow_loss_weight": 0.1}' --corpus corpus.jsonl
   retromae pretrain --output-dir out/retromae --resume-from-checkpoint last       # continue after a stop
+  retromae pretrain --corpus corpus.jsonl --head-warmup-steps 200 --encoder-lr-scale 0.1   # improve a retriever
 """
 
 
@@ -359,7 +361,7 @@ def _pretrain_parser():
     from transformers import HfArgumentParser
 
     return HfArgumentParser(
-        (ModelArguments, DataArguments, RunArguments, PretrainingArguments),
+        (ModelArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments),
         prog="retromae pretrain",
         description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
@@ -373,7 +375,7 @@ def _pretrain_parser():
 
 def _pretrain_arguments(argv: list[str]):
     """Parse `retromae pretrain`'s options. Resuming, the checkpoint's recorded settings (`resume.py`) are the
-    defaults and a flag may only repeat them. Returns the four argument dataclasses, the checkpoint to resume
+    defaults and a flag may only repeat them. Returns the five argument dataclasses, the checkpoint to resume
     from (or None) and the settings to record in this run's checkpoints."""
     from .resume import ResumeConflict, check_given_options, given_options, new_run_id, read_settings, record_settings
 
@@ -412,7 +414,7 @@ def pretrain(argv: list[str]) -> int:
     from .methods import get_method
     from .trainer import RUN_INFO_NAME, RetroMAETrainer
 
-    model_args, data_args, run_args, training_args, resume, run_settings = _pretrain_arguments(argv)
+    model_args, data_args, run_args, training_args, recipe, resume, run_settings = _pretrain_arguments(argv)
     _configure_logging(training_args.get_process_log_level())
     set_seed(training_args.seed)
     if training_args.dataloader_pin_memory and training_args.device.type == "cpu":
@@ -438,12 +440,23 @@ def pretrain(argv: list[str]) -> int:
         ) from None
     overrides = _method_config_overrides(model_args, method, tokenizer)
     model = load_pretraining_model(resume or model_ref, method, overrides)
+    if not resume and training_args.should_log:  # the main process only
+        from .recipe import suggest_recipe
+
+        suggest_recipe(model_ref, recipe)
     _check_model_and_tokenizer(model, tokenizer, data_args.max_seq_length, resume or model_ref)
 
     # --- SentMAE contrastive data (trainers/contrastive_data.py): None unless the model has a contrastive loss ---
     from .contrastive_data import contrastive_training_data
 
     contrastive = contrastive_training_data(model, tokenizer, model_args, data_args, training_args)
+    if recipe.contrastive_anchor_weight > 0:  # the continued-pre-training recipe's anchor, for any method
+        from .recipe import anchor_training_data
+
+        if contrastive is not None:
+            raise CliError(f"--method {method.name} already has its contrastive loss (contrastive_weight "
+                           f"{model.config.contrastive_weight}); drop --contrastive-anchor-weight")
+        contrastive = anchor_training_data(model, tokenizer, data_args, training_args)
     if contrastive is not None:
         dataset, collator = contrastive
     else:
@@ -468,7 +481,7 @@ def pretrain(argv: list[str]) -> int:
     }
     trainer = RetroMAETrainer(
         model=model, args=training_args, train_dataset=dataset, data_collator=collator,
-        processing_class=tokenizer, run_info=run_info, run_settings=run_settings,
+        processing_class=tokenizer, run_info=run_info, run_settings=run_settings, recipe=recipe,
     )
     started = time.time()
     trainer.train(resume_from_checkpoint=resume)
@@ -610,7 +623,8 @@ def _one_line(error: BaseException) -> str:
     while isinstance(error, StrictDataclassError) and error.__cause__ is not None:
         error = error.__cause__
     text = str(error).strip()
-    hint = "" if isinstance(error, CliError) else "  (RETROMAE_DEBUG=1 shows the traceback)"
+    ours = type(error).__module__.startswith("retromae.")  # our error classes are input errors by design
+    hint = "" if ours else "  (RETROMAE_DEBUG=1 shows the traceback)"
     return (text.splitlines()[-1].strip() if text else type(error).__name__) + hint
 
 

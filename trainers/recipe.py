@@ -1,0 +1,281 @@
+"""The continued-pre-training recipe: options of every method for starting from an already trained retriever.
+
+A retriever such as all-MiniLM-L6-v2 ships no MLM head, so its head and every method's new parts (decoder,
+BoW/OT parts) start random; trained jointly from step 0 they pull the encoder away from its optimum. The recipe is
+linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort Pretrained Features"):
+
+1. head warm-up (`--head-warmup-steps N`): for optimizer steps 1..N the encoder gets no update. "Encoder" is every
+   `bert.*` parameter, embeddings included, and therefore also the MLM output matrix (tied to the word
+   embeddings). What trains: the MLM head's transform and output bias, and the method's own modules (`decoder.*`,
+   ...). Frozen parameters get no gradient (`requires_grad=False` in a single process; under DDP their gradients
+   are dropped before clipping), and AdamW skips parameters without a gradient, weight decay included, so they stay
+   bit-identical. The phase is derived from `state.global_step` at the start of every optimizer step, so a run
+   resumed from any checkpoint, inside or after the warm-up, continues exactly.
+2. joint training with a smaller encoder learning rate: the encoder's rate is `S = --encoder-lr-scale` times the
+   peak rate, on the same schedule; the new parts keep the full rate. `D = --layer-lr-decay` adds layer-wise decay
+   as in ELECTRA / BEiT, counting the head as level L+1: with L encoder layers, `bert.encoder.layer.l`
+   (l = 0..L-1, the state-dict index) gets S * D**(L - l) and `bert.embeddings.*` get S * D**(L + 1). So the top
+   layer gets S * D, each layer below D times less. Other `bert.*` parameters (a pooler) get S.
+3. contrastive anchoring (`--contrastive-anchor-weight W`): SentMAE's in-batch contrastive loss on the [CLS]
+   embeddings (cosine, temperature 0.05, `modeling_sentmae.in_batch_contrastive_loss`) with span positives (two
+   disjoint spans of each passage, `contrastive_data.ContrastiveCollator`) is added to any method's loss with
+   weight W, so the embedding space keeps its geometry. As in SentMAE, anchors and positives both go through the
+   method's own losses (one forward pass over 2B sequences) and the contrastive term reuses their [CLS] states.
+
+The defaults (0, 1.0, 1.0, 0) change nothing: the paper-faithful optimizer of `transformers.Trainer`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+SUGGESTED_RECIPE = "--head-warmup-steps 200 --encoder-lr-scale 0.1"
+# a parameter name of the encoder, also inside DDP / torch.compile wrappers
+_ENCODER_NAME = re.compile(r"^(?:module\.|_orig_mod\.)*bert\.")
+_LAYER_NAME = re.compile(r"^(?:module\.|_orig_mod\.)*bert\.encoder\.layer\.(\d+)\.")
+_EMBEDDINGS_NAME = re.compile(r"^(?:module\.|_orig_mod\.)*bert\.embeddings\.")
+
+
+@dataclass
+class RecipeArguments:
+    """Continued pre-training of an existing retriever (see trainers/recipe.py). The defaults change nothing."""
+
+    head_warmup_steps: int = field(
+        default=0,
+        metadata={"help": "continued pre-training: freeze the encoder (bert.*, embeddings and the tied MLM output "
+                  "matrix included) for the first N optimizer steps while the MLM head transform and the method's "
+                  "new parts (decoder, BoW parts) learn; 0 = off (paper default)"},
+    )
+    encoder_lr_scale: float = field(
+        default=1.0,
+        metadata={"help": "after the warm-up the encoder learns at S x --learning-rate (same schedule); the new parts "
+                  "keep the full rate; 1.0 = off"},
+    )
+    layer_lr_decay: float = field(
+        default=1.0,
+        metadata={"help": "layer-wise decay on top of --encoder-lr-scale S: of L layers, encoder layer l (0-based) "
+                  "gets S*D^(L-l), the embeddings S*D^(L+1); 1.0 = off"},
+    )
+
+    contrastive_anchor_weight: float = field(
+        default=0.0,
+        metadata={"help": "add SentMAE's in-batch contrastive loss (cosine, temperature 0.05; positives: two spans "
+                  "of each --corpus passage) with this weight to any method's loss, keeping the embedding space's "
+                  "geometry; 0 = off"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.head_warmup_steps < 0:
+            raise ValueError(f"--head-warmup-steps must be >= 0 (0 = off), got {self.head_warmup_steps}")
+        if not self.encoder_lr_scale > 0:
+            raise ValueError(f"--encoder-lr-scale must be > 0, got {self.encoder_lr_scale}; to keep the encoder "
+                             "frozen for the whole run, set --head-warmup-steps to --max-steps")
+        if not 0 < self.layer_lr_decay <= 1:
+            raise ValueError(f"--layer-lr-decay must lie in (0, 1] (1 = off), got {self.layer_lr_decay}")
+        if not self.contrastive_anchor_weight >= 0:
+            raise ValueError(f"--contrastive-anchor-weight must be >= 0 (0 = off), got {self.contrastive_anchor_weight}")
+
+    @property
+    def active(self) -> bool:
+        return self.changes_optimizer or self.contrastive_anchor_weight > 0
+
+    @property
+    def changes_optimizer(self) -> bool:
+        return self.head_warmup_steps > 0 or self.encoder_lr_scale != 1.0 or self.layer_lr_decay != 1.0
+
+    def as_record(self) -> dict[str, Any]:
+        """The options as recorded in `retromae_run.json` (and the model card's training rows)."""
+        return asdict(self)
+
+    def lr_scale(self, name: str, num_layers: int) -> float:
+        """The factor on the peak learning rate of parameter `name` (1.0 for everything outside `bert.*`)."""
+        if not _ENCODER_NAME.match(name):
+            return 1.0
+        scale, decay = self.encoder_lr_scale, self.layer_lr_decay
+        if layer := _LAYER_NAME.match(name):
+            return scale * decay ** (num_layers - int(layer.group(1)))
+        if _EMBEDDINGS_NAME.match(name):
+            return scale * decay ** (num_layers + 1)
+        return scale
+
+    def top_layer_scale(self, num_layers: int) -> float:
+        return self.lr_scale(f"bert.encoder.layer.{num_layers - 1}.", num_layers)
+
+
+def encoder_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the head warm-up freezes: `bert.*` (tied ones, e.g. the MLM output matrix, appear once)."""
+    return [p for name, p in model.named_parameters() if _ENCODER_NAME.match(name)]
+
+
+def parameter_groups(model: torch.nn.Module, recipe: RecipeArguments, num_layers: int, learning_rate: float,
+                     weight_decay: float, decay_names: set[str]) -> list[dict[str, Any]]:
+    """Optimizer groups: one per (learning-rate factor, weight decay or not), the full-rate groups first (the
+    Trainer logs the first group's rate as `learning_rate`). Every parameter is included, frozen or not."""
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        key = (recipe.lr_scale(name, num_layers), name in decay_names)
+        groups.setdefault(key, []).append(param)
+    ordered = sorted(groups.items(), key=lambda item: (-item[0][0], not item[0][1]))
+    return [
+        {"params": params, "lr": learning_rate * scale, "weight_decay": weight_decay if decays else 0.0}
+        for (scale, decays), params in ordered
+    ]
+
+
+class HeadWarmupCallback(TrainerCallback):
+    """Freezes the encoder while `state.global_step < steps` (decided at the start of every optimizer step, so a
+    resumed run is in the right phase) and logs when the warm-up ends.
+
+    Args:
+        encoder: the parameters to freeze (`encoder_parameters`).
+        steps: the warm-up length in optimizer steps.
+        toggle_requires_grad: freeze through `requires_grad` (single process: the backward pass skips the encoder).
+            Under DDP the set of parameters that need gradients must not change after wrapping, so the trainer
+            drops their gradients instead (`drop_encoder_gradients`).
+    """
+
+    def __init__(self, encoder: list[torch.nn.Parameter], steps: int, toggle_requires_grad: bool):
+        self.encoder = encoder
+        self.steps = steps
+        self.toggle_requires_grad = toggle_requires_grad
+        self.frozen = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step < self.steps and state.is_world_process_zero:
+            logger.warning("Head warm-up: the encoder (bert.*, tied MLM output matrix included) is frozen for optimizer "
+                        "steps %d-%d; the MLM head transform and the method's new parts train",
+                        state.global_step + 1, self.steps)
+        if state.max_steps > 0 and self.steps >= state.max_steps and state.is_world_process_zero:
+            logger.warning("--head-warmup-steps %d >= max steps %d: the encoder is not trained in this run",
+                           self.steps, state.max_steps)
+        self._set_phase(state.global_step)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.steps and state.is_world_process_zero:  # once, also in a resumed run
+            logger.warning("Head warm-up finished after %d steps: the encoder trains from step %d on",
+                        self.steps, self.steps + 1)
+        self._set_phase(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._set_phase(self.steps)  # a model used after training (export, another train()) is not left frozen
+
+    def _set_phase(self, global_step: int) -> None:
+        self.frozen = global_step < self.steps
+        if self.toggle_requires_grad:
+            for param in self.encoder:
+                param.requires_grad_(not self.frozen)
+
+    def drop_encoder_gradients(self) -> None:
+        """During the warm-up: no gradient on the encoder, so the optimizer skips it (weight decay included)."""
+        if self.frozen:
+            for param in self.encoder:
+                param.grad = None
+
+
+ANCHOR_TEMPERATURE, ANCHOR_SIMILARITY = 0.05, "cos"  # SentMAEConfig's defaults (SimCSE's temperature)
+
+
+def merge_pairs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A `ContrastiveCollator` batch (B anchors, B `positive_*` rows) as one batch of 2B rows, anchors first."""
+    from .contrastive_data import POSITIVE_PREFIX
+
+    return {key: torch.cat([value, inputs[POSITIVE_PREFIX + key]]) if POSITIVE_PREFIX + key in inputs else value
+            for key, value in inputs.items() if not key.startswith(POSITIVE_PREFIX)}
+
+
+def add_contrastive_anchor(outputs, batch_size: int, weight: float):
+    """Add the in-batch contrastive loss of the [CLS] embeddings of a merged batch (`merge_pairs`) to `outputs`."""
+    from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
+
+    embeddings = outputs.sentence_embedding  # (2B, H): anchors, then their positives
+    contrastive = in_batch_contrastive_loss(embeddings[:batch_size], embeddings[batch_size:], ANCHOR_TEMPERATURE,
+                                            ANCHOR_SIMILARITY)
+    outputs["contrastive_loss"] = contrastive  # item assignment: a field that was None joins `outputs.items()`
+    outputs["loss"] = outputs.loss + weight * contrastive
+    outputs["sentence_embedding"] = embeddings[:batch_size]
+    return outputs
+
+
+def anchor_training_data(model, tokenizer, data_args, training_args):
+    """Dataset and collator of a run with `--contrastive-anchor-weight`: the corpus tokenized as for RetroMAE (no
+    packing), batches of two spans per passage (`ContrastiveCollator`, masked as usual)."""
+    from .cli import CliError
+    from .contrastive_data import ContrastiveCollator
+    from .data import read_corpus, tokenize_corpus
+
+    config = model.config
+    if data_args.packing:
+        raise CliError("--contrastive-anchor-weight takes its positives from two spans of one passage, but --packing "
+                       "joins passages into blocks; drop --packing")
+    if getattr(config, "decoder_visibility", "token") == "reference":
+        raise CliError("--contrastive-anchor-weight does not support decoder_visibility=\"reference\" yet; use "
+                       "the default \"token\"")
+    global_batch = training_args.per_device_train_batch_size * training_args.world_size
+    if global_batch < 2:
+        raise CliError("--contrastive-anchor-weight needs at least 2 passages per batch (the other passages' spans "
+                       "are the negatives): raise --per-device-train-batch-size to 2 or more")
+    training_args.dataloader_drop_last = True  # a last batch of one passage would have no negative
+    with training_args.main_process_first(desc="reading and tokenizing the corpus"):
+        texts = read_corpus(data_args.corpus, text_format=data_args.text_format, streaming=data_args.streaming)
+        dataset = tokenize_corpus(texts, tokenizer, max_seq_length=data_args.max_seq_length)
+    collator = ContrastiveCollator(tokenizer, mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
+                                   whole_word_mask=getattr(config, "whole_word_mask", True), positives="spans")
+    return dataset, collator
+
+
+def _local_folder(model_ref: str) -> Path | None:
+    """The folder holding `model_ref`'s files: itself, or a Hub id's snapshot in the local cache (no download)."""
+    if Path(model_ref).is_dir():
+        return Path(model_ref)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model_ref, "config.json")
+    except ValueError:  # not a repo id
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
+
+
+def has_mlm_head(model_ref: str) -> bool | None:
+    """Whether the checkpoint `model_ref` holds MLM-head weights (`cls.predictions.transform.*`); None when that
+    cannot be told without loading the weights (`.bin` files, a Hub id not in the local cache)."""
+    folder = _local_folder(model_ref)
+    if folder is None:
+        return None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+    elif (folder / "model.safetensors").is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            names = list(weights.keys())
+    else:
+        return None
+    return any(name.startswith("cls.predictions.transform.") for name in names)
+
+
+def suggest_recipe(model_ref: str, recipe: RecipeArguments) -> None:
+    """Log one line suggesting the recipe when a run starts from a checkpoint without an MLM head (a trained
+    retriever such as all-MiniLM-L6-v2) and no recipe option was given; the defaults stay those of the papers."""
+    if recipe.active or has_mlm_head(model_ref) is not False:
+        return
+    logger.warning("%s has no MLM head (a trained retriever?): the head and the method's new parts start random "
+                   "and, trained jointly from step 0, pull the encoder off its optimum; consider the "
+                   "continued-pre-training recipe, e.g. %s", Path(model_ref).name, SUGGESTED_RECIPE)
+
+
+__all__ = [
+    "HeadWarmupCallback", "RecipeArguments", "SUGGESTED_RECIPE", "add_contrastive_anchor", "anchor_training_data",
+    "encoder_parameters", "has_mlm_head", "merge_pairs", "parameter_groups", "suggest_recipe",
+]
