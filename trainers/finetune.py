@@ -50,7 +50,6 @@ import json
 import logging
 import os
 import random
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -774,15 +773,6 @@ def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLi
 # ---- model card ----------------------------------------------------------------------------------------------------
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def _hub_id(name: Any) -> str | None:
-    """`name` if it looks like a Hub id (`owner/name`, not our `local/...` labels), else None."""
-    ok = isinstance(name, str) and _HUB_ID.match(name) and ".." not in name and not name.startswith("local/")
-    return name if ok else None
-
-
 def _eval_results(rows: list[dict[str, Any]], model_name: str) -> list[EvalResult]:
     results = []
     for row in rows:
@@ -806,11 +796,10 @@ def render_finetuned_card(info: Mapping[str, Any]) -> str:
     model_name = info.get("model_name") or "retromae-finetuned"
     repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
     base_model = info.get("base_model")
-    hub_base = _hub_id(base_model)
+    hub_base = base_model if is_hub_id(base_model) else None
     train = info.get("train_data") or {}
     eval_rows = list(info.get("eval_results") or [])
-    datasets = [d for d in dict.fromkeys([_hub_id(train.get("name")), *(_hub_id(r.get("dataset_id")) for r in eval_rows)])
-                if d]
+    datasets = [d for d in dict.fromkeys([train.get("name"), *(r.get("dataset_id") for r in eval_rows)]) if is_hub_id(d)]
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "retromae", "retrieval"]
     if method:
         tags.append(method)

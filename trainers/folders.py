@@ -37,7 +37,7 @@ KILLED_SAVE_HINT = (
     "it was probably written by a run killed mid-save; use another checkpoint (e.g. the previous checkpoint-N) "
     "or save it again"
 )
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 _HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # huggingface_hub's cache folder names
 # `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -164,7 +164,7 @@ def folder_errors_as(error_class: type[ValueError]) -> Iterator[None]:
 
 def is_hub_id(name: object) -> bool:
     """`owner/name` as the Hub spells model and dataset ids (our own `local/<name>` labels excluded)."""
-    return (isinstance(name, str) and bool(_HUB_ID.match(name)) and ".." not in name
+    return (isinstance(name, str) and bool(HUB_ID.match(name)) and ".." not in name
             and not name.startswith("local/"))
 
 
@@ -304,6 +304,12 @@ def clean_stale_siblings(target: str | os.PathLike) -> list[Path]:
     return handled
 
 
+def sibling_target_name(name: str) -> str | None:
+    """The folder an `atomic_folder` sibling stands for (`.checkpoint-6.tmp-4242-1a2b3c4d` -> `checkpoint-6`)."""
+    match = _SIBLING.match(name)
+    return match["name"] if match else None
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -320,6 +326,7 @@ def _alive(pid: int) -> bool:
 
 __all__ = [
     "FolderError",
+    "HUB_ID",
     "IncompleteModelFolder",
     "TOKENIZER_VOCAB_FILES",
     "atomic_folder",
@@ -330,6 +337,7 @@ __all__ = [
     "hub_id_of_model",
     "is_hub_id",
     "public_name",
+    "sibling_target_name",
     "is_local_folder",
     "missing_model_files",
 ]

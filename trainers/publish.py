@@ -32,15 +32,13 @@ from typing import Any
 
 from huggingface_hub import HfApi, ModelCard
 
-from .folders import FILE_SUFFIXES, TOKENIZER_VOCAB_FILES
+from .folders import FILE_SUFFIXES, HUB_ID, TOKENIZER_VOCAB_FILES
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_FILES = TOKENIZER_VOCAB_FILES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
 _RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # a metadata value that names a file of this machine: absolute (/x, ~/x, C:\x), explicitly relative (./x, ../x), with
 # backslashes, or a data/weights file name; Hub ids are `owner/name` and URLs have a scheme
 _LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
@@ -112,9 +110,9 @@ def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
                     raise PublishError(f"weight shards listed in model.safetensors.index.json are missing: {missing}")
             elif not (module_dir / "model.safetensors").is_file():
                 raise PublishError(f"{where} has no model.safetensors (the Transformer's weights)")
-            if not any((module_dir / name).is_file() for name in TOKENIZER_FILES):
+            if not any((module_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
                 raise PublishError(
-                    f"{where} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); save the tokenizer "
+                    f"{where} has no tokenizer files ({', '.join(TOKENIZER_VOCAB_FILES[:2])}, ...); save the tokenizer "
                     "next to the weights (tokenizer.save_pretrained)"
                 )
             if not (module_dir / "tokenizer_config.json").is_file():
@@ -283,7 +281,7 @@ def publish(
     Returns:
         `(report, commit_info)`; `commit_info` is None with `dry_run=True`.
     """
-    if not _HUB_ID.match(repo_id) or ".." in repo_id:
+    if not HUB_ID.match(repo_id) or ".." in repo_id:
         raise PublishError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
     report = validate_model_folder(folder)
     if dry_run:

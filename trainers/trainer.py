@@ -42,6 +42,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .data import UNMASKED_KEY, PretrainingCollator, masking_generator
+from .folders import sibling_target_name
 from .recipe import (
     HeadWarmupCallback,
     RecipeArguments,
@@ -130,8 +131,10 @@ def _is_run_folder(entry: Path) -> bool:
 
 
 def _is_killed_save(name: str) -> bool:
-    """A hidden build folder of a checkpoint or final save (`atomic_folder`'s `.<name>.tmp-...`/`.old-...`)."""
-    return name.startswith((f".{PREFIX_CHECKPOINT_DIR}-", FINAL_BUILD_NAME, f".{FINAL_BUILD_NAME}"))
+    """The final save's build folder, or an `atomic_folder` sibling (`.<name>.tmp-...`/`.old-...`) of a checkpoint
+    or of that build folder."""
+    target = sibling_target_name(name)
+    return name == FINAL_BUILD_NAME or target == FINAL_BUILD_NAME or bool(target and _CHECKPOINT_RE.match(target))
 
 
 def remove_previous_run(output_dir: str | os.PathLike) -> list[Path]:
@@ -157,7 +160,7 @@ def clean_killed_saves(output_dir: str | os.PathLike) -> None:
         if entry.name == FINAL_BUILD_NAME:
             shutil.rmtree(entry, ignore_errors=True)
         elif _is_killed_save(entry.name) and entry.is_dir():
-            clean_stale_siblings(folder / entry.name[1:].rsplit(".", 1)[0])  # `.checkpoint-6.tmp-...` -> checkpoint-6
+            clean_stale_siblings(folder / sibling_target_name(entry.name))
 
 
 def _install_files(build: Path, root: Path) -> None:
