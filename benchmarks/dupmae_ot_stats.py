@@ -11,21 +11,18 @@ a text's top-k entries, and dev NDCG@10 of the sparse score sum_{i in top-k(d)} 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import scifact_experiment as experiment  # noqa: E402
+import common  # before torch: environment defaults
+from common import ROOT, SCIFACT
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", default=str(experiment.ROOT / "out/scifact_experiment/dupmae/pretrained"))
+    p.add_argument("--checkpoint", default=str(ROOT / "out/scifact_experiment/dupmae/pretrained"))
     p.add_argument("--random-docs", type=int, default=600)
     p.add_argument("--top-k", type=int, default=384, help="entries kept per document (the paper's default)")
     p.add_argument("--max-seq-length", type=int, default=128)
@@ -33,33 +30,32 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from retromae.modeling.layers_dupmae import activate_ot, sparsify_top_k
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+    from retromae.trainers.beir import read_beir
+    from retromae.trainers.export import build_dupmae_sentence_transformer
 
-    qrels = experiment.read_qrels(experiment.SCIFACT, "dev")
-    queries = {q["_id"]: q["text"] for q in experiment.read_jsonl(experiment.SCIFACT / "queries.jsonl")}
-    qids = [q for q in qrels if q in queries]
-    docs = experiment.read_jsonl(experiment.SCIFACT / "corpus.jsonl")
-    positives = {d for judged in qrels.values() for d in judged}
-    others = [d for d in docs if d["_id"] not in positives]
-    subset = [d for d in docs if d["_id"] in positives] + random.Random(0).sample(others, args.random_docs)
+    dev = read_beir(SCIFACT, "dev")
+    qids = list(dev.queries)
+    positives = {d for judged in dev.qrels.values() for d in judged}
+    others = [d for d in dev.corpus if d not in positives]
+    doc_ids = [d for d in dev.corpus if d in positives] + random.Random(0).sample(others, args.random_docs)
     with tempfile.TemporaryDirectory() as folder:
         model = build_dupmae_sentence_transformer(args.checkpoint, None, Path(folder) / "ot", representation="ot",
                                                   max_seq_length=args.max_seq_length)
         with torch.no_grad():  # the raw mu (ot_activation "none" is the export's default)
             mu_docs = torch.stack(list(model.encode_document(
-                [experiment.doc_text(d) for d in subset], output_value="ot_embedding",
+                [dev.doc_text(d) for d in doc_ids], output_value="ot_embedding",
                 convert_to_tensor=True, batch_size=32)))
             mu_queries = torch.stack(list(model.encode_query(
-                [queries[q] for q in qids], output_value="ot_embedding", convert_to_tensor=True, batch_size=32)))
-    print(f"{len(qids)} dev queries x {len(subset)} documents; checkpoint {args.checkpoint}")
+                [dev.queries[q] for q in qids], output_value="ot_embedding", convert_to_tensor=True, batch_size=32)))
+    print(f"{len(qids)} dev queries x {len(doc_ids)} documents; checkpoint {args.checkpoint}")
     print(f"mu > 0: documents {float((mu_docs > 0).float().mean()):.3f}, queries {float((mu_queries > 0).float().mean()):.3f}; "
           f"mean of a document's top-{args.top_k}: {float(mu_docs.topk(args.top_k, dim=1).values.mean()):.2f}")
     print("| mu | sparse-only NDCG@10 | sparse term: mean | std over documents |\n|---|---|---|---|")
-    doc_ids = [d["_id"] for d in subset]
     for activation in ("none", "log1p_relu"):
         q, d = activate_ot(mu_queries, activation), activate_ot(mu_docs, activation)
         scores = q @ sparsify_top_k(d, args.top_k).T
-        print(f"| {activation} | {experiment.ndcg_at_10(scores, qids, doc_ids, qrels):.4f} | {float(scores.mean()):.1f} | "
+        ndcg = common.run_metrics(common.ranked_run(scores, qids, doc_ids), dev.qrels)["ndcg_at_10"]
+        print(f"| {activation} | {ndcg:.4f} | {float(scores.mean()):.1f} | "
               f"{float(scores.std(dim=1).mean()):.2f} |")
     return 0
 

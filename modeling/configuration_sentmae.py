@@ -1,11 +1,10 @@
 """SentMAE (two-stage RetroMAE) configuration (Hub remote code: torch/transformers imports only, relative imports)."""
 
+from typing import Literal
+
 from huggingface_hub.dataclasses import strict
 
-from .configuration_retromae import RetroMAEConfig, _check_choice
-
-SIMILARITIES = ("cos", "dot")
-POSITIVES = ("spans", "pairs")
+from .configuration_retromae import RetroMAEConfig
 
 
 @strict
@@ -40,8 +39,8 @@ class SentMAEConfig(RetroMAEConfig):
 
     contrastive_weight: float = 1.0
     temperature: float = 0.05
-    similarity: str = "cos"
-    positives: str = "spans"
+    similarity: Literal["cos", "dot"] = "cos"
+    positives: Literal["spans", "pairs"] = "spans"
 
     def validate_sentmae_fields(self) -> None:
         if self.contrastive_weight < 0:
@@ -50,8 +49,6 @@ class SentMAEConfig(RetroMAEConfig):
             )
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (the tau of paper eq. 8)")
-        _check_choice("similarity", self.similarity, SIMILARITIES)
-        _check_choice("positives", self.positives, POSITIVES)
 
 
-__all__ = ["POSITIVES", "SIMILARITIES", "SentMAEConfig"]
+__all__ = ["SentMAEConfig"]

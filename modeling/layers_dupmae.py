@@ -1,16 +1,27 @@
-"""DupMAE's ordinary-token (OT) representation, shared by the pre-training model, the encoder and the
-sentence-transformers module (Hub remote code: torch only, no imports of our other files, so the file can sit alone
-beside `st_dupmae.py` at the root of an exported model).
+"""DupMAE's representation, shared by the pre-training model, the encoder and the sentence-transformers module
+(Hub remote code: torch only, no imports of our other files, so the file can sit alone beside `st_dupmae.py` at the
+root of an exported model).
 
 - `ordinary_token_mask`: which positions are ordinary tokens (not special, not padding).
 - `token_max_logits`: mu = max over ordinary tokens of the vocabulary logits (DupMAE eq. 6-7), computed in
   sequence chunks so no (batch, seq_len, vocab_size) logits tensor is ever alive, with an exact chunked backward.
+- `ot_vector`: mu through an MLM head (transform, then the chunked max), over the kept positions only.
 - `activate_ot`: the values a representation uses: mu itself (eq. 6-7) or SPLADE's saturation log(1 + relu(mu)).
 - `sparsify_top_k`: keep the k largest entries of mu per row (eq. 11).
+- `dense_and_ot_parts` / `hybrid_embedding`: THE representation of paper §3.4, computed by `DupMAEModel` and by
+  the sentence-transformers module `DupMAEPooling` alike; `check_representation` validates its settings for both.
 - `initial_dense_projection`: the W^cls every untrained projection starts from, a function of the config alone.
 """
 
+from typing import Literal, get_args
+
 import torch
+from torch import nn
+
+Representation = Literal["hybrid", "cls", "ot"]
+REPRESENTATIONS: tuple[str, ...] = get_args(Representation)
+OTActivation = Literal["none", "log1p_relu"]
+OT_ACTIVATIONS: tuple[str, ...] = get_args(OTActivation)
 
 
 def _chunked_max(hidden, weight, bias, keep, chunk_positions: int, compute_dtype: torch.dtype, track: bool):
@@ -159,14 +170,11 @@ def initial_dense_projection(hidden_size: int, dense_dim: int, seed: int) -> tor
     return torch.randn(dense_dim, hidden_size, generator=generator) * dense_dim**-0.5
 
 
-OT_ACTIVATIONS = ("none", "log1p_relu")
-
-
 def activate_ot(mu: torch.Tensor, activation: str) -> torch.Tensor:
     """The OT vector a representation uses, from mu `(batch_size, vocab_size)`.
 
     ``"none"`` is the paper's mu (eq. 6-7). ``"log1p_relu"`` is SPLADE's saturation log(1 + relu(mu)), the sparse
-    code the DupMAE authors point to (staoxiao/RetroMAE issue #29). Raw max-pooled logits are mostly positive, so the
+    code the DupMAE authors recommend for retrieval with mu. Raw max-pooled logits are mostly positive, so the
     sparse term of eq. 12 is a large sum whose spread across documents dwarfs the dense term; saturation shrinks it
     and zeroes the negative entries. Pre-training's bag-of-words loss always reads the raw logits.
     """
@@ -188,4 +196,139 @@ def sparsify_top_k(mu: torch.Tensor, k: int | None) -> torch.Tensor:
     return torch.zeros_like(mu).scatter(-1, indices, values)
 
 
-__all__ = ["OT_ACTIVATIONS", "activate_ot", "initial_dense_projection", "ordinary_token_mask", "sparsify_top_k", "token_max_logits"]
+def ot_vector(
+    hidden: torch.Tensor,
+    keep: torch.Tensor,
+    transform: nn.Module,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    chunk_size: int,
+) -> torch.Tensor:
+    """mu = max over the kept positions of an MLM head's logits `(batch_size, vocab_size)` (eq. 6-7).
+
+    The kept positions are first packed to the front of each row (stable, so ties still resolve to the earliest
+    position) and the sequence is cut to the longest row's count: in pre-training the encoder-masked positions and
+    the specials/padding never reach the head, so the OT projection costs ~0.7 L rows per sequence, not L. The head's
+    `transform` then runs on `(B, L_kept, H)`; the vocabulary projection (`weight`, `bias`) + max runs chunked.
+
+    Args:
+        hidden: `(batch_size, seq_len, hidden_size)` token states.
+        keep: `(batch_size, seq_len)` the positions pooled over.
+        transform: the MLM head's transform (dense -> activation -> LayerNorm).
+        weight: `(vocab_size, hidden_size)` the head's output matrix (the tied word embeddings).
+        bias: `(vocab_size,)`.
+        chunk_size: logits rows per chunk of `token_max_logits`.
+    """
+    keep = keep.bool()
+    kept = int(keep.sum(dim=1).max()) if keep.numel() else 0
+    if 0 < kept < keep.shape[1]:
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :kept]  # (B, L_kept) kept first
+        hidden = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, L_kept, H)
+        keep = keep.gather(1, order)
+    return token_max_logits(transform(hidden), weight, bias, keep, chunk_size)
+
+
+def check_representation(
+    representation: str,
+    hidden_size: int,
+    vocab_size: int,
+    dense_dim: int,
+    doc_top_k: int,
+    query_top_k: int | None,
+    ot_activation: str,
+    sparse_weight: float,
+    dense_dim_hint: str = "",
+) -> None:
+    """`ValueError` naming the setting when the representation's settings do not fit the model.
+
+    `dense_dim_hint` is appended to the `dense_dim` message (e.g. the flag that sets it).
+    """
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"representation={representation!r} is not supported; choose one of {REPRESENTATIONS}")
+    if ot_activation not in OT_ACTIVATIONS:
+        raise ValueError(f"ot_activation={ot_activation!r} is not supported; choose one of {OT_ACTIVATIONS}")
+    if not 1 <= dense_dim <= hidden_size:
+        raise ValueError(
+            f"dense_dim={dense_dim} must lie in [1, hidden_size={hidden_size}] (d' is a reduction of the [CLS] "
+            f"embedding; a larger d' adds cost but no information){dense_dim_hint}"
+        )
+    if representation == "cls" and dense_dim != hidden_size:
+        raise ValueError(
+            f"representation='cls' uses the [CLS] state without projection: dense_dim={dense_dim} must equal "
+            f"hidden_size={hidden_size}"
+        )
+    if not 1 <= doc_top_k <= vocab_size:
+        raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}]")
+    if query_top_k is not None and not 1 <= query_top_k <= vocab_size:
+        raise ValueError(f"query_top_k={query_top_k} must be None (full mu) or lie in [1, vocab_size={vocab_size}]")
+    if not sparse_weight > 0:
+        raise ValueError(f"sparse_weight={sparse_weight} must be > 0 (1.0 = the paper's eq. 12)")
+
+
+def dense_and_ot_parts(
+    token_states: torch.Tensor,
+    keep: torch.Tensor,
+    representation: str,
+    dense_proj: nn.Module | None,
+    ot_head: tuple[nn.Module, torch.Tensor, torch.Tensor] | None,
+    ot_activation: str,
+    chunk_size: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The two parts of a text's representation (paper §3.4), before top-k.
+
+    Args:
+        token_states: `(batch_size, seq_len, hidden_size)` last-layer states of the unmasked input, [CLS] first.
+        keep: `(batch_size, seq_len)` its ordinary tokens (`ordinary_token_mask`).
+        representation: ``"hybrid"``, ``"cls"`` or ``"ot"``.
+        dense_proj: W^cls (eq. 10); read for ``"hybrid"`` only.
+        ot_head: the MLM head as (transform, output weight, output bias); read unless ``"cls"``.
+        ot_activation: ``"none"`` or ``"log1p_relu"`` (`activate_ot`).
+        chunk_size: logits rows per chunk when computing mu.
+
+    Returns:
+        dense `(batch_size, dense_dim)`: W^cls h for ``"hybrid"``, h itself for ``"cls"``, None for ``"ot"``;
+        mu `(batch_size, vocab_size)` after `ot_activation`, None for ``"cls"``.
+    """
+    h = token_states[:, 0]  # (B, H) [CLS]
+    dense = None if representation == "ot" else (dense_proj(h) if representation == "hybrid" else h)
+    mu = None
+    if representation != "cls":
+        mu = activate_ot(ot_vector(token_states, keep, *ot_head, chunk_size), ot_activation)
+    return dense, mu
+
+
+def sparse_top_k(
+    mu: torch.Tensor, k: int | None, sparse_weight: float
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The sparse part sqrt(`sparse_weight`) * top-k(mu) (eq. 11) `(batch_size, vocab_size)`, and its kept entries
+    as (indices, values) `(batch_size, k)` -- None when `k` keeps the whole of mu (`k=None` or `k >= vocab_size`)."""
+    scale = sparse_weight**0.5
+    if k is None or k >= mu.shape[-1]:
+        return mu * scale, None, None
+    values, indices = mu.topk(k, dim=-1)  # (B, k)
+    values = values * scale
+    return torch.zeros_like(mu).scatter(-1, indices, values), indices, values
+
+
+def hybrid_embedding(dense: torch.Tensor | None, sparse: torch.Tensor | None) -> torch.Tensor:
+    """[dense ; sparse] `(batch_size, dense_dim + vocab_size)` (one part only for ``"cls"`` / ``"ot"``): the dot
+    product of a query's and a document's embedding is the paper's eq. 12 score."""
+    return torch.cat([part for part in (dense, sparse) if part is not None], dim=-1)
+
+
+__all__ = [
+    "OT_ACTIVATIONS",
+    "REPRESENTATIONS",
+    "OTActivation",
+    "Representation",
+    "activate_ot",
+    "check_representation",
+    "dense_and_ot_parts",
+    "hybrid_embedding",
+    "initial_dense_projection",
+    "ordinary_token_mask",
+    "ot_vector",
+    "sparse_top_k",
+    "sparsify_top_k",
+    "token_max_logits",
+]

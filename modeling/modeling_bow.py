@@ -11,7 +11,7 @@ from transformers import initialization as init
 
 from .configuration_bow import BoWConfig
 from .layers_retromae import bag_of_words_loss, bag_of_words_targets
-from .pretraining_base import BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+from .pretraining_base import BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
 def bow_weight_factor(progress: float, schedule: str, final: float) -> float:
@@ -72,37 +72,19 @@ class BoWForPretraining(BertPretrainingBase):
         self.bow_schedule_factor.fill_(factor)
         return factor
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        encoder_labels: torch.Tensor | None = None,
-        decoder_labels: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> PretrainingOutput:
-        r"""
-        Args:
-            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator.
-            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
-            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
-            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere;
-                their unique ids per row are the bag of words to predict. Without labels only
-                `sentence_embedding` is returned.
-        """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        sentence_embedding = hidden[:, 0]  # (B, H)
-        if encoder_labels is None or decoder_labels is None:
-            return PretrainingOutput(sentence_embedding=sentence_embedding)
-        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+    def method_losses(
+        self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
+    ) -> dict[str, torch.Tensor]:
+        """`bow_loss`: the unique ids of each row's `decoder_labels` predicted from its [CLS] state."""
         bow_logits = self.vocab_logits(sentence_embedding)  # (B, V): tied MLM head incl. transform and bias
-        bow_loss = bag_of_words_loss(bow_logits, bag_of_words_targets(decoder_labels, bow_logits.shape[-1]))
-        bow_weight = self.config.bow_loss_weight * self.bow_schedule_factor
-        loss = self.config.encoder_loss_weight * encoder_mlm_loss + bow_weight * bow_loss
-        return PretrainingOutput(
-            loss=loss, encoder_mlm_loss=encoder_mlm_loss, bow_loss=bow_loss, sentence_embedding=sentence_embedding
-        )
+        targets = bag_of_words_targets(batch.decoder_labels, bow_logits.shape[-1])  # (B, V)
+        return {"bow_loss": bag_of_words_loss(bow_logits, targets)}
+
+    def loss_weights(self) -> dict[str, float | torch.Tensor]:
+        return {
+            "encoder_mlm_loss": self.config.encoder_loss_weight,
+            "bow_loss": self.config.bow_loss_weight * self.bow_schedule_factor,
+        }
 
 
 BoWConfig.register_for_auto_class()

@@ -13,10 +13,18 @@ from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAtte
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
 from .configuration_dupmae import DupMAEConfig
-from .layers_dupmae import activate_ot, initial_dense_projection, ordinary_token_mask, sparsify_top_k, token_max_logits
+from .layers_dupmae import (
+    dense_and_ot_parts,
+    hybrid_embedding,
+    initial_dense_projection,
+    ordinary_token_mask,
+    ot_vector,
+    sparse_top_k,
+    sparsify_top_k,
+)
 from .layers_retromae import bag_of_words_loss, bag_of_words_targets
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
-from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+from .pretraining_base import IGNORE_INDEX, ClsEncoderModel, PretrainingBatch
 
 
 @dataclass
@@ -37,23 +45,10 @@ class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
     ot_embedding: torch.Tensor | None = None
 
 
-def ot_vector(head: BertOnlyMLMHead, hidden: torch.Tensor, keep: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """mu = max over the kept positions of the tied MLM head's logits `(batch_size, vocab_size)` (eq. 6-7).
-
-    The kept positions are first packed to the front of each row (stable, so ties still resolve to the earliest
-    position) and the sequence is cut to the longest row's count: in pre-training the encoder-masked positions and
-    the specials/padding never reach the head, so the OT projection costs ~0.7 L rows per sequence, not L. The head's
-    transform then runs on `(B, L_kept, H)`; the vocabulary projection + max runs chunked (`token_max_logits`).
-    """
-    keep = keep.bool()
-    kept = int(keep.sum(dim=1).max()) if keep.numel() else 0
-    if 0 < kept < keep.shape[1]:
-        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :kept]  # (B, L_kept) kept first
-        hidden = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, L_kept, H)
-        keep = keep.gather(1, order)
+def mlm_head_parts(head: BertOnlyMLMHead) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The MLM head as (transform, output weight, output bias), the form the OT functions of `layers_dupmae` take."""
     predictions = head.predictions
-    transformed = predictions.transform(hidden)  # (B, L_kept, H)
-    return token_max_logits(transformed, predictions.decoder.weight, predictions.decoder.bias, keep, chunk_size)
+    return predictions.transform, predictions.decoder.weight, predictions.decoder.bias
 
 
 def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normalization: str) -> torch.Tensor:
@@ -138,18 +133,19 @@ class DupMAEModel(ClsEncoderModel):
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs
         )
         hidden = output.last_hidden_state  # (B, L, H)
-        h = output.pooler_output  # (B, H)
-        representation = self.config.representation
-        dense = self.dense_proj(h) if representation == "hybrid" else (h if representation == "cls" else None)
-        mu = None
-        if representation != "cls":
+        config = self.config
+        keep = None
+        if config.representation != "cls":
             if attention_mask is None:
                 attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
-            keep = ordinary_token_mask(input_ids, attention_mask, self.config.special_token_ids)  # (B, L)
-            mu = activate_ot(ot_vector(self.cls, hidden, keep, self.config.loss_chunk_size), self.config.ot_activation)
+            keep = ordinary_token_mask(input_ids, attention_mask, config.special_token_ids)  # (B, L)
+        ot_head = None if self.cls is None else mlm_head_parts(self.cls)
+        dense, mu = dense_and_ot_parts(
+            hidden, keep, config.representation, self.dense_proj, ot_head, config.ot_activation, config.loss_chunk_size
+        )
         return DupMAEModelOutput(
             last_hidden_state=hidden,
-            pooler_output=h,
+            pooler_output=output.pooler_output,
             hidden_states=output.hidden_states,
             attentions=output.attentions,
             dense_embedding=dense,
@@ -165,11 +161,11 @@ class DupMAEModel(ClsEncoderModel):
         """
         if task not in ("query", "document"):
             raise ValueError(f"task={task!r} must be 'query' or 'document'")
-        parts = [] if output.dense_embedding is None else [output.dense_embedding]
+        sparse = None
         if output.ot_embedding is not None:
             k = self.config.doc_top_k if task == "document" else self.config.query_top_k
-            parts.append(sparsify_top_k(output.ot_embedding, k) * self.config.sparse_weight**0.5)
-        return torch.cat(parts, dim=-1)
+            sparse = sparse_top_k(output.ot_embedding, k, self.config.sparse_weight)[0]
+        return hybrid_embedding(output.dense_embedding, sparse)
 
 
 class DupMAEForPretraining(RetroMAEForPretraining):
@@ -193,72 +189,30 @@ class DupMAEForPretraining(RetroMAEForPretraining):
     encoder_class = DupMAEModel
     head_prefixes = ("decoder.",)
 
-    def __init__(self, config: DupMAEConfig):
-        # not RetroMAEForPretraining.__init__: the [CLS] decoder exists only when it is trained (an unused module
-        # would break DDP's gradient bookkeeping and bloat checkpoints)
-        BertPretrainingBase.__init__(self, config)
-        self.decoder = RetroMAEDecoder(config) if config.cls_decoding else None
-        self.post_init()
-
-    def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
-        if self.decoder is not None:
-            super().after_encoder_checkpoint_loaded(missing_keys)
+    def build_decoder(self, config: DupMAEConfig) -> RetroMAEDecoder | None:
+        # the [CLS] decoder exists only when it is trained (an unused module would break DDP's gradient bookkeeping
+        # and bloat checkpoints)
+        return super().build_decoder(config) if config.cls_decoding else None
 
     def ot_embedding(self, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """mu `(batch_size, vocab_size)` pooled over the positions `keep` `(batch_size, seq_len)` of `hidden`."""
-        return ot_vector(self.cls, hidden, keep, self.config.loss_chunk_size)
+        return ot_vector(hidden, keep, *mlm_head_parts(self.cls), self.config.loss_chunk_size)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        encoder_labels: torch.Tensor | None = None,
-        decoder_labels: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        decoder_word_starts: torch.Tensor | None = None,
-    ) -> PretrainingOutput:
-        r"""
-        Args:
-            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator.
-            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
-            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
-            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere:
-                the [CLS] decoder's targets and, as a set per row, the bag of words of OT decoding.
-                Without labels only `sentence_embedding` is returned.
-            decoder_word_starts: `(batch_size, seq_len)`, 1 where a token begins a word; read only with
-                `config.decoder_visibility == "reference"`.
-        """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        sentence_embedding = hidden[:, 0]  # (B, H)
-        if encoder_labels is None or decoder_labels is None:
-            return PretrainingOutput(sentence_embedding=sentence_embedding)
-        config = self.config
-        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
-        loss = config.encoder_loss_weight * encoder_mlm_loss
-        decoder_loss = bow_loss = None
-        if config.cls_decoding:
-            original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
-            decoder_hidden, targets = self.decoder(
-                sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings,
-                decoder_word_starts,
-            )
-            decoder_loss = self.mlm_loss(decoder_hidden, targets)
-            loss = loss + config.decoder_loss_weight * decoder_loss
-        if config.ot_decoding:
-            keep = (decoder_labels != IGNORE_INDEX) & (encoder_labels == IGNORE_INDEX)  # unmasked ordinary tokens
+    def method_losses(
+        self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
+    ) -> dict[str, torch.Tensor]:
+        """`decoder_loss` of the [CLS] decoder (RetroMAE's, with `cls_decoding`) and `bow_loss` of OT decoding (with
+        `ot_decoding`): `decoder_labels` are the decoder's targets and, as a set per row, the bag of words."""
+        losses = super().method_losses(hidden, sentence_embedding, batch) if self.config.cls_decoding else {}
+        if self.config.ot_decoding:
+            keep = (batch.decoder_labels != IGNORE_INDEX) & (batch.encoder_labels == IGNORE_INDEX)  # unmasked ordinary
             mu = self.ot_embedding(hidden, keep)  # (B, V)
-            targets = ot_bag_of_words_targets(decoder_labels, mu.shape[-1], config.bow_normalization)
-            bow_loss = bag_of_words_loss(mu, targets)
-            loss = loss + config.bow_loss_weight * bow_loss
-        return PretrainingOutput(
-            loss=loss,
-            encoder_mlm_loss=encoder_mlm_loss,
-            decoder_loss=decoder_loss,
-            bow_loss=bow_loss,
-            sentence_embedding=sentence_embedding,
-        )
+            targets = ot_bag_of_words_targets(batch.decoder_labels, mu.shape[-1], self.config.bow_normalization)
+            losses["bow_loss"] = bag_of_words_loss(mu, targets)
+        return losses
+
+    def loss_weights(self) -> dict[str, float | torch.Tensor]:
+        return {**super().loss_weights(), "bow_loss": self.config.bow_loss_weight}
 
 
 DupMAEConfig.register_for_auto_class()
@@ -269,6 +223,7 @@ __all__ = [
     "DupMAEForPretraining",
     "DupMAEModel",
     "DupMAEModelOutput",
+    "mlm_head_parts",
     "ot_bag_of_words_targets",
     "ot_vector",
     "sparsify_top_k",

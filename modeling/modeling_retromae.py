@@ -15,7 +15,7 @@ from .layers_retromae import (
     reference_target_positions,
     reference_visibility_mask,
 )
-from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch, PretrainingOutput
 
 
 class RetroMAEModel(ClsEncoderModel):
@@ -110,8 +110,12 @@ class RetroMAEForPretraining(BertPretrainingBase):
 
     def __init__(self, config: RetroMAEConfig):
         super().__init__(config)
-        self.decoder = RetroMAEDecoder(config)
+        self.decoder = self.build_decoder(config)
         self.post_init()
+
+    def build_decoder(self, config: RetroMAEConfig) -> RetroMAEDecoder | None:
+        """The [CLS] decoder; a subclass that can switch it off returns None."""
+        return RetroMAEDecoder(config)
 
     def forward(
         self,
@@ -122,32 +126,30 @@ class RetroMAEForPretraining(BertPretrainingBase):
         token_type_ids: torch.Tensor | None = None,
         decoder_word_starts: torch.Tensor | None = None,
     ) -> PretrainingOutput:
-        r"""
+        r"""The shared forward pass (`BertPretrainingBase.forward`: inputs, labels, output) plus:
+
         Args:
-            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator.
-            attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
-            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
-            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere.
-                Without labels only `sentence_embedding` is returned.
             decoder_word_starts: `(batch_size, seq_len)`, 1 where a token begins a word (the collator's
                 `word_starts`); read only with `config.decoder_visibility == "reference"`.
         """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        sentence_embedding = hidden[:, 0]  # (B, H)
-        if encoder_labels is None or decoder_labels is None:
-            return PretrainingOutput(sentence_embedding=sentence_embedding)
-        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
-        original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
+        return super().forward(
+            input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids,
+            method_inputs={"decoder_word_starts": decoder_word_starts},
+        )
+
+    def method_losses(
+        self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
+    ) -> dict[str, torch.Tensor]:
+        """`decoder_loss`: the decoder rebuilds the unmasked input from h (every real non-special token with
+        enhanced decoding, the masked ones with basic decoding)."""
         decoder_hidden, targets = self.decoder(
-            sentence_embedding, original_ids, attention_mask, decoder_labels, self.bert.embeddings, decoder_word_starts
+            sentence_embedding, batch.original_ids, batch.attention_mask, batch.decoder_labels, self.bert.embeddings,
+            batch.method_inputs.get("decoder_word_starts"),
         )
-        decoder_loss = self.mlm_loss(decoder_hidden, targets)
-        loss = self.config.encoder_loss_weight * encoder_mlm_loss + self.config.decoder_loss_weight * decoder_loss
-        return PretrainingOutput(
-            loss=loss, encoder_mlm_loss=encoder_mlm_loss, decoder_loss=decoder_loss, sentence_embedding=sentence_embedding
-        )
+        return {"decoder_loss": self.mlm_loss(decoder_hidden, targets)}
+
+    def loss_weights(self) -> dict[str, float | torch.Tensor]:
+        return {"encoder_mlm_loss": self.config.encoder_loss_weight, "decoder_loss": self.config.decoder_loss_weight}
 
 
 RetroMAEConfig.register_for_auto_class()

@@ -37,7 +37,7 @@ from torch import nn
 from transformers.models.bert.modeling_bert import BertLayer
 
 from .configuration_seed import SEEDConfig
-from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingOutput
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
 def windowed_causal_visibility(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
@@ -89,13 +89,13 @@ class SEEDEncoderModel(ClsEncoderModel):
 
 
 class SEEDDecoder(nn.Module):
-    """SEED-Encoder's weak decoder: `decoder_layers` BertLayers with windowed causal self-attention over
+    """SEED-Encoder's weak decoder: `num_decoder_layers` BertLayers with windowed causal self-attention over
     [h, e(x_1), ..., e(x_{L-1})] (see the module docstring)."""
 
     def __init__(self, config: SEEDConfig):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList([BertLayer(config, layer_idx=i) for i in range(config.decoder_layers)])
+        self.layers = nn.ModuleList([BertLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)])
 
     def forward(
         self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings: nn.Module
@@ -123,7 +123,8 @@ class SEEDDecoder(nn.Module):
 
     @staticmethod
     def _additive_mask(attention_mask: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
-        """`(B, 1, L, L)` 0 / finfo.min: an additive float mask is right for both eager and sdpa (ECOSYSTEM §1.5)."""
+        """`(B, 1, L, L)` 0 / finfo.min: eager attention adds the mask to the scores, so a float mask serves both
+        eager and sdpa (a bool mask works with sdpa only)."""
         visible = windowed_causal_visibility(attention_mask, window)
         return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
 
@@ -147,37 +148,16 @@ class SEEDEncoderForPretraining(BertPretrainingBase):
         self.decoder = SEEDDecoder(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        encoder_labels: torch.Tensor | None = None,
-        decoder_labels: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> PretrainingOutput:
-        r"""
-        Args:
-            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator; [CLS] at position 0.
-            attention_mask: `(batch_size, seq_len)`, 1 for real tokens (right padding).
-            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
-            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere;
-                each is predicted by the decoder from h and the k tokens before it. Without labels only
-                `sentence_embedding` is returned.
-        """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        sentence_embedding = hidden[:, 0]  # (B, H)
-        if encoder_labels is None or decoder_labels is None:
-            return PretrainingOutput(sentence_embedding=sentence_embedding)
-        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
-        original_ids = torch.where(encoder_labels != IGNORE_INDEX, encoder_labels, input_ids)  # undo the masking
-        decoder_hidden = self.decoder(sentence_embedding, original_ids, attention_mask, self.bert.embeddings)
-        decoder_loss = self.mlm_loss(decoder_hidden, next_token_targets(decoder_labels))
-        loss = self.config.encoder_loss_weight * encoder_mlm_loss + self.config.decoder_loss_weight * decoder_loss
-        return PretrainingOutput(
-            loss=loss, encoder_mlm_loss=encoder_mlm_loss, decoder_loss=decoder_loss, sentence_embedding=sentence_embedding
-        )
+    def method_losses(
+        self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
+    ) -> dict[str, torch.Tensor]:
+        """`decoder_loss`: every label of `decoder_labels` predicted from h and the k tokens before it."""
+        embeddings = self.bert.embeddings
+        decoder_hidden = self.decoder(sentence_embedding, batch.original_ids, batch.attention_mask, embeddings)
+        return {"decoder_loss": self.mlm_loss(decoder_hidden, next_token_targets(batch.decoder_labels))}
+
+    def loss_weights(self) -> dict[str, float | torch.Tensor]:
+        return {"encoder_mlm_loss": self.config.encoder_loss_weight, "decoder_loss": self.config.decoder_loss_weight}
 
 
 SEEDConfig.register_for_auto_class()

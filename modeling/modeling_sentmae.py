@@ -15,7 +15,7 @@ from torch import distributed as dist
 
 from .configuration_sentmae import SentMAEConfig
 from .modeling_retromae import RetroMAEForPretraining
-from .pretraining_base import ClsEncoderModel, PretrainingOutput
+from .pretraining_base import BertPretrainingBase, ClsEncoderModel, PretrainingBatch, PretrainingOutput
 
 logger = logging.getLogger(__name__)
 
@@ -182,22 +182,37 @@ class SentMAEForPretraining(RetroMAEForPretraining):
             if any(t is not None for t in positives):
                 raise ValueError("positive_* tensors were given without positive_input_ids")
             inputs = anchors
-        output = super().forward(*inputs)
-        embeddings = output.sentence_embedding  # (B or 2B, H)
-        output.sentence_embedding = embeddings[:batch_size]
-        if output.loss is None or self.config.contrastive_weight == 0:
-            return output
-        if not with_positives:
+        # the shared pass over anchors then positives (RetroMAE.forward only adds word starts, which SentMAE
+        # batches do not carry)
+        output = BertPretrainingBase.forward(
+            self, *inputs, method_inputs={"anchor_count": batch_size if with_positives else None}
+        )
+        output.sentence_embedding = output.sentence_embedding[:batch_size]
+        return output
+
+    def method_losses(
+        self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
+    ) -> dict[str, torch.Tensor]:
+        """RetroMAE's `decoder_loss` over anchors and positives, and `contrastive_loss` of each anchor (the first
+        `anchor_count` rows) against the positives (the rest), when `contrastive_weight > 0`."""
+        losses = super().method_losses(hidden, sentence_embedding, batch)
+        if self.config.contrastive_weight == 0:
+            return losses
+        anchor_count = batch.method_inputs["anchor_count"]
+        if anchor_count is None:
             raise ValueError(
                 f"contrastive_weight={self.config.contrastive_weight} needs positives (positive_input_ids ...): "
                 "collate with retromae.trainers.contrastive_data.ContrastiveCollator, or set contrastive_weight=0 "
                 "for RetroMAE alone"
             )
-        output.contrastive_loss = in_batch_contrastive_loss(
-            embeddings[:batch_size], embeddings[batch_size:], self.config.temperature, self.config.similarity
+        losses["contrastive_loss"] = in_batch_contrastive_loss(
+            sentence_embedding[:anchor_count], sentence_embedding[anchor_count:], self.config.temperature,
+            self.config.similarity,
         )
-        output.loss = output.loss + self.config.contrastive_weight * output.contrastive_loss
-        return output
+        return losses
+
+    def loss_weights(self) -> dict[str, float | torch.Tensor]:
+        return {**super().loss_weights(), "contrastive_loss": self.config.contrastive_weight}
 
 
 def _concat_pairs(anchors: tuple, positives: tuple) -> tuple:

@@ -7,7 +7,9 @@ Hub remote code: torch/transformers only, relative imports for our own files.
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import torch
 from transformers import BertConfig, BertModel
@@ -127,10 +129,15 @@ class ClsEncoderModel(QuietLoadReportMixin, BertModel):
 
 
 class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
-    """Encoder `bert` + MLM head `cls`, named as in `BertForMaskedLM` so BERT checkpoints load unchanged.
+    """Encoder `bert` + MLM head `cls`, named as in `BertForMaskedLM` so BERT checkpoints load unchanged, and the
+    forward pass every method shares.
 
-    Subclasses set `config_class` and `encoder_class`, build their heads in `__init__` before `self.post_init()`,
-    and implement `forward`. `accepts_loss_kwargs = False`: the Trainer divides by gradient accumulation itself.
+    `forward` encodes the masked input, takes the [CLS] state as the sentence embedding, scores the encoder's MLM
+    loss and hands the rest to the method: subclasses implement `method_losses` (their decoder / bag-of-words /
+    contrastive terms) and `loss_weights`, set `config_class` and `encoder_class`, and build their heads in
+    `__init__` before `self.post_init()`. A method with batch keys of its own overrides `forward` only to declare
+    them, passing them on as `method_inputs`. `accepts_loss_kwargs = False`: the Trainer divides by gradient
+    accumulation itself.
     """
 
     base_model_prefix = "bert"
@@ -184,12 +191,75 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
             predictions.decoder.weight,
             predictions.decoder.bias,
             labels.reshape(-1)[keep],
-            chunk_size=getattr(self.config, "loss_chunk_size", 4096),
+            chunk_size=self.config.loss_chunk_size,
         )
 
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tied MLM head applied to `hidden` `(..., hidden_size)` -> `(..., vocab_size)`."""
         return self.cls(hidden)
+
+    # ---- the shared forward pass ------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_labels: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        method_inputs: dict[str, Any] | None = None,
+    ) -> PretrainingOutput:
+        r"""
+        Args:
+            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator; [CLS] at position 0.
+            attention_mask: `(batch_size, seq_len)`, 1 for real tokens (right padding).
+            encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
+            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere:
+                what the method reconstructs (see its `method_losses`). Without both label tensors only
+                `sentence_embedding` is returned.
+            token_type_ids: `(batch_size, seq_len)`, optional.
+            method_inputs: inputs of the method's own by name, passed on by its `forward`, which declares them
+                (e.g. `decoder_word_starts`); they reach `method_losses` as `batch.method_inputs`.
+
+        Returns:
+            `PretrainingOutput`: `loss` = encoder_loss_weight * `encoder_mlm_loss` + the method's weighted terms.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
+        sentence_embedding = hidden[:, 0]  # (B, H)
+        if encoder_labels is None or decoder_labels is None:
+            return PretrainingOutput(sentence_embedding=sentence_embedding)
+        batch = PretrainingBatch(
+            input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids, method_inputs or {}
+        )
+        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+        losses = self.method_losses(hidden, sentence_embedding, batch)
+        weights = self.loss_weights()
+        loss = weights["encoder_mlm_loss"] * encoder_mlm_loss
+        for name, value in losses.items():
+            loss = loss + weights[name] * value
+        return PretrainingOutput(
+            loss=loss, encoder_mlm_loss=encoder_mlm_loss, sentence_embedding=sentence_embedding, **losses
+        )
+
+    def method_losses(
+        self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: "PretrainingBatch"
+    ) -> dict[str, torch.Tensor]:
+        """The method's own loss terms, keyed by their `PretrainingOutput` field (`decoder_loss`, `bow_loss`,
+        `contrastive_loss`); a term the configuration switches off is left out.
+
+        Args:
+            hidden: `(batch_size, seq_len, hidden_size)` encoder states of the masked input.
+            sentence_embedding: `(batch_size, hidden_size)` their [CLS] row.
+            batch: the forward's inputs (`attention_mask` filled in) and the unmasked ids `batch.original_ids`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement method_losses")
+
+    def loss_weights(self) -> dict[str, float | torch.Tensor]:
+        """The weight of each loss term in `loss`: `encoder_mlm_loss` and every key `method_losses` returns."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss_weights")
 
     # ---- checkpoint format ------------------------------------------------------------------------------------
 
@@ -246,10 +316,37 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
         """With `config.decoder_init == "copy_last_layer"`, a decoder absent from the checkpoint (`decoder.layers.*`
         of BertLayers) starts as copies of the encoder's last layer (as SimLM does) instead of BERT init."""
+        # only a model with a decoder misses `decoder.*` keys, and every such config has `decoder_init`
         decoder_missing = any(k.startswith("decoder.") for k in missing_keys)
-        if getattr(self.config, "decoder_init", "bert") == "copy_last_layer" and decoder_missing:
+        if decoder_missing and self.config.decoder_init == "copy_last_layer":
             for layer in self.decoder.layers:
                 layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
+
+
+@dataclass
+class PretrainingBatch:
+    """The inputs of a pre-training forward pass, as `method_losses` sees them; every tensor `(batch_size, seq_len)`.
+
+    Args:
+        input_ids: the encoder input, masked by the collator.
+        attention_mask: 1 for real tokens.
+        encoder_labels: original ids at the encoder's masked positions, -100 elsewhere.
+        decoder_labels: original ids at every real non-special position, -100 elsewhere.
+        token_type_ids: optional.
+        method_inputs: the method's own inputs by name (e.g. `decoder_word_starts`), None when absent.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    encoder_labels: torch.Tensor
+    decoder_labels: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
+    method_inputs: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def original_ids(self) -> torch.Tensor:
+        """The unmasked input: the encoder's masked positions hold their labels again."""
+        return torch.where(self.encoder_labels != IGNORE_INDEX, self.encoder_labels, self.input_ids)
 
 
 __all__ = [
@@ -257,6 +354,7 @@ __all__ = [
     "BertPretrainingBase",
     "ClsEncoderModel",
     "IGNORE_INDEX",
+    "PretrainingBatch",
     "PretrainingOutput",
     "QuietLoadReportMixin",
 ]

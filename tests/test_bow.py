@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_without_retromae, tiny_bert_kwargs
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_bow import BoWConfig
 from retromae.modeling.modeling_bow import (
     BoWForPretraining,
-    BoWModel,
     bag_of_words_loss,
     bag_of_words_targets,
     bow_weight_factor,
@@ -23,28 +20,14 @@ from retromae.modeling.modeling_bow import (
 from retromae.trainers.schedules import BoWScheduleCallback, schedule_callbacks
 from transformers import BertModel
 
-VOCAB = 99
+from .builders import (
+    assert_loads_as_remote_code,
+    masked_batch,
+    tiny_bert_kwargs,
+    tiny_pretraining_config,
+)
 
-
-def tiny_config(**kw) -> BoWConfig:
-    return BoWConfig(**tiny_bert_kwargs(vocab_size=VOCAB, max_position_embeddings=64), **kw)
-
-
-def make_batch(batch_size: int = 3, seq_len: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Rows [CLS]=2 ... [SEP]=3, the last row padded by 3; the encoder masks positions 2 and 5 with [MASK]=4."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, VOCAB, (batch_size, seq_len), generator=g)
-    ids[:, 0], ids[:, -1] = 2, 3
-    attention = torch.ones_like(ids)
-    ids[-1, -3:], attention[-1, -3:] = 0, 0
-    ids[-1, -4] = 3
-    decoder_labels = ids.masked_fill((ids <= 3) | (attention == 0), -100)
-    encoder_labels = torch.full_like(ids, -100)
-    encoder_labels[:, [2, 5]] = ids[:, [2, 5]]
-    masked = ids.clone()
-    masked[:, [2, 5]] = 4
-    return {"input_ids": masked, "attention_mask": attention, "encoder_labels": encoder_labels,
-            "decoder_labels": decoder_labels}
+tiny_config = partial(tiny_pretraining_config, BoWConfig)
 
 
 # ---- config -------------------------------------------------------------------------------------------------------
@@ -117,7 +100,7 @@ def test_special_tokens_excluded_for_a_roberta_id_layout():
 def test_forward_backward_and_loss_composition():
     torch.manual_seed(0)
     model = BoWForPretraining(tiny_config(bow_loss_weight=0.5, bow_weight_schedule="cosine", bow_weight_final=0.1))
-    batch = make_batch()
+    batch = masked_batch()
     out = model(**batch)
     assert out.sentence_embedding.shape == (3, 32)
     assert out.decoder_loss is None and out.bow_loss.ndim == 0
@@ -155,7 +138,7 @@ def test_schedule_follows_optimizer_steps_under_gradient_accumulation(tmp_path):
     model = BoWForPretraining(tiny_config(bow_weight_schedule="cosine", bow_weight_final=0.1))
     seen: list[float] = []
     model.register_forward_pre_hook(lambda module, args: seen.append(module.bow_schedule_factor.item()))
-    batch = make_batch(batch_size=12, seq_len=8)
+    batch = masked_batch(batch_size=12, seq_len=8)
     dataset = [{k: v[i] for k, v in batch.items()} for i in range(12)]
     max_steps, accumulation = 3, 4
     args = TrainingArguments(
@@ -188,70 +171,15 @@ def test_from_encoder_checkpoint_minilm_reports_only_the_mlm_head_new(minilm_dir
     assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
 
 
-LOAD_AND_COMPARE = r"""
-import json, sys, torch
-from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
-try:
-    import retromae  # noqa: F401
-    sys.exit("retromae must not be importable here")
-except ImportError:
-    pass
-d = sys.argv[1]
-config = AutoConfig.from_pretrained(d, trust_remote_code=True)
-encoder = AutoModel.from_pretrained(d, trust_remote_code=True).eval()
-full = AutoModelForPreTraining.from_pretrained(d, trust_remote_code=True).eval()
-batch = {k: torch.tensor(v) for k, v in json.load(open(d + "/batch.json")).items()}
-with torch.no_grad():
-    cls = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
-    out = full(**batch)
-print(json.dumps({"config": type(config).__name__, "encoder": type(encoder).__name__, "full": type(full).__name__,
-                  "schedule": config.bow_weight_schedule, "cls": cls.tolist(), "loss": out.loss.item(),
-                  "tied": full.cls.predictions.decoder.weight.data_ptr()
-                  == full.bert.embeddings.word_embeddings.weight.data_ptr()}))
-"""
-
-
-def test_checkpoint_loads_as_remote_code_in_a_fresh_process(tmp_path):
+def test_checkpoint_loads_as_remote_code_in_a_fresh_process(run_without_retromae, tmp_path):
     torch.manual_seed(0)
     model = BoWForPretraining(tiny_config(bow_weight_schedule="cosine")).eval()
-    checkpoint = tmp_path / "checkpoint"
-    model.save_pretrained(checkpoint)
-    batch = make_batch()
-    (checkpoint / "batch.json").write_text(json.dumps({k: v.tolist() for k, v in batch.items()}))
-    saved = json.loads((checkpoint / "config.json").read_text())
+    checkpoint, saved, got = assert_loads_as_remote_code(run_without_retromae, model, tmp_path, "bow",
+                                                         ("BoWConfig", "BoWModel", "BoWForPretraining"))
     assert saved["model_type"] == "bow_prediction"
-    assert saved["auto_map"] == {
-        "AutoConfig": "configuration_bow.BoWConfig",
-        "AutoModel": "modeling_bow.BoWModel",
-        "AutoModelForPreTraining": "modeling_bow.BoWForPretraining",
-    }
     assert {"modeling_bow.py", "configuration_bow.py", "pretraining_base.py", "layers_retromae.py"} <= {
         p.name for p in checkpoint.iterdir()}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = run_without_retromae(LOAD_AND_COMPARE, [str(checkpoint)], cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (got["config"], got["encoder"], got["full"]) == ("BoWConfig", "BoWModel", "BoWForPretraining")
-    assert got["schedule"] == "cosine" and got["tied"]
-    with torch.no_grad():
-        out = model(**batch)
-    assert torch.allclose(torch.tensor(got["cls"]), out.sentence_embedding, atol=1e-6)
-    assert abs(got["loss"] - out.loss.item()) < 1e-5
-
-
-def test_encoder_class_and_plain_bert_load_the_checkpoint_by_prefix(tmp_path):
-    model = BoWForPretraining(tiny_config()).eval()
-    model.save_pretrained(tmp_path)
-    batch = make_batch()
-    with torch.no_grad():
-        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).sentence_embedding
-    for klass in (BoWModel, BertModel):
-        encoder, info = klass.from_pretrained(tmp_path, output_loading_info=True)
-        assert not [k for k in info["missing_keys"] if "pooler" not in k]
-        with torch.no_grad():
-            got = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
-        assert torch.allclose(got, expected, atol=1e-6)
+    assert got["config"]["bow_weight_schedule"] == "cosine" and got["tied"]
 
 
 def test_schedule_callback_unwraps_distributed_wrappers():

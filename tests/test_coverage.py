@@ -6,11 +6,13 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
 from retromae.modeling.configuration_bow import BoWConfig
 from retromae.modeling.modeling_bow import BoWForPretraining
-from retromae.trainers.coverage import coverage_at_k, input_token_coverage, load_encoder, plot_coverage, run_coverage
+from retromae.trainers.core.checkpoints import CheckpointError, load_bert_encoder, load_mlm_head
+from retromae.trainers.coverage import CoverageError, coverage_at_k, input_token_coverage, plot_coverage, run_coverage
 from transformers import BertConfig, BertModel
+
+from .builders import tiny_bert_kwargs
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -61,8 +63,8 @@ def test_pretraining_checkpoint_loads_its_encoder_by_prefix(tokenizer, tmp_path)
     model = BoWForPretraining(BoWConfig(**tiny_bert_kwargs())).eval()
     model.save_pretrained(tmp_path / "bow")
     tokenizer.save_pretrained(tmp_path / "bow")
-    encoder = load_encoder(tmp_path / "bow")
-    assert type(encoder) is BertModel
+    encoder = load_bert_encoder(tmp_path / "bow")
+    assert isinstance(encoder, BertModel) and encoder.pooler is None
     assert torch.equal(encoder.encoder.layer[-1].output.dense.weight, model.bert.encoder.layer[-1].output.dense.weight)
     from_dir = input_token_coverage(tmp_path / "bow", None, TEXTS, ks=(10, 100))  # tokenizer from the checkpoint
     from_module = input_token_coverage(model, tokenizer, TEXTS, ks=(10, 100))  # uses model.bert
@@ -95,9 +97,11 @@ def test_lm_head_projection_uses_the_trained_head(tokenizer, tmp_path):
 
 
 def test_lm_head_projection_needs_a_head(minilm_dir, tokenizer):
-    with pytest.raises(ValueError, match=r"no trained MLM head.*projection='embeddings'"):
+    with pytest.raises(CheckpointError, match=r"no trained MLM head.*projection='embeddings'"):
         input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="lm_head")
-    with pytest.raises(ValueError, match="projection="):
+    with pytest.raises(CheckpointError, match=r"no trained MLM head"):
+        load_mlm_head(minilm_dir)
+    with pytest.raises(CoverageError, match="projection="):
         input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="mlm")
 
 
@@ -106,8 +110,8 @@ def test_checkpoint_without_encoder_weights_is_refused(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs()}))
     save_file({"something.else": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match="lacks encoder weights"):
-        load_encoder(tmp_path)
+    with pytest.raises(CheckpointError, match="lacks encoder weights"):
+        load_bert_encoder(tmp_path)
 
 
 def test_invalid_arguments(tokenizer):
@@ -127,7 +131,7 @@ def test_plot_writes_a_png_creating_the_folder(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
-# ---- CLI: repeated --model, progress bar, incomplete folders (issue 12, items 3 and 6) -------------------------------
+# ---- CLI: repeated --model, progress bar, incomplete folders -------------------------------
 
 
 def test_cli_measures_every_repeated_model_and_shows_progress(minilm_dir, tokenizer, tmp_path, capsys):

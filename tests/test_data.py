@@ -91,6 +91,13 @@ def test_jsonl_with_and_without_title(tmp_path):
     assert texts(read_corpus(path)) == ["A title the body.", "no title here.", "no title key."]
 
 
+def test_jsonl_with_a_byte_order_mark(tmp_path):
+    """Windows editors start UTF-8 files with a byte order mark; it is not part of the first record."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + jsonl({"text": "first"}, {"text": "second"}).encode())
+    assert texts(read_corpus(path)) == ["first", "second"]
+
+
 def test_beir_folder_reads_corpus_jsonl_only(tmp_path):
     write(tmp_path / "beir" / "corpus.jsonl", jsonl({"_id": "d1", "title": "T", "text": "doc"}))
     write(tmp_path / "beir" / "queries.jsonl", jsonl({"_id": "q1", "text": "a query"}))

@@ -10,13 +10,14 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_without_retromae, tiny_bert_kwargs
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_dupmae import TABLE4_REPRESENTATIONS, DupMAEConfig
-from retromae.modeling.layers_dupmae import ordinary_token_mask, sparsify_top_k, token_max_logits
+from retromae.modeling.layers_dupmae import ordinary_token_mask, ot_vector, sparsify_top_k, token_max_logits
 from retromae.modeling.layers_retromae import bag_of_words_loss, bag_of_words_targets
-from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel, ot_bag_of_words_targets, ot_vector
-from retromae.modeling.st_dupmae import DupMAEPooling, decode
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel, ot_bag_of_words_targets
+from retromae.modeling.st_dupmae import DupMAEPooling, decode, save_sentence_transformer
+
+from .builders import tiny_bert_kwargs
 
 TEXTS = [
     "Dense retrievers encode text into vectors.",
@@ -156,7 +157,8 @@ def test_ot_vector_packs_kept_positions_without_changing_mu_or_gradients():
     results = []
     for fn in (lambda h: naive_mu(head.predictions.transform(h), head.predictions.decoder.weight,
                                   head.predictions.decoder.bias, keep),
-               lambda h: ot_vector(head, h, keep, chunk_size=5)):
+               lambda h: ot_vector(h, keep, head.predictions.transform, head.predictions.decoder.weight,
+                                   head.predictions.decoder.bias, chunk_size=5)):
         head.zero_grad()
         h = hidden.clone().requires_grad_()
         mu = fn(h)
@@ -315,7 +317,12 @@ REMOTE_LOAD = textwrap.dedent(
 )
 
 
-def run_fresh_python(code: str, cwd, tmp_path) -> None:
+@pytest.fixture
+def run_fresh_python(run_without_retromae):
+    return lambda code, cwd, tmp_path: _run_fresh_python(run_without_retromae, code, cwd, tmp_path)
+
+
+def _run_fresh_python(run_without_retromae, code: str, cwd, tmp_path) -> None:
     """Run `code` in a fresh interpreter where retromae is not importable (a user's machine)."""
     guard = "try:\n    import retromae\n    raise SystemExit('retromae is importable')\nexcept ImportError:\n    pass\n"
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
@@ -323,7 +330,7 @@ def run_fresh_python(code: str, cwd, tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_pretraining_checkpoint_loads_as_automodel_remote_code(tokenizer, tmp_path):
+def test_pretraining_checkpoint_loads_as_automodel_remote_code(run_fresh_python, tokenizer, tmp_path):
     torch.manual_seed(0)
     model = DupMAEForPretraining(tiny_config(tokenizer))
     checkpoint = tmp_path / "ckpt"
@@ -354,7 +361,7 @@ def test_pretraining_checkpoint_loads_as_automodel_remote_code(tokenizer, tmp_pa
     torch.testing.assert_close(remote["dense"], local.dense_embedding)
 
 
-def test_automodel_and_export_give_the_same_dense_vectors(tokenizer, tmp_path):
+def test_automodel_and_export_give_the_same_dense_vectors(run_fresh_python, tokenizer, tmp_path):
     from retromae.trainers.export import export_sentence_transformer
     from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer
 
@@ -385,7 +392,7 @@ def test_automodel_and_export_give_the_same_dense_vectors(tokenizer, tmp_path):
 @pytest.fixture(scope="module")
 def exported(tokenizer, tmp_path_factory):
     """A fine-tuned-like DupMAEModel (trained dense_proj stand-in) and its sentence-transformers export."""
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+    from retromae.trainers.export import build_dupmae_sentence_transformer
 
     torch.manual_seed(0)
     encoder = DupMAEModel(tiny_config(tokenizer)).eval()
@@ -438,7 +445,7 @@ def test_export_similarity_equals_eq12(exported, tokenizer):
 def test_saturated_weighted_export_equals_weighted_eq12(exported, tokenizer, tmp_path):
     """ot_activation="log1p_relu" + sparse_weight=lambda: score = dense + lambda * sum over I_d of sat(mu_q) sat(mu_d),
     with I_d the top-k of the saturated document vector, in the export and in `DupMAEModel` alike."""
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
+    from retromae.trainers.export import build_dupmae_sentence_transformer
 
     encoder, _, _ = exported
     model = build_dupmae_sentence_transformer(
@@ -521,13 +528,16 @@ def test_pooling_rejects_bad_top_k():
 
 ST_REMOTE_LOAD = textwrap.dedent(
     """
+    import importlib
     import torch
     from sentence_transformers import SentenceTransformer
     model = SentenceTransformer("{out}", trust_remote_code=True, device="cpu")
     assert type(model[1]).__module__.startswith("transformers_modules."), type(model[1]).__module__
     q = model.encode_query({queries}, convert_to_tensor=True)
     d = model.encode_document({texts}, convert_to_tensor=True)
-    model.save("{resaved}")  # plain sentence-transformers save of a remote-code model
+    model.save("{plain}")  # sentence-transformers' own save: the module's code lands in its subfolder only
+    code = importlib.import_module(type(model[1]).__module__)  # st_dupmae as loaded from the model folder
+    code.save_sentence_transformer(model, "{resaved}")
     again = SentenceTransformer("{resaved}", trust_remote_code=True, device="cpu")
     d2 = again.encode_document({texts}, convert_to_tensor=True)
     torch.save({{"scores": model.similarity(q, d), "d": d, "d2": d2}}, "{result}")
@@ -535,10 +545,10 @@ ST_REMOTE_LOAD = textwrap.dedent(
 )
 
 
-def test_export_loads_in_fresh_process_and_resave_loads(exported, tmp_path):
+def test_export_loads_in_fresh_process_and_resave_loads(run_fresh_python, exported, tmp_path):
     _, model, out = exported
-    resaved, result = tmp_path / "resaved", tmp_path / "result.pt"
-    code = ST_REMOTE_LOAD.format(out=out, queries=QUERIES, texts=TEXTS, resaved=resaved, result=result)
+    plain, resaved, result = tmp_path / "plain", tmp_path / "resaved", tmp_path / "result.pt"
+    code = ST_REMOTE_LOAD.format(out=out, queries=QUERIES, texts=TEXTS, plain=plain, resaved=resaved, result=result)
     run_fresh_python(code, tmp_path, tmp_path)
     remote = torch.load(result)
     expected = model.similarity(
@@ -548,6 +558,40 @@ def test_export_loads_in_fresh_process_and_resave_loads(exported, tmp_path):
     torch.testing.assert_close(remote["d2"], remote["d"])
     assert (resaved / "st_dupmae.py").is_file() and (resaved / "layers_dupmae.py").is_file()
     assert json.loads((resaved / "modules.json").read_text())[1]["type"] == "st_dupmae.DupMAEPooling"
+    assert not (plain / "st_dupmae.py").exists(), "the module's save writes only into its own folder"
+    assert (plain / "1_DupMAEPooling" / "st_dupmae.py").is_file()  # sentence-transformers' copy of the code
+
+
+def test_pooling_save_writes_only_into_its_own_folder(exported, tmp_path):
+    _, model, _ = exported
+    (tmp_path / "config_sentence_transformers.json").write_text("{}")  # inside a SentenceTransformer folder
+    (tmp_path / "1_DupMAEPooling").mkdir()  # sentence-transformers creates the module's folder
+    model[1].save(str(tmp_path / "1_DupMAEPooling"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1_DupMAEPooling", "config_sentence_transformers.json"]
+    assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "1_DupMAEPooling").iterdir()}
+
+
+def test_save_sentence_transformer_puts_the_code_at_the_root(exported, tmp_path):
+    _, model, _ = exported
+    out = save_sentence_transformer(model, tmp_path / "st")
+    assert (out / "st_dupmae.py").is_file() and (out / "layers_dupmae.py").is_file()
+    assert json.loads((out / "modules.json").read_text())[1]["type"] == "st_dupmae.DupMAEPooling"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(dense_dim=33), dict(representation="cls", dense_dim=16), dict(doc_top_k=0), dict(query_top_k=40000),
+     dict(sparse_weight=0.0)],
+)
+def test_config_and_pooling_share_one_validation(settings):
+    """The encoder's config and the sentence-transformers module check the representation with one function: the
+    same message (the config adds the flag that sets dense_dim)."""
+    fields = {"dense_dim": 16, "doc_top_k": 8, **settings}
+    with pytest.raises(ValueError) as from_pooling:
+        DupMAEPooling(hidden_size=32, vocab_size=30522, **fields)
+    with pytest.raises(StrictDataclassError) as from_config:
+        tiny_config(**fields)
+    assert str(from_config.value.__cause__).startswith(str(from_pooling.value))
 
 
 def test_sparsify_top_k_keeps_largest():
@@ -557,8 +601,8 @@ def test_sparsify_top_k_keeps_largest():
 
 
 def test_export_of_pretraining_checkpoint_folder(tokenizer, tmp_path):
-    from retromae.trainers.export import export_sentence_transformer
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer, load_dupmae_sentence_transformer
+    from retromae.trainers.export import build_dupmae_sentence_transformer, export_sentence_transformer
+    from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer
 
     torch.manual_seed(0)
     checkpoint = tmp_path / "ckpt"
@@ -575,7 +619,7 @@ def test_export_of_pretraining_checkpoint_folder(tokenizer, tmp_path):
     )
     d = ot_only.encode_document(TEXTS, convert_to_tensor=True)
     assert d.shape == (3, 30522) and int((d != 0).sum(1).max()) == 20
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ValueError, match="already exists"):  # the export refuses to overwrite a model folder
         build_dupmae_sentence_transformer(checkpoint, tokenizer, tmp_path / "ot")
 
 

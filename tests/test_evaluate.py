@@ -7,51 +7,34 @@ import csv
 import hashlib
 import json
 import math
-import random
 
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
 from retromae.trainers.beir import RetrievalDataError, read_beir
+from retromae.trainers.core.folders import FolderError
 from retromae.trainers.evaluate import (
     EvaluateError,
+    evaluate,
     evaluate_command,
     evaluate_folder,
     make_local_task,
     registered_tasks,
     update_model_card,
 )
-from retromae.trainers.finetune import load_encoder, save_finetuned_model
+from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
+from retromae.trainers.finetune import save_finetuned_model
 from sentence_transformers import SentenceTransformer
 
-WORDS = ["apple", "banana", "cherry", "dog", "elephant", "fish", "grape", "horse", "igloo", "jacket", "kite", "lemon", "mango", "night", "ocean", "piano", "queen", "river", "snake", "tiger"]
-
+from . import builders
+from .builders import tiny_bert_kwargs
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
 
 
-def write_beir(folder, num_docs=30, splits=(("train", range(0, 12)), ("dev", range(12, 18))), extra_qrels=()):
-    """A tiny BEIR folder: doc i is the positive of query i (and i+12 of every third query)."""
-    rng = random.Random(0)
-    (folder / "qrels").mkdir(parents=True)
-    with open(folder / "corpus.jsonl", "w") as f:
-        for i in range(num_docs):
-            words = rng.sample(WORDS, 5)
-            f.write(json.dumps({"_id": f"d{i}", "title": words[0], "text": " ".join(words)}) + "\n")
-    with open(folder / "queries.jsonl", "w") as f:
-        for i in range(18):
-            f.write(json.dumps({"_id": f"q{i}", "text": f"about {WORDS[i % 20]} and {WORDS[(i * 7) % 20]}"}) + "\n")
-    for split, queries in splits:
-        with open(folder / "qrels" / f"{split}.tsv", "w") as f:
-            f.write("query-id\tcorpus-id\tscore\n")
-            for q in queries:
-                f.write(f"q{q}\td{q}\t1\n")
-                if q % 3 == 0:
-                    f.write(f"q{q}\td{q + 12}\t1\n")
-            for line in extra_qrels:
-                f.write(line + "\n")
-    return folder
+def write_beir(folder, **kwargs):
+    """The toy BEIR folder with a second positive (doc i+12) for every third query."""
+    return builders.write_beir(folder, second_positives=True, **kwargs)
 
 
 def hand_ndcg_at_10(query_emb, doc_emb, query_ids, doc_ids, qrels):
@@ -68,20 +51,6 @@ def hand_ndcg_at_10(query_emb, doc_emb, query_ids, doc_ids, qrels):
 
 
 @pytest.fixture(scope="module")
-def tiny_cls_dir(tmp_path_factory, tokenizer):
-    """A tiny BERT saved as a plain HF folder (no modules.json: loaded as CLS + dot). initializer_range 0.5: with
-    BERT's 0.02 the [CLS] vectors of a random tiny model are nearly identical (all scores within 1e-4), so float32
-    ties would decide the ranking."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny") / "bert"
-    BertModel(BertConfig(**tiny_bert_kwargs(initializer_range=0.5)), add_pooling_layer=False).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def tiny_beir(tmp_path_factory):
     return write_beir(tmp_path_factory.mktemp("data") / "toy")
 
@@ -89,9 +58,9 @@ def tiny_beir(tmp_path_factory):
 # ---- local tasks and summaries -------------------------------------------------------------------------------------
 
 
-def test_local_beir_evaluation_writes_mteb_json_and_summary(tiny_cls_dir, tiny_beir, tmp_path):
+def test_local_beir_evaluation_writes_mteb_json_and_summary(spread_cls_bert, tiny_beir, tmp_path):
     out = tmp_path / "eval"
-    rows = evaluate_folder(tiny_cls_dir, beir_folders=[tiny_beir], split="dev", output_dir=out, model_name="local/tiny")
+    rows = evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=out, model_name="local/tiny")
     (row,) = rows
     assert row["task"] == "LocalBEIR-toy" and row["split"] == "dev" and row["queries"] == 6
     for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100", "recall_at_1000"):
@@ -105,11 +74,11 @@ def test_local_beir_evaluation_writes_mteb_json_and_summary(tiny_cls_dir, tiny_b
     assert "| NDCG@10 | MRR@10 | Recall@100 | Recall@1000 |" in markdown and f"{row['ndcg_at_10']:.5f}" in markdown
 
 
-def test_cls_dot_scores_match_a_hand_computation(tiny_cls_dir, tiny_beir, tmp_path):
+def test_cls_dot_scores_match_a_hand_computation(spread_cls_bert, tiny_beir, tmp_path):
     """The CLS + dot path (not cosine): mteb's NDCG@10 equals exact search + NDCG computed by hand."""
-    rows = evaluate_folder(tiny_cls_dir, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path)
+    rows = evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path)
     data = read_beir(tiny_beir, split="dev")
-    model, _ = load_encoder(tiny_cls_dir)
+    model, _ = load_as_sentence_transformer(spread_cls_bert)
     assert model.similarity_fn_name == "dot"
     doc_ids, query_ids = list(data.corpus), list(data.queries)
     doc_emb = model.encode_document([data.doc_text(d) for d in doc_ids])
@@ -118,9 +87,9 @@ def test_cls_dot_scores_match_a_hand_computation(tiny_cls_dir, tiny_beir, tmp_pa
     assert rows[0]["ndcg_at_10"] == pytest.approx(expected, abs=1e-5)
 
 
-def test_faiss_search_equals_exact_search(tiny_cls_dir, tiny_beir, tmp_path):
-    exact = evaluate_folder(tiny_cls_dir, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "a")
-    faiss = evaluate_folder(tiny_cls_dir, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "b",
+def test_faiss_search_equals_exact_search(spread_cls_bert, tiny_beir, tmp_path):
+    exact = evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "a")
+    faiss = evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "b",
                             search="faiss")
     for key in ("ndcg_at_10", "mrr_at_10", "recall_at_100"):
         assert faiss[0][key] == pytest.approx(exact[0][key], abs=1e-5)
@@ -130,7 +99,6 @@ def test_hybrid_model_scores_queries_and_documents_differently(tokenizer, tiny_b
     """DupMAE hybrid: mteb uses encode_query (full OT vector) vs encode_document (top-k), dot = eq. 12."""
     from retromae.modeling.configuration_dupmae import DupMAEConfig
     from retromae.modeling.modeling_dupmae import DupMAEForPretraining
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
 
     torch.manual_seed(0)
     model = build_dupmae_sentence_transformer(
@@ -148,21 +116,21 @@ def test_hybrid_model_scores_queries_and_documents_differently(tokenizer, tiny_b
     assert rows[0]["ndcg_at_10"] == pytest.approx(expected, abs=1e-5)
 
 
-def test_a_pretraining_checkpoint_is_exported_then_evaluated(tiny_cls_dir, tiny_beir, tokenizer, tmp_path):
+def test_a_pretraining_checkpoint_is_exported_then_evaluated(spread_cls_bert, tiny_beir, tokenizer, tmp_path):
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 
-    RetroMAEForPretraining.from_encoder_checkpoint(str(tiny_cls_dir)).save_pretrained(tmp_path / "ckpt")
+    RetroMAEForPretraining.from_encoder_checkpoint(str(spread_cls_bert)).save_pretrained(tmp_path / "ckpt")
     tokenizer.save_pretrained(tmp_path / "ckpt")
     rows = evaluate_folder(tmp_path / "ckpt", beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval")
-    direct = evaluate_folder(tiny_cls_dir, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval2")
+    direct = evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval2")
     assert (tmp_path / "eval" / "pretrained-encoder" / "modules.json").is_file()
     assert rows[0]["ndcg_at_10"] == direct[0]["ndcg_at_10"]  # same encoder weights, CLS + dot both ways
 
 
-def test_update_card_puts_results_into_model_index(tiny_cls_dir, tiny_beir, tmp_path):
+def test_update_card_puts_results_into_model_index(spread_cls_bert, tiny_beir, tmp_path):
     from huggingface_hub import ModelCard
 
-    model, _ = load_encoder(tiny_cls_dir)
+    model, _ = load_as_sentence_transformer(spread_cls_bert)
     folder = save_finetuned_model(model, tmp_path / "model", {"model_name": "tiny-ft", "stages": []})
     rows = evaluate_folder(folder, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval",
                            dataset_ids=["my-org/toy"], update_card=True)
@@ -176,9 +144,9 @@ def test_update_card_puts_results_into_model_index(tiny_cls_dir, tiny_beir, tmp_
     assert str(tmp_path) not in (folder / "README.md").read_text()
 
 
-def test_update_card_refuses_foreign_folders(tiny_cls_dir, tiny_beir, tmp_path):
+def test_update_card_refuses_foreign_folders(spread_cls_bert, tiny_beir, tmp_path):
     with pytest.raises(EvaluateError, match="retromae finetune"):
-        update_model_card(tiny_cls_dir, [])
+        update_model_card(spread_cls_bert, [])
 
 
 # ---- bad input -----------------------------------------------------------------------------------------------------
@@ -220,16 +188,26 @@ def test_registered_task_offline_gives_a_clear_error(monkeypatch):
         registered_tasks(["NoSuchTaskAnywhere"])
 
 
-def test_cli_needs_something_to_evaluate(tiny_cls_dir, tmp_path):
+def test_cli_needs_something_to_evaluate(spread_cls_bert, tmp_path):
     with pytest.raises(EvaluateError, match="nothing to evaluate"):
-        evaluate_command([str(tiny_cls_dir), "--output-dir", str(tmp_path)])
+        evaluate_command([str(spread_cls_bert), "--output-dir", str(tmp_path)])
 
 
-def test_cli_writes_summary(tiny_cls_dir, tiny_beir, tmp_path, capsys):
-    assert evaluate_command([str(tiny_cls_dir), "--beir-folder", str(tiny_beir), "--split", "dev",
+def test_cli_writes_summary(spread_cls_bert, tiny_beir, tmp_path, capsys):
+    assert evaluate_command([str(spread_cls_bert), "--beir-folder", str(tiny_beir), "--split", "dev",
                              "--output-dir", str(tmp_path / "out")]) == 0
     assert "| toy (local BEIR) | dev | 6 |" in capsys.readouterr().out
     assert (tmp_path / "out" / "summary.md").is_file()
+
+
+def test_python_api_takes_folders_and_task_names(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    rows = evaluate(spread_cls_bert, tiny_beir, tmp_path / "out", split="dev")
+    assert [(r["dataset_name"], r["split"], r["queries"]) for r in rows] == [("toy (local BEIR)", "dev", 6)]
+    assert rows == evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "b")
+    assert (tmp_path / "out" / "summary.json").is_file()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a name that is not a folder is a registered task
+    with pytest.raises(EvaluateError, match="cannot load the data of MTEB task SciFact"):
+        evaluate(spread_cls_bert, [tiny_beir, "SciFact"], tmp_path / "c", split="dev")
 
 
 def test_local_task_holds_the_split(tiny_beir):
@@ -373,16 +351,16 @@ def test_minilm_scifact_dev_equals_mteb(minilm_dir, shared_data, tmp_path, encod
     assert 0.55 < ours["ndcg_at_10"] < 0.95  # a sane value for this model on SciFact dev with a smaller corpus
 
 
-# ---- progress bar, repeated --beir-folder, incomplete folders (issue 12, items 3 and 6) ------------------------------
+# ---- progress bar, repeated --beir-folder, incomplete folders ------------------------------
 
 
-def test_cli_shows_progress_and_evaluates_every_repeated_beir_folder(tiny_cls_dir, tiny_beir, tmp_path, capsys):
+def test_cli_shows_progress_and_evaluates_every_repeated_beir_folder(spread_cls_bert, tiny_beir, tmp_path, capsys):
     """HEAD showed no progress bar by default, and `--beir-folder A --beir-folder B` evaluated B alone."""
     import shutil
 
     second = tmp_path / "toy2"
     shutil.copytree(tiny_beir, second)
-    assert evaluate_command([str(tiny_cls_dir), "--beir-folder", str(tiny_beir), "--beir-folder", str(second),
+    assert evaluate_command([str(spread_cls_bert), "--beir-folder", str(tiny_beir), "--beir-folder", str(second),
                              "--split", "dev", "--output-dir", str(tmp_path / "eval")]) == 0
     rows = json.loads((tmp_path / "eval" / "summary.json").read_text())["results"]
     assert sorted(row["dataset_name"] for row in rows) == ["toy (local BEIR)", "toy2 (local BEIR)"]
@@ -390,11 +368,11 @@ def test_cli_shows_progress_and_evaluates_every_repeated_beir_folder(tiny_cls_di
     assert "it/s" in err or "s/it" in err  # tqdm's encoding bars
 
 
-def test_model_folder_killed_mid_save_is_refused_before_reading_data(tiny_cls_dir, tmp_path):
+def test_model_folder_killed_mid_save_is_refused_before_reading_data(spread_cls_bert, tmp_path):
     import shutil
 
     broken = tmp_path / "checkpoint-9"
-    shutil.copytree(tiny_cls_dir, broken)
+    shutil.copytree(spread_cls_bert, broken)
     (broken / "tokenizer.json").unlink()
-    with pytest.raises(EvaluateError, match=r"evaluate --model: model folder .*checkpoint-9 is incomplete"):
+    with pytest.raises(FolderError, match=r"evaluate --model: model folder .*checkpoint-9 is incomplete"):
         evaluate_folder(broken, beir_folders=[tmp_path / "not-read-yet"], output_dir=tmp_path / "eval")

@@ -3,23 +3,43 @@ smoke run of the recipe selection (slow)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
+import os
 import random
+import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-import scifact_experiment_v2 as v2  # noqa: E402
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def v2() -> ModuleType:
+    """The script as `python benchmarks/scifact_experiment_v2.py` loads it: its `import common` finds
+    benchmarks/common.py (registered only while the script loads; sys.path is left alone)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", dict(os.environ))  # the scripts' environment defaults stay out of other tests
+        patch.setitem(sys.modules, "common", load_script("common"))
+        return load_script("scifact_experiment_v2")
 
 
 def qids(path: Path) -> set[str]:
     return {line.split("\t")[0] for line in path.read_text(encoding="utf-8").splitlines()[1:]}
 
 
-def test_holdout_is_a_fixed_share_of_train_queries_and_never_dev(shared_data, tmp_path):
+def test_holdout_is_a_fixed_share_of_train_queries_and_never_dev(v2, shared_data, tmp_path):
     scifact = shared_data / "scifact"
     folder, split = v2.make_holdout(tmp_path, scifact, 0.2, 0)
     train, held = qids(folder / "qrels" / "train.tsv"), qids(folder / "qrels" / "dev.tsv")
@@ -32,7 +52,23 @@ def test_holdout_is_a_fixed_share_of_train_queries_and_never_dev(shared_data, tm
     assert qids(again / "qrels" / "dev.tsv") == held  # seeded: the same share every time
 
 
-def test_grid_starts_with_no_recipe_and_flags_name_the_recipe_options():
+def test_run_metrics_score_a_ranked_run_as_mteb_does(v2):
+    """BM25 and the hybrid's lambda grid are runs, not models: ranked from a score matrix and scored by mteb's scorer,
+    unrounded (NDCG@10 and MRR@10 by hand: q1's positive at rank 4; q2's at ranks 2 and 3 of 4)."""
+    import torch
+
+    qrels = {"q1": {"d1": 1}, "q2": {"d2": 1, "d3": 1}}
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.0, 0.8, 0.1, 0.9]])
+    run = v2.common.ranked_run(scores, ["q1", "q2"], ["d1", "d2", "d3", "d4"], depth=4)
+    assert list(run["q2"]) == ["d4", "d2", "d3", "d1"]
+    metrics = v2.common.run_metrics(run, qrels)
+    ndcg_q2 = (1 / math.log2(3) + 1 / math.log2(4)) / (1 + 1 / math.log2(3))
+    assert metrics["ndcg_at_10"] == pytest.approx((1 / math.log2(5) + ndcg_q2) / 2, abs=1e-12)
+    assert metrics["mrr_at_10"] == pytest.approx((1 / 4 + 1 / 2) / 2)
+    assert (metrics["recall_at_100"], metrics["queries"]) == (1.0, 2)
+
+
+def test_grid_starts_with_no_recipe_and_flags_name_the_recipe_options(v2):
     cfg = {**v2.PRESETS["cpu"], "warmup_grid": "0,0.2", "lr_scale_grid": "1.0,0.1"}
     points = v2.grid(cfg, 50)
     assert points[0] == v2.NO_RECIPE and len(points) == 4  # (0, 1.0) is not repeated
@@ -44,19 +80,21 @@ def test_grid_starts_with_no_recipe_and_flags_name_the_recipe_options():
                                        "--contrastive-anchor-weight", "0.5"]
 
 
-def test_recipe_flags_parse_in_retromae_pretrain():
-    from retromae.trainers.cli import _pretrain_parser
+def test_recipe_flags_are_options_of_retromae_pretrain(v2, capsys):
+    """Every recipe flag the experiment passes is a `retromae pretrain` option that takes a value (its --help)."""
+    from retromae.trainers.cli import main
 
-    parser = _pretrain_parser()
-    known = {option for action in parser._actions for option in action.option_strings}
-    missing = [flag for flag in v2.RECIPE_FLAGS.values() if flag not in known]
-    if missing:
-        pytest.skip(f"`retromae pretrain` has no {missing} yet (the recipe options of issue 14)")
+    with pytest.raises(SystemExit) as done:
+        main(["pretrain", "--help"])
+    assert done.value.code == 0
+    usage = capsys.readouterr().out
     recipe = {"head_warmup_steps": 3, "encoder_lr_scale": 0.1, "layer_lr_decay": 0.9, "contrastive_anchor_weight": 0.1}
-    parser.parse_args_into_dataclasses(args=[*v2.recipe_flags(recipe), "--corpus", "x.txt"])
+    flags = v2.recipe_flags(recipe)[::2]
+    assert sorted(flags) == sorted(v2.RECIPE_FLAGS.values())  # a non-neutral value passes every flag
+    assert [flag for flag in flags if not re.search(rf"{re.escape(flag)} [A-Z_]+\b", usage)] == []
 
 
-def test_tokens_seen_replays_the_trainers_data_order(tiny_bert, tmp_path):
+def test_tokens_seen_replays_the_trainers_data_order(v2, tiny_bert, tmp_path):
     """The real-token count is derived by replaying the Trainer's sampler; it is kept only when the padded count of
     the replay equals the Trainer's own count, which this run checks across an epoch boundary (12 x 4 > 37 rows)."""
     from retromae.trainers.cli import main
@@ -79,7 +117,7 @@ def test_tokens_seen_replays_the_trainers_data_order(tiny_bert, tmp_path):
     assert replay["real"] < replay["padded"] and record["steps"] == 12 and record["passes"] == round(48 / 37, 3)
 
 
-def test_phases_are_reused_while_their_key_holds(tmp_path):
+def test_phases_are_reused_while_their_key_holds(v2, tmp_path):
     calls = []
     phases = v2.Phases(tmp_path, "arm")
     assert phases.run("p", "k1", lambda: calls.append(1) or "a") == "a"
@@ -89,7 +127,7 @@ def test_phases_are_reused_while_their_key_holds(tmp_path):
 
 
 @pytest.mark.experiment
-def test_tiny_selection_end_to_end(shared_data, tmp_path):
+def test_tiny_selection_end_to_end(v2, shared_data, tmp_path):
     """--tiny --phase select: pre-train (3 steps), fine-tune on the train share (in-batch, then mined negatives),
     score on the held-out share; then --report-only writes the table. Proves the plumbing, not the quality."""
     out = tmp_path / "v2"
@@ -105,12 +143,12 @@ def test_tiny_selection_end_to_end(shared_data, tmp_path):
     assert "prove nothing" in report and "held-out train queries" in report
 
 
-def test_pretraining_resumes_and_is_shared_across_arms(tmp_path, monkeypatch):
+def test_pretraining_resumes_and_is_shared_across_arms(v2, tmp_path, monkeypatch):
     """An interrupted pre-training continues from its newest complete checkpoint (the same flags plus
     --resume-from-checkpoint last); one killed before its first checkpoint starts again in its own folder; a finished
     one with the same settings is reused by any arm (e.g. the selection's chosen point by the `retromae` arm)."""
     calls = []
-    monkeypatch.setattr(v2.v1, "retromae_cli", lambda command, args, log_file: calls.append(args))
+    monkeypatch.setattr(v2.common, "retromae_cli", lambda command, args, log_file: calls.append(args))
     cfg = {"save_steps": 25}
     args = ["--method", "retromae", "--max_steps", "10"]
     folder = tmp_path / "retromae" / f"pretrained-{v2.settings_hash(args)}"

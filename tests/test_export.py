@@ -7,21 +7,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
 from huggingface_hub import ModelCard
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-from retromae.trainers import export
-from retromae.trainers.export import (
-    EXPORTERS,
-    ExportError,
-    export_from_model,
-    export_sentence_transformer,
-    exporter_for,
-)
+from retromae.trainers import export_cls
+from retromae.trainers.core.errors import UserError
+from retromae.trainers.core.folders import FolderError
+from retromae.trainers.export import ExportError, export_command, export_from_model, export_sentence_transformer
+from retromae.trainers.export_cls import write_cls_encoder
+from retromae.trainers.export_dupmae import write_dupmae_export
+from retromae.trainers.methods import METHODS, get_method
+from retromae.trainers.pretrain import load_pretraining_model
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from transformers import BertConfig, BertModel
+
+from .builders import tiny_bert_kwargs
 
 MAX_SEQ_LENGTH = 64
 RUN_INFO = {
@@ -169,7 +170,7 @@ def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    with pytest.raises(ExportError, match=r"not empty; pass overwrite=True \(CLI: --overwrite\)"):
+    with pytest.raises(FolderError, match=r"not empty; pass overwrite=True \(CLI: --overwrite\)"):
         export_sentence_transformer(checkpoint, out)
     assert (out / "keep.txt").read_text() == "user data" and not (out / "modules.json").exists()
 
@@ -196,7 +197,7 @@ def test_failure_midway_leaves_nothing(pretrained, tmp_path, monkeypatch, overwr
     def fail(*args, **kwargs):  # weights, tokenizer and ST configs are already written when the card fails
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(export, "render_model_card", fail)
+    monkeypatch.setattr(export_cls, "render_pretrained_card", fail)
     with pytest.raises(RuntimeError, match="disk full"):
         export_sentence_transformer(checkpoint, out, overwrite=overwrite)
     assert _leftovers(tmp_path) == []
@@ -220,17 +221,17 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
         r"`retromae pretrain` \(a checkpoint-N folder or the output dir\)",
         tmp_path / "empty": r"empty is not a retromae checkpoint: no config.json",
         tmp_path / "missing": r"missing does not exist",
-        no_weights: r"no-weights is not a retromae checkpoint: no model.safetensors",
+        no_weights: r"export: model folder .*no-weights is incomplete, it has no model.safetensors",
         no_tokenizer: r"export: model folder .*no-tokenizer is incomplete, it has no tokenizer.json",
     }
     for source, message in cases.items():
-        with pytest.raises(ExportError, match=message):
+        with pytest.raises(UserError, match=message):  # ExportError, or FolderError for an incomplete folder
             export_sentence_transformer(source, tmp_path / "out")
         assert not (tmp_path / "out").exists()
     _, checkpoint = pretrained
-    with pytest.raises(ExportError, match="would replace the input"):
+    with pytest.raises(FolderError, match="would replace the input"):
         export_sentence_transformer(checkpoint, checkpoint.parent, overwrite=True)
-    assert issubclass(ExportError, ValueError)
+    assert issubclass(ExportError, UserError) and issubclass(FolderError, UserError)
 
 
 def test_export_from_model_matches_checkpoint_export(pretrained, exported, tokenizer, tmp_path):
@@ -244,11 +245,18 @@ def test_export_from_model_matches_checkpoint_export(pretrained, exported, token
         export_from_model(BertModel(BertConfig(**tiny_bert_kwargs())), tokenizer, tmp_path / "x")
 
 
-def test_dispatch_is_keyed_on_method_name():
-    assert {"retromae", "bow", "seed", "sentmae", "dupmae"} <= set(EXPORTERS)
-    assert exporter_for("retromae") is export.write_cls_encoder
-    with pytest.raises(ValueError, match="no sentence-transformers exporter for method 'nope'"):
-        exporter_for("nope")
+def test_each_method_names_its_exporter():
+    assert {"retromae", "bow", "seed", "sentmae", "dupmae"} <= set(METHODS)
+    assert all(get_method(name).exporter is write_cls_encoder for name in ("retromae", "bow", "seed", "sentmae"))
+    assert get_method("dupmae").exporter is write_dupmae_export
+
+
+def test_export_command(pretrained, tmp_path, capsys):
+    _, checkpoint = pretrained
+    assert export_command([str(checkpoint), str(tmp_path / "out"), "--model-name", "my-org/tiny"]) == 0
+    assert (tmp_path / "out" / "modules.json").is_file()
+    assert ModelCard.load(tmp_path / "out" / "README.md").data.model_name == "my-org/tiny"
+    assert "retromae: exported" in capsys.readouterr().out
 
 
 def test_sharded_checkpoint(pretrained, exported, tokenizer, tmp_path):
@@ -263,7 +271,7 @@ def test_sharded_checkpoint(pretrained, exported, tokenizer, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-# ---- incomplete checkpoints and killed exports (issue 12, item 3) -----------------------------------------------------
+# ---- incomplete checkpoints and killed exports -----------------------------------------------------
 
 
 def _killed_mid_save(pretrained, folder: Path) -> Path:
@@ -291,7 +299,7 @@ def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
 
     broken = _killed_mid_save(pretrained, tmp_path / "checkpoint-500")
     assert len(AutoTokenizer.from_pretrained(str(broken))) == 5  # what transformers silently loads from it
-    with pytest.raises(ExportError, match=r"export: model folder .*checkpoint-500 is incomplete, it has no "
+    with pytest.raises(FolderError, match=r"export: model folder .*checkpoint-500 is incomplete, it has no "
                                           r"tokenizer.json .*killed mid-save"):
         export_sentence_transformer(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -303,15 +311,12 @@ def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
 
     shutil.copytree(checkpoint, unfinished)
     (unfinished / "optimizer.pt").write_bytes(b"partial")
-    with pytest.raises(ExportError, match=r"no trainer_state.json \(the Trainer writes it last"):
+    with pytest.raises(FolderError, match=r"no trainer_state.json \(the Trainer writes it last"):
         export_sentence_transformer(unfinished, tmp_path / "out")
 
 
 def test_pretrain_model_refuses_an_incomplete_folder(pretrained, tmp_path):
     """`retromae pretrain --model` goes through `load_pretraining_model`; on HEAD it loaded the folder."""
-    from retromae.trainers.cli import load_pretraining_model
-    from retromae.trainers.methods import get_method
-
     broken = _killed_mid_save(pretrained, tmp_path / "checkpoint-500")
     with pytest.raises(ValueError, match=r"--model: model folder .*is incomplete, it has no tokenizer.json"):
         load_pretraining_model(str(broken), get_method("retromae"), {})
@@ -326,12 +331,12 @@ def test_killed_export_leaves_no_folder_and_the_next_one_cleans_up(pretrained, t
     _, checkpoint = pretrained
     out = tmp_path / "retromae-tiny"
     script = (
-        "import os, signal, sys\n"
-        "from retromae.trainers import export\n"
+        "import dataclasses, os, signal, sys\n"
+        "from retromae.trainers import export, methods\n"
         "def killed(request, build_dir):\n"
         "    (build_dir / 'config.json').write_text('{}')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "export.EXPORTERS['retromae'] = killed\n"
+        "methods.METHODS['retromae'] = dataclasses.replace(methods.METHODS['retromae'], exporter=killed)\n"
         "export.export_sentence_transformer(sys.argv[1], sys.argv[2])\n"
     )
     result = subprocess.run([sys.executable, "-c", script, str(checkpoint), str(out)], capture_output=True, timeout=120)
@@ -351,14 +356,14 @@ def test_a_swap_killed_between_its_renames_is_restored(pretrained, tmp_path):
     pid = _dead_pid()
     out.rename(tmp_path / f".retromae-tiny.old-{pid}-0123abcd")
     (tmp_path / f".retromae-tiny.tmp-{pid}-4567cdef").mkdir()
-    with pytest.raises(ExportError, match="already exists and is not empty"):  # restored, so not overwritten
+    with pytest.raises(FolderError, match="already exists and is not empty"):  # restored, so not overwritten
         export_sentence_transformer(checkpoint, out)
     assert (out / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["retromae-tiny"]
 
 
 def test_check_model_folder_layouts(pretrained, tmp_path, minilm_dir):
-    from retromae.trainers.folders import IncompleteModelFolder, check_model_folder
+    from retromae.trainers.core.folders import IncompleteModelFolder, check_model_folder
 
     check_model_folder("sentence-transformers/all-MiniLM-L6-v2", purpose="x")  # a Hub id: not checked here
     check_model_folder(minilm_dir, purpose="x")  # a sentence-transformers folder (Transformer at the root)

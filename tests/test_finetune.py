@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
 from retromae.trainers.beir import (
     RetrievalDataError,
     TrainingGroup,
@@ -19,63 +17,31 @@ from retromae.trainers.beir import (
     load_training_groups,
     read_training_jsonl,
 )
+from retromae.trainers.core.checkpoints import CheckpointError
+from retromae.trainers.core.folders import FolderError
+from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
 from retromae.trainers.finetune import (
     DistillationLoss,
     FinetuneError,
     contrastive_loss,
+    finetune,
     finetune_command,
-    load_encoder,
 )
 from sentence_transformers import SentenceTransformer
 
-WORDS = ["apple", "banana", "cherry", "dog", "elephant", "fish", "grape", "horse", "igloo", "jacket", "kite", "lemon", "mango", "night", "ocean", "piano", "queen", "river", "snake", "tiger"]
+from .builders import tiny_bert_kwargs, write_beir, write_jsonl
+
 FAST = ["--max-steps", "2", "--per-device-train-batch-size", "4", "--max-seq-length", "32", "--disable-tqdm", "true",
         "--logging-steps", "1"]
 
 
-def write_beir(folder, num_docs=30, extra_qrels=()):
-    rng = random.Random(0)
-    (folder / "qrels").mkdir(parents=True)
-    with open(folder / "corpus.jsonl", "w") as f:
-        for i in range(num_docs):
-            words = rng.sample(WORDS, 5)
-            f.write(json.dumps({"_id": f"d{i}", "title": words[0], "text": " ".join(words)}) + "\n")
-    with open(folder / "queries.jsonl", "w") as f:
-        for i in range(18):
-            f.write(json.dumps({"_id": f"q{i}", "text": f"about {WORDS[i % 20]} and {WORDS[(i * 7) % 20]}"}) + "\n")
-    for split, queries in (("train", range(0, 12)), ("dev", range(12, 18))):
-        with open(folder / "qrels" / f"{split}.tsv", "w") as f:
-            f.write("query-id\tcorpus-id\tscore\n")
-            for q in queries:
-                f.write(f"q{q}\td{q}\t1\n")
-            for line in extra_qrels:
-                f.write(line + "\n")
-    return folder
-
-
-def write_jsonl(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(scope="module")
-def tiny_bert_dir(tmp_path_factory, tokenizer):
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny") / "bert"
-    BertModel(BertConfig(**tiny_bert_kwargs(initializer_range=0.5)), add_pooling_layer=False).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def pretraining_checkpoint(tiny_bert_dir, tmp_path_factory, tokenizer):
+def pretraining_checkpoint(spread_cls_bert, tmp_path_factory, tokenizer):
     """A `retromae pretrain`-style checkpoint (RetroMAEForPretraining, decoder included)."""
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 
     folder = tmp_path_factory.mktemp("ckpt") / "retromae-tiny"
-    RetroMAEForPretraining.from_encoder_checkpoint(str(tiny_bert_dir)).save_pretrained(folder)
+    RetroMAEForPretraining.from_encoder_checkpoint(str(spread_cls_bert)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -118,10 +84,10 @@ def test_queries_without_positives_are_counted_and_none_left_is_an_error(tmp_pat
 def test_jsonl_errors_name_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"query": "q", "positive": "p"}\n{"positive": "p"}\n', encoding="utf-8")
-    with pytest.raises(RetrievalDataError, match=r"bad\.jsonl line 2: needs a string field 'query'"):
+    with pytest.raises(RetrievalDataError, match=r"bad\.jsonl:2: needs a string field 'query'"):
         read_training_jsonl(path)
     path.write_text('{"query": "q", "positive": "p"}\nnot json\n', encoding="utf-8")
-    with pytest.raises(RetrievalDataError, match=r"line 2 is not valid JSON"):
+    with pytest.raises(RetrievalDataError, match=r"\.jsonl:2: not valid JSON"):
         read_training_jsonl(path)
 
 
@@ -175,32 +141,32 @@ def test_distillation_rows_need_teacher_scores():
 # ---- model loading -------------------------------------------------------------------------------------------------
 
 
-def test_folder_without_modules_json_loads_as_cls_with_a_warning(tiny_bert_dir, tokenizer, caplog):
+def test_folder_without_modules_json_loads_as_cls_with_a_warning(spread_cls_bert, tokenizer, caplog):
     from transformers import BertModel
 
     with caplog.at_level(logging.WARNING, logger="retromae"):
-        model, info = load_encoder(tiny_bert_dir)
+        model, info = load_as_sentence_transformer(spread_cls_bert)
     assert "no modules.json" in caplog.text and "assuming CLS pooling and the dot product" in caplog.text
     assert "MEAN pooling" in caplog.text and "wrong (lower) BEIR numbers" in caplog.text
     assert info["kind"] == "transformers" and model.similarity_fn_name == "dot"
-    bert = BertModel.from_pretrained(tiny_bert_dir, add_pooling_layer=False).eval()
+    bert = BertModel.from_pretrained(spread_cls_bert, add_pooling_layer=False).eval()
     batch = tokenizer(["dense retrieval"], return_tensors="pt")
     with torch.no_grad():
         cls = bert(**batch).last_hidden_state[:, 0]
     assert torch.allclose(model.encode_document(["dense retrieval"], convert_to_tensor=True), cls, atol=1e-5)
-    mean_model, _ = load_encoder(tiny_bert_dir, pooling="mean")
+    mean_model, _ = load_as_sentence_transformer(spread_cls_bert, pooling="mean")
     assert mean_model.similarity_fn_name == "cosine"
 
 
 def test_pooling_flag_is_refused_for_sentence_transformers_folders(minilm_dir):
-    with pytest.raises(FinetuneError, match="keeps its own pooling"):
-        load_encoder(minilm_dir, pooling="cls")
+    with pytest.raises(CheckpointError, match="keeps its own pooling"):
+        load_as_sentence_transformer(minilm_dir, pooling="cls")
 
 
-def test_contrastive_loss_follows_the_model_similarity(tiny_bert_dir, minilm_dir):
+def test_contrastive_loss_follows_the_model_similarity(spread_cls_bert, minilm_dir):
     from sentence_transformers.util import cos_sim, dot_score
 
-    dot_model, _ = load_encoder(tiny_bert_dir)
+    dot_model, _ = load_as_sentence_transformer(spread_cls_bert)
     loss = contrastive_loss(dot_model, None, gather_across_devices=True)
     assert loss.similarity_fct is dot_score and loss.scale == 1.0 and loss.gather_across_devices
     cosine_model = SentenceTransformer(str(minilm_dir), device="cpu")
@@ -211,8 +177,8 @@ def test_contrastive_loss_follows_the_model_similarity(tiny_bert_dir, minilm_dir
 # ---- the distillation loss -----------------------------------------------------------------------------------------
 
 
-def test_distillation_loss_is_kl_batchmean(tiny_bert_dir):
-    model, _ = load_encoder(tiny_bert_dir)
+def test_distillation_loss_is_kl_batchmean(spread_cls_bert):
+    model, _ = load_as_sentence_transformer(spread_cls_bert)
     loss = DistillationLoss(model, distill_weight=2.0)
     query = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     positive = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
@@ -263,7 +229,17 @@ def test_finetune_from_a_pretraining_checkpoint_mines_and_writes_a_model(pretrai
     assert "my-org/retromae-toy" in card
 
 
-def test_negatives_file_reuse_and_distillation(tiny_bert_dir, tiny_beir, tmp_path):
+def test_python_api_takes_the_settings_by_name(spread_cls_bert, tiny_beir, tmp_path):
+    result = finetune(spread_cls_bert, tiny_beir, tmp_path / "api", stages=["in-batch"], max_steps=2,
+                      per_device_train_batch_size=4, max_seq_length=32, disable_tqdm=True, model_name="my-org/api")
+    assert result.output_dir == tmp_path / "api" and (result.output_dir / "modules.json").is_file()
+    assert [s["stage"] for s in result.info["stages"]] == ["in-batch"] and result.info["stages"][0]["steps"] == 2
+    assert result.info["model_name"] == "my-org/api" and result.info["hyperparameters"]["max_seq_length"] == 32
+    with pytest.raises(FinetuneError, match=r"unknown fine-tuning option\(s\) max_step;"):
+        finetune(spread_cls_bert, tiny_beir, tmp_path / "typo", max_step=2)
+
+
+def test_negatives_file_reuse_and_distillation(spread_cls_bert, tiny_beir, tmp_path):
     negatives = write_jsonl(tmp_path / "negatives.jsonl", [
         {"query_id": f"q{q}", "query": "ignored", "positive_ids": [f"d{q}"], "positive": "x",
          "negative_ids": [f"d{q + 1}", f"d{q + 2}"], "negatives": ["n1", "n2"]} for q in range(12)
@@ -272,7 +248,7 @@ def test_negatives_file_reuse_and_distillation(tiny_bert_dir, tiny_beir, tmp_pat
     scores.write_text("".join(f"q{q}\td{q + k}\t{5.0 - k}\n" for q in range(12) for k in range(3)), encoding="utf-8")
     out = tmp_path / "distilled"
     assert finetune_command([
-        str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(out), "--stages", "hard-negatives,distill",
+        str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), "--stages", "hard-negatives,distill",
         "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(scores),
         "--contrastive-weight", "0.1", *FAST,
     ]) == 0
@@ -287,30 +263,29 @@ def test_negatives_file_reuse_and_distillation(tiny_bert_dir, tiny_beir, tmp_pat
     partial.write_text("q0\td0\t1.0\n", encoding="utf-8")
     with pytest.raises(FinetuneError, match="without a teacher score"):
         finetune_command([
-            str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(tmp_path / "x"), "--stages", "distill",
+            str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "x"), "--stages", "distill",
             "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(partial), *FAST,
         ])
 
 
-def test_refuses_to_overwrite_and_validates_stages(tiny_bert_dir, tiny_beir, tmp_path):
+def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(FinetuneError, match="already exists and is not empty.*--overwrite"):
-        finetune_command([str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(out), *FAST])
+    with pytest.raises(FolderError, match="already exists and is not empty.*--overwrite"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST])
     assert (out / "keep.txt").is_file()
     with pytest.raises(FinetuneError, match="needs cross-encoder scores"):
-        finetune_command([str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--stages", "in-batch,distill"])
     with pytest.raises(FinetuneError, match="in the order"):
-        finetune_command([str(tiny_bert_dir), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--stages", "hard-negatives,in-batch"])
 
 
 def test_hybrid_dupmae_model_trains_its_dense_projection(tokenizer, tiny_beir, tmp_path):
     from retromae.modeling.configuration_dupmae import DupMAEConfig
     from retromae.modeling.modeling_dupmae import DupMAEForPretraining
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
     from safetensors.torch import load_file
 
     torch.manual_seed(0)
@@ -383,28 +358,28 @@ def test_ddp_contrastive_loss_uses_the_global_batch(tmp_path):
     assert all(r["grad"] > 0 for r in ranks)
 
 
-# ---- incomplete folders and local base models (issue 12, items 3 and 5) ---------------------------------------------
+# ---- incomplete folders and local base models ---------------------------------------------
 
 
-def test_model_folder_killed_mid_save_is_refused(tiny_bert_dir, tmp_path):
+def test_model_folder_killed_mid_save_is_refused(spread_cls_bert, tmp_path):
     """Weights + tokenizer_config.json but no tokenizer.json: HEAD loaded a 5-token tokenizer (all words [UNK])."""
     import shutil
 
     broken = tmp_path / "checkpoint-3"
-    shutil.copytree(tiny_bert_dir, broken)
+    shutil.copytree(spread_cls_bert, broken)
     (broken / "tokenizer.json").unlink()
-    with pytest.raises(FinetuneError, match=r"--model: model folder .*checkpoint-3 is incomplete, it has no tokenizer"):
-        load_encoder(broken)
+    with pytest.raises(FolderError, match=r"--model: model folder .*checkpoint-3 is incomplete, it has no tokenizer"):
+        load_as_sentence_transformer(broken)
 
 
-def test_local_starting_model_is_not_written_as_a_hub_id(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch):
+def test_local_starting_model_is_not_written_as_a_hub_id(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
     """The README's `finetune --model out/encoder`: HEAD wrote `base_model: out/encoder` and a Hub link to it."""
     import shutil
 
     from huggingface_hub import ModelCard
 
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_bert_dir, tmp_path / "out" / "encoder")
+    shutil.copytree(spread_cls_bert, tmp_path / "out" / "encoder")
     assert finetune_command(["out/encoder", str(tiny_beir), "--output-dir", "out/ft", "--stages", "in-batch",
                              *FAST]) == 0
     info = json.loads((tmp_path / "out" / "ft" / "retromae_finetune.json").read_text())
@@ -418,7 +393,7 @@ def test_local_starting_model_is_not_written_as_a_hub_id(tiny_bert_dir, tiny_bei
 
 
 def test_hub_id_of_a_local_model(tmp_path):
-    from retromae.trainers.folders import hub_id_of_model
+    from retromae.trainers.core.folders import hub_id_of_model
 
     assert hub_id_of_model("my-org/encoder") == "my-org/encoder"  # not a folder here: a Hub id
     plain = tmp_path / "encoder"

@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from conftest import tiny_bert_kwargs
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.modeling_dupmae import DupMAEModel
 from retromae.trainers import hybrid_index
+from retromae.trainers.core.folders import FolderError
+from retromae.trainers.export import build_dupmae_sentence_transformer
 from retromae.trainers.hybrid_index import HybridIndex, HybridIndexError, ModelMismatchError, model_fingerprint
+
+from .builders import tiny_bert_kwargs
 
 D, V, K = 16, 1000, 20  # dense_dim, vocab_size, doc_top_k of the random corpus
 SCIFACT_MAX_SEQ_LENGTH = 16
@@ -145,7 +148,7 @@ def test_save_load_round_trip(tmp_path, index_type):
 def test_save_is_atomic_and_refuses_to_clobber(tmp_path):
     index, _, q_dense, q_mu = make_index(50)
     folder = index.save(tmp_path / "index")
-    with pytest.raises(FileExistsError, match="overwrite"):
+    with pytest.raises(FolderError, match="overwrite"):
         index.save(folder)
     smaller, _, _, _ = make_index(20)
     smaller.save(folder, overwrite=True)
@@ -192,8 +195,6 @@ DOCS = [
 
 
 def export_tiny(tokenizer, folder, seed: int):
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
-
     torch.manual_seed(seed)
     config = DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8, special_token_ids=tokenizer.all_special_ids)
     model = build_dupmae_sentence_transformer(DupMAEModel(config).eval(), tokenizer, folder, max_seq_length=64)
@@ -302,7 +303,7 @@ def test_sparse_queries_with_query_top_k(st_models):
         pooling.query_top_k = None
 
 
-# ---- command line: bad folders and repeated flags (issue 12, item 6 and the index CLI) -------------------------------
+# ---- command line: bad folders and repeated flags -------------------------------
 
 
 def test_search_cli_without_a_manifest_is_a_one_line_error(tmp_path):
@@ -322,7 +323,7 @@ def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypa
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
-    with pytest.raises(HybridIndexError, match=r"output folder .*index already exists.*--overwrite"):
+    with pytest.raises(FolderError, match=r"output folder .*index already exists.*--overwrite"):
         index_command(["--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.jsonl"),
                        "--output-dir", str(out)])
     assert (out / "keep.txt").read_text() == "mine"
@@ -330,8 +331,8 @@ def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypa
 
 def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
     """`search --query a --query b`: HEAD answered b alone. A repeated single-value flag is refused."""
+    from retromae.trainers.core.arguments import RepeatedFlagError
     from retromae.trainers.export_dupmae import save_dupmae_sentence_transformer
-    from retromae.trainers.flags import RepeatedFlagError
     from retromae.trainers.hybrid_index import search_command
 
     model, _ = st_models

@@ -5,13 +5,15 @@ import logging
 
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
+from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.modeling.pretraining_base import BERT_LAYOUT_MODEL_TYPES
 from transformers import BertConfig, BertForPreTraining, BertModel, RobertaConfig, RobertaModel
 from transformers.utils import logging as transformers_logging
+
+from .builders import masked_batch, tiny_bert_kwargs, tiny_pretraining_config
 
 PRETRAINING_CLASSES = [RetroMAEForPretraining, DupMAEForPretraining, SEEDEncoderForPretraining]
 TINY = dict(dense_dim=16)  # DupMAE's projection must fit the tiny hidden size
@@ -54,6 +56,28 @@ def test_pretraining_checkpoint_into_encoder_class_logs_no_report(klass, tmp_pat
     assert any(k.startswith("decoder.") for k in info["unexpected_keys"])  # still told to a caller who asks
     state = dict(encoder.state_dict())
     assert torch.equal(state["encoder.layer.0.output.dense.weight"], model.bert.encoder.layer[0].output.dense.weight)
+
+
+@pytest.mark.parametrize(
+    "klass", [RetroMAEForPretraining, SEEDEncoderForPretraining, BoWForPretraining], ids=lambda k: k.__name__
+)
+def test_encoder_class_and_plain_bert_give_the_pretraining_sentence_embedding(klass, tmp_path):
+    """A pre-training checkpoint loads into the method's encoder class and into a plain `BertModel` by dropping the
+    `bert.` prefix; both give the pre-training model's [CLS] sentence embedding."""
+    model = klass(tiny_pretraining_config(klass.config_class)).eval()
+    model.save_pretrained(tmp_path)
+    batch = masked_batch()
+    with torch.no_grad():
+        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).sentence_embedding
+    for encoder_class in (klass.encoder_class, BertModel):
+        encoder, info = encoder_class.from_pretrained(tmp_path, output_loading_info=True)
+        assert not [k for k in info["missing_keys"] if "pooler" not in k]  # BertModel's own pooler is new
+        assert any(k.startswith("decoder.") for k in info["unexpected_keys"]) == bool(klass.head_prefixes)
+        with torch.no_grad():
+            output = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        assert torch.allclose(output.last_hidden_state[:, 0], expected, atol=1e-6)
+        if encoder_class is klass.encoder_class:
+            assert torch.equal(output.pooler_output, output.last_hidden_state[:, 0])
 
 
 @pytest.mark.parametrize("klass", PRETRAINING_CLASSES, ids=lambda k: k.__name__)

@@ -16,47 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_bert_kwargs
 from retromae.trainers.cli import main
 from retromae.trainers.methods import METHODS, method_of_config
 
+from .builders import tiny_bert_kwargs
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.glob("*.yaml"))
-SENTENCES = [
-    "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
-    "The masked auto-encoder reconstructs the original sentence from its embedding and a masked copy.",
-    "Whole word masking hides every piece of a word at once, which makes the task harder.",
-    "Sparse lexical representations weight vocabulary terms and are stored in inverted indexes.",
-]
-PAIRS = [
-    {"anchor": "A man is playing a guitar on stage.", "positive": "Someone performs music."},
-    {"anchor": "Two dogs run through the snow.", "positive": "Animals are outside in winter."},
-]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n".join(SENTENCES * 2) + "\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def pairs(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in PAIRS * 2), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def stage1(tiny_bert, corpus, tmp_path_factory) -> Path:
-    """A tiny `retromae` checkpoint: what the SentMAE stage-2 presets continue."""
-    out = tmp_path_factory.mktemp("stage1") / "run"
-    args = ["pretrain", "--model", str(tiny_bert), "--corpus", str(corpus), "--output-dir", str(out),
-            "--max-steps", "1", "--max-seq-length", "32", "--per-device-train-batch-size", "2", "--no-export", "true",
-            "--use-cpu", "true", "--disable-tqdm", "true"]
-    assert main(args) == 0
-    return out
 
 
 def test_every_method_has_a_demo_preset_and_a_paper_preset():
@@ -68,7 +34,7 @@ def test_every_method_has_a_demo_preset_and_a_paper_preset():
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
-def test_preset_runs_two_steps(preset, tiny_bert, corpus, pairs, stage1, tmp_path):
+def test_preset_runs_two_steps(preset, tiny_bert, corpus, pairs_file, stage1_checkpoint, tmp_path):
     text = preset.read_text(encoding="utf-8")
     assert text.startswith("#"), "a preset opens with a comment saying where its numbers come from"
     values = yaml.safe_load(text)
@@ -79,8 +45,8 @@ def test_preset_runs_two_steps(preset, tiny_bert, corpus, pairs, stage1, tmp_pat
     else:
         assert ("corpus" in values) != ("pairs" in values), "a paper preset names its data (a placeholder)"
     # stage 2 continues a stage-1 retromae checkpoint; every other preset starts from a plain BERT
-    model = stage1 if method == "sentmae" else tiny_bert
-    data = ["--pairs", str(pairs)] if "pairs" in values else ["--corpus", str(corpus)]
+    model = stage1_checkpoint if method == "sentmae" else tiny_bert
+    data = ["--pairs", str(pairs_file)] if "pairs" in values else ["--corpus", str(corpus)]
     args = ["pretrain", "--config", str(preset), "--model", str(model), *data,
             "--max-steps", "2", "--max-seq-length", "32", "--per-device-train-batch-size", "2",
             "--gradient-accumulation-steps", "1", "--output-dir", str(tmp_path / "run"), "--no-export", "true",
@@ -115,14 +81,14 @@ def test_unknown_preset_lists_the_bundled_ones(capsys):
 
 
 def test_wheel_ships_the_presets(tmp_path):
-    """`pip install retromae` users get configs/ as package data beside retromae/trainers/ (where cli.py looks)."""
+    """`pip install retromae` users get configs/ as package data beside retromae/trainers/ (where core/arguments.py looks)."""
     pytest.importorskip("setuptools")
     root = CONFIGS.parent
     source = tmp_path / "src"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, source / name)
-    for package in ("modeling", "trainers", "model_cards", "configs"):
+    for package in ("api", "modeling", "trainers", "model_cards", "configs"):  # pyproject.toml's package-dir
         shutil.copytree(root / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                             str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
@@ -130,3 +96,4 @@ def test_wheel_ships_the_presets(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("retromae-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"retromae/configs/{p.name}" for p in PRESETS} <= names and "retromae/trainers/cli.py" in names
+    assert "retromae/trainers/pretrain.py" in names and "retromae/trainers/core/arguments.py" in names

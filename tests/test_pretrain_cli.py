@@ -6,42 +6,19 @@ import json
 import os
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli_in_two_processes, tiny_bert_kwargs
+from retromae.modeling.configuration_retromae import RetroMAEConfig
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
-from retromae.trainers.methods import METHODS
+from retromae.trainers.contrastive_data import corpus_training_data
+from retromae.trainers.methods import METHODS, Method, get_method
+from retromae.trainers.pretrain import load_pretraining_model
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForMaskedLM
 
-SENTENCES = [
-    "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
-    "The masked auto-encoder reconstructs the original sentence from its embedding and a masked copy.",
-    "Whole word masking hides every piece of a word at once, which makes the task harder.",
-    "Sparse lexical representations weight vocabulary terms and are stored in inverted indexes.",
-    "Pre-training on in-domain text often improves retrieval quality after fine-tuning.",
-    "A bi-encoder scores a query against millions of documents with one matrix product.",
-    "Hard negatives are passages that look relevant to the retriever but are not.",
-    "Knowledge distillation transfers the scores of a cross-encoder to a faster bi-encoder.",
-]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n".join(SENTENCES * 6) + "\n", encoding="utf-8")
-    return path
-
-
-def pretrain_args(model: Path, corpus: Path, output: Path, *extra: str) -> list[str]:
-    """A tiny run's flags; a flag in `extra` replaces the default one (a flag given twice is refused)."""
-    defaults = {"--model": str(model), "--corpus": str(corpus), "--output-dir": str(output), "--max-seq-length": "32",
-                "--per-device-train-batch-size": "4", "--max-steps": "4", "--save-steps": "2", "--logging-steps": "1",
-                "--seed": "7", "--disable-tqdm": "true", "--use-cpu": "true"}
-    given = set(extra[::2]) if all(flag.startswith("--") for flag in extra[::2]) else set()
-    return ["pretrain", *[x for flag, value in defaults.items() if flag not in given for x in (flag, value)], *extra]
+from .builders import SENTENCES, TINY_METHOD_OPTIONS, pretrain_args, tiny_bert_kwargs, write_jsonl
 
 
 def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
@@ -183,7 +160,7 @@ def _cli(*args: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_process_ddp_on_cpu(tiny_bert, corpus, tmp_path):
+def test_two_process_ddp_on_cpu(run_cli_in_two_processes, tiny_bert, corpus, tmp_path):
     out = tmp_path / "ddp"
     args = pretrain_args(tiny_bert, corpus, out, "--max-steps", "3", "--save-steps", "3")
     result = run_cli_in_two_processes(args, 29517)
@@ -202,9 +179,6 @@ def test_two_process_ddp_on_cpu(tiny_bert, corpus, tmp_path):
 def test_continuing_a_checkpoint_keeps_its_decoder(tiny_bert, corpus, tmp_path):
     first = tmp_path / "stage1"
     assert main(pretrain_args(tiny_bert, corpus, first, "--no-export", "true", "--max-steps", "2")) == 0
-    from retromae.trainers.cli import load_pretraining_model
-    from retromae.trainers.methods import get_method
-
     model = load_pretraining_model(str(first), get_method("retromae"), {})
     saved = load_file(str(first / "model.safetensors"))
     assert torch.equal(model.decoder.layers[0].output.dense.weight, saved["decoder.layers.0.output.dense.weight"])
@@ -237,8 +211,8 @@ def test_dupmae_pretrain_export_index_search(tiny_bert, corpus, tmp_path, capsys
     state = json.loads((run / "checkpoint-2" / "trainer_state.json").read_text())
     assert all("bow_loss" in e for e in state["log_history"] if "loss" in e)
     assert main(["export", str(run), str(encoder)]) == 0
-    docs = tmp_path / "corpus.jsonl"
-    docs.write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(SENTENCES)))
+    docs = write_jsonl(tmp_path / "corpus.jsonl",
+                       [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(SENTENCES)])
     assert main(["index", "--model", str(encoder), "--corpus", str(docs), "--output-dir", str(index)]) == 0
     results = tmp_path / "results.jsonl"
     assert main(["search", "--index", str(index), "--model", str(encoder), "--query", SENTENCES[3],
@@ -265,10 +239,6 @@ def test_sentmae_with_cosine_exports_cosine_similarity(tiny_bert, corpus, tmp_pa
     settings = json.loads((exported / "config_sentence_transformers.json").read_text())
     assert settings["similarity_fn_name"] == "cosine"
     assert "| Similarity | cosine |" in (exported / "README.md").read_text()
-
-
-# Options a tiny model needs per method (DupMAE's [CLS] projection must fit hidden_size 32).
-TINY_METHOD_OPTIONS = {"dupmae": ["--method-options", '{"dense_dim": 16}']}
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -318,3 +288,44 @@ def test_reference_sampling_runs_through_the_cli(method, tiny_bert, corpus, tmp_
                          "--max-steps", "2", "--no-export", "true")
     assert main(args) == 0, capsys.readouterr().err[-2000:]
     assert f"{method} pre-training finished: 2 steps" in capsys.readouterr().out
+
+
+class SixthConfig(RetroMAEConfig):
+    model_type = "sixth_method"
+
+
+class SixthForPretraining(RetroMAEForPretraining):
+    config_class = SixthConfig
+
+
+def test_a_sixth_method_runs_through_the_registry_alone(tiny_bert, corpus, tmp_path, monkeypatch, capsys):
+    """A method added to the registry only (model class, data builder, settings the data decide, exporter) trains,
+    saves and exports through `retromae pretrain`: the driver has no per-method branch."""
+    built = []
+
+    def sixth_training_data(config, tokenizer, inputs):
+        built.append((config.model_type, inputs.corpus))
+        return corpus_training_data(config, tokenizer, inputs)
+
+    def sixth_data_settings(inputs, requested):
+        return {"decoder_loss_weight": 0.25}
+
+    exported = []
+
+    def sixth_exporter(request, build_dir):
+        exported.append(request.method.name)
+        METHODS["retromae"].exporter(request, build_dir)
+
+    sixth = Method("sixth", SixthForPretraining, "Sixth: a test method", citation="@misc{sixth}",
+                   paper_url="https://example.org/sixth", exporter=sixth_exporter, training_data=sixth_training_data,
+                   data_settings=sixth_data_settings)
+    monkeypatch.setitem(METHODS, "sixth", sixth)
+    out = tmp_path / "sixth"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--method", "sixth", "--max-steps", "2",
+                              "--save-steps", "100", "--decoding", "basic")) == 0, capsys.readouterr().err[-2000:]
+    assert built == [("sixth_method", str(corpus))] and exported == ["sixth"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["decoder_loss_weight"], config["decoding"]) == ("sixth_method", 0.25, "basic")
+    assert json.loads((out / "retromae_run.json").read_text())["method"] == "sixth"
+    assert "retromae: sixth pre-training finished: 2 steps" in capsys.readouterr().out
+    assert (out / "encoder" / "modules.json").is_file()

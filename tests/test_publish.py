@@ -9,10 +9,12 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
 from huggingface_hub import HfApi
-from retromae.trainers.finetune import load_encoder, save_finetuned_model
+from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
+from retromae.trainers.finetune import save_finetuned_model
 from retromae.trainers.publish import PublishError, publish, publish_command, validate_model_folder
+
+from .builders import save_headless_bert, tiny_bert_kwargs
 
 INFO = {"model_name": "tiny-retriever", "stages": [], "pooling": "cls", "similarity": "dot"}
 
@@ -20,13 +22,8 @@ INFO = {"model_name": "tiny-retriever", "stages": [], "pooling": "cls", "similar
 @pytest.fixture(scope="module")
 def cls_folder(tmp_path_factory, tokenizer):
     """A valid fine-tuned CLS model folder (tiny BERT), written by `save_finetuned_model`."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
     root = tmp_path_factory.mktemp("publish")
-    BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False).save_pretrained(root / "bert")
-    tokenizer.save_pretrained(root / "bert")
-    model, _ = load_encoder(root / "bert")
+    model, _ = load_as_sentence_transformer(save_headless_bert(root / "bert", tokenizer))
     return save_finetuned_model(model, root / "model", INFO)
 
 
@@ -34,7 +31,6 @@ def cls_folder(tmp_path_factory, tokenizer):
 def hybrid_folder(tmp_path_factory, tokenizer):
     from retromae.modeling.configuration_dupmae import DupMAEConfig
     from retromae.modeling.modeling_dupmae import DupMAEForPretraining
-    from retromae.trainers.export_dupmae import build_dupmae_sentence_transformer
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("publish-hybrid")
@@ -161,7 +157,7 @@ def test_a_folder_that_would_not_load_is_refused(cls_folder, copy_of):
         validate_model_folder(broken)
 
 
-# ---- local paths in the metadata, half-saved tokenizers (issue 12, items 3 and 5) ------------------------------------
+# ---- local paths in the metadata, half-saved tokenizers ------------------------------------
 
 
 @pytest.mark.parametrize(

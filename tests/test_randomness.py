@@ -9,12 +9,13 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import tiny_bert_kwargs
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.data import PretrainingCollator, masking_generator, tokenize_corpus
 from retromae.trainers.trainer import RetroMAETrainer
 from transformers import TrainerCallback, TrainingArguments
+
+from .builders import tiny_bert_kwargs
 
 SENTENCES = [
     "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",

@@ -8,35 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli_in_two_processes, tiny_bert_kwargs
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
 from retromae.trainers.methods import METHODS
 from retromae.trainers.recipe import RecipeArguments, parameter_groups
 from safetensors.torch import load_file
-from test_pretrain_cli import SENTENCES, TINY_METHOD_OPTIONS, pretrain_args
+
+from .builders import TINY_METHOD_OPTIONS, pretrain_args, save_headless_bert, tiny_bert_kwargs
 
 RECIPE_LOGGER = "retromae.trainers.recipe"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n".join(SENTENCES * 6) + "\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
 def headless_bert(tmp_path_factory, tokenizer) -> Path:
     """A tiny BertModel checkpoint without `cls.*` weights, as all-MiniLM-L6-v2 ships."""
-    from transformers import BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("headless-bert")
-    torch.manual_seed(0)
-    BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_headless_bert(tmp_path_factory.mktemp("headless-bert"), tokenizer)
 
 
 def recipe_run(model: Path, corpus: Path, out: Path, *extra: str) -> list[str]:
@@ -167,7 +154,7 @@ def test_bad_recipe_values_get_one_line(flag, value, expected, tiny_bert, corpus
 
 
 @pytest.mark.slow
-def test_head_warmup_under_two_process_ddp(tiny_bert, corpus, tmp_path):
+def test_head_warmup_under_two_process_ddp(run_cli_in_two_processes, tiny_bert, corpus, tmp_path):
     """Under DDP the frozen set must not change after wrapping: the encoder's gradients are dropped instead."""
 
     out = tmp_path / "ddp"

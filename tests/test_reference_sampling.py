@@ -1,4 +1,4 @@
-"""RetroMAE's reference-exact sampling options (issue 12, item 12): `decoder_visibility="reference"` and
+"""RetroMAE's reference-exact sampling options: `decoder_visibility="reference"` and
 `decoder_targets="reference"` sample as the official code (staoxiao/RetroMAE, src/pretrain/data.py) does, beside the
 paper's defaults."""
 
@@ -7,13 +7,18 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from functools import partial
 
 import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassError
+from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.layers_retromae import enhanced_visibility_mask, reference_visibility_mask
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-from test_retromae_model import make_batch, tiny_config
+
+from .builders import masked_batch, tiny_pretraining_config
+
+tiny_config = partial(tiny_pretraining_config, RetroMAEConfig)
 
 
 def official_pool_mask_distribution(word_sizes: list[int], budget: int) -> dict[frozenset[int], float]:
@@ -122,7 +127,7 @@ def test_reference_targets_include_unk(monkeypatch):
     """The collator's decoder_labels skip [UNK] (a special token); the official targets are every token but [CLS]
     and [SEP]."""
     unk = 1
-    batch = make_batch()
+    batch = masked_batch()
     batch["input_ids"][0, 7] = unk
     batch["decoder_labels"][0, 7] = -100  # as the collator labels [UNK]
     model = RetroMAEForPretraining(tiny_config(decoder_targets="reference")).eval()
@@ -145,7 +150,7 @@ def test_reference_targets_include_unk(monkeypatch):
 def test_reference_options_train_and_agree_across_attention_implementations():
     torch.manual_seed(0)
     model = RetroMAEForPretraining(tiny_config(decoder_visibility="reference", decoder_targets="reference")).eval()
-    batch = make_batch()
+    batch = masked_batch()
     word_starts = torch.ones_like(batch["input_ids"])
     word_starts[:, [3, 6, 7]] = 0
     torch.manual_seed(1)
@@ -162,7 +167,7 @@ def test_reference_options_train_and_agree_across_attention_implementations():
 def test_reference_visibility_without_word_starts_names_the_batch_key():
     model = RetroMAEForPretraining(tiny_config(decoder_visibility="reference"))
     with pytest.raises(ValueError, match="decoder_word_starts"):
-        model(**make_batch())
+        model(**masked_batch())
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_without_retromae, tiny_bert_kwargs
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.layers_retromae import (
@@ -19,33 +18,18 @@ from retromae.modeling.layers_retromae import (
     random_row_mask,
     two_stream_layer_forward,
 )
-from retromae.modeling.modeling_retromae import RetroMAEForPretraining, RetroMAEModel
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
-VOCAB = 99
+from .builders import (
+    TINY_VOCAB,
+    assert_loads_as_remote_code,
+    masked_batch,
+    tiny_bert_kwargs,
+    tiny_pretraining_config,
+)
 
-
-def tiny_config(**kw) -> RetroMAEConfig:
-    return RetroMAEConfig(**tiny_bert_kwargs(vocab_size=VOCAB, max_position_embeddings=64), **kw)
-
-
-def make_batch(batch_size: int = 3, seq_len: int = 12, pad: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Rows [CLS]=2 ... [SEP]=3 with the last row padded by `pad`; encoder masks positions 2 and 5 with [MASK]=4."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, VOCAB, (batch_size, seq_len), generator=g)
-    ids[:, 0] = 2
-    ids[:, -1] = 3
-    attention = torch.ones_like(ids)
-    ids[-1, seq_len - pad :] = 0
-    ids[-1, seq_len - pad - 1] = 3
-    attention[-1, seq_len - pad :] = 0
-    decoder_labels = ids.masked_fill((ids <= 3) | (attention == 0), -100)
-    encoder_labels = torch.full_like(ids, -100)
-    encoder_labels[:, [2, 5]] = ids[:, [2, 5]]
-    masked = ids.clone()
-    masked[:, [2, 5]] = 4
-    return {"input_ids": masked, "attention_mask": attention, "encoder_labels": encoder_labels,
-            "decoder_labels": decoder_labels}
+tiny_config = partial(tiny_pretraining_config, RetroMAEConfig)
 
 
 # ---- config -------------------------------------------------------------------------------------------------------
@@ -68,6 +52,49 @@ def make_batch(batch_size: int = 3, seq_len: int = 12, pad: int = 3, seed: int =
 def test_invalid_config_names_the_field(kwargs, field):
     with pytest.raises((ValueError, StrictDataclassError), match=field):
         tiny_config(**kwargs)
+
+
+def test_choice_fields_name_the_field_and_its_choices_also_on_assignment():
+    """Choice fields are `Literal`s: @strict names the field and the allowed values, and checks assignments too."""
+    with pytest.raises(StrictDataclassError, match=r"'decoding' expected one of \('enhanced', 'basic'\), got fancy"):
+        tiny_config(decoding="fancy")
+    config = tiny_config()
+    with pytest.raises(StrictDataclassError, match=r"'query_stream' expected one of \('position', 'embeddings'\)"):
+        config.query_stream = "x"
+
+
+def test_shared_forward_runs_a_methods_hook_and_weights_its_losses():
+    """A method is its `method_losses` + `loss_weights`: the shared forward encodes, scores the encoder MLM loss,
+    restores the masked ids for the hook and sums the weighted terms into `PretrainingOutput`."""
+    from retromae.modeling.pretraining_base import BertPretrainingBase
+
+    seen = {}
+
+    class ConstantDecoderLoss(BertPretrainingBase):
+        config_class = RetroMAEConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.post_init()
+
+        def method_losses(self, hidden, sentence_embedding, batch):
+            seen.update(original_ids=batch.original_ids, extra=batch.method_inputs)
+            return {"decoder_loss": sentence_embedding.sum() * 0 + 2.0}
+
+        def loss_weights(self):
+            return {"encoder_mlm_loss": 0.5, "decoder_loss": 3.0}
+
+    torch.manual_seed(0)
+    model = ConstantDecoderLoss(tiny_config()).eval()
+    batch = masked_batch()
+    out = model(**batch, method_inputs={"marker": 7})
+    assert torch.allclose(out.loss, 0.5 * out.encoder_mlm_loss + 3.0 * 2.0)  # weights applied, terms summed
+    assert out.decoder_loss.item() == 2.0 and out.bow_loss is None and out.sentence_embedding.shape == (3, 32)
+    unmasked = torch.where(batch["encoder_labels"] != -100, batch["encoder_labels"], batch["input_ids"])
+    assert torch.equal(seen["original_ids"], unmasked) and seen["extra"] == {"marker": 7}
+    assert model(batch["input_ids"]).loss is None  # without labels: the sentence embedding only
+    with pytest.raises(TypeError):
+        model(**batch, marker=7)  # an unknown batch key is an error, not silently ignored
 
 
 def test_config_round_trip(tmp_path):
@@ -139,7 +166,7 @@ def test_random_row_mask_exact_count():
 def test_two_stream_layer_equals_bert_layer_when_streams_match():
     from transformers.models.bert.modeling_bert import BertLayer
 
-    layer = BertLayer(BertConfig(**tiny_bert_kwargs(vocab_size=VOCAB))).eval()
+    layer = BertLayer(BertConfig(**tiny_bert_kwargs(vocab_size=TINY_VOCAB))).eval()
     x = torch.randn(2, 7, 32)
     visible = torch.ones(2, 1, 7, 7, dtype=torch.bool)
     assert torch.allclose(two_stream_layer_forward(layer, x, x, visible), layer(x), atol=1e-5)
@@ -229,8 +256,8 @@ def test_visibility_mask_one_token_and_empty_sequences():
 
 
 def test_visibility_sampling_never_sorts_the_full_key_tensor():
-    """Issue 15 item 4: HEAD sorted all B x L x L keys to find each row's k-th one; the CPU sampler selects with a
-    partial top-k instead. Checked on the ops that run (their speed is benchmarks/visibility_sampling.py's job)."""
+    """Sorting all B x L x L keys to find each row's k-th one is slow; the CPU sampler selects with a partial top-k
+    instead. Checked on the ops that run (their speed is benchmarks/visibility_sampling.py's job)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class SortRecorder(TorchDispatchMode):
@@ -259,7 +286,7 @@ def test_forward_returns_each_loss_and_trains(decoding):
     torch.manual_seed(0)
     layers = 2 if decoding == "basic" else 1
     model = RetroMAEForPretraining(tiny_config(decoding=decoding, num_decoder_layers=layers, mask_token_id=4))
-    batch = make_batch()
+    batch = masked_batch()
     out = model(**batch)
     assert out.sentence_embedding.shape == (3, 32)
     for loss in (out.loss, out.encoder_mlm_loss, out.decoder_loss):
@@ -275,11 +302,11 @@ def test_forward_returns_each_loss_and_trains(decoding):
 def test_encoder_loss_scores_masked_positions_only():
     torch.manual_seed(0)
     model = RetroMAEForPretraining(tiny_config()).eval()
-    batch = make_batch()
+    batch = masked_batch()
     out = model(**batch)
     hidden = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     full_logits = model.cls(hidden)  # what BertForMaskedLM computes: logits at every position
-    expected = F.cross_entropy(full_logits.view(-1, VOCAB), batch["encoder_labels"].view(-1), ignore_index=-100)
+    expected = F.cross_entropy(full_logits.view(-1, TINY_VOCAB), batch["encoder_labels"].view(-1), ignore_index=-100)
     assert torch.allclose(out.encoder_mlm_loss, expected, atol=1e-5)
 
 
@@ -287,7 +314,7 @@ def test_enhanced_decoder_matches_a_direct_computation_of_eq_4_to_6():
     """Rebuild the decoder from the paper's equations with plain torch ops and a fixed visibility matrix."""
     torch.manual_seed(0)
     model = RetroMAEForPretraining(tiny_config()).eval()
-    batch = make_batch(batch_size=2, pad=0)
+    batch = masked_batch(batch_size=2, pad=0)
     ids = torch.where(batch["encoder_labels"] != -100, batch["encoder_labels"], batch["input_ids"])
     h = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
     torch.manual_seed(1)
@@ -313,7 +340,7 @@ def test_enhanced_decoder_matches_a_direct_computation_of_eq_4_to_6():
 def test_eager_and_sdpa_give_the_same_losses():
     torch.manual_seed(0)
     model = RetroMAEForPretraining(tiny_config()).eval()
-    batch = make_batch()
+    batch = masked_batch()
     torch.manual_seed(3)
     sdpa = model(**batch)
     model.set_attn_implementation("eager")
@@ -332,12 +359,12 @@ def test_decoder_attention_goes_through_the_attention_interface(monkeypatch):
     calls = []
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", lambda *a, **kw: calls.append("sdpa") or sdpa(*a, **kw))
-    model(**make_batch())
+    model(**masked_batch())
     assert calls == ["sdpa"] * 3
     eager = layers.eager_attention_forward
     monkeypatch.setattr(layers, "eager_attention_forward", lambda *a, **kw: calls.append("eager") or eager(*a, **kw))
     model.set_attn_implementation("eager")
-    model(**make_batch())
+    model(**masked_batch())
     assert calls == ["sdpa"] * 3 + ["eager"]
 
 
@@ -346,7 +373,7 @@ def test_gradient_checkpointing_recomputes_the_decoder_with_equal_gradients():
     backward pass, and the gradients (dropout on) equal those of the plain run."""
     torch.manual_seed(0)
     model = RetroMAEForPretraining(tiny_config()).train()
-    batch = make_batch()
+    batch = masked_batch()
     query_calls = []
     model.decoder.layers[0].attention.self.query.register_forward_hook(lambda *_: query_calls.append(1))
 
@@ -369,11 +396,11 @@ def test_gradient_checkpointing_recomputes_the_decoder_with_equal_gradients():
 
 def test_embeddings_query_stream_runs():
     model = RetroMAEForPretraining(tiny_config(query_stream="embeddings"))
-    assert torch.isfinite(model(**make_batch()).decoder_loss)
+    assert torch.isfinite(model(**masked_batch()).decoder_loss)
 
 
 def test_plain_bert_checkpoint_loads_with_only_the_decoder_new(tmp_path):
-    bert = BertForMaskedLM(BertConfig(**tiny_bert_kwargs(vocab_size=VOCAB, max_position_embeddings=64)))
+    bert = BertForMaskedLM(BertConfig(**tiny_bert_kwargs(vocab_size=TINY_VOCAB, max_position_embeddings=64)))
     bert.save_pretrained(tmp_path / "mlm")
     model, info = RetroMAEForPretraining.from_pretrained(
         tmp_path / "mlm", config=tiny_config(), output_loading_info=True
@@ -389,7 +416,7 @@ def test_plain_bert_checkpoint_loads_with_only_the_decoder_new(tmp_path):
 
 
 def test_encoder_checkpoint_that_is_not_bert_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs(vocab_size=VOCAB)}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs(vocab_size=TINY_VOCAB)}))
     from safetensors.torch import save_file
 
     save_file({"something.else": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
@@ -397,65 +424,11 @@ def test_encoder_checkpoint_that_is_not_bert_is_refused(tmp_path):
         RetroMAEForPretraining.from_encoder_checkpoint(tmp_path)
 
 
-LOAD_AND_COMPARE = r"""
-import json, sys, torch
-from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
-try:
-    import retromae  # noqa: F401
-    sys.exit("retromae must not be importable here")
-except ImportError:
-    pass
-d = sys.argv[1]
-config = AutoConfig.from_pretrained(d, trust_remote_code=True)
-encoder = AutoModel.from_pretrained(d, trust_remote_code=True).eval()
-full = AutoModelForPreTraining.from_pretrained(d, trust_remote_code=True).eval()
-batch = {k: torch.tensor(v) for k, v in json.load(open(d + "/batch.json")).items()}
-with torch.no_grad():
-    cls = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
-    torch.manual_seed(0)
-    out = full(**batch)
-print(json.dumps({"config": type(config).__name__, "encoder": type(encoder).__name__, "full": type(full).__name__,
-                  "cls": cls.tolist(), "loss": out.loss.item()}))
-"""
-
-
-def test_checkpoint_loads_as_remote_code_in_a_fresh_process(tmp_path):
+def test_checkpoint_loads_as_remote_code_in_a_fresh_process(run_without_retromae, tmp_path):
     torch.manual_seed(0)
     model = RetroMAEForPretraining(tiny_config()).eval()
-    checkpoint = tmp_path / "checkpoint"
-    model.save_pretrained(checkpoint)
-    batch = make_batch()
-    (checkpoint / "batch.json").write_text(json.dumps({k: v.tolist() for k, v in batch.items()}))
-    saved = json.loads((checkpoint / "config.json").read_text())
-    assert saved["auto_map"] == {
-        "AutoConfig": "configuration_retromae.RetroMAEConfig",
-        "AutoModel": "modeling_retromae.RetroMAEModel",
-        "AutoModelForPreTraining": "modeling_retromae.RetroMAEForPretraining",
-    }
+    checkpoint, _, _ = assert_loads_as_remote_code(run_without_retromae, model, tmp_path, "retromae",
+                                                   ("RetroMAEConfig", "RetroMAEModel", "RetroMAEForPretraining"))
     assert {"modeling_retromae.py", "configuration_retromae.py", "layers_retromae.py", "pretraining_base.py"} <= {
         p.name for p in checkpoint.iterdir()}
     assert not list(checkpoint.glob("*.bin")), "safetensors only"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = run_without_retromae(LOAD_AND_COMPARE, [str(checkpoint)], cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (got["config"], got["encoder"], got["full"]) == ("RetroMAEConfig", "RetroMAEModel", "RetroMAEForPretraining")
-    with torch.no_grad():
-        expected_cls = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
-        torch.manual_seed(0)
-        expected_loss = model(**batch).loss.item()
-    assert torch.allclose(torch.tensor(got["cls"]), expected_cls, atol=1e-6)
-    assert abs(got["loss"] - expected_loss) < 1e-5
-
-
-def test_encoder_class_loads_pretraining_checkpoint_by_prefix(tmp_path):
-    model = RetroMAEForPretraining(tiny_config()).eval()
-    model.save_pretrained(tmp_path)
-    encoder, info = RetroMAEModel.from_pretrained(tmp_path, output_loading_info=True)
-    assert not info["missing_keys"]
-    batch = make_batch()
-    with torch.no_grad():
-        got = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
-        expected = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
-    assert torch.allclose(got, expected, atol=1e-6)

@@ -4,43 +4,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from functools import partial
 
 import pytest
 import torch
-from conftest import run_without_retromae, tiny_bert_kwargs
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_seed import SEEDConfig
 from retromae.modeling.modeling_seed import (
     SEEDEncoderForPretraining,
-    SEEDEncoderModel,
     next_token_targets,
     windowed_causal_visibility,
 )
-from transformers import BertModel
 
-VOCAB = 99
+from .builders import (
+    TINY_VOCAB,
+    assert_loads_as_remote_code,
+    masked_batch,
+    tiny_pretraining_config,
+)
 
-
-def tiny_config(**kw) -> SEEDConfig:
-    return SEEDConfig(**tiny_bert_kwargs(vocab_size=VOCAB, max_position_embeddings=64), **kw)
-
-
-def make_batch(batch_size: int = 3, seq_len: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Rows [CLS]=2 ... [SEP]=3, the last row padded by 3; the encoder masks positions 2 and 5 with [MASK]=4."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, VOCAB, (batch_size, seq_len), generator=g)
-    ids[:, 0], ids[:, -1] = 2, 3
-    attention = torch.ones_like(ids)
-    ids[-1, -3:], attention[-1, -3:] = 0, 0
-    ids[-1, -4] = 3
-    decoder_labels = ids.masked_fill((ids <= 3) | (attention == 0), -100)
-    encoder_labels = torch.full_like(ids, -100)
-    encoder_labels[:, [2, 5]] = ids[:, [2, 5]]
-    masked = ids.clone()
-    masked[:, [2, 5]] = 4
-    return {"input_ids": masked, "attention_mask": attention, "encoder_labels": encoder_labels,
-            "decoder_labels": decoder_labels}
+tiny_config = partial(tiny_pretraining_config, SEEDConfig)
 
 
 # ---- config -------------------------------------------------------------------------------------------------------
@@ -51,7 +34,7 @@ def make_batch(batch_size: int = 3, seq_len: int = 12, seed: int = 0) -> dict[st
     [
         ({"attention_window": 0}, "attention_window"),
         ({"attention_window": -2}, "attention_window"),
-        ({"decoder_layers": 0}, "decoder_layers"),
+        ({"num_decoder_layers": 0}, "num_decoder_layers"),
         ({"decoder_init": "x"}, "decoder_init"),
         ({"decoder_loss_weight": -1.0}, "decoder_loss_weight"),
     ],
@@ -59,12 +42,26 @@ def make_batch(batch_size: int = 3, seq_len: int = 12, seed: int = 0) -> dict[st
 def test_invalid_config_names_the_field(kwargs, field):
     with pytest.raises((ValueError, StrictDataclassError), match=field) as error:
         tiny_config(**kwargs)
-    assert isinstance(error.value, ValueError) or isinstance(error.value.__cause__, ValueError)
+    # a validator's ValueError, or @strict's TypeError for a value outside a Literal field's choices
+    assert isinstance(error.value, ValueError) or isinstance(error.value.__cause__, ValueError | TypeError)
 
 
 def test_config_defaults_follow_the_paper():
     config = SEEDConfig()
-    assert (config.decoder_layers, config.attention_window, config.model_type) == (3, 2, "seed_encoder")
+    assert (config.num_decoder_layers, config.attention_window, config.model_type) == (3, 2, "seed_encoder")
+
+
+def test_legacy_decoder_layers_key_loads_with_a_deprecation_warning(tmp_path, caplog):
+    tiny_config(num_decoder_layers=2).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "decoder_layers" not in saved
+    saved["decoder_layers"] = saved.pop("num_decoder_layers")  # a config.json written before the rename
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with caplog.at_level(logging.WARNING, logger="retromae.modeling.configuration_seed"):
+        loaded = SEEDConfig.from_pretrained(tmp_path)
+    assert loaded.num_decoder_layers == 2 and not hasattr(loaded, "decoder_layers")
+    assert any("`decoder_layers` is deprecated" in r.getMessage() for r in caplog.records)
+    assert len(SEEDEncoderForPretraining(loaded).decoder.layers) == 2
 
 
 # ---- mask and targets ---------------------------------------------------------------------------------------------
@@ -106,12 +103,12 @@ def test_no_token_outside_the_receptive_field_leaks(layers, window, attn):
     state (eval mode: no dropout); the farthest token inside, the nearest, and h must."""
     torch.manual_seed(0)
     # large init so that influences through several layers are far above float noise
-    config = tiny_config(decoder_layers=layers, attention_window=window, initializer_range=0.3)
+    config = tiny_config(num_decoder_layers=layers, attention_window=window, initializer_range=0.3)
     model = SEEDEncoderForPretraining(config).eval()
     model.set_attn_implementation(attn)
     seq_len, j = 16, 12
     reach = layers * (window - 1)
-    ids = torch.randint(5, VOCAB, (1, seq_len))
+    ids = torch.randint(5, TINY_VOCAB, (1, seq_len))
     ids[0, 0] = 2
     attention = torch.ones_like(ids)
     h = torch.randn(1, 32)
@@ -132,7 +129,7 @@ def test_no_token_outside_the_receptive_field_leaks(layers, window, attn):
 def test_eager_and_sdpa_give_the_same_losses():
     torch.manual_seed(0)
     model = SEEDEncoderForPretraining(tiny_config()).eval()
-    batch = make_batch()
+    batch = masked_batch()
     sdpa = model(**batch)
     model.set_attn_implementation("eager")
     eager = model(**batch)
@@ -149,7 +146,7 @@ def test_forward_backward_and_parameter_layout():
     assert {k.split(".")[0] for k in model.state_dict()} == {"bert", "cls", "decoder"}
     # decoder layers keep BertLayer names: the encoder's last layer loads into them
     model.decoder.layers[0].load_state_dict(model.bert.encoder.layer[-1].state_dict())
-    batch = make_batch()
+    batch = masked_batch()
     out = model(**batch)
     assert out.sentence_embedding.shape == (3, 32) and out.bow_loss is None
     assert torch.allclose(out.loss, out.encoder_mlm_loss + 0.5 * out.decoder_loss)
@@ -162,7 +159,7 @@ def test_forward_backward_and_parameter_layout():
 def test_decoder_loss_is_the_mean_over_every_real_non_special_token():
     torch.manual_seed(0)
     model = SEEDEncoderForPretraining(tiny_config()).eval()
-    batch = make_batch()
+    batch = masked_batch()
     with torch.no_grad():
         out = model(**batch)
         h = out.sentence_embedding
@@ -171,7 +168,7 @@ def test_decoder_loss_is_the_mean_over_every_real_non_special_token():
         logits = model.cls(states)  # (B, L, V)
     targets = next_token_targets(batch["decoder_labels"])
     assert (targets != -100).sum() == (batch["decoder_labels"] != -100).sum()  # each token predicted once
-    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, TINY_VOCAB), targets.reshape(-1), ignore_index=-100)
     assert out.decoder_loss.item() == pytest.approx(expected.item(), abs=1e-5)
 
 
@@ -180,7 +177,7 @@ def test_decoder_loss_is_the_mean_over_every_real_non_special_token():
 
 def test_from_encoder_checkpoint_minilm_reports_only_the_heads_new(minilm_dir, caplog):
     caplog.set_level(logging.INFO, logger="retromae.modeling.pretraining_base")
-    model = SEEDEncoderForPretraining.from_encoder_checkpoint(minilm_dir, decoder_layers=1, decoder_init="copy_last_layer")
+    model = SEEDEncoderForPretraining.from_encoder_checkpoint(minilm_dir, num_decoder_layers=1, decoder_init="copy_last_layer")
     new = [r.args[1] for r in caplog.records if r.getMessage().startswith("Initialised from scratch")]
     assert new == [["cls.predictions", "decoder.layers"]]
     assert torch.equal(model.decoder.layers[0].intermediate.dense.weight, model.bert.encoder.layer[-1].intermediate.dense.weight)
@@ -188,69 +185,14 @@ def test_from_encoder_checkpoint_minilm_reports_only_the_heads_new(minilm_dir, c
     assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
 
 
-LOAD_AND_COMPARE = r"""
-import json, sys, torch
-from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
-try:
-    import retromae  # noqa: F401
-    sys.exit("retromae must not be importable here")
-except ImportError:
-    pass
-d = sys.argv[1]
-config = AutoConfig.from_pretrained(d, trust_remote_code=True)
-encoder = AutoModel.from_pretrained(d, trust_remote_code=True).eval()
-full = AutoModelForPreTraining.from_pretrained(d, trust_remote_code=True).eval()
-batch = {k: torch.tensor(v) for k, v in json.load(open(d + "/batch.json")).items()}
-with torch.no_grad():
-    cls = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
-    out = full(**batch)
-print(json.dumps({"config": type(config).__name__, "encoder": type(encoder).__name__, "full": type(full).__name__,
-                  "window": config.attention_window, "layers": len(full.decoder.layers), "cls": cls.tolist(),
-                  "loss": out.loss.item(), "decoder_loss": out.decoder_loss.item()}))
-"""
-
-
-def test_checkpoint_loads_as_remote_code_in_a_fresh_process(tmp_path):
+def test_checkpoint_loads_as_remote_code_in_a_fresh_process(run_without_retromae, tmp_path):
     torch.manual_seed(0)
-    model = SEEDEncoderForPretraining(tiny_config(decoder_layers=2, attention_window=3)).eval()
-    checkpoint = tmp_path / "checkpoint"
-    model.save_pretrained(checkpoint)
-    batch = make_batch()
-    (checkpoint / "batch.json").write_text(json.dumps({k: v.tolist() for k, v in batch.items()}))
-    saved = json.loads((checkpoint / "config.json").read_text())
+    model = SEEDEncoderForPretraining(tiny_config(num_decoder_layers=2, attention_window=3)).eval()
+    # the losses compared include decoder_loss: the decoder weights are saved and reloaded
+    _, saved, got = assert_loads_as_remote_code(run_without_retromae, model, tmp_path, "seed",
+                                                ("SEEDConfig", "SEEDEncoderModel", "SEEDEncoderForPretraining"))
     assert saved["model_type"] == "seed_encoder"
-    assert saved["auto_map"] == {
-        "AutoConfig": "configuration_seed.SEEDConfig",
-        "AutoModel": "modeling_seed.SEEDEncoderModel",
-        "AutoModelForPreTraining": "modeling_seed.SEEDEncoderForPretraining",
-    }
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = run_without_retromae(LOAD_AND_COMPARE, [str(checkpoint)], cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (got["config"], got["encoder"], got["full"]) == ("SEEDConfig", "SEEDEncoderModel", "SEEDEncoderForPretraining")
-    assert (got["window"], got["layers"]) == (3, 2)
-    with torch.no_grad():
-        out = model(**batch)
-    assert torch.allclose(torch.tensor(got["cls"]), out.sentence_embedding, atol=1e-6)
-    assert abs(got["decoder_loss"] - out.decoder_loss.item()) < 1e-5  # decoder weights saved and reloaded
-    assert abs(got["loss"] - out.loss.item()) < 1e-5
-
-
-def test_encoder_class_and_plain_bert_load_the_checkpoint_by_prefix(tmp_path):
-    model = SEEDEncoderForPretraining(tiny_config()).eval()
-    model.save_pretrained(tmp_path)
-    batch = make_batch()
-    with torch.no_grad():
-        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).sentence_embedding
-    for klass in (SEEDEncoderModel, BertModel):
-        encoder, info = klass.from_pretrained(tmp_path, output_loading_info=True)
-        assert not [k for k in info["missing_keys"] if "pooler" not in k]
-        assert any(k.startswith("decoder.") for k in info["unexpected_keys"])
-        with torch.no_grad():
-            got = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
-        assert torch.allclose(got, expected, atol=1e-6)
+    assert (got["config"]["attention_window"], got["decoder_layers"]) == (3, 2)
 
 
 @pytest.mark.parametrize(("layers", "window"), [(3, 2), (2, 3)])
@@ -260,7 +202,7 @@ def test_total_window_scope_keeps_the_papers_receptive_field_of_k(layers, window
     `attention_window_scope="total"`; with the per-layer window (reference code) it moves it."""
     torch.manual_seed(0)
     seq_len, t = 16, 13
-    ids = torch.randint(5, VOCAB, (1, seq_len))
+    ids = torch.randint(5, TINY_VOCAB, (1, seq_len))
     ids[0, 0] = 2
     attention = torch.ones_like(ids)
     h = torch.randn(1, 32)
@@ -269,7 +211,7 @@ def test_total_window_scope_keeps_the_papers_receptive_field_of_k(layers, window
 
     def moved(scope: str) -> float:
         torch.manual_seed(0)
-        config = tiny_config(decoder_layers=layers, attention_window=window, initializer_range=0.3,
+        config = tiny_config(num_decoder_layers=layers, attention_window=window, initializer_range=0.3,
                              attention_window_scope=scope)
         model = SEEDEncoderForPretraining(config).eval()
         before, after = _decoder_states(model, h, ids, attention), _decoder_states(model, h, changed, attention)
@@ -278,7 +220,7 @@ def test_total_window_scope_keeps_the_papers_receptive_field_of_k(layers, window
     assert moved("total") == 0.0
     assert moved("per_layer") > 1e-3
     torch.manual_seed(0)
-    model = SEEDEncoderForPretraining(tiny_config(decoder_layers=layers, attention_window=window,
+    model = SEEDEncoderForPretraining(tiny_config(num_decoder_layers=layers, attention_window=window,
                                                   attention_window_scope="total", initializer_range=0.3)).eval()
     nearest = ids.clone()
     nearest[0, t - window] = 5 if ids[0, t - window] != 5 else 6  # x_{t-k}: inside the paper's window

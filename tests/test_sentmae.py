@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli_in_two_processes, run_without_retromae, tiny_bert_kwargs
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.configuration_sentmae import SentMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
@@ -24,6 +23,8 @@ from retromae.trainers.contrastive_data import ContrastiveCollator, cut_two_span
 from retromae.trainers.data import CorpusError, tokenize_corpus
 from safetensors.torch import load_file
 
+from .builders import PAIRS, pretrain_args, tiny_bert_kwargs, write_jsonl
+
 PASSAGES = [
     "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
     "The masked auto-encoder reconstructs the original sentence from its embedding and a masked copy.",
@@ -32,51 +33,16 @@ PASSAGES = [
     "Pre-training on in-domain text often improves retrieval quality after fine-tuning on labelled pairs.",
     "A bi-encoder scores a query against millions of documents with one matrix product on an accelerator.",
 ]
-PAIRS = [
-    {"anchor": "A man is playing a guitar on stage.", "positive": "Someone performs music."},
-    {"anchor": "Two dogs run through the snow.", "positive": "Animals are outside in winter."},
-    {"anchor": "A woman reads a book in the park.", "positive": "A person is reading outdoors."},
-    {"anchor": "Children build a sandcastle at the beach.", "positive": "Kids play with sand."},
-]
 
 
 def tiny_config(cls=SentMAEConfig, **kw):
     return cls(**tiny_bert_kwargs(), **kw)
 
 
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("\n".join(PASSAGES * 3) + "\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def pairs_file(tmp_path_factory) -> Path:
-    return write_jsonl(tmp_path_factory.mktemp("pairs") / "nli.jsonl", PAIRS * 2)
-
-
-@pytest.fixture(scope="module")
-def stage1(tiny_bert, corpus, tmp_path_factory) -> Path:
-    """A tiny stage-1 (method retromae) pre-training checkpoint."""
-    out = tmp_path_factory.mktemp("stage1") / "run"
-    assert main(cli_args(tiny_bert, out, "--corpus", str(corpus), "--max-steps", "1")) == 0
-    return out
-
-
 def cli_args(model: Path, output: Path, *extra: str) -> list[str]:
-    """The flags of a tiny run; a flag in `extra` replaces its default (the CLI refuses a repeated flag)."""
-    defaults = {"--max-seq-length": "32", "--per-device-train-batch-size": "4", "--max-steps": "2",
-                "--save-steps": "100", "--logging-steps": "1", "--disable-tqdm": "true", "--use-cpu": "true",
-                "--no-export": "true"}
-    given = set(extra)
-    kept = [item for flag, value in defaults.items() if flag not in given for item in (flag, value)]
-    return ["pretrain", "--model", str(model), "--output-dir", str(output), *kept, *extra]
+    """The flags of a tiny run (2 steps, no checkpoint, no export) with its data in `extra`."""
+    return pretrain_args(model, None, output, *extra,
+                         defaults={"--max-steps": "2", "--save-steps": "100", "--no-export": "true"})
 
 
 # ---- config ---------------------------------------------------------------------------------------------------------
@@ -87,8 +53,8 @@ def cli_args(model: Path, output: Path, *extra: str) -> list[str]:
     [
         ({"contrastive_weight": -1.0}, "contrastive_weight=-1.0"),
         ({"temperature": 0.0}, "temperature=0.0"),
-        ({"similarity": "l2"}, "similarity='l2'"),
-        ({"positives": "triples"}, "positives='triples'"),
+        ({"similarity": "l2"}, "'similarity'"),  # a Literal field: "Field 'similarity' expected one of ..."
+        ({"positives": "triples"}, "'positives'"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, message):
@@ -271,7 +237,7 @@ print(tuple(out.pooler_output.shape))
 """
 
 
-def test_checkpoint_loads_as_remote_code_without_retromae(tmp_path):
+def test_checkpoint_loads_as_remote_code_without_retromae(run_without_retromae, tmp_path):
     SentMAEForPretraining(tiny_config()).save_pretrained(tmp_path / "ckpt")
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert config["model_type"] == "sentmae" and config["auto_map"]["AutoModel"] == "modeling_sentmae.SentMAEModel"
@@ -371,12 +337,13 @@ def _logged(out: Path) -> list[dict]:
     return [info["first_losses"], info["final_losses"]]
 
 
-def test_stage2_continues_the_stage1_decoder(stage1, corpus, tmp_path):
+def test_stage2_continues_the_stage1_decoder(stage1_checkpoint, corpus, tmp_path):
     out = tmp_path / "stage2"
     # learning rate 0: the stage-2 weights stay those loaded, so they must be the stage-1 checkpoint's
-    args = cli_args(stage1, out, "--method", "sentmae", "--corpus", str(corpus), "--learning-rate", "0")
+    args = cli_args(stage1_checkpoint, out, "--method", "sentmae", "--corpus", str(corpus), "--learning-rate", "0")
     assert main(args) == 0
-    before, after = load_file(str(stage1 / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    before = load_file(str(stage1_checkpoint / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
     assert any(k.startswith("decoder.") for k in before)
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before), "decoder and encoder carried over"
@@ -385,9 +352,9 @@ def test_stage2_continues_the_stage1_decoder(stage1, corpus, tmp_path):
     assert all({"encoder_mlm_loss", "decoder_loss", "contrastive_loss"} <= e.keys() for e in _logged(out))
 
 
-def test_stage2_with_pairs(stage1, pairs_file, tmp_path):
+def test_stage2_with_pairs(stage1_checkpoint, pairs_file, tmp_path):
     out = tmp_path / "nli"
-    assert main(cli_args(stage1, out, "--method", "sentmae", "--pairs", str(pairs_file))) == 0
+    assert main(cli_args(stage1_checkpoint, out, "--method", "sentmae", "--pairs", str(pairs_file))) == 0
     config = json.loads((out / "config.json").read_text())
     assert (config["positives"], config["contrastive_weight"]) == ("pairs", 1.0)
     assert json.loads((out / "retromae_run.json").read_text())["corpus"] == "nli.jsonl"
@@ -399,9 +366,9 @@ def test_stage2_with_pairs(stage1, pairs_file, tmp_path):
     assert json.loads((tmp_path / "encoder" / "config.json").read_text())["model_type"] == "bert"
 
 
-def test_stage2_without_contrastive_loss_is_retromae_alone(stage1, corpus, tmp_path):
+def test_stage2_without_contrastive_loss_is_retromae_alone(stage1_checkpoint, corpus, tmp_path):
     out = tmp_path / "loss1"
-    args = cli_args(stage1, out, "--method", "sentmae", "--corpus", str(corpus),
+    args = cli_args(stage1_checkpoint, out, "--method", "sentmae", "--corpus", str(corpus),
                     "--method-options", '{"contrastive_weight": 0.0}')
     assert main(args) == 0
     assert all("contrastive_loss" not in e and "decoder_loss" in e for e in _logged(out))
@@ -446,10 +413,11 @@ def test_bad_stage2_input_gets_one_clear_line(tiny_bert, corpus, pairs_file, tmp
 
 
 @pytest.mark.slow
-def test_stage2_two_process_ddp_on_cpu(stage1, corpus, tmp_path):
+def test_stage2_two_process_ddp_on_cpu(run_cli_in_two_processes, stage1_checkpoint, corpus, tmp_path):
 
     out = tmp_path / "ddp"
-    args = cli_args(stage1, out, "--method", "sentmae", "--corpus", str(corpus), "--per-device-train-batch-size", "2")
+    args = cli_args(stage1_checkpoint, out, "--method", "sentmae", "--corpus", str(corpus),
+                    "--per-device-train-batch-size", "2")
     result = run_cli_in_two_processes(args, 29531)
     assert result.returncode == 0, result.stderr[-4000:]
     assert all("contrastive_loss" in e for e in _logged(out))

@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import random
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import Any, Literal
 
 import datasets
 
+from .core.io import atomic_file, iter_jsonl
 from .data import CorpusError
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,10 @@ ON_MISSING = ("skip", "error")
 BEIR_LAYOUT = "corpus.jsonl, queries.jsonl and qrels/<split>.tsv"
 QUERY_COLUMNS = ("query", "anchor", "question")
 POSITIVE_COLUMNS = ("positive", "positives", "answer", "document")
+# the shape of a line, shown in the message about a bad line
+CORPUS_EXAMPLE = '{"_id": "d1", "title": "...", "text": "..."}'
+QUERY_EXAMPLE = '{"_id": "q1", "text": "..."}'
+TRAINING_EXAMPLE = '{"query": "...", "positive": "...", "negatives": ["..."]}'
 
 __all__ = [
     "ON_MISSING",
@@ -147,7 +151,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
             `on_missing="error"`, or a split with no usable query.
     """
     if on_missing not in ON_MISSING:
-        raise ValueError(f"on_missing={on_missing!r} must be one of {ON_MISSING}")
+        raise RetrievalDataError(f"on_missing={on_missing!r} must be one of {ON_MISSING}")
     folder = Path(folder)
     if not folder.is_dir():
         raise RetrievalDataError(f"BEIR folder {folder} does not exist (expected a folder with {BEIR_LAYOUT})")
@@ -202,43 +206,31 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
     return RetrievalData(corpus, queries, positives, name=folder.resolve().name, split=split, report=dict(report))
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise RetrievalDataError(f"{path.name} line {line_no} is not valid JSON: {error.msg}") from None
-                if not isinstance(record, dict):
-                    raise RetrievalDataError(f"{path.name} line {line_no} is not a JSON object")
-                yield line_no, record
-    except UnicodeDecodeError as error:
-        raise RetrievalDataError(f"{path.name} is not UTF-8 text ({error})") from None
+def _records(path: Path, example: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a BEIR/training JSONL file with their place `file:line` (`core.io.iter_jsonl`)."""
+    return iter_jsonl(path, error=RetrievalDataError, example=example)
 
 
-def _string_field(record: Mapping[str, Any], key: str, path: Path, line_no: int, *, required: bool = True) -> str:
+def _string_field(record: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
     value = record.get(key)
     if value is None and not required:
         return ""
     if isinstance(value, int | float) and not isinstance(value, bool) and key.endswith("id"):
         return str(value)
     if not isinstance(value, str):
-        raise RetrievalDataError(f"{path.name} line {line_no}: field {key!r} must be a string, got {value!r:.60}")
+        raise RetrievalDataError(f"{where}: field {key!r} must be a string, got {value!r:.60}")
     return value
 
 
 def read_beir_corpus(path: Path) -> dict[str, dict[str, str]]:
     corpus: dict[str, dict[str, str]] = {}
-    for line_no, record in _iter_jsonl(path):
-        doc_id = _string_field(record, "_id", path, line_no)
+    for where, record in _records(path, CORPUS_EXAMPLE):
+        doc_id = _string_field(record, "_id", where)
         if doc_id in corpus:
-            raise RetrievalDataError(f"{path.name} line {line_no}: duplicate document id {doc_id!r}")
+            raise RetrievalDataError(f"{where}: duplicate document id {doc_id!r}")
         corpus[doc_id] = {
-            "title": _string_field(record, "title", path, line_no, required=False),
-            "text": _string_field(record, "text", path, line_no),
+            "title": _string_field(record, "title", where, required=False),
+            "text": _string_field(record, "text", where),
         }
     if not corpus:
         raise RetrievalDataError(f"{path.name} holds no document")
@@ -247,11 +239,11 @@ def read_beir_corpus(path: Path) -> dict[str, dict[str, str]]:
 
 def read_beir_queries(path: Path) -> dict[str, str]:
     queries: dict[str, str] = {}
-    for line_no, record in _iter_jsonl(path):
-        query_id = _string_field(record, "_id", path, line_no)
+    for where, record in _records(path, QUERY_EXAMPLE):
+        query_id = _string_field(record, "_id", where)
         if query_id in queries:
-            raise RetrievalDataError(f"{path.name} line {line_no}: duplicate query id {query_id!r}")
-        queries[query_id] = _string_field(record, "text", path, line_no)
+            raise RetrievalDataError(f"{where}: duplicate query id {query_id!r}")
+        queries[query_id] = _string_field(record, "text", where)
     return queries
 
 
@@ -272,7 +264,7 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
                 row = [row[0], row[2], row[3]]
             if len(row) != 3:
                 raise RetrievalDataError(
-                    f"{path.name} line {line_no}: expected 3 tab-separated columns (query-id, corpus-id, score), "
+                    f"{path}:{line_no}: expected 3 tab-separated columns (query-id, corpus-id, score), "
                     f"got {len(row)}"
                 )
             qid, doc_id, score = (cell.strip() for cell in row)
@@ -281,7 +273,7 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
             except ValueError:
                 if line_no == 1:  # the header line
                     continue
-                raise RetrievalDataError(f"{path.name} line {line_no}: score {score!r} is not a number") from None
+                raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a number") from None
             out.setdefault(qid, {})[doc_id] = value
     if not out:
         raise RetrievalDataError(f"{path.name} holds no (query-id, corpus-id, score) line")
@@ -364,7 +356,7 @@ def _group_from_record(record: Mapping[str, Any], where: str) -> TrainingGroup:
 def read_training_jsonl(path: str | os.PathLike) -> list[TrainingGroup]:
     """(query, positive[s], negatives) lines; see the module docstring for the fields."""
     path = Path(path)
-    groups = [_group_from_record(record, f"{path.name} line {line_no}") for line_no, record in _iter_jsonl(path)]
+    groups = [_group_from_record(record, where) for where, record in _records(path, TRAINING_EXAMPLE)]
     if not groups:
         raise RetrievalDataError(f"{path.name} holds no training example")
     return groups
@@ -508,7 +500,7 @@ def groups_to_distillation_dataset(
         RetrievalDataError: a (query, document) pair has no teacher score and `on_missing="error"`.
     """
     if num_negatives < 1:
-        raise ValueError(f"distillation needs at least one negative per query, got num_negatives={num_negatives}")
+        raise RetrievalDataError(f"distillation needs at least one negative per query, got num_negatives={num_negatives}")
     report = Counter()
     columns: dict[str, list] = {"query": [], "positive": [], **{c: [] for c in _negative_columns(num_negatives)},
                                 "label": []}
@@ -542,22 +534,15 @@ def groups_to_distillation_dataset(
 def write_training_jsonl(groups: Iterable[TrainingGroup], path: str | os.PathLike) -> Path:
     """Write groups as JSONL (one line per query, ids included), atomically; readable by `read_training_jsonl`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for group in groups:
-                record = {
-                    "query_id": group.query_id,
-                    "query": group.query,
-                    "positive_ids": [d for d, _ in group.positives],
-                    "positive": [t for _, t in group.positives],
-                    "negative_ids": [d for d, _ in group.negatives],
-                    "negatives": [t for _, t in group.negatives],
-                }
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as handle:
+        for group in groups:
+            record = {
+                "query_id": group.query_id,
+                "query": group.query,
+                "positive_ids": [d for d, _ in group.positives],
+                "positive": [t for _, t in group.positives],
+                "negative_ids": [d for d, _ in group.negatives],
+                "negatives": [t for _, t in group.negatives],
+            }
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path

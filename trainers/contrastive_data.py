@@ -1,4 +1,9 @@
-"""Data for SentMAE stage 2 with the contrastive loss: (anchor, positive) batches on top of the RetroMAE collator.
+"""The training data of the methods (`methods.Method.training_data`), and (anchor, positive) batches for an in-batch
+contrastive loss on top of the RetroMAE collator.
+
+* ``corpus_training_data``: the corpus masked by ``PretrainingCollator`` (every method without positives of its own;
+  with the continued-pre-training recipe's contrastive anchor, span pairs).
+* ``contrastive_training_data``: SentMAE stage 2 with its contrastive loss (span pairs or a pair file).
 
 Two sources of positives (paper §2.2):
 
@@ -22,7 +27,6 @@ model(**batch).contrastive_loss
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
@@ -33,16 +37,19 @@ from typing import Any, Literal
 import datasets
 import torch
 
+from .core.errors import UserError
+from .core.io import iter_jsonl
 from .data import (
     UNMASKED_KEY,
     CorpusError,
+    DataInputs,
     PretrainingCollator,
-    _code_fingerprint,
-    _iter_decoded_lines,
-    _special_template,
-    _word_starts,
+    TrainingData,
+    code_fingerprint,
     read_corpus,
+    special_template,
     tokenize_corpus,
+    word_start_flags,
 )
 
 logger = logging.getLogger(__name__)
@@ -50,7 +57,10 @@ logger = logging.getLogger(__name__)
 POSITIVE_PREFIX = "positive_"
 PAIR_FIELDS = ("anchor", "positive")
 
-__all__ = ["ContrastiveCollator", "contrastive_training_data", "cut_two_spans", "read_pairs", "tokenize_pairs"]
+__all__ = [
+    "ContrastiveCollator", "check_in_batch_negatives", "contrastive_training_data", "corpus_training_data",
+    "cut_two_spans", "pair_positive_settings", "read_pairs", "span_pair_training_data", "tokenize_pairs",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -77,19 +87,7 @@ def read_pairs(path: str | os.PathLike) -> datasets.Dataset:
     if file.suffix != ".jsonl":
         raise CorpusError(f"pair file {str(path)!r} must be JSONL (.jsonl), one {{'anchor', 'positive'}} per line")
     columns: dict[str, list[str]] = {name: [] for name in PAIR_FIELDS}
-    for line_no, line in _iter_decoded_lines(str(file)):
-        if not line.strip():
-            continue
-        where = f"{file}:{line_no}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(
-                f'{where}: not valid JSON ({exc.msg} at column {exc.colno}); write one object per line, e.g. '
-                f'{{"anchor": "...", "positive": "..."}}'
-            ) from None
-        if not isinstance(record, dict):
-            raise CorpusError(f'{where}: expected a JSON object {{"anchor": ..., "positive": ...}}, found {type(record).__name__}')
+    for where, record in iter_jsonl(file, error=CorpusError, example='{"anchor": "...", "positive": "..."}'):
         for name in PAIR_FIELDS:
             value = record.get(name)
             if not isinstance(value, str) or not value.strip():
@@ -138,7 +136,7 @@ def tokenize_pairs(pairs: datasets.Dataset, tokenizer: Any, *, max_seq_length: i
 
 @functools.lru_cache(maxsize=1)
 def _pairs_fingerprint() -> str:
-    return _code_fingerprint(_tokenize_pair_batch, _word_starts)
+    return code_fingerprint(_tokenize_pair_batch, word_start_flags)
 
 
 def _tokenize_pair_batch(batch: dict[str, list], tokenizer: Any, max_seq_length: int, code: str = "") -> dict[str, list]:
@@ -155,9 +153,9 @@ def _tokenize_pair_batch(batch: dict[str, list], tokenizer: Any, max_seq_length:
         if all(w is None for w in a_words) or all(w is None for w in p_words):
             continue
         out["input_ids"].append(a_ids)
-        out["word_starts"].append(_word_starts(a_words))
+        out["word_starts"].append(word_start_flags(a_words))
         out["positive_input_ids"].append(p_ids)
-        out["positive_word_starts"].append(_word_starts(p_words))
+        out["positive_word_starts"].append(word_start_flags(p_words))
     return out
 
 
@@ -232,7 +230,7 @@ class ContrastiveCollator(PretrainingCollator):
         super().__post_init__()
         if self.positives not in ("spans", "pairs"):
             raise ValueError(f"positives={self.positives!r} is not supported; choose 'spans' or 'pairs'")
-        self._prefix, self._suffix = _special_template(self.tokenizer) if self.positives == "spans" else ([], [])
+        self._prefix, self._suffix = special_template(self.tokenizer) if self.positives == "spans" else ([], [])
 
     def pad(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Pairs: anchors then positives, ``(2B, L)``. Spans: the B passages; the spans are cut in ``mask_batch``."""
@@ -297,87 +295,129 @@ def _unpadded_rows(batch: dict[str, torch.Tensor]) -> list[dict[str, list[int]]]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# CLI hook
+# Training data of the methods (`methods.Method.training_data`)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def contrastive_training_data(model, tokenizer, model_args, data_args, training_args):
-    """Dataset and collator of a `retromae pretrain` run whose model has a contrastive loss; None otherwise.
+def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
+    """The data of a method without positives of its own: the corpus, masked by ``PretrainingCollator``.
 
-    Called by the CLI after the model is built. Returns None (the ordinary RetroMAE data path) unless the model's
-    config has ``contrastive_weight > 0`` (method ``sentmae``). Positives come from ``--pairs FILE.jsonl`` (which
-    sets ``positives="pairs"`` in the config) or, by default, from two spans of each ``--corpus`` passage.
-    Sets ``dataloader_drop_last`` (a last batch of 1 pair would have no negative).
+    With the continued-pre-training recipe's contrastive anchor (``inputs.contrastive_anchor``), batches of two spans
+    of each passage instead (``span_pair_training_data``).
+    """
+    if inputs.pairs:
+        raise UserError(
+            f"--pairs feeds the in-batch contrastive loss of a method that has one (see `retromae methods`); this run's "
+            f"method ({config.model_type}) has none: use --corpus for its text"
+        )
+    if inputs.contrastive_anchor:
+        # `decoder_visibility` exists only in the configs of the methods with a RetroMAE decoder
+        if getattr(config, "decoder_visibility", "token") == "reference":
+            raise UserError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
+                            'the default "token"')
+        return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")
+    texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming)
+    dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, packing=inputs.packing)
+    # no generator: RetroMAETrainer draws the masks from its own per-process, checkpointed generator
+    collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask)
+    return TrainingData(dataset, collator)
+
+
+def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, purpose: str) -> TrainingData:
+    """Batches of two disjoint spans of each corpus passage, anchor and positive, masked as usual: the data of an
+    in-batch contrastive loss on a plain corpus. ``purpose`` names what asks for it (a flag) in messages.
 
     Raises:
-        CliError: settings that cannot work together (``--pairs`` for a method without contrastive loss, ``--pairs``
-            with ``--corpus``/``--packing``/``--streaming``, span positives with ``--packing``, positives="pairs"
-            without ``--pairs``), or a global batch of fewer than 2 pairs.
+        UserError: ``--packing`` (the spans could come from different documents), or fewer than 2 passages per
+            global batch (the other passages' spans are the negatives).
     """
-    from .cli import CliError
+    if inputs.packing:
+        raise UserError(
+            f"{purpose} takes its positives from two spans of one passage, but --packing joins passages into blocks "
+            "(the spans could come from different documents); drop --packing"
+        )
+    check_in_batch_negatives(inputs, purpose, unit="passages")
+    texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming)
+    dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length)
+    _check_enough_rows(dataset, inputs, unit="passages")
+    collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
+                                   whole_word_mask=config.whole_word_mask, positives="spans")
+    return TrainingData(dataset, collator, drop_last=True)  # a last batch of one passage would have no negative
 
-    config = model.config
-    pairs = data_args.pairs
-    if not getattr(config, "contrastive_weight", 0) > 0:
-        if pairs:
-            raise CliError(
-                "--pairs feeds the in-batch contrastive loss of --method sentmae (contrastive_weight > 0); "
-                f"this run ({config.model_type}, contrastive_weight {getattr(config, 'contrastive_weight', 'n/a')}) "
-                "has none: use --corpus for its text"
-            )
-        return None
-    requested = json.loads(model_args.method_options).get("positives") if model_args.method_options else None
-    if pairs:
-        if requested == "spans":
-            raise CliError('--pairs gives pair positives but --method-options sets "positives": "spans"; drop one')
-        for flag, value in (("--corpus", data_args.corpus), ("--packing", data_args.packing),
-                            ("--streaming", data_args.streaming)):
-            if value:
-                raise CliError(
-                    f"{flag} does not apply with --pairs: both sides of every pair are the pre-training text "
-                    f"(read into memory, one sequence per side); drop {flag}"
-                )
-        config.positives = "pairs"
+
+def pair_positive_settings(inputs: DataInputs, requested: dict[str, Any]) -> dict[str, Any]:
+    """The config setting that ``--pairs`` decides before the model is built: the positives are the given pairs."""
+    if not inputs.pairs:
+        return {}
+    if requested.get("positives") == "spans":
+        raise UserError('--pairs gives pair positives but --method-options sets "positives": "spans"; drop one')
+    return {"positives": "pairs"}
+
+
+def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
+    """The data of a method with an in-batch contrastive loss (SentMAE stage 2).
+
+    With ``contrastive_weight > 0`` the positives come from ``--pairs FILE.jsonl`` (``positives="pairs"``, set by
+    ``pair_positive_settings``) or, by default, from two spans of each ``--corpus`` passage. With
+    ``contrastive_weight == 0`` the method is plain RetroMAE and reads the corpus (``corpus_training_data``).
+
+    Raises:
+        UserError: settings that cannot work together (``--pairs`` with ``--corpus``/``--packing``/``--streaming``
+            or without a contrastive loss, span positives with ``--packing``, ``positives="pairs"`` without
+            ``--pairs``, the recipe's contrastive anchor on top of this loss), or a global batch of fewer than 2.
+    """
+    if not config.contrastive_weight > 0:
+        if inputs.pairs:
+            raise UserError("--pairs feeds the in-batch contrastive loss, which contrastive_weight 0 switches off; "
+                            "use --corpus for the text, or set contrastive_weight > 0")
+        return corpus_training_data(config, tokenizer, inputs)
+    if inputs.contrastive_anchor:
+        raise UserError(f"--method {config.model_type} already has its contrastive loss (contrastive_weight "
+                        f"{config.contrastive_weight}); drop --contrastive-anchor-weight")
+    if inputs.pairs:
+        data = _pair_training_data(config, tokenizer, inputs)
     elif config.positives == "pairs":
-        raise CliError(
+        raise UserError(
             'positives="pairs" needs --pairs FILE.jsonl (one {"anchor": ..., "positive": ...} per line); '
             'or use "positives": "spans" to cut two spans from each --corpus passage'
         )
-    elif data_args.packing:
-        raise CliError(
-            "span positives are two spans of one passage, but --packing joins passages into blocks (the spans could "
-            "come from different documents); drop --packing"
-        )
-    global_batch = training_args.per_device_train_batch_size * training_args.world_size
-    if global_batch < 2:
-        raise CliError(
-            f"the in-batch contrastive loss needs at least 2 pairs per batch (each anchor's negatives are the other "
-            f"pairs' positives), got {training_args.per_device_train_batch_size} per device x "
-            f"{training_args.world_size} process(es): raise --per-device-train-batch-size to 2 or more"
-        )
-    if not training_args.dataloader_drop_last:
-        logger.info("Contrastive loss: dropping the last incomplete batch of each epoch (dataloader_drop_last)")
-        training_args.dataloader_drop_last = True
-    with training_args.main_process_first(desc="reading and tokenizing the contrastive data"):
-        if pairs:
-            dataset = tokenize_pairs(read_pairs(pairs), tokenizer, max_seq_length=data_args.max_seq_length)
-            data_args.corpus_name = data_args.corpus_name or Path(pairs).name
-        else:
-            texts = read_corpus(data_args.corpus, text_format=data_args.text_format, streaming=data_args.streaming)
-            dataset = tokenize_corpus(texts, tokenizer, max_seq_length=data_args.max_seq_length)
-    if isinstance(dataset, datasets.Dataset) and len(dataset) < global_batch:
-        raise CliError(
-            f"only {len(dataset)} {'pairs' if pairs else 'passages'} for a global batch of {global_batch}: "
-            "add data or lower --per-device-train-batch-size"
-        )
-    collator = ContrastiveCollator(
-        tokenizer,
-        mask_ratio=config.encoder_mask_ratio,
-        whole_word_mask=config.whole_word_mask,
-        positives=config.positives,
-    )
+    else:
+        data = span_pair_training_data(config, tokenizer, inputs, purpose="span positives")
     logger.info(
         "SentMAE stage 2: RetroMAE + %s x in-batch contrastive loss (tau %s, %s similarity), positives: %s",
         config.contrastive_weight, config.temperature, config.similarity, config.positives,
     )
-    return dataset, collator
+    return data
+
+
+def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
+    """Batches of the (anchor, positive) pairs of ``inputs.pairs``, both sides the pre-training text."""
+    for flag, value in (("--corpus", inputs.corpus), ("--packing", inputs.packing), ("--streaming", inputs.streaming)):
+        if value:
+            raise UserError(
+                f"{flag} does not apply with --pairs: both sides of every pair are the pre-training text "
+                f"(read into memory, one sequence per side); drop {flag}"
+            )
+    check_in_batch_negatives(inputs, "the in-batch contrastive loss", unit="pairs")
+    dataset = tokenize_pairs(read_pairs(inputs.pairs), tokenizer, max_seq_length=inputs.max_seq_length)
+    _check_enough_rows(dataset, inputs, unit="pairs")
+    collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
+                                   whole_word_mask=config.whole_word_mask, positives="pairs")
+    return TrainingData(dataset, collator, drop_last=True, corpus_name=Path(inputs.pairs).name)
+
+
+def check_in_batch_negatives(inputs: DataInputs, purpose: str, *, unit: str) -> None:
+    """Refuse a global batch of one: each anchor's negatives are the other rows' positives."""
+    if inputs.global_batch_size < 2:
+        raise UserError(
+            f"{purpose} needs at least 2 {unit} per batch (each anchor's negatives are the other {unit}' positives), "
+            f"got a global batch of {inputs.global_batch_size}: raise --per-device-train-batch-size to 2 or more"
+        )
+
+
+def _check_enough_rows(dataset: datasets.Dataset | datasets.IterableDataset, inputs: DataInputs, *, unit: str) -> None:
+    if isinstance(dataset, datasets.Dataset) and len(dataset) < inputs.global_batch_size:
+        raise UserError(
+            f"only {len(dataset)} {unit} for a global batch of {inputs.global_batch_size}: "
+            "add data or lower --per-device-train-batch-size"
+        )

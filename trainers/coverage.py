@@ -26,29 +26,38 @@ Choices, documented:
 
 from __future__ import annotations
 
-import json
+import inspect
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from .flags import LIST_FLAG
-from .folders import check_model_folder
+from .core.arguments import LIST_FLAG, configure_logging, parse_command
+from .core.checkpoints import default_model_dir, load_bert_encoder, load_mlm_head, load_tokenizer
+from .core.errors import UserError
+from .core.folders import check_model_folder
+from .core.io import atomic_file, write_json_atomic
+from .data import read_corpus
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_KS", "PROJECTIONS", "coverage_at_k", "input_token_coverage", "load_encoder", "load_lm_head",
-           "plot_coverage", "run_coverage"]
+__all__ = ["DEFAULT_KS", "PROJECTIONS", "CoverageError", "coverage_at_k", "input_token_coverage", "plot_coverage",
+           "run_coverage"]
 
 DEFAULT_KS = (10, 20, 50, 100)
 PROJECTIONS = ("embeddings", "lm_head")
 Projection = Literal["embeddings", "lm_head"]
-HEAD_PREFIX = "cls.predictions."
+LM_HEAD_HINT = "; projection='lm_head' needs a pre-training or masked-LM checkpoint, use projection='embeddings'"
+
+
+class CoverageError(UserError):
+    """The coverage cannot be measured as asked (bad cut-offs, no texts, a model without what is needed)."""
 
 
 def coverage_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
@@ -73,75 +82,24 @@ def _hits_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) 
     return hits[:, columns]
 
 
-def load_encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
-    """The transformer encoder whose last-layer [CLS] state is the representation.
-
-    Accepts a directory or Hub id of a plain BERT (`BertModel` / `BertForMaskedLM` weights, a sentence-transformers
-    folder), one of our pre-training checkpoints (its `bert.*` keys load into `BertModel` by prefix stripping; the MLM
-    head and decoder are ignored), another transformers architecture known to `AutoModel` (e.g. RoBERTa), or an
-    already-built module (`BertModel`, or a model with a `bert` encoder such as `*ForPretraining`).
-
-    Raises:
-        ValueError: if encoder weights are missing from the checkpoint (it would be measured at random init).
-    """
-    if isinstance(model_or_path, nn.Module):
-        encoder = getattr(model_or_path, "bert", model_or_path)
-        if not hasattr(encoder, "get_input_embeddings"):
-            raise TypeError(f"{type(model_or_path).__name__} is not a transformers encoder (no get_input_embeddings)")
-        return encoder
-
-    from transformers import AutoModel, BertModel, PretrainedConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    path = str(model_or_path)
-    check_model_folder(path, purpose="coverage", tokenizer=False)  # a run killed mid-save; Hub ids pass
-    config_dict, _ = PretrainedConfig.get_config_dict(path)
-    model_type = config_dict.get("model_type")
-    if model_type in CONFIG_MAPPING and model_type != "bert":
-        encoder, info = AutoModel.from_pretrained(path, output_loading_info=True)
-    else:  # bert, and our pre-training checkpoints (model types unknown to transformers, BERT weights under `bert.`)
-        encoder, info = BertModel.from_pretrained(path, add_pooling_layer=False, output_loading_info=True)
-    missing = sorted(k for k in info["missing_keys"] if "pooler" not in k)
-    if missing:
-        raise ValueError(
-            f"{path} (model_type {model_type!r}) lacks encoder weights ({missing[:3]} ... {len(missing)} keys); "
-            "expected a BERT-family checkpoint"
-        )
+def _encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
+    """The encoder whose last-layer [CLS] state is the representation: a module as given (or its `bert` encoder,
+    e.g. of a `*ForPretraining` model), else `core.checkpoints.load_bert_encoder` of the folder or Hub id."""
+    if not isinstance(model_or_path, nn.Module):
+        return load_bert_encoder(model_or_path, purpose="coverage")
+    encoder = getattr(model_or_path, "bert", model_or_path)
+    if not hasattr(encoder, "get_input_embeddings"):
+        raise TypeError(f"{type(model_or_path).__name__} is not a transformers encoder (no get_input_embeddings)")
     return encoder
 
 
-def load_lm_head(model_or_path: str | os.PathLike | nn.Module, encoder: nn.Module) -> nn.Module:
-    """The trained MLM head of a checkpoint (transform + decoder tied to `encoder`'s word embeddings).
-
-    Raises:
-        ValueError: the checkpoint carries no MLM head (a plain BertModel or sentence-transformers folder).
-    """
-    from transformers.models.bert.modeling_bert import BertOnlyMLMHead
-
-    if isinstance(model_or_path, nn.Module):
-        head = getattr(model_or_path, "cls", None)
-        if head is None:
-            raise ValueError(f"{type(model_or_path).__name__} has no MLM head (`cls`); use projection='embeddings'")
-        return head
-    from safetensors.torch import load_file
-
-    weights_file = Path(model_or_path) / "model.safetensors"
-    state = load_file(str(weights_file)) if weights_file.is_file() else {}
-    head_state = {k.removeprefix(HEAD_PREFIX): v for k, v in state.items() if k.startswith(HEAD_PREFIX)}
-    head_state.pop("decoder.weight", None)  # tied to the word embeddings below
-    if not any(k.startswith("transform.") for k in head_state):
-        raise ValueError(
-            f"{model_or_path} has no trained MLM head ({HEAD_PREFIX}transform.* not in {weights_file.name}); "
-            "projection='lm_head' needs a pre-training or masked-LM checkpoint, use projection='embeddings'"
-        )
-    head = BertOnlyMLMHead(encoder.config).predictions
-    head.decoder.weight = encoder.get_input_embeddings().weight
-    missing, unexpected = head.load_state_dict(head_state, strict=False)
-    missing = [k for k in missing if k not in ("decoder.weight", "decoder.bias")]
-    if missing or unexpected:
-        raise ValueError(f"{model_or_path}: MLM head weights do not match the encoder config (missing {missing}, "
-                         f"unexpected {unexpected})")
-    head.decoder.bias = head.bias  # tied as in BertForMaskedLM (a standalone head does not tie it itself)
+def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
+    """The trained MLM head of a module (`cls`) or of a checkpoint (`core.checkpoints.load_mlm_head`)."""
+    if not isinstance(model_or_path, nn.Module):
+        return load_mlm_head(model_or_path, hint=LM_HEAD_HINT)
+    head = getattr(model_or_path, "cls", None)
+    if head is None:
+        raise CoverageError(f"{type(model_or_path).__name__} has no MLM head (`cls`){LM_HEAD_HINT}")
     return head
 
 
@@ -151,9 +109,9 @@ def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[
         embedding_matrix = encoder.get_input_embeddings().weight
         return lambda h: h.float() @ embedding_matrix.float().t()  # h · Eᵀ
     if projection == "lm_head":
-        head = load_lm_head(model_or_path, encoder).eval()
+        head = _lm_head(model_or_path).eval()
         return lambda h: head.to(h.device)(h.to(next(head.parameters()).dtype)).float()
-    raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+    raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
 
 
 @torch.no_grad()
@@ -169,8 +127,6 @@ def _coverage_sums(
     desc: str | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Sum over texts of coverage@k `(len(ks),)` and the number of texts scored; a progress bar named `desc` if given."""
-    from tqdm.auto import tqdm
-
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
     totals = torch.zeros(len(ks), dtype=torch.float64)
     scored = 0
@@ -187,7 +143,7 @@ def _coverage_sums(
         attention_mask = batch["attention_mask"].to(device)  # (B, L)
         ordinary = attention_mask.bool() & ~batch["special_tokens_mask"].to(device).bool()  # (B, L)
         if int(input_ids.max()) >= vocab_size:
-            raise ValueError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
+            raise CoverageError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
         scores = project(hidden[:, 0])  # (B, V)
         counts = torch.zeros(scores.shape, device=device)
@@ -203,10 +159,10 @@ def _coverage_sums(
 def _check_ks(ks: Iterable[int], vocab_size: int) -> tuple[int, ...]:
     ks = tuple(ks)
     if not ks:
-        raise ValueError("ks is empty; give at least one cut-off k")
+        raise CoverageError("ks is empty; give at least one cut-off k")
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
-            raise ValueError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
+            raise CoverageError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
     return ks
 
 
@@ -224,7 +180,8 @@ def input_token_coverage(
     """Mean input-token coverage@k of a model's [CLS] representations over `texts` (Algorithm 1, see module doc).
 
     Args:
-        model_dir_or_model: checkpoint directory / Hub id or a module (see `load_encoder`).
+        model_dir_or_model: checkpoint directory / Hub id (see `core.checkpoints.load_bert_encoder`) or a module
+            (a transformers encoder, or a model with a `bert` encoder such as `*ForPretraining`).
         tokenizer: a transformers tokenizer; None loads the one saved with `model_dir_or_model`.
         texts: the texts; each is tokenized without masking, truncated to `max_seq_length`.
         ks: top-k cut-offs.
@@ -239,21 +196,19 @@ def input_token_coverage(
     """
     texts = [t for t in texts]
     if not texts:
-        raise ValueError("no texts given")
+        raise CoverageError("no texts given")
     if batch_size < 1 or max_seq_length < 2:
-        raise ValueError(f"batch_size={batch_size} must be >= 1 and max_seq_length={max_seq_length} >= 2")
+        raise CoverageError(f"batch_size={batch_size} must be >= 1 and max_seq_length={max_seq_length} >= 2")
     if projection not in PROJECTIONS:
-        raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+        raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
     if not isinstance(model_dir_or_model, nn.Module):  # its own tokenizer is read from it when none is given
         check_model_folder(model_dir_or_model, purpose="coverage", tokenizer=tokenizer is None)
-    encoder = load_encoder(model_dir_or_model)
+    encoder = _encoder(model_dir_or_model)
     project = _projector(model_dir_or_model, encoder, projection)
     if tokenizer is None:
         if isinstance(model_dir_or_model, nn.Module):
-            raise ValueError("tokenizer is required when a module is given")
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model), trust_remote_code=False)
+            raise CoverageError("tokenizer is required when a module is given")
+        tokenizer = load_tokenizer(model_dir_or_model)
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
     ks = _check_ks(ks, vocab_size)
     if device is None:
@@ -272,14 +227,10 @@ def input_token_coverage(
         encoder.train(was_training)
         encoder.to(original_device)
     if scored == 0:
-        raise ValueError(f"none of the {len(texts)} texts has a non-special token")
+        raise CoverageError(f"none of the {len(texts)} texts has a non-special token")
     if scored < len(texts):
         logger.warning("coverage: %d of %d texts have no non-special token and were skipped", len(texts) - scored, len(texts))
     return {k: float(total) / scored for k, total in zip(ks, totals.tolist(), strict=True)}
-
-
-def _atomic_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathLike) -> Path:
@@ -296,7 +247,7 @@ def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathL
     from matplotlib.figure import Figure
 
     if not results:
-        raise ValueError("results is empty; nothing to plot")
+        raise CoverageError("results is empty; nothing to plot")
     path = Path(path_png)
     figure = Figure(figsize=(6.4, 4.4), layout="constrained")
     FigureCanvasAgg(figure)
@@ -316,23 +267,9 @@ def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathL
     ax.set_title("Input token coverage of the [CLS] representation")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _atomic_path(path)
-    try:
-        figure.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=120)
     return path
-
-
-def _write_json_atomic(payload: dict, path: Path) -> None:
-    tmp = _atomic_path(path)
-    try:
-        tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def run_coverage(
@@ -340,12 +277,7 @@ def run_coverage(
     texts: Iterable[str],
     tokenizer=None,
     output_dir: str | os.PathLike = ".",
-    ks: Iterable[int] = DEFAULT_KS,
-    batch_size: int = 32,
-    max_seq_length: int = 512,
-    device: str | torch.device | None = None,
-    projection: Projection = "embeddings",
-    show_progress_bar: bool = False,
+    **options: Any,
 ) -> dict[str, dict[int, float]]:
     """Coverage@k of several models on the same texts; writes `coverage.json` and `coverage.png` to `output_dir`.
 
@@ -354,39 +286,39 @@ def run_coverage(
         texts: the corpus texts (materialised once and shared by all models).
         tokenizer: one tokenizer for every model; None loads each model's own.
         output_dir: created if missing; both files are replaced atomically.
-        ks, batch_size, max_seq_length, device, projection, show_progress_bar: as in `input_token_coverage`.
+        options: the settings of `input_token_coverage` (ks, batch_size, max_seq_length, device, projection,
+            show_progress_bar), its defaults for those not given.
 
     Returns:
         `{model: {k: coverage@k}}`.
     """
     names = [str(m) for m in models]
     if not names:
-        raise ValueError("no models given")
+        raise CoverageError("no models given")
     if len(set(names)) != len(names):
-        raise ValueError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+        raise CoverageError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
     texts = [t for t in texts]
-    ks = tuple(ks)
+    settings = inspect.signature(input_token_coverage).bind(None, tokenizer, texts, **options)
+    settings.apply_defaults()
+    settings.arguments["ks"] = ks = tuple(settings.arguments["ks"])
     results: dict[str, dict[int, float]] = {}
     for name in names:
         logger.info("coverage: %s on %d texts", name, len(texts))
-        results[name] = input_token_coverage(
-            name, tokenizer, texts, ks=ks, batch_size=batch_size, max_seq_length=max_seq_length, device=device,
-            projection=projection, show_progress_bar=show_progress_bar,
-        )
+        results[name] = input_token_coverage(name, *settings.args[1:], **settings.kwargs)
         logger.info("coverage: %s %s", name, {k: round(v, 4) for k, v in results[name].items()})
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         "metric": "input token coverage@k (Ma et al., 2024, Algorithm 1)",
-        "projection": projection,
+        "projection": settings.arguments["projection"],
         "representation": "last-layer [CLS] state of the unmasked input",
         "denominator": "k",
         "ks": list(ks),
         "num_texts": len(texts),
-        "max_seq_length": max_seq_length,
+        "max_seq_length": settings.arguments["max_seq_length"],
         "coverage": {name: {str(k): v for k, v in cov.items()} for name, cov in results.items()},
     }
-    _write_json_atomic(payload, out / "coverage.json")
+    write_json_atomic(out / "coverage.json", payload)
     plot_coverage(results, out / "coverage.png")
     return results
 
@@ -413,22 +345,16 @@ class CoverageArguments:
 
 def coverage_command(argv: list[str]) -> int:
     """`retromae coverage`: the BoW paper's input-token coverage (Algorithm 1) for one or more models."""
-    from transformers import HfArgumentParser
-
-    from .cli import _configure_logging, _default_model_dir, _parse
-    from .data import read_corpus
-
-    parser = HfArgumentParser(
-        CoverageArguments, prog="retromae coverage",
+    (args,) = parse_command(
+        argv, CoverageArguments, prog="retromae coverage",
         description="Share of the top-k tokens of h·Eᵀ (h: the [CLS] embedding, E: the word embeddings) that occur "
         "in the input, for k = 10/20/50/100 (bow-prediction paper, Algorithm 1). Rises when retrieval-oriented "
         "pre-training worked. Writes coverage.json and coverage.png.",
     )
-    (args,) = _parse(parser, argv)
-    _configure_logging()
+    configure_logging()
     corpus = read_corpus(args.corpus)
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
-    models = args.model or [_default_model_dir()]
+    models = args.model or [default_model_dir()]
     results = run_coverage(models, texts, output_dir=args.output_dir, max_seq_length=args.max_seq_length,
                            batch_size=args.batch_size, projection=args.projection, show_progress_bar=args.progress)
     width = max(len(m) for m in results)

@@ -11,6 +11,9 @@ batch = PretrainingCollator(tokenizer)(list(tokenized.select(range(8))))
 Files are read by our own generator so that every error names the file and the 1-based line number
 (``CorpusError``); the result is materialised (and cached) by ``datasets.Dataset.from_generator``, or streamed lazily
 by ``datasets.IterableDataset.from_generator`` for corpora larger than memory.
+
+``DataInputs`` (what a run asks for) and ``TrainingData`` (dataset + collator) are what a method's training-data
+builder takes and returns (``methods.Method.training_data``; the builders are in ``contrastive_data.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ import datasets
 import torch
 from datasets.exceptions import DatasetGenerationError
 
+from .core.errors import UserError
+from .core.io import iter_jsonl, json_type
+
 logger = logging.getLogger(__name__)
 
 TextFormat = Literal["auto", "lines", "blocks"]
@@ -46,16 +52,21 @@ NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many
 
 __all__ = [
     "CorpusError",
+    "DataInputs",
     "PretrainingCollator",
+    "TrainingData",
     "UNMASKED_KEY",
     "builtin_corpus",
+    "code_fingerprint",
     "masking_generator",
     "read_corpus",
+    "special_template",
     "tokenize_corpus",
+    "word_start_flags",
 ]
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError):
     """The corpus cannot be read; the message names the file (and line) and what to do about it."""
 
 
@@ -277,7 +288,7 @@ def _find_corpus_error(exc: BaseException) -> CorpusError | None:
     return None
 
 
-def _code_fingerprint(*functions: Any) -> str:
+def code_fingerprint(*functions: Any) -> str:
     """A hash of the functions' source code (bytecode when the source is unavailable).
 
     ``datasets`` fingerprints a generator or ``map`` function without the helpers it calls, so a cached Arrow file
@@ -294,9 +305,9 @@ def _code_fingerprint(*functions: Any) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _reader_fingerprint() -> str:
-    return _code_fingerprint(
+    return code_fingerprint(
         _generate_passages, _iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl, _check_jsonl_record,
-        _json_type,
+        iter_jsonl, json_type,
     )
 
 
@@ -307,7 +318,7 @@ def _generate_passages(
 ) -> Iterator[dict]:
     """Yields ``{"text": passage}`` for every file in ``sources`` (see ``_describe_file``).
 
-    ``code`` (the readers' ``_code_fingerprint``) is unused here: it is part of the cache fingerprint.
+    ``code`` (the readers' ``code_fingerprint``) is unused here: it is part of the cache fingerprint.
     With ``require_passages`` an empty result raises ``CorpusError`` (not for streaming, where a shard of the files
     may legitimately be empty).
     """
@@ -364,17 +375,8 @@ def _iter_text_blocks(path: str) -> Iterator[str]:
 
 def _iter_jsonl(path: str) -> Iterator[str]:
     """One passage per JSON line: ``text``, or ``title + " " + text`` when a title is given."""
-    for line_no, line in _iter_decoded_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(
-                f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                f'write one JSON object per line, e.g. {{"text": "..."}}'
-            ) from None
-        _check_jsonl_record(record, f"{path}:{line_no}")
+    for where, record in iter_jsonl(path, error=CorpusError, example='{"text": "..."}'):
+        _check_jsonl_record(record, where)
         title = record.get("title")
         text = f"{title} {record['text']}" if isinstance(title, str) and title.strip() else record["text"]
         text = " ".join(text.split())
@@ -382,13 +384,8 @@ def _iter_jsonl(path: str) -> Iterator[str]:
             yield text
 
 
-def _check_jsonl_record(record: Any, where: str) -> None:
-    """Raises ``CorpusError`` unless ``record`` is a JSON object with a string ``"text"``; ``where`` is ``file:line``."""
-    if not isinstance(record, dict):
-        raise CorpusError(
-            f'{where}: expected a JSON object with a string "text" field, found a JSON {_json_type(record)}; '
-            f'write one object per line, e.g. {{"text": "..."}}'
-        )
+def _check_jsonl_record(record: dict[str, Any], where: str) -> None:
+    """Raises ``CorpusError`` unless ``record`` has a string ``"text"``; ``where`` is ``file:line``."""
     if "text" not in record:
         raise CorpusError(
             f'{where}: no "text" field (keys: {sorted(record)}); give every line a string "text" field '
@@ -398,15 +395,9 @@ def _check_jsonl_record(record: Any, where: str) -> None:
         found = json.dumps(record["text"])
         found = found if len(found) <= 40 else found[:37] + "..."
         raise CorpusError(
-            f'{where}: the "text" field must be a string, found {found} (JSON {_json_type(record["text"])}); '
+            f'{where}: the "text" field must be a string, found {found} (JSON {json_type(record["text"])}); '
             f'write the passage in quotes, e.g. {{"text": "..."}}'
         )
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of a decoded value's type (``123`` -> ``"number"``)."""
-    names = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -598,7 +589,7 @@ def tokenize_corpus(
             f"tokenize_corpus needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}; "
             f"load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
         )
-    prefix, suffix = _special_template(tokenizer)
+    prefix, suffix = special_template(tokenizer)
     if max_seq_length <= len(prefix) + len(suffix):
         raise ValueError(
             f"max_seq_length={max_seq_length} leaves no room for text after {len(prefix) + len(suffix)} special tokens"
@@ -647,7 +638,7 @@ def tokenize_corpus(
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer_fingerprint() -> str:
-    return _code_fingerprint(_truncate_batch, _pack_batch, _word_starts)
+    return code_fingerprint(_truncate_batch, _pack_batch, word_start_flags)
 
 
 def _effective_num_proc(num_proc: int | None, num_rows: int) -> int | None:
@@ -658,7 +649,7 @@ def _effective_num_proc(num_proc: int | None, num_rows: int) -> int | None:
     return chosen if chosen > 1 else None
 
 
-def _special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
+def special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The special ids the tokenizer puts before and after a single sequence, e.g. ``([CLS], [SEP])``.
 
     transformers 5 fast tokenizers have no ``build_inputs_with_special_tokens``; the post-processor's template is read
@@ -679,7 +670,7 @@ def _special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
     return prefix, suffix
 
 
-def _word_starts(word_ids: list[int | None]) -> list[int]:
+def word_start_flags(word_ids: list[int | None]) -> list[int]:
     """1 where a token begins a word (special tokens, ``None``, included), 0 for a word's continuation pieces."""
     starts, previous = [], None
     for word in word_ids:
@@ -701,7 +692,7 @@ def _truncate_batch(
         word_ids = encoding.word_ids(row)
         if any(word is not None for word in word_ids):
             input_ids.append(ids)
-            word_starts.append(_word_starts(word_ids))
+            word_starts.append(word_start_flags(word_ids))
     return {"input_ids": input_ids, "word_starts": word_starts}
 
 
@@ -717,7 +708,7 @@ def _pack_batch(
     flat_starts: list[int] = []
     for row, ids in enumerate(encoding["input_ids"]):
         flat_ids.extend(ids)
-        flat_starts.extend(_word_starts(encoding.word_ids(row)))
+        flat_starts.extend(word_start_flags(encoding.word_ids(row)))
     block = max_seq_length - len(prefix) - len(suffix)
     input_ids, word_starts = [], []
     for start in range(0, len(flat_ids), block):
@@ -936,3 +927,47 @@ class PretrainingCollator:
         to_random = masked & (share_draws >= self.replace_with_mask) & (share_draws < random_share)
         corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
         return torch.where(to_random, replacements, corrupted)
+
+
+@dataclass(frozen=True)
+class DataInputs:
+    """What a method's training-data builder reads (`methods.Method.training_data`): plain values of the run.
+
+    Args:
+        corpus: the pre-training text (see `read_corpus`; None: the built-in corpus).
+        text_format: how a .txt corpus splits into passages.
+        max_seq_length: tokens per sequence, special tokens included.
+        packing: concatenate passages into full-length blocks.
+        streaming: stream the corpus instead of reading it into memory.
+        pairs: a JSONL file of {"anchor", "positive"} pairs, for a method with an in-batch contrastive loss.
+        global_batch_size: sequences per optimizer micro-step over all processes (in-batch negatives need >= 2).
+        contrastive_anchor: the continued-pre-training recipe adds an in-batch contrastive loss with span positives
+            (`recipe.RecipeArguments.contrastive_anchor_weight`).
+    """
+
+    corpus: str | None = None
+    text_format: TextFormat = "auto"
+    max_seq_length: int = 256
+    packing: bool = False
+    streaming: bool = False
+    pairs: str | None = None
+    global_batch_size: int = 8
+    contrastive_anchor: bool = False
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """A method's training data: the tokenized dataset and the collator that pads and masks its batches.
+
+    Args:
+        dataset: tokenized rows (`input_ids`, `word_starts`, and `positive_*` for pairs).
+        collator: a `PretrainingCollator` (or subclass); the trainer draws its masks.
+        drop_last: drop the last incomplete batch of an epoch (a batch of one pair has no in-batch negative).
+        corpus_name: the name of the text the run read when it is not the corpus (e.g. the pair file), for the
+            model card.
+    """
+
+    dataset: datasets.Dataset | datasets.IterableDataset
+    collator: PretrainingCollator
+    drop_last: bool = False
+    corpus_name: str | None = None

@@ -12,7 +12,7 @@ Search: exact by default (mteb's brute-force search over the whole corpus, in ch
 the corpus in mteb's `FaissSearchIndex` (flat inner-product index; cosine models are normalised) for large corpora of
 dense models; it returns the same ranking up to float ties. The DupMAE hybrid model (dense + |V|-wide sparse part)
 is searched exactly, with the corpus encoded in chunks sized to bound memory (~512 MiB per chunk); a |V|-wide faiss
-index would be impractical (ECOSYSTEM §6).
+index would be impractical (a flat index of |V|-wide vectors holds the whole corpus densely).
 
 Outputs under ``--output-dir``::
 
@@ -26,19 +26,24 @@ error: evaluate a local BEIR copy with ``--beir-folder`` instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
-from .finetune import CARD_METRICS, RUN_INFO_FILE, FinetuneError, _is_hybrid, load_encoder, write_model_card
-from .flags import LIST_FLAG
-from .folders import check_model_folder, folder_errors_as
+from .core.arguments import LIST_FLAG, configure_logging, parse_command
+from .core.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
+from .core.checkpoints import is_dupmae_model
+from .core.errors import UserError
+from .core.folders import check_model_folder
+from .core.io import read_json_or_empty, write_json_atomic, write_text_atomic
+from .export import load_as_sentence_transformer
+from .methods import METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,7 @@ SUMMARY_MD = "summary.md"
 
 __all__ = [
     "EvaluateError",
+    "evaluate",
     "evaluate_command",
     "evaluate_folder",
     "evaluate_model",
@@ -57,7 +63,7 @@ __all__ = [
 ]
 
 
-class EvaluateError(ValueError):
+class EvaluateError(UserError):
     """The evaluation cannot run (unknown task, unreachable data, bad model folder); the message says why."""
 
 
@@ -71,7 +77,6 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None):
         data: corpus, queries and qrels (`retromae.trainers.beir.read_beir`).
         dataset_id: what the task's metadata (and the model card) calls the dataset; default `local/<name>`.
     """
-    from datasets import Dataset
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
     from mteb.abstasks.task_metadata import TaskMetadata
@@ -145,14 +150,14 @@ def registered_tasks(names: list[str]):
 
 
 def _mteb_model(model: SentenceTransformer, search: str):
-    if search == "exact" and not _is_hybrid(model):
+    if search == "exact" and not is_dupmae_model(model):
         return model  # exactly what `mteb.evaluate(model, ...)` wraps itself
     from mteb.models import SentenceTransformerEncoderWrapper
     from mteb.models.search_wrappers import SearchEncoderWrapper
 
     encoder = SentenceTransformerEncoderWrapper(model)
     if search == "faiss":
-        if _is_hybrid(model):
+        if is_dupmae_model(model):
             raise EvaluateError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
         from mteb.models.search_encoder_index.search_indexes.faiss_search_index import FaissSearchIndex
 
@@ -236,30 +241,28 @@ def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
 
 
 def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str) -> None:
-    (output_dir / SUMMARY_JSON).write_text(
-        json.dumps({"model": model_name, "search": search, "results": rows}, indent=2) + "\n", encoding="utf-8"
-    )
-    (output_dir / SUMMARY_MD).write_text(summary_markdown(rows, model_name), encoding="utf-8")
+    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "search": search, "results": rows})
+    write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
 
 def update_model_card(model_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
     """Merge `rows` into the folder's `retromae_finetune.json` (same dataset + split replaced) and re-render the
     card. Only for folders written by `retromae finetune` (a foreign README is never overwritten)."""
     model_dir = Path(model_dir)
-    info_file = model_dir / RUN_INFO_FILE
+    info_file = model_dir / FINETUNE_RUN_INFO_FILE
     if not info_file.is_file():
         raise EvaluateError(
-            f"--update-card needs a folder written by `retromae finetune` ({RUN_INFO_FILE} not found in "
+            f"--update-card needs a folder written by `retromae finetune` ({FINETUNE_RUN_INFO_FILE} not found in "
             f"{model_dir.name}); its README.md is left as it is"
         )
-    info = json.loads(info_file.read_text(encoding="utf-8"))
+    info = read_json_or_empty(info_file)
     keep = [r for r in info.get("eval_results") or []
             if (r["dataset_id"], r["split"]) not in {(n["dataset_id"], n["split"]) for n in rows}]
     info["eval_results"] = keep + [
         {k: row.get(k) for k in ("task", "dataset_id", "dataset_name", "split", "queries",
                                  *(key for key, _ in CARD_METRICS))} for row in rows
     ]
-    write_model_card(model_dir, info)
+    write_finetuned_card(model_dir, info, METHODS)
     logger.info("model card of %s updated with %d result(s)", model_dir.name, len(rows))
 
 
@@ -292,8 +295,7 @@ def evaluate_folder(
         raise EvaluateError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
     if on_missing not in ON_MISSING:
         raise EvaluateError(f"--on-missing must be one of {ON_MISSING}")
-    with folder_errors_as(EvaluateError):  # before reading the data: a half-saved model folder is refused at once
-        check_model_folder(model, purpose="evaluate --model")
+    check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     mteb_tasks = []
     for i, folder in enumerate(beir_folders):
         try:
@@ -304,10 +306,8 @@ def evaluate_folder(
         mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None))
     mteb_tasks += registered_tasks(tasks)
     output_dir = Path(output_dir)
-    try:  # a pre-training checkpoint is exported into the output folder first
-        encoder, _ = load_encoder(model, pooling=pooling, work_dir=output_dir)
-    except FinetuneError as error:
-        raise EvaluateError(str(error)) from None
+    # a pre-training checkpoint is exported into the output folder first
+    encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=output_dir)
     name = model_name or _mteb_model_name(model)
     rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size, search=search,
                           show_progress_bar=show_progress_bar)
@@ -317,14 +317,49 @@ def evaluate_folder(
     return rows
 
 
+def evaluate(
+    model: str | os.PathLike,
+    data: str | os.PathLike | list[str | os.PathLike],
+    output_dir: str | os.PathLike | None = None,
+    *,
+    split: str = "test",
+    batch_size: int = 64,
+    search: Literal["exact", "faiss"] = "exact",
+    update_card: bool = False,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Evaluate a model on retrieval data with mteb (`retromae evaluate`).
+
+    Args:
+        model: a sentence-transformers folder, a `retromae pretrain` checkpoint, a plain BERT folder or a Hub id.
+        data: one or more local BEIR folders (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) and/or names of MTEB's
+            registered retrieval tasks (e.g. "SciFact"; their data is downloaded). An existing folder is BEIR data,
+            anything else a task name.
+        output_dir: where mteb's result JSON and summary.{json,md} go (default: eval-results/<model name>).
+        split: the qrels split of the BEIR folders.
+        batch_size: encoding batch size.
+        search: "exact" (brute force) or "faiss" (dense models on large corpora).
+        update_card: add the results to the model folder's card (folders written by `retromae finetune`).
+        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar` of `evaluate_folder`.
+
+    Returns:
+        One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
+        `mrr_at_10`, `recall_at_100`, `recall_at_1000`, `main_score`.
+    """
+    sources = [data] if isinstance(data, str | os.PathLike) else list(data)
+    beir_folders = [source for source in sources if Path(source).is_dir()]
+    tasks = [os.fspath(source) for source in sources if not Path(source).is_dir()]
+    output_dir = output_dir or Path("eval-results") / _mteb_model_name(model).split("/")[-1]
+    return evaluate_folder(model, beir_folders=beir_folders, tasks=tasks, split=split, output_dir=output_dir,
+                           batch_size=batch_size, search=search, update_card=update_card, **options)
+
+
 def _mteb_model_name(model: str | os.PathLike) -> str:
     path = Path(model)
     if path.exists():
-        info_file = path / RUN_INFO_FILE
-        if info_file.is_file():
-            name = json.loads(info_file.read_text(encoding="utf-8")).get("model_name")
-            if name:
-                return name if "/" in name else f"local/{name}"
+        name = read_json_or_empty(path / FINETUNE_RUN_INFO_FILE).get("model_name")
+        if name:
+            return name if "/" in name else f"local/{name}"
         return f"local/{path.resolve().name}"
     return str(model)
 
@@ -367,17 +402,12 @@ class EvaluateArguments:
 
 def evaluate_command(argv: list[str]) -> int:
     """`retromae evaluate MODEL --beir-folder DIR [--split dev] [--tasks SciFact] [--output-dir OUT]`."""
-    from transformers import HfArgumentParser
-
-    from .cli import _configure_logging, _parse, _positional_to_flags
-
-    parser = HfArgumentParser(
-        EvaluateArguments, prog="retromae evaluate",
+    (args,) = parse_command(
+        argv, EvaluateArguments, prog="retromae evaluate",
         description="Evaluate a model with MTEB on local BEIR folders and/or registered retrieval tasks; writes "
-        "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).",
+        "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).", positional=["model"],
     )
-    (args,) = _parse(parser, _positional_to_flags(argv, ["model"]))
-    _configure_logging()
+    configure_logging()
     output_dir = args.output_dir or str(Path("eval-results") / _mteb_model_name(args.model).split("/")[-1])
     rows = evaluate_folder(
         args.model,

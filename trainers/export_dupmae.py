@@ -16,9 +16,11 @@ Load it with `SentenceTransformer(path, trust_remote_code=True)`; `encode_query`
 sentence-transformers >= 6 (the module subclasses `sentence_transformers.base.modules.Module`).
 
 Re-saving: sentence-transformers 6.2 copies a remote-code module's file into the module's subfolder, not the root,
-so a re-saved folder would not load (ECOSYSTEM §3.3). `DupMAEPooling.save` copies its files to the root itself, and
-`save_dupmae_sentence_transformer` also rewrites modules.json for models built in-process (whose module type would
-otherwise be `retromae.modeling.st_dupmae.DupMAEPooling`, loadable only where retromae is installed).
+so a folder written by a plain `model.save(path)` does not load again. Save with
+`retromae.modeling.st_dupmae.save_sentence_transformer(model, path)` (what `save_dupmae_sentence_transformer`
+calls): it puts the code files at the root and records the module type `st_dupmae.DupMAEPooling` in modules.json
+(a model built in-process would otherwise record `retromae.modeling.st_dupmae.DupMAEPooling`, loadable only where
+retromae is installed).
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,22 +35,22 @@ from typing import Any
 
 import torch
 from retromae.modeling.layers_dupmae import initial_dense_projection
-from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
-from retromae.modeling.st_dupmae import DupMAEPooling, find_dupmae_pooling
-from retromae.trainers.export import ExportRequest, build_bert_encoder, export_sentence_transformer, render_model_card
-from retromae.trainers.folders import atomic_folder
-from retromae.trainers.methods import get_method
+from retromae.modeling.st_dupmae import (
+    DupMAEPooling,
+    save_sentence_transformer,
+)
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Transformer
 from transformers import PreTrainedTokenizerBase
 
+from .core.cards import render_pretrained_card
+from .core.checkpoints import bert_encoder_from_state_dict
+from .export_cls import ExportError, ExportRequest
+
 logger = logging.getLogger(__name__)
 
-MODULE_TYPE = "st_dupmae.DupMAEPooling"
-REMOTE_CODE_FILES = ("st_dupmae.py", "layers_dupmae.py")
 # representation fields a caller may override at export time (validated by DupMAEPooling)
 REPRESENTATION_FIELDS = ("representation", "dense_dim", "doc_top_k", "query_top_k", "ot_activation", "sparse_weight")
-DEFAULT_MAX_SEQ_LENGTH = 512
 DUPMAE_CARD_SECTION = """
 ## DupMAE hybrid representation
 
@@ -119,7 +119,7 @@ def build_dupmae_pooling(
         decoder_weight = state_dict.get(head + "decoder.weight", word_embeddings)  # tied: often stored once
         missing = [k for k in (head + "transform.dense.weight", head + "bias") if k not in state_dict]
         if decoder_weight is None or missing:
-            raise ValueError(
+            raise ExportError(
                 f"the weights have no MLM head for the OT representation (missing {missing or ['word embeddings']})"
             )
         weights.update({k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head + "transform.")})
@@ -148,18 +148,7 @@ def build_dupmae_pooling(
 def save_dupmae_sentence_transformer(model: SentenceTransformer, path: str | os.PathLike, **save_kwargs) -> Path:
     """`model.save(path)` plus the remote-code layout: the module files at the root and modules.json type
     `"st_dupmae.DupMAEPooling"`, so `SentenceTransformer(path, trust_remote_code=True)` loads it anywhere."""
-    path = Path(path)
-    pooling = find_dupmae_pooling(model)
-    model.save(str(path), **save_kwargs)
-    source_dir = Path(sys.modules[type(pooling).__module__].__file__).parent
-    for name in REMOTE_CODE_FILES:
-        shutil.copyfile(source_dir / name, path / name)
-    modules_file = path / "modules.json"
-    modules = json.loads(modules_file.read_text(encoding="utf-8"))
-    for entry in modules:
-        if entry["type"].rsplit(".", 1)[-1] == "DupMAEPooling":
-            entry["type"] = MODULE_TYPE
-    modules_file.write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    path = save_sentence_transformer(model, path, **save_kwargs)
     transformer_config = path / "sentence_bert_config.json"
     if transformer_config.is_file() and getattr(getattr(model[0], "auto_model", None), "pooler", True) is None:
         # the encoder has no pooler weights (the [CLS] state is used as is): load it without one, no MISSING report
@@ -178,16 +167,7 @@ def assemble_dupmae_sentence_transformer(
     **save_kwargs,
 ) -> Path:
     """Write the sentence-transformers folder into `output_dir` (which may exist and be empty)."""
-    request_like = ExportRequest(
-        method=get_method("dupmae"),
-        config=dict(config),
-        state_dict=encoder_state,
-        tokenizer=tokenizer,
-        run_info=None,
-        model_name="",
-        folder_name="",
-    )
-    encoder = build_bert_encoder(request_like)
+    encoder = bert_encoder_from_state_dict(config, encoder_state)
     pooling = build_dupmae_pooling(config, encoder_state, tokenizer.all_special_ids)
     with tempfile.TemporaryDirectory(prefix="dupmae-export-") as staging:
         encoder.save_pretrained(staging)
@@ -203,17 +183,20 @@ def assemble_dupmae_sentence_transformer(
 
 
 def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
-    """The DupMAE writer of `retromae.trainers.export` (`EXPORTERS["dupmae"]`): fills the empty `build_dir`."""
-    recorded = (request.run_info or {}).get("max_seq_length") or DEFAULT_MAX_SEQ_LENGTH
-    max_seq_length = min(int(recorded), request.config["max_position_embeddings"])
+    """The DupMAE exporter (the registry's `exporter` of dupmae): fills the empty `build_dir`."""
+    max_seq_length = request.max_seq_length()
     assemble_dupmae_sentence_transformer(
         request.state_dict, request.config, request.tokenizer, build_dir, max_seq_length, create_model_card=False
     )
     pooling_config = json.loads((build_dir / "1_DupMAEPooling" / "config.json").read_text(encoding="utf-8"))
     dense = pooling_config["dense_dim"] if pooling_config["representation"] != "ot" else 0
     sparse = pooling_config["vocab_size"] if pooling_config["representation"] != "cls" else 0
-    card = render_model_card(
-        request,
+    card = render_pretrained_card(
+        request.method,
+        request.config,
+        request.run_info,
+        model_name=request.model_name,
+        folder_name=request.folder_name,
         embedding_dim=dense + sparse,
         num_layers=request.config["num_hidden_layers"],
         max_seq_length=max_seq_length,
@@ -225,88 +208,14 @@ def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
     (build_dir / "README.md").write_text(card + DUPMAE_CARD_SECTION.format(**pooling_config), encoding="utf-8")
 
 
-def build_dupmae_sentence_transformer(
-    encoder: str | os.PathLike | DupMAEModel | DupMAEForPretraining,
-    tokenizer: PreTrainedTokenizerBase | None,
-    output_dir: str | os.PathLike,
-    *,
-    max_seq_length: int | None = None,
-    overwrite: bool = False,
-    model_name: str | None = None,
-    **representation: Any,
-) -> SentenceTransformer:
-    """Export a DupMAE encoder as a sentence-transformers folder and load it back.
-
-    Args:
-        encoder: a `DupMAEForPretraining` / `DupMAEModel` instance, or the folder of either (a `retromae pretrain`
-            checkpoint, or a saved `DupMAEModel`, e.g. after fine-tuning W^cls).
-        tokenizer: its tokenizer; None = read it from the `encoder` folder.
-        output_dir: the folder to create (built in a temporary sibling, renamed into place).
-        max_seq_length: the Transformer's maximum length (default 512, capped by the position embeddings).
-        overwrite: replace a non-empty `output_dir`.
-        model_name: name for the model card.
-        **representation: overrides of `representation`, `dense_dim`, `doc_top_k`, `query_top_k` (Table 4 settings);
-            a changed `dense_dim` gets a fresh projection.
-
-    Returns:
-        The exported model, loaded with `SentenceTransformer(output_dir, trust_remote_code=True)`.
-    """
-    unknown = set(representation) - set(REPRESENTATION_FIELDS)
-    if unknown:
-        raise ValueError(
-            f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(REPRESENTATION_FIELDS)}"
-        )
-    output_dir = Path(output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())) and not overwrite:
-        raise FileExistsError(f"output folder {output_dir} exists and is not empty; pass overwrite=True to replace it")
-    if isinstance(encoder, str | os.PathLike):
-        folder = Path(encoder)
-        architectures = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-        if "DupMAEForPretraining" in architectures and tokenizer is None and not representation and not max_seq_length:
-            # a `retromae pretrain` checkpoint as is: the generic exporter (run info, model card) does it
-            export_sentence_transformer(folder, output_dir, overwrite=overwrite, model_name=model_name)
-            return load_dupmae_sentence_transformer(output_dir)
-        from transformers import AutoTokenizer
-
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-        encoder = DupMAEModel.from_pretrained(str(folder))
-    if tokenizer is None:
-        raise ValueError("pass the tokenizer of an in-memory encoder")
-    if isinstance(encoder, DupMAEForPretraining):
-        config, state = encoder.config.to_dict(), dict(encoder.state_dict())
-    elif isinstance(encoder, DupMAEModel):
-        config = encoder.config.to_dict()
-        state = {
-            (f"bert.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
-            for k, v in encoder.state_dict().items()
-        }
-    else:
-        raise TypeError(f"expected a DupMAEModel, DupMAEForPretraining or a folder, got {type(encoder).__name__}")
-    config.update(representation)
-    request = ExportRequest(
-        method=get_method("dupmae"),
-        config=config,
-        state_dict=state,
-        tokenizer=tokenizer,
-        run_info={"max_seq_length": max_seq_length} if max_seq_length else None,
-        model_name=model_name or f"dupmae-{output_dir.name}",
-        folder_name=output_dir.name,
-    )
-    with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
-        write_dupmae_export(request, build_dir)
-    return load_dupmae_sentence_transformer(output_dir)
-
-
 def load_dupmae_sentence_transformer(path: str | os.PathLike, **kwargs: Any) -> SentenceTransformer:
     """`SentenceTransformer(path, trust_remote_code=True)` (the module is remote code at the folder root)."""
     return SentenceTransformer(str(path), trust_remote_code=True, **kwargs)
 
 
 __all__ = [
-    "MODULE_TYPE",
     "assemble_dupmae_sentence_transformer",
     "build_dupmae_pooling",
-    "build_dupmae_sentence_transformer",
     "load_dupmae_sentence_transformer",
     "save_dupmae_sentence_transformer",
     "write_dupmae_export",

@@ -16,24 +16,23 @@ that continues from the previous stage's model:
 3. ``distill``: KL divergence between the softmax of the student's scores over (positive, negatives) and the
    softmax of cross-encoder scores read from a TSV file (`query-id  corpus-id  score`), reduction ``batchmean``
    (eq. 15; sentence-transformers' `DistillKLDivLoss`), times ``--distill-weight`` (default 1), plus
-   ``--contrastive-weight`` (default 0) times the in-batch contrastive loss. The RetroMAE reference code uses
-   KL(``reduction="mean"``, i.e. divided by batch x group size, REFERENCE F1) + 1e-4 x contrastive; we follow the
-   paper (KL ``batchmean`` alone) and keep the contrastive term as an option.
+   ``--contrastive-weight`` (default 0) times the in-batch contrastive loss. The RetroMAE authors' code uses
+   KL(``reduction="mean"``, i.e. divided by batch x group size) + 1e-4 x contrastive; we follow the paper (KL
+   ``batchmean`` alone) and keep the contrastive term as an option.
 
 Scores and pooling. A retromae export (CLS pooling, dot product) trains with the dot product and ``scale=1``
 (temperature 1, the papers' setting); a model whose `similarity_fn_name` is cosine (e.g. all-MiniLM-L6-v2) with
 cosine and ``scale=20`` (sentence-transformers' default). A model folder WITHOUT modules.json (a plain BERT
 checkpoint) is loaded with CLS pooling + dot product and a warning: sentence-transformers itself would build MEAN
 pooling for such a folder, which averages token states that RetroMAE-style pre-training never trained as a sentence
-embedding, and BEIR numbers computed that way are wrong (REFERENCE F3, RetroMAE issue #6). ``--pooling mean``
-overrides. The DupMAE hybrid model (`st_dupmae.DupMAEPooling`, remote code) trains through the same losses: its
+embedding, and BEIR numbers computed that way are wrong (lower). ``--pooling mean`` overrides. The DupMAE hybrid model (`st_dupmae.DupMAEPooling`, remote code) trains through the same losses: its
 sentence embedding is [W^cls h ; top-k(mu)] and the dot product of two is the paper's eq. 12, so W^cls, the encoder
 and the OT head all learn.
 
 Several devices. Under ``torchrun`` (DDP) the contrastive loss gathers the embeddings of all ranks
 (`MultipleNegativesRankingLoss(gather_across_devices=True)`, sentence-transformers 6.2: `all_gather_with_grad`, the
 local block offset by `get_rank() * batch_size`, i.e. the global rank), so every query sees the positives and
-negatives of the whole global batch (RetroMAE issue #23: single-GPU fine-tuning loses 1-2 points without it).
+negatives of the whole global batch (fine-tuning on one device's batch alone is reported to lose 1-2 points).
 ``--no-gather-across-devices`` turns it off. Batches are drawn with `BatchSamplers.NO_DUPLICATES` so that no text
 appears twice in a batch (a duplicate positive would be a false in-batch negative).
 
@@ -46,23 +45,30 @@ to it). Trainer checkpoints and mined negatives go to the work folder ``<output>
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from datasets import Dataset
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from sentence_transformers.base.losses.merged_forward import embed_columns
 from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
-from sentence_transformers.util import cos_sim, dot_score, pairwise_cos_sim, pairwise_dot_score
+from sentence_transformers.util import (
+    cos_sim,
+    dot_score,
+    mine_hard_negatives,
+    pairwise_cos_sim,
+    pairwise_dot_score,
+)
 from torch import nn
+from transformers import set_seed
 
 from .beir import (
     ON_MISSING,
@@ -70,6 +76,7 @@ from .beir import (
     RetrievalDataError,
     TrainingGroup,
     clean_groups,
+    doc_text,
     groups_to_dataset,
     groups_to_distillation_dataset,
     load_training_groups,
@@ -79,50 +86,36 @@ from .beir import (
     read_training_jsonl,
     write_training_jsonl,
 )
-from .export import CITATIONS, PAPER_URLS
-from .folders import (
-    atomic_folder,
-    check_destination,
-    check_model_folder,
-    folder_errors_as,
-    hub_id_of_model,
-    is_hub_id,
-    public_name,
-)
+from .core.arguments import configure_logging, parse_command
+from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
+from .core.checkpoints import is_dupmae_model
+from .core.errors import UserError
+from .core.folders import atomic_folder, check_destination, hub_id_of_model, is_hub_id, public_name
+from .core.io import read_json_or_empty
+from .core.versions import library_versions, package_version
+from .evaluate import evaluate_folder
+from .export import load_as_sentence_transformer
+from .export_dupmae import save_dupmae_sentence_transformer
+from .methods import METHODS
 
 logger = logging.getLogger(__name__)
 
 STAGES = ("in-batch", "hard-negatives", "distill")
-RUN_INFO_FILE = "retromae_finetune.json"
-CARD_TEMPLATE = "finetuned_encoder.md"
 NEGATIVES_FILE = "hard_negatives.jsonl"
-# the metrics of the summary table and the card: (mteb score key, display name)
-CARD_METRICS = (("ndcg_at_10", "NDCG@10"), ("mrr_at_10", "MRR@10"), ("recall_at_100", "Recall@100"),
-                ("recall_at_1000", "Recall@1000"))
-NO_MODULES_WARNING = (
-    "{model} has no modules.json (it is not a sentence-transformers folder): assuming {pooling} pooling and the "
-    "{similarity} product. RetroMAE-style pre-training trains the last-layer [CLS] state as the sentence embedding "
-    "and the papers' BEIR protocol scores with [CLS] + dot product; sentence-transformers' own default for such a "
-    "folder is MEAN pooling, which averages token states that were never trained as an embedding and gives wrong "
-    "(lower) BEIR numbers. Pass --pooling mean only for a model that was trained with mean pooling."
-)
 
 __all__ = [
     "STAGES",
     "DistillationLoss",
     "FinetuneError",
     "FinetuneResult",
-    "load_encoder",
-    "mine_negatives",
-    "needs_remote_code",
-    "render_finetuned_card",
-    "run_finetune",
+    "finetune",
     "finetune_command",
-    "write_model_card",
+    "mine_negatives",
+    "run_finetune",
 ]
 
 
-class FinetuneError(ValueError):
+class FinetuneError(UserError):
     """The fine-tuning input cannot be used; the message says why and what to do."""
 
 
@@ -234,133 +227,7 @@ class FinetuneResult:
     info: dict[str, Any]
 
 
-# ---- loading the starting model ------------------------------------------------------------------------------------
-
-
-def needs_remote_code(folder: str | os.PathLike) -> bool:
-    """Whether a sentence-transformers folder's modules.json references a class outside `sentence_transformers`
-    (loading it then needs `trust_remote_code=True`, sentence-transformers >= 6)."""
-    modules_file = Path(folder) / "modules.json"
-    if not modules_file.is_file():
-        return False
-    try:
-        modules = json.loads(modules_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return False
-    return any(not str(m.get("type", "")).startswith("sentence_transformers.") for m in modules if isinstance(m, dict))
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise FinetuneError(f"{folder.name}: cannot read config.json ({error})") from None
-
-
-def _pretraining_method(folder: Path) -> str | None:
-    """The retromae method of a pre-training checkpoint (config model_type) or of an export (model-card tags)."""
-    from .methods import METHODS, method_of_config
-
-    if (folder / "config.json").is_file():
-        try:
-            return method_of_config(_read_config(folder).get("model_type")).name
-        except ValueError:
-            pass
-    readme = folder / "README.md"
-    if readme.is_file():
-        try:
-            tags = ModelCard.load(readme).data.to_dict().get("tags") or []
-        except Exception:  # a hand-written README without front matter
-            return None
-        if "retromae" in tags:
-            return next((t for t in tags if t in METHODS), None)
-    return None
-
-
-def load_encoder(
-    model_ref: str | os.PathLike,
-    *,
-    pooling: str | None = None,
-    max_seq_length: int | None = None,
-    work_dir: str | os.PathLike | None = None,
-    device: str | None = None,
-) -> tuple[SentenceTransformer, dict[str, Any]]:
-    """Load a starting model as a `SentenceTransformer`.
-
-    Args:
-        model_ref: a sentence-transformers folder (modules.json; remote-code modules are trusted when modules.json
-            references them), a `retromae pretrain` checkpoint (exported first into `work_dir`), a plain HF encoder
-            folder (Transformer + `pooling`, CLS by default, with a warning), or a Hub id.
-        pooling: only for folders without modules.json: "cls" (default) or "mean".
-        max_seq_length: override the model's maximum length.
-        work_dir: where a pre-training checkpoint is exported to (required for those).
-        device: torch device (default: sentence-transformers' choice).
-
-    Returns:
-        `(model, info)`: info has `kind` (sentence-transformers | retromae-checkpoint | transformers | hub),
-        `pretraining_method` (or None), `trust_remote_code`.
-    """
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    from .export import export_sentence_transformer
-
-    path = Path(model_ref).expanduser()
-    info: dict[str, Any] = {"kind": "hub", "pretraining_method": None, "trust_remote_code": False}
-    if path.is_dir():
-        with folder_errors_as(FinetuneError):
-            check_model_folder(path, purpose="--model")
-        method = _pretraining_method(path)
-        info["pretraining_method"] = method
-        if not (path / "modules.json").is_file() and (path / "config.json").is_file() and method is not None:
-            if work_dir is None:
-                raise FinetuneError(f"{path.name} is a pre-training checkpoint; pass a work folder to export it into")
-            exported = Path(work_dir) / "pretrained-encoder"
-            logger.info("exporting the %s pre-training checkpoint %s to %s", method, path.name, exported)
-            export_sentence_transformer(path, exported, overwrite=True)
-            info["kind"] = "retromae-checkpoint"
-            path = exported
-        if (path / "modules.json").is_file():
-            if pooling is not None:
-                raise FinetuneError(
-                    f"--pooling applies to folders without modules.json; {path.name} is a sentence-transformers folder "
-                    "and keeps its own pooling"
-                )
-            remote = needs_remote_code(path)
-            info.update(kind=info["kind"] if info["kind"] != "hub" else "sentence-transformers", trust_remote_code=remote)
-            try:
-                model = SentenceTransformer(str(path), trust_remote_code=remote, device=device)
-            except (OSError, ValueError, KeyError, ImportError) as error:
-                raise FinetuneError(f"cannot load the sentence-transformers folder {path.name}: {error}") from None
-        elif (path / "config.json").is_file():
-            pooling = pooling or "cls"
-            similarity = "dot" if pooling == "cls" else "cosine"
-            logger.warning(NO_MODULES_WARNING.format(model=path.name, pooling=pooling.upper(), similarity=similarity))
-            config = _read_config(path)
-            model_kwargs = {"add_pooling_layer": False} if config.get("model_type") == "bert" else {}
-            transformer = Transformer(str(path), model_kwargs=model_kwargs)
-            model = SentenceTransformer(
-                modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)],
-                similarity_fn_name=similarity,
-                prompts={"query": "", "document": ""},
-                device=device,
-            )
-            info.update(kind="transformers", pooling_assumed=pooling)
-        else:
-            raise FinetuneError(f"{path.name} holds neither modules.json nor config.json; not a model folder")
-    else:
-        if os.path.isabs(str(model_ref)) or str(model_ref).startswith((".", "~")):
-            raise FinetuneError(f"model folder {model_ref} does not exist")
-        try:
-            model = SentenceTransformer(str(model_ref), device=device)
-        except Exception as error:  # offline / unknown id: the hub message says which
-            raise FinetuneError(f"cannot load model {model_ref!r}: {error}") from None
-    if max_seq_length is not None:
-        model.max_seq_length = max_seq_length
-    return model, info
-
-
-def _is_hybrid(model: SentenceTransformer) -> bool:
-    return any(type(m).__name__ == "DupMAEPooling" for m in model.modules())
+# ---- describing the model ------------------------------------------------------------------------------------------
 
 
 def _pooling_description(model: SentenceTransformer) -> str:
@@ -420,9 +287,9 @@ class DistillationLoss(nn.Module):
     ):
         super().__init__()
         if not distill_weight > 0:
-            raise ValueError(f"distill_weight must be > 0, got {distill_weight}")
+            raise FinetuneError(f"distill_weight must be > 0, got {distill_weight}")
         if contrastive_weight < 0:
-            raise ValueError(f"contrastive_weight must be >= 0, got {contrastive_weight}")
+            raise FinetuneError(f"contrastive_weight must be >= 0, got {contrastive_weight}")
         similarity, pairwise, default_scale = _similarities(model)
         self.model = model
         self.distill_weight = distill_weight
@@ -433,8 +300,6 @@ class DistillationLoss(nn.Module):
         )
 
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        from sentence_transformers.base.losses.merged_forward import embed_columns
-
         embeddings = embed_columns(self.model, sentence_features)  # [query, positive, negative_1, ...], each (B, D)
         return self.compute_loss_from_embeddings(embeddings, labels)
 
@@ -492,9 +357,6 @@ def mine_negatives(
         The groups with `negatives` set; queries for which fewer than `num_negatives` candidates remained are
         returned without negatives (and counted in the log).
     """
-    from datasets import Dataset
-    from sentence_transformers.util import mine_hard_negatives
-
     if num_negatives < 1:
         raise FinetuneError(f"--num-negatives must be >= 1 to mine hard negatives, got {num_negatives}")
     if range_min < 0 or range_max - range_min < num_negatives:
@@ -558,8 +420,6 @@ def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
         corpus_file = Path(data_args.corpus)
         if not corpus_file.is_file():
             raise FinetuneError(f"--corpus {data_args.corpus} does not exist")
-        from .beir import doc_text
-
         return {doc_id: doc_text(d["title"], d["text"]) for doc_id, d in read_beir_corpus(corpus_file).items()}
     if beir is not None:
         return {doc_id: beir.doc_text(doc_id) for doc_id in beir.corpus}
@@ -614,22 +474,19 @@ def run_finetune(
     training_args: FinetuneTrainingArguments,
 ) -> FinetuneResult:
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
-    from transformers import set_seed
-
     stages = _parse_stages(data_args.stages, data_args.teacher_scores)
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                             "names no local paths: omit the flag to record the starting model as local")
     output_dir = Path(training_args.output_dir)
-    with folder_errors_as(FinetuneError):
-        check_destination(output_dir, training_args.overwrite, source=Path(model_args.model))
+    check_destination(output_dir, training_args.overwrite, source=Path(model_args.model))
     work_dir = Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
     work_dir.mkdir(parents=True, exist_ok=True)
     set_seed(training_args.seed)
 
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
     groups, dropped = clean_groups(groups)
-    model, model_info = load_encoder(
+    model, model_info = load_as_sentence_transformer(
         model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
     )
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)
@@ -680,7 +537,7 @@ def run_finetune(
                     + (f" + in-batch contrastive x {loss_args.contrastive_weight:g}" if loss_args.contrastive_weight else "")
                 )
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
-        args = _stage_args(training_args, work_dir, stage, dataset.column_names, _is_hybrid(model))
+        args = _stage_args(training_args, work_dir, stage, dataset.column_names, is_dupmae_model(model))
         record = {"stage": stage, "loss": description, "examples": len(dataset),
                   "negatives_per_query": 0 if stage == "in-batch" else data_args.num_negatives,
                   "negatives": negatives_source if stage != "in-batch" else None,
@@ -693,12 +550,54 @@ def run_finetune(
     if training_args.process_index == 0:
         save_finetuned_model(model, output_dir, info, overwrite=training_args.overwrite)
         if data_args.eval_data:
-            from .evaluate import evaluate_folder
-
             evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
                             output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing)
-            info = json.loads((output_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
+            info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     return FinetuneResult(output_dir, info)
+
+
+ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
+
+
+def finetune(
+    model: str | os.PathLike,
+    train_data: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    stages: str | Sequence[str] = ("in-batch", "hard-negatives"),
+    overwrite: bool = False,
+    **options: Any,
+) -> FinetuneResult:
+    """Fine-tune a bi-encoder for retrieval and write it as a sentence-transformers folder (`retromae finetune`).
+
+    Args:
+        model: the starting point: a `retromae pretrain` checkpoint, a `retromae export` folder, any
+            sentence-transformers folder, a plain BERT folder or a Hub id.
+        train_data: a BEIR folder, a .jsonl file of {query, positive, negatives}, a datasets folder or a Hub dataset.
+        output_dir: the folder to write (built in a temporary sibling, renamed into place when complete).
+        stages: the stages in order, from `STAGES` ("distill" needs `teacher_scores=`).
+        overwrite: replace an existing `output_dir`.
+        **options: any other setting of `retromae finetune` by its field name, e.g. `max_steps=100`,
+            `per_device_train_batch_size=32`, `learning_rate=2e-5`, `eval_data="beir/scifact"`, `teacher_scores=...`,
+            `num_negatives=7`, `pooling="cls"`, `model_name="my-org/model"` (see `retromae finetune --help`).
+
+    Returns:
+        The output folder and the run record (`FinetuneResult`).
+
+    Raises:
+        FinetuneError: an unknown option; any `UserError` of the data or the model.
+    """
+    values: dict[str, Any] = {
+        **options, "model": os.fspath(model), "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir),
+        "overwrite": overwrite, "stages": stages if isinstance(stages, str) else ",".join(stages),
+    }
+    arguments = []
+    for argument_class in ARGUMENT_CLASSES:
+        names = {f.name for f in dataclasses.fields(argument_class) if f.init}
+        arguments.append(argument_class(**{name: values.pop(name) for name in list(values) if name in names}))
+    if values:
+        raise FinetuneError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
+    return run_finetune(*arguments)
 
 
 def _loss_config(loss: nn.Module) -> dict[str, Any]:
@@ -708,8 +607,6 @@ def _loss_config(loss: nn.Module) -> dict[str, Any]:
 
 def _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
               stage_records, output_dir: Path) -> dict[str, Any]:
-    from .cli import _version
-    from .export import _library_versions
 
     # a local starting folder is recorded by its own Hub id when it names one, never by its path
     base = model_args.base_model_name or hub_id_of_model(model_args.model)
@@ -743,14 +640,14 @@ def _run_info(model, model_info, model_args, data_args, loss_args, training_args
         "similarity": model.similarity_fn_name,
         "embedding_dim": model.get_embedding_dimension(),
         "max_seq_length": model.max_seq_length,
-        "trust_remote_code": bool(model_info.get("trust_remote_code") or _is_hybrid(model)),
+        "trust_remote_code": bool(model_info.get("trust_remote_code") or is_dupmae_model(model)),
         "train_data": {"name": train_name, "split": data_args.split, "queries": len(groups),
                        "format": "beir" if beir is not None else "pairs", "dropped": dropped},
         "stages": stage_records,
         "hyperparameters": hyper,
         "eval_results": [],
-        "retromae_version": _version(),
-        "library_versions": _library_versions(),
+        "retromae_version": package_version(),
+        "library_versions": library_versions(),
     }
 
 
@@ -758,111 +655,14 @@ def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLi
                          overwrite: bool = False) -> Path:
     """Write `model` + its card + the run record to `output_dir`, atomically (temporary sibling, then rename)."""
     output_dir = Path(output_dir)
-    with folder_errors_as(FinetuneError), atomic_folder(output_dir, overwrite=overwrite) as build_dir:
-        if _is_hybrid(model):
-            from .export_dupmae import save_dupmae_sentence_transformer
-
+    with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
+        if is_dupmae_model(model):
             save_dupmae_sentence_transformer(model, build_dir, create_model_card=False)
         else:
             model.save(str(build_dir), create_model_card=False)
-        write_model_card(build_dir, info)
+        write_finetuned_card(build_dir, info, METHODS)
     logger.info("fine-tuned model written to %s", output_dir)
     return output_dir
-
-
-# ---- model card ----------------------------------------------------------------------------------------------------
-
-
-def _eval_results(rows: list[dict[str, Any]], model_name: str) -> list[EvalResult]:
-    results = []
-    for row in rows:
-        for key, label in CARD_METRICS:
-            if row.get(key) is None:
-                continue
-            results.append(EvalResult(
-                task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_id"],
-                dataset_name=row["dataset_name"], dataset_split=row["split"], metric_type=key,
-                metric_name=label, metric_value=float(row[key]),
-            ))
-    return results
-
-
-def render_finetuned_card(info: Mapping[str, Any]) -> str:
-    """README.md of a fine-tuned model from its run record (`retromae_finetune.json`); never a local path."""
-    from .methods import METHODS
-
-    method = info.get("pretraining_method")
-    method_info = METHODS.get(method) if method else None
-    model_name = info.get("model_name") or "retromae-finetuned"
-    repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
-    base_model = info.get("base_model")
-    hub_base = base_model if is_hub_id(base_model) else None
-    train = info.get("train_data") or {}
-    eval_rows = list(info.get("eval_results") or [])
-    datasets = [d for d in dict.fromkeys([train.get("name"), *(r.get("dataset_id") for r in eval_rows)]) if is_hub_id(d)]
-    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "retromae", "retrieval"]
-    if method:
-        tags.append(method)
-    if info.get("trust_remote_code"):
-        tags.append("custom_code")
-    card_data = ModelCardData(
-        language="en", license="apache-2.0", library_name="sentence-transformers", pipeline_tag="sentence-similarity",
-        base_model=hub_base, datasets=datasets or None, tags=list(dict.fromkeys(tags)), model_name=model_name,
-        eval_results=_eval_results(eval_rows, model_name) or None,
-    )
-    citations = []
-    for key in dict.fromkeys([method_info.paper if method_info else None, "retromae", "dupmae"]):
-        if key and key in CITATIONS:
-            citations.append(CITATIONS[key].strip())
-    trust = info.get("trust_remote_code")
-    template = resources.files("retromae.model_cards").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
-    card = ModelCard.from_template(
-        card_data,
-        template_str=template,
-        model_name=model_name,
-        repo_id=repo_id,
-        base_model_text=(f"[{hub_base}](https://huggingface.co/{hub_base})" if hub_base
-                         else "a local model (no Hub id recorded)" if not base_model else f"`{base_model}` (local)"),
-        method_text=(f"{method_info.summary.partition(':')[0]} (`{method}`, [paper]({PAPER_URLS.get(method_info.paper, '')}))"
-                     if method_info else "not a retromae pre-training (or not recorded)"),
-        pooling=info.get("pooling"),
-        similarity=info.get("similarity"),
-        embedding_dim=info.get("embedding_dim"),
-        max_seq_length=info.get("max_seq_length"),
-        hybrid=str(info.get("pooling", "")).startswith("DupMAE"),
-        trust_remote_code=trust,
-        load_args=", trust_remote_code=True" if trust else "",
-        train_name=train.get("name"),
-        train_split=train.get("split"),
-        train_queries=train.get("queries"),
-        dropped=[(k.replace("_", " "), v) for k, v in (train.get("dropped") or {}).items() if v],
-        stages=info.get("stages") or [],
-        hyperparameters=[(k, _fmt(v)) for k, v in (info.get("hyperparameters") or {}).items()],
-        eval_rows=[{**row, **{k: _fmt(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
-        metric_labels=[label for _, label in CARD_METRICS],
-        metric_keys=[key for key, _ in CARD_METRICS],
-        retromae_version=info.get("retromae_version", "unknown"),
-        citations=citations,
-        folder_name=model_name.split("/")[-1],
-    )
-    return str(card)
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4f}" if 1e-3 <= abs(value) < 10 else f"{value:g}"
-    return str(value)
-
-
-def write_model_card(folder: str | os.PathLike, info: Mapping[str, Any]) -> None:
-    """Write `retromae_finetune.json` and README.md into `folder` (each via a temporary file + rename)."""
-    folder = Path(folder)
-    for name, text in ((RUN_INFO_FILE, json.dumps(info, indent=2) + "\n"), ("README.md", render_finetuned_card(info))):
-        tmp = folder / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, folder / name)
 
 
 # ---- CLI -----------------------------------------------------------------------------------------------------------
@@ -870,20 +670,12 @@ def write_model_card(folder: str | os.PathLike, info: Mapping[str, Any]) -> None
 
 def finetune_command(argv: list[str]) -> int:
     """`retromae finetune MODEL TRAIN_DATA [options]`."""
-    from transformers import HfArgumentParser
-
-    from .cli import _configure_logging, _parse, _positional_to_flags
-
-    parser = HfArgumentParser(
-        (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments),
-        prog="retromae finetune",
+    model_args, data_args, loss_args, training_args = parse_command(
+        argv, (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments), prog="retromae finetune",
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
-        "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT",
+        "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT", positional=["model", "train_data"],
     )
-    model_args, data_args, loss_args, training_args = _parse(
-        parser, _positional_to_flags(argv, ["model", "train_data"])
-    )
-    _configure_logging(training_args.get_process_log_level())
+    configure_logging(training_args.get_process_log_level())
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise FinetuneError(f"--on-missing must be one of {ON_MISSING}")
     try:

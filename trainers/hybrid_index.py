@@ -48,8 +48,13 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .flags import LIST_FLAG
-from .folders import atomic_folder, check_destination, check_model_folder, folder_errors_as
+from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
+from .core.arguments import LIST_FLAG, configure_logging, parse_command
+from .core.errors import UserError
+from .core.folders import atomic_folder, check_destination, check_model_folder
+from .core.io import atomic_file
+from .data import read_corpus
+from .export_dupmae import load_dupmae_sentence_transformer
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +69,7 @@ SCORE_BLOCK = 1 << 23  # query x document scores per block (32 MiB of float32)
 QUERY_SIDE_SETTINGS = ("query_top_k", "chunk_size")  # pooling settings that leave the documents unchanged
 
 
-class HybridIndexError(ValueError):
+class HybridIndexError(UserError):
     """An index folder is incomplete or corrupted, or an index is used with the wrong model or inputs."""
 
 
@@ -81,7 +86,7 @@ def _pooling(model: Any):
             return module
     raise HybridIndexError(
         f"{type(model).__name__} has no DupMAEPooling module: export the encoder with "
-        "retromae.trainers.export_dupmae.build_dupmae_sentence_transformer"
+        "retromae.trainers.export.build_dupmae_sentence_transformer"
     )
 
 
@@ -150,17 +155,17 @@ class HybridIndex:
         candidates: int | None = None,
     ):
         if index_type not in INDEX_TYPES:
-            raise ValueError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
+            raise HybridIndexError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
         if vocab_size < 1:
-            raise ValueError(f"vocab_size={vocab_size} must be >= 1")
+            raise HybridIndexError(f"vocab_size={vocab_size} must be >= 1")
         if dense_dim is None and doc_top_k is None:
-            raise ValueError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
+            raise HybridIndexError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
         if dense_dim is not None and dense_dim < 1:
-            raise ValueError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
+            raise HybridIndexError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
         if doc_top_k is not None and not 1 <= doc_top_k <= vocab_size:
-            raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
+            raise HybridIndexError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
         if candidates is not None and candidates < 1:
-            raise ValueError(f"candidates={candidates} must be >= 1")
+            raise HybridIndexError(f"candidates={candidates} must be >= 1")
         self.dense_dim = dense_dim
         self.vocab_size = vocab_size
         self.doc_top_k = doc_top_k
@@ -292,7 +297,7 @@ class HybridIndex:
         """
         ids = [str(i) for i in range(len(texts))] if ids is None else [str(i) for i in ids]
         if len(ids) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(ids)} ids")
+            raise HybridIndexError(f"{len(texts)} texts but {len(ids)} ids")
         pooling = _pooling(model)
         index = cls(
             dense_dim=pooling.get_config_dict()["dense_dim"] if pooling.has_dense else None,
@@ -339,7 +344,7 @@ class HybridIndex:
         """
         self.check_fingerprint(model_fingerprint)
         if top_n < 1:
-            raise ValueError(f"top_n={top_n} must be >= 1")
+            raise HybridIndexError(f"top_n={top_n} must be >= 1")
         self._finalize()
         q_dense, q_sparse, num_queries = self._check_queries(query_dense, query_sparse)
         n = min(top_n, len(self))
@@ -366,7 +371,7 @@ class HybridIndex:
             raise TypeError("queries must be a list of strings, not a string")
         for i, query in enumerate(queries):
             if not isinstance(query, str) or not query.strip():
-                raise ValueError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
+                raise HybridIndexError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
         if verify_model:
             self.check_fingerprint(model_fingerprint(model))
         if not queries:
@@ -496,11 +501,9 @@ class HybridIndex:
         """Write the index to `folder` atomically: a temporary sibling folder is filled, then renamed into place
         (a previous index there is removed only after the new one is complete)."""
         folder = Path(folder)
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
-            raise FileExistsError(f"{folder} exists and is not empty; pass overwrite=True to replace it")
+        check_destination(folder, overwrite)  # FolderError before the work, not after it
         self._finalize()
-        # overwrite=True: a non-empty folder was refused above (as FileExistsError, this method's contract)
-        with atomic_folder(folder, overwrite=True) as tmp:
+        with atomic_folder(folder, overwrite=overwrite) as tmp:
             files = []
             if self._dense is not None:
                 faiss.write_index(self._dense, str(tmp / DENSE_FILE))
@@ -670,9 +673,6 @@ class SearchArguments:
 
 
 def _documents(corpus: str) -> tuple[list[str], list[str]]:
-    from .beir import doc_text, is_beir_folder, read_beir_corpus
-    from .data import read_corpus
-
     path = Path(corpus)
     beir_file = path / "corpus.jsonl" if is_beir_folder(path) else path
     if beir_file.suffix == ".jsonl" and beir_file.is_file():
@@ -691,8 +691,6 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
         if not path.is_file():
             raise HybridIndexError(f"queries file {path} not found")
         if path.suffix == ".jsonl":
-            from .beir import read_beir_queries
-
             queries += list(read_beir_queries(path).items())
         else:
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -704,25 +702,16 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
 
 def index_command(argv: list[str]) -> int:
     """`retromae index`: encode a corpus with a DupMAE model and write an exact hybrid index."""
-    from transformers import HfArgumentParser
-
-    from .cli import _configure_logging, _parse
-    from .export_dupmae import load_dupmae_sentence_transformer
-
-    parser = HfArgumentParser(IndexArguments, prog="retromae index", description=index_command.__doc__)
-    (args,) = _parse(parser, argv)
-    _configure_logging()
-    with folder_errors_as(HybridIndexError):  # refused before hours of encoding, not after
-        check_destination(Path(args.output_dir), args.overwrite)
-        check_model_folder(args.model, purpose="index --model")
+    (args,) = parse_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__)
+    configure_logging()
+    # refused before hours of encoding, not after
+    check_destination(Path(args.output_dir), args.overwrite)
+    check_model_folder(args.model, purpose="index --model")
     model = load_dupmae_sentence_transformer(args.model)
     ids, texts = _documents(args.corpus)
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
                               show_progress_bar=True)
-    try:
-        folder = index.save(args.output_dir, overwrite=args.overwrite)
-    except FileExistsError as error:  # created by someone else while we encoded
-        raise HybridIndexError(str(error)) from None
+    folder = index.save(args.output_dir, overwrite=args.overwrite)
     print(f"retromae: indexed {len(ids)} documents -> {folder} "
           f"({index.memory_bytes_per_document()} bytes per document)", flush=True)
     return 0
@@ -730,19 +719,13 @@ def index_command(argv: list[str]) -> int:
 
 def search_command(argv: list[str]) -> int:
     """`retromae search`: top-n documents by the exact hybrid score for one or more queries."""
-    from transformers import HfArgumentParser
-
-    from .cli import _configure_logging, _parse
-    from .export_dupmae import load_dupmae_sentence_transformer
-    parser = HfArgumentParser(SearchArguments, prog="retromae search", description=search_command.__doc__)
-    (args,) = _parse(parser, argv)
-    _configure_logging()
+    (args,) = parse_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__)
+    configure_logging()
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it
         raise HybridIndexError(f"--index: {error}") from None
-    with folder_errors_as(HybridIndexError):
-        check_model_folder(args.model, purpose="search --model")
+    check_model_folder(args.model, purpose="search --model")
     model = load_dupmae_sentence_transformer(args.model)
     queries = _queries(args)
     hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)
@@ -753,8 +736,7 @@ def search_command(argv: list[str]) -> int:
         print(f"{record['query'][:60]!r}: {shown}")
     if args.output:
         out = Path(args.output)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        os.replace(tmp, out)
+        with atomic_file(out) as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
         print(f"retromae: wrote {len(records)} result lists to {out}", flush=True)
     return 0

@@ -1,14 +1,82 @@
-"""The registry of pre-training methods: one entry per method, used by the CLI, the Trainer and the exporter."""
+"""The registry of pre-training methods: the one place that knows how the methods differ.
+
+Each `Method` names its model class (modeling/), its paper, how its training data and collator are built, which
+config settings decide something before the model is built, and how its encoder is exported. The drivers
+(`pretrain`, `export`, ...) only ask the registry; adding a method means a model in modeling/, an entry in
+`METHODS` and tests.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.modeling.modeling_sentmae import SentMAEForPretraining
+
+from .contrastive_data import contrastive_training_data, corpus_training_data, pair_positive_settings
+from .core.errors import UserError
+from .data import DataInputs, TrainingData
+from .export_cls import Exporter, write_cls_encoder
+from .export_dupmae import write_dupmae_export
+
+# builds a method's training data from its (already built) config, the tokenizer and the run's data inputs
+TrainingDataBuilder = Callable[[Any, Any, DataInputs], TrainingData]
+# config settings the data inputs decide before the model is built (given the settings the user asked for)
+DataSettings = Callable[[DataInputs, dict[str, Any]], dict[str, Any]]
+
+
+def no_data_settings(inputs: DataInputs, requested: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@dataclass
+class MethodArguments:
+    """`retromae pretrain`'s flags for method config settings. A flag applies to every method whose config has the
+    field of that name (`Method.settings`); given for another method, it is refused."""
+
+    encoder_mask_ratio: float | None = field(default=None, metadata={"help": "encoder MLM mask ratio in (0, 1); default 0.3"})
+    decoder_mask_ratio: float | None = field(default=None, metadata={"help": "decoder mask ratio in (0, 1); default 0.5"})
+    decoding: Literal["enhanced", "basic"] | None = field(
+        default=None, metadata={"help": "RetroMAE decoding: enhanced (paper default) or basic (Table 6 ablation)"}
+    )
+    num_decoder_layers: int | None = field(default=None, metadata={"help": "decoder layers (1; 1-3 with basic decoding)"})
+    query_stream: Literal["position", "embeddings"] | None = field(
+        default=None, metadata={"help": "decoder queries: h + p_i (position, paper) or the embedding module (embeddings)"}
+    )
+    decoder_init: Literal["bert", "copy_last_layer"] | None = field(
+        default=None, metadata={"help": "fresh decoder: BERT init, or a copy of the encoder's last layer"}
+    )
+    whole_word_mask: bool | None = field(default=None, metadata={"help": "mask whole words in the encoder input (default on)"})
+    method_options: str | None = field(
+        default=None, metadata={"help": 'other config fields of the method as JSON, e.g. \'{"bow_loss_weight": 0.1}\''}
+    )
+
+    def given(self) -> dict[str, Any]:
+        """The settings given by their own flags (not `--method-options`), by config field name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "method_options" and getattr(self, f.name) is not None}
+
+    def options(self) -> dict[str, Any]:
+        """`--method-options` as a dict."""
+        if not self.method_options:
+            return {}
+        try:
+            options = json.loads(self.method_options)
+        except json.JSONDecodeError as error:
+            raise UserError(f"--method-options is not valid JSON: {error}") from None
+        if not isinstance(options, dict):
+            raise UserError("--method-options must be a JSON object")
+        return options
+
+
+SETTING_FLAGS = tuple(f.name for f in dataclasses.fields(MethodArguments) if f.name != "method_options")
 
 
 @dataclass(frozen=True)
@@ -18,14 +86,57 @@ class Method:
     Args:
         name: the value of `retromae pretrain --method`.
         model_class: its `*ForPretraining` class (a `BertPretrainingBase` subclass).
-        summary: one line for `--help` and model cards.
-        paper: citation key of the paper (see `CITATIONS`).
+        summary: one line for `retromae methods` and model cards ("Title: what it does").
+        citation: the paper's BibTeX entry (model cards).
+        paper_url: the paper's address (model cards).
+        exporter: writes the sentence-transformers folder of a checkpoint into an empty build folder.
+        training_data: builds the dataset and collator of a run from the model's config.
+        data_settings: config settings the data inputs decide before the model is built (e.g. `--pairs`).
     """
 
     name: str
     model_class: type
     summary: str
-    paper: str
+    citation: str
+    paper_url: str
+    exporter: Exporter = write_cls_encoder
+    training_data: TrainingDataBuilder = corpus_training_data
+    data_settings: DataSettings = no_data_settings
+
+    @property
+    def config_fields(self) -> dict[str, dataclasses.Field]:
+        return {f.name: f for f in dataclasses.fields(self.model_class.config_class)}
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The setting flags (`MethodArguments`) that apply to this method: those naming a field of its config."""
+        return tuple(name for name in SETTING_FLAGS if name in self.config_fields)
+
+    @property
+    def continues_from(self) -> tuple[str, ...]:
+        """The model types of other methods' checkpoints this method continues (SentMAE stage 2: a retromae one)."""
+        return getattr(self.model_class, "continues_from", ())
+
+    def config_settings(self, arguments: MethodArguments, inputs: DataInputs, tokenizer: Any) -> dict[str, Any]:
+        """The config fields a run sets: setting flags, `--method-options`, what the data decides and the tokenizer's
+        special ids. Integers given for float fields become floats (a config is a strict dataclass).
+
+        Raises:
+            UserError: a setting that is not a field of this method's config, or invalid `--method-options`.
+        """
+        requested = {**arguments.given(), **arguments.options()}
+        requested.update(self.data_settings(inputs, requested))
+        fields = self.config_fields
+        not_applicable = sorted(set(requested) - set(fields))
+        if not_applicable:
+            raise UserError(f"setting(s) {', '.join(not_applicable)} do not apply to method {self.name!r}")
+        settings = {name: float(value) if "float" in str(fields[name].type) and type(value) is int else value
+                    for name, value in requested.items()}
+        if "mask_token_id" in fields and tokenizer.mask_token_id is not None:
+            settings.setdefault("mask_token_id", tokenizer.mask_token_id)
+        if "special_token_ids" in fields:
+            settings.setdefault("special_token_ids", sorted(set(tokenizer.all_special_ids)))
+        return settings
 
 
 METHODS: dict[str, Method] = {
@@ -33,71 +144,71 @@ METHODS: dict[str, Method] = {
         "retromae",
         RetroMAEForPretraining,
         "RetroMAE: encoder MLM + one-layer decoder reconstructing the input from the [CLS] embedding",
-        "retromae",
-    ),
-    "bow": Method(
-        "bow",
-        BoWForPretraining,
-        "Bag-of-Word prediction: encoder MLM + predicting the input's token set from [CLS] (no decoder)",
-        "bow",
-    ),
-    "seed": Method(
-        "seed",
-        SEEDEncoderForPretraining,
-        "SEED-Encoder: encoder MLM + weak 3-layer auto-regressive decoder seeing [CLS] and the previous 2 tokens",
-        "seed",
-    ),
-    "dupmae": Method(
-        "dupmae",
-        DupMAEForPretraining,
-        "DupMAE: RetroMAE's [CLS] decoding + bag-of-words decoding from the max-pooled ordinary-token logits",
-        "dupmae",
-    ),
-    "sentmae": Method(
-        "sentmae",
-        SentMAEForPretraining,
-        "SentMAE stage 2: RetroMAE continued from a stage-1 retromae checkpoint + in-batch contrastive loss on [CLS]",
-        "sentmae",
-    ),
-}
-
-CITATIONS: dict[str, str] = {
-    "retromae": """@inproceedings{xiao2022retromae,
+        citation="""@inproceedings{xiao2022retromae,
   title = {RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked Auto-Encoder},
   author = {Xiao, Shitao and Liu, Zheng and Shao, Yingxia and Cao, Zhao},
   booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
   year = {2022}
 }""",
-    "bow": """@inproceedings{ma2024drop,
+        paper_url="https://arxiv.org/abs/2205.12035",
+    ),
+    "bow": Method(
+        "bow",
+        BoWForPretraining,
+        "Bag-of-Word prediction: encoder MLM + predicting the input's token set from [CLS] (no decoder)",
+        citation="""@inproceedings{ma2024drop,
   title = {Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense Passage Retrieval},
   author = {Ma, Guangyuan and Wu, Xing and Lin, Zijia and Hu, Songlin},
   booktitle = {Proceedings of the 47th International ACM SIGIR Conference on Research and Development in Information Retrieval},
   year = {2024}
 }""",
-    "seed": """@inproceedings{lu2021less,
+        paper_url="https://arxiv.org/abs/2401.11248",
+    ),
+    "seed": Method(
+        "seed",
+        SEEDEncoderForPretraining,
+        "SEED-Encoder: encoder MLM + weak 3-layer auto-regressive decoder seeing [CLS] and the previous 2 tokens",
+        citation="""@inproceedings{lu2021less,
   title = {Less is More: Pre-train a Strong Text Encoder for Dense Retrieval Using a Weak Decoder},
   author = {Lu, Shuqi and He, Di and Xiong, Chenyan and Ke, Guolin and Malik, Waleed and Dou, Zhicheng and Bennett, Paul and Liu, Tie-Yan and Overwijk, Arnold},
   booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
   year = {2021}
 }""",
-    "dupmae": """@inproceedings{liu2023retromae2,
+        paper_url="https://arxiv.org/abs/2102.09206",
+    ),
+    "dupmae": Method(
+        "dupmae",
+        DupMAEForPretraining,
+        "DupMAE: RetroMAE's [CLS] decoding + bag-of-words decoding from the max-pooled ordinary-token logits",
+        citation="""@inproceedings{liu2023retromae2,
   title = {RetroMAE-2: Duplex Masked Auto-Encoder For Pre-Training Retrieval-Oriented Language Models},
   author = {Liu, Zheng and Xiao, Shitao and Shao, Yingxia and Cao, Zhao},
   booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (Volume 1: Long Papers)},
   year = {2023}
 }""",
-    "sentmae": """@article{liu2022sentmae,
+        paper_url="https://arxiv.org/abs/2305.02564",
+        exporter=write_dupmae_export,
+    ),
+    "sentmae": Method(
+        "sentmae",
+        SentMAEForPretraining,
+        "SentMAE stage 2: RetroMAE continued from a stage-1 retromae checkpoint + in-batch contrastive loss on [CLS]",
+        citation="""@article{liu2022sentmae,
   title = {Masked Autoencoders As The Unified Learners For Pre-Trained Sentence Representation},
   author = {Liu, Alexander and Yang, Samuel},
   journal = {arXiv preprint arXiv:2208.00231},
   year = {2022}
 }""",
+        paper_url="https://arxiv.org/abs/2208.00231",
+        training_data=contrastive_training_data,
+        data_settings=pair_positive_settings,
+    ),
 }
 
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
+        raise UserError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
     return METHODS[name]
 
 
@@ -106,7 +217,22 @@ def method_of_config(model_type: str) -> Method:
     for method in METHODS.values():
         if method.model_class.config_class.model_type == model_type:
             return method
-    raise ValueError(
+    raise UserError(
         f"model_type {model_type!r} is not a retromae pre-training checkpoint; known: "
         f"{', '.join(m.model_class.config_class.model_type for m in METHODS.values())}"
     )
+
+
+def list_methods(argv: list[str]) -> int:
+    """`retromae methods`: one line per method."""
+    if argv and argv[0] not in {"-h", "--help"}:
+        raise UserError(f"unknown option(s): {' '.join(argv)} (`retromae methods` takes none)")
+    for method in METHODS.values():
+        print(f"{method.name:12s} {method.summary}")
+    return 0
+
+
+__all__ = [
+    "METHODS", "SETTING_FLAGS", "DataSettings", "Method", "MethodArguments", "TrainingDataBuilder", "get_method",
+    "list_methods", "method_of_config", "no_data_settings",
+]

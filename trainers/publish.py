@@ -31,22 +31,22 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import HfApi, ModelCard
+from sentence_transformers import SentenceTransformer
 
-from .folders import FILE_SUFFIXES, HUB_ID, TOKENIZER_VOCAB_FILES
+from .core.arguments import configure_logging, parse_command
+from .core.errors import UserError
+from .core.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
 
 logger = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
-_RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
-# a metadata value that names a file of this machine: absolute (/x, ~/x, C:\x), explicitly relative (./x, ../x), with
-# backslashes, or a data/weights file name; Hub ids are `owner/name` and URLs have a scheme
-_LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
+RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
 
 __all__ = ["PublishError", "ValidationReport", "publish", "publish_command", "validate_model_folder"]
 
 
-class PublishError(ValueError):
+class PublishError(UserError):
     """The folder is not fit for upload (or the repo id is malformed); the message names the problem and the fix."""
 
 
@@ -153,7 +153,7 @@ def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]
                 "imported by another remote-code file); copy it next to modules.json"
             )
         checked.append(name)
-        queue += [f"{m}.py" for m in _RELATIVE_IMPORT.findall(path.read_text(encoding="utf-8"))]
+        queue += [f"{m}.py" for m in RELATIVE_IMPORT.findall(path.read_text(encoding="utf-8"))]
     return checked
 
 
@@ -189,29 +189,14 @@ def _check_metadata_paths(metadata: Any, folder: Path, field_name: str = "") -> 
     elif isinstance(metadata, list):
         for i, value in enumerate(metadata):
             _check_metadata_paths(value, folder, f"{field_name}[{i}]")
-    elif isinstance(metadata, str) and _is_local_path(metadata, folder):
+    elif isinstance(metadata, str) and is_local_path(metadata, beside=folder.resolve().parent):
         raise PublishError(
             f"README.md metadata field {field_name!r} is a local path ({metadata!r}); use a Hub id (owner/name) or "
             "remove the field (a local base model is described in the card text, not in the metadata)"
         )
 
 
-def _is_local_path(value: str, folder: Path) -> bool:
-    value = value.strip()
-    if not value or "://" in value or "\n" in value:
-        return False
-    if _LOCAL_PATH.search(value) or value.lower().endswith(FILE_SUFFIXES):
-        return True
-    if " " in value or "/" not in value:  # prose, or a plain name
-        return False
-    # `owner/name` and `out/encoder` look alike: a path that exists here (from the working directory or beside the
-    # folder) is local; so is anything with more than one slash, which no Hub id has
-    return value.count("/") > 1 or any((base / value).exists() for base in (Path.cwd(), folder.resolve().parent))
-
-
 def _check_loads(folder: Path, trust_remote_code: bool) -> int:
-    from sentence_transformers import SentenceTransformer
-
     call = f"SentenceTransformer({folder.name!r}{', trust_remote_code=True' if trust_remote_code else ''})"
     try:
         model = SentenceTransformer(str(folder), trust_remote_code=trust_remote_code, device="cpu")
@@ -281,7 +266,7 @@ def publish(
     Returns:
         `(report, commit_info)`; `commit_info` is None with `dry_run=True`.
     """
-    if not HUB_ID.match(repo_id) or ".." in repo_id:
+    if not is_hub_id(repo_id):
         raise PublishError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
     report = validate_model_folder(folder)
     if dry_run:
@@ -316,18 +301,13 @@ class PublishArguments:
 
 def publish_command(argv: list[str]) -> int:
     """`retromae publish FOLDER OWNER/NAME [--private] [--dry-run]` (alternative: `hf upload OWNER/NAME FOLDER .`)."""
-    from transformers import HfArgumentParser
-
-    from .cli import _configure_logging, _parse, _positional_to_flags
-
-    parser = HfArgumentParser(
-        PublishArguments, prog="retromae publish",
+    (args,) = parse_command(
+        argv, PublishArguments, prog="retromae publish",
         description="Validate a sentence-transformers folder (weights, config, tokenizer, modules.json, remote code, "
         "model card, and that it loads), then upload it with huggingface_hub. Log in first with `hf auth login`. "
-        "Without validation: hf upload OWNER/NAME FOLDER .",
+        "Without validation: hf upload OWNER/NAME FOLDER .", positional=["folder", "repo_id"],
     )
-    (args,) = _parse(parser, _positional_to_flags(argv, ["folder", "repo_id"]))
-    _configure_logging()
+    configure_logging()
     report, commit = publish(
         args.folder, args.repo_id, private=args.private or None, revision=args.revision,
         commit_message=args.commit_message, create_pr=args.create_pr, dry_run=args.dry_run,

@@ -18,7 +18,7 @@ linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort 
    layer gets S * D, each layer below D times less. Other `bert.*` parameters (a pooler) get S.
 3. contrastive anchoring (`--contrastive-anchor-weight W`): SentMAE's in-batch contrastive loss on the [CLS]
    embeddings (cosine, temperature 0.05, `modeling_sentmae.in_batch_contrastive_loss`) with span positives (two
-   disjoint spans of each passage, `contrastive_data.ContrastiveCollator`) is added to any method's loss with
+   disjoint spans of each passage, `contrastive_data.span_pair_training_data`) is added to any method's loss with
    weight W, so the embedding space keeps its geometry. As in SentMAE, anchors and positives both go through the
    method's own losses (one forward pass over 2B sequences) and the contrastive term reuses their [CLS] states.
 
@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
+from safetensors import safe_open
 from transformers import TrainerCallback
+
+from .contrastive_data import POSITIVE_PREFIX
+from .core.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +82,14 @@ class RecipeArguments:
 
     def __post_init__(self) -> None:
         if self.head_warmup_steps < 0:
-            raise ValueError(f"--head-warmup-steps must be >= 0 (0 = off), got {self.head_warmup_steps}")
+            raise UserError(f"--head-warmup-steps must be >= 0 (0 = off), got {self.head_warmup_steps}")
         if not self.encoder_lr_scale > 0:
-            raise ValueError(f"--encoder-lr-scale must be > 0, got {self.encoder_lr_scale}; to keep the encoder "
+            raise UserError(f"--encoder-lr-scale must be > 0, got {self.encoder_lr_scale}; to keep the encoder "
                              "frozen for the whole run, set --head-warmup-steps to --max-steps")
         if not 0 < self.layer_lr_decay <= 1:
-            raise ValueError(f"--layer-lr-decay must lie in (0, 1] (1 = off), got {self.layer_lr_decay}")
+            raise UserError(f"--layer-lr-decay must lie in (0, 1] (1 = off), got {self.layer_lr_decay}")
         if not self.contrastive_anchor_weight >= 0:
-            raise ValueError(f"--contrastive-anchor-weight must be >= 0 (0 = off), got {self.contrastive_anchor_weight}")
+            raise UserError(f"--contrastive-anchor-weight must be >= 0 (0 = off), got {self.contrastive_anchor_weight}")
 
     @property
     def active(self) -> bool:
@@ -187,16 +193,12 @@ ANCHOR_TEMPERATURE, ANCHOR_SIMILARITY = 0.05, "cos"  # SentMAEConfig's defaults 
 
 def merge_pairs(inputs: dict[str, Any]) -> dict[str, Any]:
     """A `ContrastiveCollator` batch (B anchors, B `positive_*` rows) as one batch of 2B rows, anchors first."""
-    from .contrastive_data import POSITIVE_PREFIX
-
     return {key: torch.cat([value, inputs[POSITIVE_PREFIX + key]]) if POSITIVE_PREFIX + key in inputs else value
             for key, value in inputs.items() if not key.startswith(POSITIVE_PREFIX)}
 
 
 def add_contrastive_anchor(outputs, batch_size: int, weight: float):
     """Add the in-batch contrastive loss of the [CLS] embeddings of a merged batch (`merge_pairs`) to `outputs`."""
-    from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
-
     embeddings = outputs.sentence_embedding  # (2B, H): anchors, then their positives
     contrastive = in_batch_contrastive_loss(embeddings[:batch_size], embeddings[batch_size:], ANCHOR_TEMPERATURE,
                                             ANCHOR_SIMILARITY)
@@ -206,39 +208,10 @@ def add_contrastive_anchor(outputs, batch_size: int, weight: float):
     return outputs
 
 
-def anchor_training_data(model, tokenizer, data_args, training_args):
-    """Dataset and collator of a run with `--contrastive-anchor-weight`: the corpus tokenized as for RetroMAE (no
-    packing), batches of two spans per passage (`ContrastiveCollator`, masked as usual)."""
-    from .cli import CliError
-    from .contrastive_data import ContrastiveCollator
-    from .data import read_corpus, tokenize_corpus
-
-    config = model.config
-    if data_args.packing:
-        raise CliError("--contrastive-anchor-weight takes its positives from two spans of one passage, but --packing "
-                       "joins passages into blocks; drop --packing")
-    if getattr(config, "decoder_visibility", "token") == "reference":
-        raise CliError("--contrastive-anchor-weight does not support decoder_visibility=\"reference\" yet; use "
-                       "the default \"token\"")
-    global_batch = training_args.per_device_train_batch_size * training_args.world_size
-    if global_batch < 2:
-        raise CliError("--contrastive-anchor-weight needs at least 2 passages per batch (the other passages' spans "
-                       "are the negatives): raise --per-device-train-batch-size to 2 or more")
-    training_args.dataloader_drop_last = True  # a last batch of one passage would have no negative
-    with training_args.main_process_first(desc="reading and tokenizing the corpus"):
-        texts = read_corpus(data_args.corpus, text_format=data_args.text_format, streaming=data_args.streaming)
-        dataset = tokenize_corpus(texts, tokenizer, max_seq_length=data_args.max_seq_length)
-    collator = ContrastiveCollator(tokenizer, mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
-                                   whole_word_mask=getattr(config, "whole_word_mask", True), positives="spans")
-    return dataset, collator
-
-
 def _local_folder(model_ref: str) -> Path | None:
     """The folder holding `model_ref`'s files: itself, or a Hub id's snapshot in the local cache (no download)."""
     if Path(model_ref).is_dir():
         return Path(model_ref)
-    from huggingface_hub import try_to_load_from_cache
-
     try:
         cached = try_to_load_from_cache(model_ref, "config.json")
     except ValueError:  # not a repo id
@@ -256,8 +229,6 @@ def has_mlm_head(model_ref: str) -> bool | None:
     if index.is_file():
         names = list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
     elif (folder / "model.safetensors").is_file():
-        from safetensors import safe_open
-
         with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
             names = list(weights.keys())
     else:
@@ -276,6 +247,6 @@ def suggest_recipe(model_ref: str, recipe: RecipeArguments) -> None:
 
 
 __all__ = [
-    "HeadWarmupCallback", "RecipeArguments", "SUGGESTED_RECIPE", "add_contrastive_anchor", "anchor_training_data",
-    "encoder_parameters", "has_mlm_head", "merge_pairs", "parameter_groups", "suggest_recipe",
+    "HeadWarmupCallback", "RecipeArguments", "SUGGESTED_RECIPE", "add_contrastive_anchor", "encoder_parameters",
+    "has_mlm_head", "merge_pairs", "parameter_groups", "suggest_recipe",
 ]

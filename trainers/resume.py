@@ -21,6 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .core.errors import UserError
+from .core.io import read_json_or_empty
+
 RESUME_FILE = "retromae_resume.json"
 FORMAT_VERSION = 1
 
@@ -48,7 +51,7 @@ MAY_CHANGE = frozenset({
 })
 
 
-class ResumeConflict(ValueError):
+class ResumeConflict(UserError):
     """A flag given to a resumed run contradicts the setting the checkpoint recorded."""
 
 
@@ -70,12 +73,8 @@ def record_settings(values: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 def read_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
     """The checkpoint's recorded run (`run_id`, `settings`), or None for a checkpoint written without one."""
-    path = Path(checkpoint) / RESUME_FILE
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return recorded if isinstance(recorded, dict) and isinstance(recorded.get("settings"), dict) else None
+    recorded = read_json_or_empty(Path(checkpoint) / RESUME_FILE)
+    return recorded if isinstance(recorded.get("settings"), dict) else None
 
 
 def run_id_of(checkpoint: str | os.PathLike) -> str | None:

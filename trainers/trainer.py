@@ -13,7 +13,7 @@
   workers (a streamed corpus is re-read up to the checkpoint by the Trainer; the masks continue from the state);
 - resuming reads only safetensors and JSON files of ours; the Trainer's `optimizer.pt`, `scheduler.pt`,
   `rng_state*.pth` (and `scaler.pt`) are read with `torch.load(weights_only=True)`; `training_args.bin` is never read;
-- every save is atomic: `checkpoint-N` is built in a hidden sibling (`folders.atomic_folder`) and renamed when
+- every save is atomic: `checkpoint-N` is built in a hidden sibling (`core.folders.atomic_folder`) and renamed when
   complete; the final save is built in `OUTPUT_DIR/.retromae-final` and moved into the root with `config.json`
   last. Each checkpoint also records the run's settings and id (`retromae_resume.json`, see `resume.py`);
   rotation (`save_total_limit`) deletes only checkpoints with this run's id;
@@ -22,12 +22,12 @@
 - the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
   the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
   `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
-- `save_model()` called by a user exports the encoder as a sentence-transformers folder instead.
+- `save_model()` saves the model as `transformers.Trainer` does; the sentence-transformers export is a separate,
+  explicit call (`export.export_from_model`), made by `retromae pretrain` after training.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -36,13 +36,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import retromae.modeling
 import torch
+from accelerate.utils import broadcast_object_list
 from safetensors.torch import load_file, save_file
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .core.errors import UserError
+from .core.folders import atomic_folder, clean_stale_siblings, sibling_target_name
+from .core.io import write_json_atomic
 from .data import UNMASKED_KEY, PretrainingCollator, masking_generator
-from .folders import sibling_target_name
 from .recipe import (
     HeadWarmupCallback,
     RecipeArguments,
@@ -63,14 +69,6 @@ _RUN_INFO_TRAINING_KEYS = (
     "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs",
     "warmup_steps", "weight_decay", "seed", "lr_scheduler_type",
 )
-
-
-def write_json_atomic(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -103,8 +101,6 @@ _ROOT_FILE_PATTERNS = (
 
 def _remote_code_files() -> set[str]:
     """The modeling files `save_pretrained` copies beside a checkpoint's weights (our Hub remote code)."""
-    import retromae.modeling
-
     return {path.name for path in Path(retromae.modeling.__file__).parent.glob("*.py") if path.name != "__init__.py"}
 
 
@@ -151,8 +147,6 @@ def remove_previous_run(output_dir: str | os.PathLike) -> list[Path]:
 def clean_killed_saves(output_dir: str | os.PathLike) -> None:
     """Remove the build folders of checkpoint and final saves that a killed run left in `output_dir` (a swap cut
     short between its two renames is undone by `clean_stale_siblings`)."""
-    from .folders import clean_stale_siblings
-
     folder = Path(output_dir)
     if not folder.is_dir():
         return
@@ -259,13 +253,11 @@ class RetroMAETrainer(Trainer):
         (`recipe.parameter_groups`) and hold every parameter, including those frozen during the warm-up."""
         if not self.recipe.changes_optimizer or self.optimizer is not None:
             return super().create_optimizer(model)
-        from transformers.trainer_optimizer import is_optimizer_factory
-
         opt_model = self.model if model is None else model
         optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         if is_optimizer_factory(optimizer_cls) or {"params", "model", "optimizer_dict"} & optimizer_kwargs.keys():
-            raise ValueError(f"--optim {self.args.optim} builds its own parameter groups and cannot take the "
-                             "continued-pre-training recipe's; use --optim adamw_torch")
+            raise UserError(f"--optim {self.args.optim} builds its own parameter groups and cannot take the "
+                            "continued-pre-training recipe's; use --optim adamw_torch")
         groups = parameter_groups(
             opt_model, self.recipe, self.accelerator.unwrap_model(self.model).config.num_hidden_layers,
             self.args.learning_rate, self.args.weight_decay, set(self.get_decay_parameter_names(opt_model)),
@@ -309,22 +301,12 @@ class RetroMAETrainer(Trainer):
 
     # ---- checkpoints --------------------------------------------------------------------------------------------
 
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Checkpoints (internal calls) keep the full pre-training model; a user's call exports the encoder."""
-        output_dir = output_dir or self.args.output_dir
-        if _internal_call:
-            super().save_model(output_dir, _internal_call=True)
-            self._save_collator_state(output_dir)
-            if self.args.should_save:
-                write_json_atomic(Path(output_dir) / RUN_INFO_NAME, self.current_run_info())
-            return
+    def _save_run_files(self, folder: Path) -> None:
+        """What a checkpoint or the final save holds beside the model: every process's masking-generator state and
+        the run info (`retromae_run.json`)."""
+        self._save_collator_state(str(folder))
         if self.args.should_save:
-            from .export import export_from_model
-
-            export_from_model(
-                self.accelerator.unwrap_model(self.model), self.processing_class, output_dir,
-                run_info=self.current_run_info(), overwrite=True,
-            )
+            write_json_atomic(folder / RUN_INFO_NAME, self.current_run_info())
 
     def save_pretraining_model(self, output_dir: str | os.PathLike) -> None:
         """Save the full pre-training model (decoder included) + tokenizer + run info, e.g. at the end of training.
@@ -335,6 +317,7 @@ class RetroMAETrainer(Trainer):
         root = Path(output_dir)
         with self._atomic_save(root / FINAL_BUILD_NAME) as build:
             self.save_model(str(build), _internal_call=True)
+            self._save_run_files(build)
         if self.args.should_save:
             _install_files(root / FINAL_BUILD_NAME, root)
         self.accelerator.wait_for_everyone()
@@ -349,6 +332,7 @@ class RetroMAETrainer(Trainer):
         target = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         with self._atomic_save(target) as build:
             self.save_model(str(build), _internal_call=True)
+            self._save_run_files(build)
             if not self.args.save_only_model:
                 self._save_optimizer_and_scheduler(str(build))
                 self._save_scaler(str(build))
@@ -363,8 +347,6 @@ class RetroMAETrainer(Trainer):
 
     def _save_trainer_state(self, folder: Path) -> None:
         """`trainer_state.json` with the state of the callbacks that export one (as `Trainer._save_checkpoint`)."""
-        from transformers.trainer_callback import ExportableState
-
         for callback in [*self.callback_handler.callbacks, self.control]:
             if isinstance(callback, ExportableState):
                 name, state = type(callback).__name__, callback.state()
@@ -377,9 +359,7 @@ class RetroMAETrainer(Trainer):
     @contextmanager
     def _atomic_save(self, target: Path):
         """Yield one temporary folder that every process writes into; the main process renames it to `target`
-        (`folders.atomic_folder`) once all processes are done, and nobody goes on before that."""
-        from .folders import atomic_folder
-
+        (`core.folders.atomic_folder`) once all processes are done, and nobody goes on before that."""
         if self.args.should_save:
             with atomic_folder(target, overwrite=True) as build:
                 yield self._shared_path(build)
@@ -392,8 +372,6 @@ class RetroMAETrainer(Trainer):
     def _shared_path(self, path: Path | None) -> Path:
         """The main process's `path`, on every process."""
         if self.args.world_size > 1:
-            from accelerate.utils import broadcast_object_list
-
             path = Path(broadcast_object_list([str(path) if path else None], from_process=0)[0])
         return path
 
@@ -436,7 +414,7 @@ class RetroMAETrainer(Trainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
-                raise ValueError(f"no complete checkpoint to resume from in {self.args.output_dir}")
+                raise UserError(f"no complete checkpoint to resume from in {self.args.output_dir}")
             resume_from_checkpoint = str(resume_from_checkpoint)
         self._train_masking = masking_generator(self.args.seed, self.args.process_index)
         if resume_from_checkpoint and self.masking_collator is not None:
@@ -450,5 +428,5 @@ class RetroMAETrainer(Trainer):
 
 __all__ = [
     "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "clean_killed_saves", "last_complete_checkpoint",
-    "list_checkpoints", "remove_previous_run", "run_output_files", "write_json_atomic",
+    "list_checkpoints", "remove_previous_run", "run_output_files",
 ]

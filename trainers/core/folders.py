@@ -22,6 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from huggingface_hub import ModelCard
+
+from .errors import UserError
+
 logger = logging.getLogger(__name__)
 
 # Files that carry a tokenizer's vocabulary. `tokenizer_config.json` alone is not enough: without one of these,
@@ -38,12 +42,14 @@ KILLED_SAVE_HINT = (
     "or save it again"
 )
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+# what only a path looks like: absolute (/x, ~/x, C:\x), explicitly relative (./x, ../x), backslashes, /./ or /../
+LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
 _HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # huggingface_hub's cache folder names
 # `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
-class FolderError(ValueError):
+class FolderError(UserError):
     """A model folder cannot be read or written for a reason the user can fix; the message says which and how."""
 
 
@@ -54,12 +60,29 @@ class IncompleteModelFolder(FolderError):
 # ---- reading ------------------------------------------------------------------------------------------------------
 
 
-def is_local_folder(path_or_id: str | os.PathLike) -> bool:
-    """True for an existing folder, or for anything that cannot be a Hub id (absolute, `./x`, `a/b/c`, `x\\y`)."""
-    text = os.fspath(path_or_id)
-    if Path(text).exists():
+def is_local_path(value: str | os.PathLike, *, beside: Path | None = None) -> bool:
+    """Whether a name means something on this machine rather than a Hub id (`owner/name`) or a URL.
+
+    Always local: what only a path looks like (absolute `/x`, `~/x`, `C:\\x`, explicitly relative `./x`, `../x`,
+    backslashes) and data or weight file names (`corpus.jsonl`). Never local: URLs and multi-line text.
+
+    Args:
+        value: the name.
+        beside: None for a name given as a model or a path (local when it exists, or has more than one slash, which no
+            Hub id has). For a name read from a document in the folder `beside` (e.g. model-card metadata): prose and
+            plain names are not paths, and `owner/name` is local only when it exists from the working directory or
+            beside that folder.
+    """
+    text = os.fspath(value).strip()
+    if not text or "://" in text or "\n" in text:
+        return False
+    if LOCAL_PATH.search(text) or text.lower().endswith(FILE_SUFFIXES):
         return True
-    return Path(text).is_absolute() or text.startswith((".", "~")) or text.count("/") > 1 or "\\" in text
+    if beside is None:
+        return Path(text).exists() or text.count("/") > 1
+    if " " in text or "/" not in text:
+        return False
+    return text.count("/") > 1 or any((base / text).exists() for base in (Path.cwd(), beside))
 
 
 def missing_model_files(folder: Path, *, tokenizer: bool = True) -> list[str]:
@@ -98,7 +121,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
     Raises:
         IncompleteModelFolder: one line naming the folder, the missing files and the fix.
     """
-    if not is_local_folder(path_or_id):
+    if not is_local_path(path_or_id):
         return
     folder = Path(path_or_id).expanduser()
     if not folder.exists():
@@ -151,17 +174,6 @@ def _rel(path: Path, folder: Path) -> str:
     return path.relative_to(folder).as_posix()
 
 
-@contextmanager
-def folder_errors_as(error_class: type[ValueError]) -> Iterator[None]:
-    """Re-raise a `FolderError` as the caller's own error class (ExportError, FinetuneError, ...), same message."""
-    try:
-        yield
-    except FolderError as error:
-        if isinstance(error, error_class):
-            raise
-        raise error_class(str(error)) from None
-
-
 def is_hub_id(name: object) -> bool:
     """`owner/name` as the Hub spells model and dataset ids (our own `local/<name>` labels excluded)."""
     return (isinstance(name, str) and bool(HUB_ID.match(name)) and ".." not in name
@@ -176,7 +188,7 @@ def hub_id_of_model(path_or_id: str | os.PathLike) -> str | None:
     `_name_or_path` in config.json (older transformers wrote it) - never by its path, which would link to a Hub page
     that does not exist. The card's `base_model` is not used: it names the folder's own starting model.
     """
-    if not is_local_folder(path_or_id):
+    if not is_local_path(path_or_id):
         return os.fspath(path_or_id) if is_hub_id(os.fspath(path_or_id)) else None
     folder = Path(path_or_id).expanduser().resolve()
     for part in reversed(folder.parts):
@@ -184,7 +196,7 @@ def hub_id_of_model(path_or_id: str | os.PathLike) -> str | None:
         if cached:
             return cached["id"].replace("--", "/", 1)
     for name in _recorded_names(folder):
-        if is_hub_id(name) and not name.startswith("<") and not is_local_folder(name):
+        if is_hub_id(name) and not name.startswith("<") and not is_local_path(name):
             return name
     return None
 
@@ -194,7 +206,7 @@ def public_name(path_or_id: str | os.PathLike | None) -> str | None:
     if not path_or_id:
         return None
     text = os.fspath(path_or_id)
-    if is_hub_id(text) and not is_local_folder(text) and Path(text).suffix.lower() not in FILE_SUFFIXES:
+    if is_hub_id(text) and not is_local_path(text) and Path(text).suffix.lower() not in FILE_SUFFIXES:
         return text
     return Path(text.replace("\\", "/")).name or None
 
@@ -203,17 +215,19 @@ def _recorded_names(folder: Path) -> Iterator[str]:
     """Names a folder records for itself: card `model_name`, run-record `model_name`, config `_name_or_path`."""
     readme = folder / "README.md"
     if readme.is_file():
-        try:
-            from huggingface_hub import ModelCard
-
-            yield str(ModelCard.load(readme).data.to_dict().get("model_name") or "")
-        except Exception:  # a hand-written README without (valid) front matter
-            pass
+        yield _card_model_name(readme)
     for file, key in (("retromae_finetune.json", "model_name"), ("config.json", "_name_or_path")):
         try:
             yield str(json.loads((folder / file).read_text(encoding="utf-8")).get(key) or "")
         except (OSError, ValueError, AttributeError):
             continue
+
+
+def _card_model_name(readme: Path) -> str:
+    try:
+        return str(ModelCard.load(readme).data.to_dict().get("model_name") or "")
+    except Exception:  # a hand-written README without (valid) front matter
+        return ""
 
 
 # ---- writing -------------------------------------------------------------------------------------------------------
@@ -333,11 +347,11 @@ __all__ = [
     "check_destination",
     "check_model_folder",
     "clean_stale_siblings",
-    "folder_errors_as",
     "hub_id_of_model",
     "is_hub_id",
     "public_name",
     "sibling_target_name",
-    "is_local_folder",
+    "LOCAL_PATH",
+    "is_local_path",
     "missing_model_files",
 ]

@@ -1,0 +1,233 @@
+"""Builders the tests share: tiny data files (corpus lines, JSONL records, BEIR folders), the flags of a tiny
+`retromae pretrain` run, tiny BERT configurations and checkpoints, collator-shaped pre-training batches, and the
+check that a checkpoint loads as remote code in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import torch
+
+# the tiny vocabulary of the method tests: ids 0-4 play [PAD], -, [CLS], [SEP], [MASK]; 5.. are ordinary tokens
+TINY_VOCAB = 99
+
+# ---- tiny data ------------------------------------------------------------------------------------------------------
+
+SENTENCES = [
+    "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
+    "The masked auto-encoder reconstructs the original sentence from its embedding and a masked copy.",
+    "Whole word masking hides every piece of a word at once, which makes the task harder.",
+    "Sparse lexical representations weight vocabulary terms and are stored in inverted indexes.",
+    "Pre-training on in-domain text often improves retrieval quality after fine-tuning.",
+    "A bi-encoder scores a query against millions of documents with one matrix product.",
+    "Hard negatives are passages that look relevant to the retriever but are not.",
+    "Knowledge distillation transfers the scores of a cross-encoder to a faster bi-encoder.",
+]
+PAIRS = [
+    {"anchor": "A man is playing a guitar on stage.", "positive": "Someone performs music."},
+    {"anchor": "Two dogs run through the snow.", "positive": "Animals are outside in winter."},
+    {"anchor": "A woman reads a book in the park.", "positive": "A person is reading outdoors."},
+    {"anchor": "Children build a sandcastle at the beach.", "positive": "Kids play with sand."},
+]
+# the vocabulary of the toy BEIR folders
+WORDS = ["apple", "banana", "cherry", "dog", "elephant", "fish", "grape", "horse", "igloo", "jacket", "kite", "lemon",
+         "mango", "night", "ocean", "piano", "queen", "river", "snake", "tiger"]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """A plain-text corpus: one passage a line."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    """One JSON record a line; a string record is written as it is (to write broken lines)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def write_beir(folder: Path, num_docs: int = 30, splits=(("train", range(0, 12)), ("dev", range(12, 18))),
+               extra_qrels: tuple[str, ...] | list[str] = (), second_positives: bool = False) -> Path:
+    """A tiny BEIR folder of 18 queries: doc i is the positive of query i. `second_positives`: doc i+12 is a second
+    positive of every third query. `extra_qrels`: raw lines added to every split's qrels file."""
+    rng = random.Random(0)
+    (folder / "qrels").mkdir(parents=True)
+    corpus = []
+    for i in range(num_docs):
+        words = rng.sample(WORDS, 5)
+        corpus.append({"_id": f"d{i}", "title": words[0], "text": " ".join(words)})
+    write_jsonl(folder / "corpus.jsonl", corpus)
+    write_jsonl(folder / "queries.jsonl", [{"_id": f"q{i}", "text": f"about {WORDS[i % 20]} and {WORDS[(i * 7) % 20]}"}
+                                           for i in range(18)])
+    for split, queries in splits:
+        lines = ["query-id\tcorpus-id\tscore"]
+        for q in queries:
+            lines.append(f"q{q}\td{q}\t1")
+            if second_positives and q % 3 == 0:
+                lines.append(f"q{q}\td{q + 12}\t1")
+        (folder / "qrels" / f"{split}.tsv").write_text("".join(line + "\n" for line in [*lines, *extra_qrels]))
+    return folder
+
+
+# ---- tiny `retromae pretrain` runs ----------------------------------------------------------------------------------
+
+# Options a tiny model needs per method (DupMAE's [CLS] projection must fit hidden_size 32).
+TINY_METHOD_OPTIONS = {"dupmae": ["--method-options", '{"dense_dim": 16}']}
+
+
+def pretrain_args(model: Path, corpus: Path | None, output: Path, *extra: str,
+                  defaults: dict[str, str] | None = None) -> list[str]:
+    """The flags of a tiny CPU run (4 steps, a checkpoint every 2, seed 7); `defaults` replaces some of them and a
+    flag in `extra` replaces its default (the CLI refuses a flag given twice). `corpus` None: the data is in
+    `extra` (`--corpus` or `--pairs`)."""
+    flags = {"--model": str(model), "--corpus": str(corpus), "--output-dir": str(output), "--max-seq-length": "32",
+             "--per-device-train-batch-size": "4", "--max-steps": "4", "--save-steps": "2", "--logging-steps": "1",
+             "--seed": "7", "--disable-tqdm": "true", "--use-cpu": "true", **(defaults or {})}
+    if corpus is None:
+        del flags["--corpus"]
+    given = {item for item in extra if item.startswith("--")}
+    return ["pretrain", *[x for flag, value in flags.items() if flag not in given for x in (flag, value)], *extra]
+
+
+# ---- tiny models ----------------------------------------------------------------------------------------------------
+
+
+def tiny_bert_kwargs(**overrides) -> dict:
+    """Tiny BERT sizes with the real 30,522-token vocabulary so the MiniLM tokenizer fits."""
+    kwargs = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=128,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def tiny_pretraining_config(config_class: type, **fields):
+    """`config_class` (a pre-training config) at tiny BERT sizes with the `TINY_VOCAB` vocabulary."""
+    return config_class(**tiny_bert_kwargs(vocab_size=TINY_VOCAB, max_position_embeddings=64), **fields)
+
+
+def save_headless_bert(folder: Path, tokenizer, **config_overrides) -> Path:
+    """A tiny BertModel (seed 0) without pooler or `cls.*` weights, as all-MiniLM-L6-v2 ships, saved with
+    `tokenizer` beside it."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig(**tiny_bert_kwargs(**config_overrides)), add_pooling_layer=False).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def masked_batch(batch_size: int = 3, seq_len: int = 12, pad: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Rows [CLS]=2 ... [SEP]=3 over `TINY_VOCAB`, the last row padded by `pad`; the encoder masks positions 2 and 5
+    with [MASK]=4. Keys as the collator's: input_ids, attention_mask, encoder_labels, decoder_labels."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, TINY_VOCAB, (batch_size, seq_len), generator=generator)
+    ids[:, 0] = 2
+    ids[:, -1] = 3
+    attention = torch.ones_like(ids)
+    ids[-1, seq_len - pad :] = 0
+    ids[-1, seq_len - pad - 1] = 3
+    attention[-1, seq_len - pad :] = 0
+    decoder_labels = ids.masked_fill((ids <= 3) | (attention == 0), -100)
+    encoder_labels = torch.full_like(ids, -100)
+    encoder_labels[:, [2, 5]] = ids[:, [2, 5]]
+    masked = ids.clone()
+    masked[:, [2, 5]] = 4
+    return {"input_ids": masked, "attention_mask": attention, "encoder_labels": encoder_labels,
+            "decoder_labels": decoder_labels}
+
+
+# Run in a fresh interpreter without retromae: load a checkpoint folder (argv[1]) through the Auto classes as remote
+# code and run its batch.json through it; prints one JSON line.
+REMOTE_LOAD_SCRIPT = r"""
+import json, sys, torch
+from transformers import AutoConfig, AutoModel, AutoModelForPreTraining
+try:
+    import retromae  # noqa: F401
+    sys.exit("retromae must not be importable here")
+except ImportError:
+    pass
+d = sys.argv[1]
+config = AutoConfig.from_pretrained(d, trust_remote_code=True)
+encoder = AutoModel.from_pretrained(d, trust_remote_code=True).eval()
+full = AutoModelForPreTraining.from_pretrained(d, trust_remote_code=True).eval()
+batch = {k: torch.tensor(v) for k, v in json.load(open(d + "/batch.json")).items()}
+with torch.no_grad():
+    cls = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
+    torch.manual_seed(0)
+    out = full(**batch)
+decoder = full.decoder if "decoder" in dict(full.named_children()) else None
+print(json.dumps({
+    "classes": [type(config).__name__, type(encoder).__name__, type(full).__name__],
+    "config": config.to_dict(),
+    "cls": cls.tolist(),
+    "losses": {name: value.item() for name, value in out.items() if name.endswith("loss")},
+    "tied": full.cls.predictions.decoder.weight.data_ptr() == full.bert.embeddings.word_embeddings.weight.data_ptr(),
+    "decoder_layers": 0 if decoder is None else len(decoder.layers),
+}))
+"""
+
+
+def load_in_fresh_process(
+    run_without_retromae, model, batch: dict[str, torch.Tensor], tmp_path: Path
+) -> tuple[Path, dict]:
+    """Save `model` to `tmp_path/checkpoint` and load it there as remote code in a fresh interpreter without retromae
+    (`run_without_retromae`: the conftest fixture), running `batch` through it.
+
+    Returns:
+        The checkpoint folder and the fresh process's report: `classes` (config, AutoModel, AutoModelForPreTraining),
+        `config` (as a dict), `cls` (the encoder's pooler output), `losses` (the pre-training model's, under
+        `torch.manual_seed(0)`), `tied` (MLM decoder shares the word embeddings), `decoder_layers`.
+    """
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    (checkpoint / "batch.json").write_text(json.dumps({k: v.tolist() for k, v in batch.items()}))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = run_without_retromae(REMOTE_LOAD_SCRIPT, [str(checkpoint)], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return checkpoint, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_fresh_process_matches(model, batch: dict[str, torch.Tensor], report: dict) -> None:
+    """The fresh process's [CLS] embedding and every loss equal `model`'s own (eval mode, same seed)."""
+    with torch.no_grad():
+        torch.manual_seed(0)
+        out = model(**batch)
+    assert torch.allclose(torch.tensor(report["cls"]), out.sentence_embedding, atol=1e-6)
+    expected = {name: value.item() for name, value in out.items() if name.endswith("loss")}
+    assert report["losses"].keys() == expected.keys()
+    for name, value in expected.items():
+        assert abs(report["losses"][name] - value) < 1e-5, name
+
+
+def assert_loads_as_remote_code(run_without_retromae, model, tmp_path: Path, module: str,
+                                classes: tuple[str, str, str]) -> tuple[Path, dict, dict]:
+    """Save `model` (a pre-training model in eval mode), load it as remote code in a fresh interpreter without
+    retromae and run `masked_batch()` through it: the saved `auto_map` points the Auto classes at
+    `configuration_<module>.py` / `modeling_<module>.py`, they resolve to `classes` (config, AutoModel,
+    AutoModelForPreTraining), and the [CLS] embedding and every loss equal the model's own.
+
+    Returns:
+        The checkpoint folder, its saved config.json and the fresh process's report (see `load_in_fresh_process`).
+    """
+    batch = masked_batch()
+    checkpoint, report = load_in_fresh_process(run_without_retromae, model, batch, tmp_path)
+    saved = json.loads((checkpoint / "config.json").read_text())
+    config_class, model_class, pretraining_class = classes
+    assert saved["auto_map"] == {
+        "AutoConfig": f"configuration_{module}.{config_class}",
+        "AutoModel": f"modeling_{module}.{model_class}",
+        "AutoModelForPreTraining": f"modeling_{module}.{pretraining_class}",
+    }
+    assert report["classes"] == list(classes)
+    assert_fresh_process_matches(model, batch, report)
+    return checkpoint, saved, report

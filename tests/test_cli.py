@@ -1,0 +1,52 @@
+"""The command wiring: user errors are one line with exit status 2, anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+import pytest
+from retromae.trainers import cli
+from retromae.trainers.core.errors import UserError
+
+# the values a command needs before it looks at the rest of its options
+REQUIRED = {"export": ["ckpt", "out"], "finetune": ["model", "data"], "evaluate": ["model"], "publish": ["f", "o/n"],
+            "index": ["--model", "m", "--corpus", "c", "--output-dir", "o"], "search": ["--index", "i", "--model", "m"]}
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_an_unknown_option_is_one_line_naming_it(command, capsys):
+    assert cli.main([command, *REQUIRED.get(command, []), "--no-such-option", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--no-such-option" in err, err
+
+
+def _command_raising(error: Exception):
+    def command(argv: list[str]) -> int:
+        raise error
+
+    return command
+
+
+def test_user_error_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(UserError("corpus.jsonl:3: no text field")))
+    assert cli.main(["export"]) == 2
+    assert capsys.readouterr().err == "retromae export: error: corpus.jsonl:3: no text field\n"
+
+
+@pytest.mark.parametrize("bug", [ValueError("shapes (3, 4) and (5,) differ"), KeyError("decoder"), TypeError("x")])
+def test_an_internal_error_keeps_its_traceback(bug, monkeypatch):
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(bug))
+    with pytest.raises(type(bug)):
+        cli.main(["export"])
+
+
+def test_debug_variable_shows_the_traceback_of_a_user_error(monkeypatch):
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(UserError("bad flag")))
+    monkeypatch.setenv("RETROMAE_DEBUG", "1")
+    with pytest.raises(UserError):
+        cli.main(["export"])
+
+
+def test_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in cli.COMMANDS)
+    assert cli.main(["no-such-command"]) == 2

@@ -1,0 +1,178 @@
+"""Command-line parsing shared by every command: dataclass options, `--config` files, list and repeated flags.
+
+* `parse(parser, argv)`: argv into the parser's dataclasses; `--config FILE` (YAML/JSON, or a bundled preset by name)
+  sets defaults that flags on the command line override.
+* argparse keeps only the last value of a repeated flag, so `coverage --model A --model B` would silently measure B
+  alone.
+
+* A list field of a command's dataclass takes `metadata=LIST_FLAG`: `--model A --model B` and `--model A B` both give
+  `["A", "B"]`; the first use on the command line replaces the default (or the `--config` file's list).
+* `reject_repeated_flags(parser, argv)` refuses any other flag given twice, naming it (`parse` calls it).
+* `configure_logging()`: the one logging set-up of every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import transformers
+import yaml
+from transformers import HfArgumentParser
+
+from .errors import UserError
+
+# The presets ship inside the package: `configs/` sits beside `trainers/` both in the source tree and in an
+# installed `retromae` package (pyproject.toml maps it to `retromae.configs`).
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+class RepeatedFlagError(UserError):
+    """A single-value flag was given more than once."""
+
+
+class CollectValues(argparse.Action):
+    """Collect the values of every use of a list flag (`--x a --x b c` -> [a, b, c])."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        values = list(values) if isinstance(values, list | tuple) else [values]
+        if getattr(self, "_filling", None) is not namespace:  # first use in this parse: replace the default
+            self._filling = namespace
+            setattr(namespace, self.dest, values)
+        else:
+            setattr(namespace, self.dest, [*getattr(namespace, self.dest), *values])
+
+
+# metadata for a `list[str]` dataclass field parsed by HfArgumentParser (which adds nargs="+")
+LIST_FLAG: dict[str, Any] = {"action": CollectValues}
+
+
+def _takes_many(action: argparse.Action) -> bool:
+    return action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction | argparse._ExtendAction)
+
+
+def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Raise `RepeatedFlagError` naming the first single-value flag that `argv` gives more than once.
+
+    Flags are counted per option (`--output-dir` and `--output_dir` are one), in `--flag value` and `--flag=value`
+    form and as unambiguous abbreviations, up to a bare `--`.
+    """
+    owner = {option: action for action in parser._actions for option in action.option_strings}
+    counts: Counter[argparse.Action] = Counter()
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-":
+            continue
+        name = token.split("=", 1)[0]
+        matches = [owner[name]] if name in owner else list(
+            {id(a): a for option, a in owner.items() if name.startswith("--") and option.startswith(name)}.values()
+        )
+        if len(matches) == 1:
+            counts[matches[0]] += 1
+    for action, count in counts.items():
+        if count > 1 and not _takes_many(action) and not isinstance(action, argparse._HelpAction):
+            flag = max(action.option_strings, key=lambda o: ("-" in o[2:], len(o)))
+            raise RepeatedFlagError(f"{flag} is given {count} times; give it once (only the last value would count)")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", level=level)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # load/save bars; the training bar stays
+    datasets.utils.logging.set_verbosity_error()
+
+
+def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
+    """Parse argv into the parser's dataclasses; `--config FILE` (YAML/JSON) sets defaults that flags override."""
+    _add_config_option(parser)
+    argv, file_values = split_config(argv)
+    reject_repeated_flags(parser, argv)  # argparse would keep only the last value (list flags collect them all)
+    known = {action.dest for action in parser._actions} - {"config"}
+    unknown = sorted(set(file_values) - known)
+    if unknown:
+        raise UserError(f"unknown setting(s) in the config file: {', '.join(unknown)} (see --help for the names)")
+    parser.set_defaults(**{**(defaults or {}), **file_values})
+    *parsed, unknown_flags = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown_flags:
+        raise UserError(f"unknown option(s): {' '.join(unknown_flags)} (see {parser.prog} --help for the options)")
+    return tuple(parsed)
+
+
+def parse_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = ()):
+    """A command's options: `arguments` (a dataclass or a tuple of them) parsed from argv with `parse`; the leading
+    positional values fill the fields named in `positional` (`retromae export CHECKPOINT OUTPUT_DIR`)."""
+    parser = HfArgumentParser(arguments, prog=prog, description=description)
+    return parse(parser, positional_to_flags(argv, list(positional)))
+
+
+def positional_to_flags(argv: list[str], names: list[str]) -> list[str]:
+    """`cmd A B --x` -> `cmd --name1 A --name2 B --x` for the leading positional values."""
+    converted, rest = [], list(argv)
+    for name in names:
+        if rest and not rest[0].startswith("-"):
+            converted += [f"--{name}", rest.pop(0)]
+    return converted + rest
+
+
+def _add_config_option(parser) -> None:
+    """List `--config` in --help (it is read by `split_config` before argparse sees the rest)."""
+    if not any("--config" in action.option_strings for action in parser._actions):
+        parser.add_argument(
+            "--config", metavar="FILE_OR_PRESET", default=argparse.SUPPRESS,
+            help="YAML/JSON file of settings (option names with underscores); flags on the command line win. "
+            f"`retromae pretrain` also takes a bundled preset by name: {', '.join(preset_names())}",
+        )
+
+
+def split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """argv without `--config FILE`, and the file's values."""
+    if "--config" not in argv:
+        return argv, {}
+    at = argv.index("--config")
+    if at + 1 >= len(argv):
+        raise UserError("--config needs a file name")
+    return argv[:at] + argv[at + 2 :], read_config_file(argv[at + 1])
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
+
+
+def _config_file(path: str) -> Path:
+    """The file `--config` names: a file, else a bundled preset by name (`retromae-wiki-book`) or by the README's
+    path (`configs/retromae-wiki-book.yaml`, for installs without the source tree)."""
+    file = Path(path)
+    if file.is_file():
+        return file
+    preset = PRESETS_DIR / f"{file.stem}.yaml"
+    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", ".yaml"} and preset.is_file():
+        return preset
+    raise UserError(f"config file {path} not found; bundled presets: {', '.join(preset_names())}")
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The settings of a `--config` file; a mapping value (e.g. `method_options`) becomes the JSON text its flag takes."""
+    file = _config_file(path)
+    text = file.read_text(encoding="utf-8")
+    is_yaml = file.suffix in {".yaml", ".yml"}
+    try:
+        values = (yaml.safe_load(text) or {}) if is_yaml else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as error:  # both carry the line
+        raise UserError(f"{path} is not valid {'YAML' if is_yaml else 'JSON'}: {error}") from None
+    if not isinstance(values, dict):
+        raise UserError(f"{path} must hold a mapping of setting names to values")
+    return {key: json.dumps(value) if isinstance(value, dict) else value for key, value in values.items()}
+
+
+__all__ = [
+    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "configure_logging", "parse", "parse_command",
+    "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
+]

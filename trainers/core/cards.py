@@ -1,0 +1,266 @@
+"""The model cards (README.md) of the folders the package writes, rendered from `model_cards/*.md`.
+
+* `render_pretrained_card`: the card of an exported pre-trained encoder (`retromae export`, after `pretrain`).
+* `render_finetuned_card` / `write_finetuned_card`: the card of a fine-tuned model, rendered from its run record
+  (`retromae_finetune.json`); `retromae evaluate --update-card` re-renders it with the new results.
+
+A card never shows a local filesystem path: local names are reduced to their last component. What a card says about
+a pre-training method (title, summary, paper link, citation) comes from the method registry; the caller passes the
+registry's entry (anything with the fields of `MethodDescription`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers import BertConfig
+
+from .folders import is_hub_id, is_local_path, public_name
+from .io import write_json_atomic, write_text_atomic
+
+PRETRAINED_TEMPLATE = "pretrained_encoder.md"
+FINETUNED_TEMPLATE = "finetuned_encoder.md"
+FINETUNE_RUN_INFO_FILE = "retromae_finetune.json"
+CLS_REPRESENTATION = "last-layer `[CLS]` state, {dim} dimensions, not normalised"
+# the metrics of the evaluation summary and the card: (mteb score key, display name)
+CARD_METRICS = (("ndcg_at_10", "NDCG@10"), ("mrr_at_10", "MRR@10"), ("recall_at_100", "Recall@100"),
+                ("recall_at_1000", "Recall@1000"))
+# BertConfig's own fields; a method config's other fields are its hyperparameters (listed in the card)
+BERT_FIELDS = frozenset(f.name for f in dataclasses.fields(BertConfig))
+# the fine-tuning recipe (in-batch, hard negatives, distillation) follows these methods' papers: every fine-tuned card
+# cites them
+FINETUNING_PAPERS = ("retromae", "dupmae")
+# method-config fields that are implementation knobs, not hyperparameters worth a line in the card
+NOT_HYPERPARAMETERS = frozenset({"loss_chunk_size", "mask_token_id"})
+
+
+class MethodDescription(Protocol):
+    """What a card needs of a pre-training method (the registry's `Method` has these fields)."""
+
+    name: str
+    summary: str
+    paper_url: str
+    citation: str
+    model_class: type
+
+
+def _template(name: str) -> str:
+    return resources.files("retromae.model_cards").joinpath(name).read_text(encoding="utf-8")
+
+
+def _title_and_summary(method: MethodDescription) -> tuple[str, str]:
+    """`"RetroMAE: encoder MLM + ..."` -> ("RetroMAE", "encoder MLM + ...")."""
+    title, _, summary = method.summary.partition(": ")
+    return (title, summary) if summary else (method.name, method.summary)
+
+
+def format_value(value: Any, *, loss: bool = False) -> str:
+    """A value as a card cell: losses with 4 decimals, other floats in their shortest form, None as "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if loss else f"{value:g}"
+    return str(value)
+
+
+def format_metric(value: Any) -> str:
+    """A retrieval metric (0..1) with 4 decimals; other numbers in their shortest form, None as "-"."""
+    if isinstance(value, float) and 1e-3 <= abs(value) < 10:
+        return f"{value:.4f}"
+    return format_value(value)
+
+
+# ---- the pre-trained encoder ---------------------------------------------------------------------------------------
+
+
+def render_pretrained_card(
+    method: MethodDescription,
+    config: Mapping[str, Any],
+    run_info: Mapping[str, Any] | None,
+    *,
+    model_name: str,
+    folder_name: str,
+    embedding_dim: int,
+    num_layers: int,
+    max_seq_length: int,
+    representation: str | None = None,
+    similarity: str = "dot",
+) -> str:
+    """README.md of an exported pre-trained encoder from `model_cards/pretrained_encoder.md`.
+
+    Args:
+        method: the registry entry of the pre-training method.
+        config: the pre-training config (config.json contents).
+        run_info: the pre-training run record (`retromae_run.json`), or None when not recorded.
+        model_name: the name in the card (and its `hf upload <your-org>/<model_name>` command).
+        folder_name: the output folder's basename.
+        representation: how the sentence embedding is formed; None = the CLS export (plain BERT weights, no remote
+            code). Any other value marks a model that needs `trust_remote_code=True`.
+    """
+    run_info = run_info or {}
+    base_model = run_info.get("base_model")
+    hub_base_model = base_model if is_hub_id(base_model) and not is_local_path(base_model) else None
+    title, summary = _title_and_summary(method)
+    card_data = ModelCardData(
+        language="en",
+        license="apache-2.0",
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        base_model=hub_base_model,
+        tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", "feature-extraction"])),
+        model_name=model_name,
+    )
+    if hub_base_model:
+        base_model_text = f"[{hub_base_model}](https://huggingface.co/{hub_base_model})"
+    else:
+        base_model_text = "a local checkpoint (not a Hub model id)" if base_model else "not recorded"
+    card = ModelCard.from_template(
+        card_data,
+        template_str=_template(PRETRAINED_TEMPLATE),
+        method=method.name,
+        method_title=title,
+        method_summary=summary,
+        paper_url=method.paper_url,
+        base_model_text=base_model_text,
+        corpus=public_name(run_info.get("corpus")) or "not recorded",
+        num_layers=num_layers,
+        embedding_dim=embedding_dim,
+        hidden_size=config["hidden_size"],
+        cls_model=representation is None,
+        similarity=similarity,
+        representation=representation or CLS_REPRESENTATION.format(dim=embedding_dim),
+        max_seq_length=max_seq_length,
+        global_step=run_info.get("global_step", "not recorded"),
+        retromae_version=run_info.get("retromae_version", "not recorded"),
+        method_hparams=method_hyperparameters(method, config),
+        training=_training_rows(run_info.get("training")),
+        final_losses=[(k, format_value(v, loss=True)) for k, v in (run_info.get("final_losses") or {}).items()],
+        repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
+        folder_name=folder_name,
+        citation=method.citation.strip(),
+    )
+    return str(card)
+
+
+def method_hyperparameters(method: MethodDescription, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The method config's fields beyond BertConfig (mask ratios, decoding, ...), with their values."""
+    config_class = method.model_class.config_class
+    names = [f.name for f in dataclasses.fields(config_class) if f.name not in BERT_FIELDS]
+    return [(n, format_value(config[n])) for n in names if n in config and n not in NOT_HYPERPARAMETERS]
+
+
+def _training_rows(training: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    if not training:
+        return []
+    rows = [(k, format_value(v)) for k, v in training.items()]
+    factors = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size")
+    if all(isinstance(training.get(k), int) for k in factors):
+        effective = training[factors[0]] * training[factors[1]] * training[factors[2]]
+        rows.append(("effective_batch_size", str(effective)))
+    return rows
+
+
+# ---- the fine-tuned model ------------------------------------------------------------------------------------------
+
+
+def _eval_results(rows: list[dict[str, Any]]) -> list[EvalResult]:
+    results = []
+    for row in rows:
+        for key, label in CARD_METRICS:
+            if row.get(key) is None:
+                continue
+            results.append(EvalResult(
+                task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_id"],
+                dataset_name=row["dataset_name"], dataset_split=row["split"], metric_type=key,
+                metric_name=label, metric_value=float(row[key]),
+            ))
+    return results
+
+
+def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodDescription]) -> str:
+    """README.md of a fine-tuned model from its run record (`retromae_finetune.json`); never a local path.
+
+    Args:
+        info: the run record.
+        methods: the method registry, by name: the starting model's pre-training method is described from its entry,
+            and the card cites it and the papers of the fine-tuning recipe (RetroMAE, DupMAE).
+    """
+    method_name = info.get("pretraining_method")
+    method = methods.get(method_name) if method_name else None
+    model_name = info.get("model_name") or "retromae-finetuned"
+    base_model = info.get("base_model")
+    hub_base = base_model if is_hub_id(base_model) else None
+    train = info.get("train_data") or {}
+    eval_rows = list(info.get("eval_results") or [])
+    datasets = [d for d in dict.fromkeys([train.get("name"), *(r.get("dataset_id") for r in eval_rows)]) if is_hub_id(d)]
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "retromae", "retrieval"]
+    if method_name:
+        tags.append(method_name)
+    if info.get("trust_remote_code"):
+        tags.append("custom_code")
+    card_data = ModelCardData(
+        language="en", license="apache-2.0", library_name="sentence-transformers", pipeline_tag="sentence-similarity",
+        base_model=hub_base, datasets=datasets or None, tags=list(dict.fromkeys(tags)), model_name=model_name,
+        eval_results=_eval_results(eval_rows) or None,
+    )
+    cited = [method, *(methods.get(name) for name in FINETUNING_PAPERS)]
+    citations = [c for c in dict.fromkeys(m.citation.strip() for m in cited if m is not None) if c]
+    trust = info.get("trust_remote_code")
+    card = ModelCard.from_template(
+        card_data,
+        template_str=_template(FINETUNED_TEMPLATE),
+        model_name=model_name,
+        repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
+        base_model_text=(f"[{hub_base}](https://huggingface.co/{hub_base})" if hub_base
+                         else "a local model (no Hub id recorded)" if not base_model else f"`{base_model}` (local)"),
+        method_text=(f"{_title_and_summary(method)[0]} (`{method.name}`, [paper]({method.paper_url}))"
+                     if method else "not a retromae pre-training (or not recorded)"),
+        pooling=info.get("pooling"),
+        similarity=info.get("similarity"),
+        embedding_dim=info.get("embedding_dim"),
+        max_seq_length=info.get("max_seq_length"),
+        hybrid=str(info.get("pooling", "")).startswith("DupMAE"),
+        trust_remote_code=trust,
+        load_args=", trust_remote_code=True" if trust else "",
+        train_name=train.get("name"),
+        train_split=train.get("split"),
+        train_queries=train.get("queries"),
+        dropped=[(k.replace("_", " "), v) for k, v in (train.get("dropped") or {}).items() if v],
+        stages=info.get("stages") or [],
+        hyperparameters=[(k, format_metric(v)) for k, v in (info.get("hyperparameters") or {}).items()],
+        eval_rows=[{**row, **{k: format_metric(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
+        metric_labels=[label for _, label in CARD_METRICS],
+        metric_keys=[key for key, _ in CARD_METRICS],
+        retromae_version=info.get("retromae_version", "unknown"),
+        citations=citations,
+        folder_name=model_name.split("/")[-1],
+    )
+    return str(card)
+
+
+def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],
+                         methods: Mapping[str, MethodDescription]) -> None:
+    """Write the run record (`retromae_finetune.json`) and README.md into `folder`, each atomically."""
+    folder = Path(folder)
+    write_json_atomic(folder / FINETUNE_RUN_INFO_FILE, info)
+    write_text_atomic(folder / "README.md", render_finetuned_card(info, methods))
+
+
+__all__ = [
+    "CARD_METRICS",
+    "CLS_REPRESENTATION",
+    "FINETUNE_RUN_INFO_FILE",
+    "MethodDescription",
+    "format_metric",
+    "format_value",
+    "method_hyperparameters",
+    "render_finetuned_card",
+    "render_pretrained_card",
+    "write_finetuned_card",
+]

@@ -1,0 +1,137 @@
+"""The exporter of the CLS methods (retromae, bow, seed, sentmae) and the request every exporter receives.
+
+An exporter is a callable `(request: ExportRequest, build_dir: Path) -> None` that fills an empty folder; the method
+registry names each method's exporter, and `retromae.trainers.export` does everything around it (reading the
+checkpoint, the temporary sibling folder, the atomic rename, overwrite).
+
+Layout decision: the CLS exporter writes the **legacy sentence-transformers layout** by hand instead of calling
+sentence-transformers 6.2's `SentenceTransformer.save`::
+
+    config.json, model.safetensors      plain BertModel: model_type "bert", no pooler, no auto_map
+    tokenizer files                     the checkpoint's tokenizer
+    modules.json                        sentence_transformers.models.Transformer -> .Pooling (no Normalize)
+    sentence_bert_config.json           {"max_seq_length": N, "do_lower_case": false,
+                                         "model_args": {"add_pooling_layer": false}}
+    1_Pooling/config.json               word_embedding_dimension + pooling_mode_cls_token: true
+    config_sentence_transformers.json   {"similarity_fn_name": "dot", "prompts": {"query": "", "document": ""}, ...}
+    README.md                           model card (model_cards/pretrained_encoder.md)
+
+6.2's own `save` writes module paths (`sentence_transformers.base.modules.transformer.Transformer`) and config keys
+that older releases do not have, so its folders need sentence-transformers >= 6. The legacy files are the ones every
+release since 2.x wrote and 6.2 still reads (tests/test_export.py loads them in 6.2 and checks the embeddings, the
+dot similarity, the prompts and the maximum length); `similarity_fn_name` and `prompts` are read since 3.0 (inferred
+from those releases, not run here). Five small JSON files buy that reach, so we write them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .core.cards import MethodDescription, render_pretrained_card
+from .core.checkpoints import bert_encoder_from_state_dict
+from .core.errors import UserError
+from .core.versions import library_versions
+
+DEFAULT_MAX_SEQ_LENGTH = 512
+
+
+class ExportError(UserError):
+    """The checkpoint cannot be exported, or the output folder cannot be written, for a reason the user can fix."""
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """Everything an exporter needs, whether it came from a checkpoint folder or an in-memory model.
+
+    Args:
+        method: the registry entry of the pre-training method (name, summary, paper url, citation, model class).
+        config: the pre-training config as a dict (config.json contents).
+        state_dict: the pre-training weights with their prefixes (`bert.*`, `cls.*`, the method's heads).
+        tokenizer: the checkpoint's tokenizer.
+        run_info: contents of `retromae_run.json`, or None when not recorded.
+        model_name: name used in the model card (and in its `hf upload <your-org>/<model_name>` command).
+        folder_name: basename of the output folder (the card never shows a full local path).
+    """
+
+    method: MethodDescription
+    config: dict[str, Any]
+    state_dict: Mapping[str, torch.Tensor]
+    tokenizer: PreTrainedTokenizerBase
+    run_info: dict[str, Any] | None
+    model_name: str
+    folder_name: str
+
+    def max_seq_length(self) -> int:
+        """The recorded training length (default 512), capped by the position embeddings."""
+        recorded = (self.run_info or {}).get("max_seq_length")
+        return min(int(recorded) if recorded else DEFAULT_MAX_SEQ_LENGTH, self.config["max_position_embeddings"])
+
+
+Exporter = Callable[[ExportRequest, Path], None]
+
+
+def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
+    """Exporter of the CLS methods: plain BERT + Pooling(cls), no Normalize (legacy sentence-transformers layout).
+
+    Weights are written in float32 (a bf16/fp16 checkpoint is upcast, which is exact)."""
+    encoder = bert_encoder_from_state_dict(request.config, request.state_dict)
+    encoder.save_pretrained(build_dir)
+    request.tokenizer.save_pretrained(build_dir)
+
+    dim = encoder.config.hidden_size
+    max_seq_length = request.max_seq_length()
+    write_json(
+        build_dir / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ],
+    )
+    write_json(
+        build_dir / "sentence_bert_config.json",
+        # add_pooling_layer=False: the export has no pooler weights (CLS pooling never uses them)
+        {"max_seq_length": max_seq_length, "do_lower_case": False, "model_args": {"add_pooling_layer": False}},
+    )
+    (build_dir / "1_Pooling").mkdir()
+    # a model pre-trained with a cosine contrastive loss (SentMAE's default) is scored with cosine; else dot (RetroMAE)
+    similarity = "cosine" if request.config.get("similarity") == "cos" else "dot"
+    write_json(
+        build_dir / "1_Pooling" / "config.json",
+        {
+            "word_embedding_dimension": dim,
+            "pooling_mode_cls_token": True,
+            "pooling_mode_mean_tokens": False,
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        },
+    )
+    write_json(
+        build_dir / "config_sentence_transformers.json",
+        {
+            "__version__": library_versions(),
+            "prompts": {"query": "", "document": ""},
+            "default_prompt_name": None,
+            "similarity_fn_name": similarity,
+        },
+    )
+    card = render_pretrained_card(
+        request.method, request.config, request.run_info, model_name=request.model_name,
+        folder_name=request.folder_name, embedding_dim=dim, num_layers=encoder.config.num_hidden_layers,
+        max_seq_length=max_seq_length, similarity=similarity,
+    )
+    (build_dir / "README.md").write_text(card, encoding="utf-8")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """A JSON file of a folder under construction (the folder as a whole is renamed into place when complete)."""
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+__all__ = ["DEFAULT_MAX_SEQ_LENGTH", "ExportError", "ExportRequest", "Exporter", "write_cls_encoder", "write_json"]

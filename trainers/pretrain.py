@@ -1,0 +1,404 @@
+"""`retromae pretrain`: parse the options, build the method's model and data, train, save, export.
+
+The driver knows no method: the registry (`methods.py`) gives the model class, the config settings, the training
+data and collator, and the exporter. Every option parses with `HfArgumentParser`; `--config FILE.yaml|json` supplies
+values for any flag (flags on the command line win). Resuming (`--resume-from-checkpoint`) restores every setting of
+the run from its checkpoint (`resume.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sentence_transformers import SentenceTransformer
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    HfArgumentParser,
+    PreTrainedTokenizerBase,
+    TrainingArguments,
+    set_seed,
+)
+
+from .core.arguments import configure_logging, parse, split_config
+from .core.checkpoints import default_model_dir
+from .core.errors import UserError
+from .core.folders import check_model_folder
+from .core.io import read_json_or_empty
+from .core.versions import package_version
+from .data import DataInputs
+from .export import export_from_model
+from .methods import METHODS, Method, MethodArguments, get_method
+from .recipe import RecipeArguments, suggest_recipe
+from .resume import check_given_options, given_options, new_run_id, read_settings, record_settings
+from .trainer import (
+    RUN_INFO_NAME,
+    RetroMAETrainer,
+    clean_killed_saves,
+    last_complete_checkpoint,
+    remove_previous_run,
+)
+
+logger = logging.getLogger("retromae")
+
+DEFAULT_BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_CORPUS_NAME = "python-stdlib-docstrings"
+# The embedded default run (`retromae pretrain` with no corpus): small enough for 2 CPU cores in < 10 minutes.
+DEMO_DEFAULTS = {
+    "max_steps": 200, "max_seq_length": 64, "per_device_train_batch_size": 8, "learning_rate": 5e-5,
+    "logging_steps": 20, "save_steps": 100, "output_dir": "out/retromae-demo",
+}
+RESUME_LAST = {"last", "auto", "true", "True"}  # --resume-from-checkpoint values meaning the newest checkpoint
+
+PRETRAIN_EXAMPLES = """examples:
+  retromae pretrain                                          # the demo: MiniLM + built-in corpus, ~5 min on CPU
+  retromae pretrain --model bert-base-uncased --corpus wiki.txt --output-dir out/retromae \\
+                    --max-seq-length 512 --max-steps 100000 --per-device-train-batch-size 32 --bf16 true
+  retromae pretrain --config configs/retromae-wiki-book.yaml --corpus wiki.txt   # a paper's preset
+  retromae pretrain --method dupmae --method-options '{"bow_loss_weight": 0.1}' --corpus corpus.jsonl
+  retromae pretrain --output-dir out/retromae --resume-from-checkpoint last       # continue after a stop
+  retromae pretrain --corpus corpus.jsonl --head-warmup-steps 200 --encoder-lr-scale 0.1   # improve a retriever
+"""
+
+
+# ---- arguments ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelArguments:
+    model: str | None = field(
+        default=None,
+        metadata={"help": "BERT checkpoint to start from: a local folder or Hub id (BertModel or BertForMaskedLM "
+                  "weights), or a retromae pre-training checkpoint to continue (decoder included). "
+                  "A `retromae` checkpoint also continues as SentMAE stage 2 (--method sentmae, decoder included). "
+                  f"Default: the bundled all-MiniLM-L6-v2 ({DEFAULT_BASE_MODEL_NAME})."},
+    )
+    method: str = field(default="retromae", metadata={"help": "pre-training method (see `retromae methods`)"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder or id (default: the model's)"})
+    base_model_name: str | None = field(
+        default=None, metadata={"help": "Hub id of the base model, written to the model card (default: guessed)"}
+    )
+
+
+@dataclass
+class DataArguments:
+    corpus: str | None = field(
+        default=None,
+        metadata={"help": "pre-training text: a .txt file (one passage per line or blank-line-separated blocks), a "
+                  ".jsonl file with a `text` field (+ `title`), a BEIR folder, a `datasets` folder or Hub name, or a "
+                  "folder of such files. Default: a small built-in corpus (Python standard-library docstrings)."},
+    )
+    corpus_name: str | None = field(default=None, metadata={"help": "corpus name for the model card (default: file name)"})
+    text_format: Literal["auto", "lines", "blocks"] = field(
+        default="auto", metadata={"help": "how a .txt corpus is split into passages"}
+    )
+    max_seq_length: int = field(default=256, metadata={"help": "tokens per sequence, [CLS]/[SEP] included"})
+    packing: bool = field(default=False, metadata={"help": "concatenate passages into full-length blocks"})
+    streaming: bool = field(default=False, metadata={"help": "stream the corpus (larger than memory); needs --max-steps"})
+    pairs: str | None = field(
+        default=None,
+        metadata={"help": "--method sentmae with contrastive_weight > 0: a .jsonl of {\"anchor\": ..., \"positive\": ...} "
+                  "lines (e.g. NLI or query-passage pairs) used as positives and as the text, instead of --corpus. "
+                  "Without it the positives are two spans of each --corpus passage (coCondenser-style)."},
+    )
+
+
+@dataclass
+class RunArguments:
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "allow writing into an output folder that already holds a run"}
+    )
+    export_dir: str | None = field(
+        default=None, metadata={"help": "where the final sentence-transformers encoder goes (default: OUTPUT_DIR/encoder)"}
+    )
+    no_export: bool = field(default=False, metadata={"help": "skip the final export"})
+
+
+@dataclass
+class PretrainingArguments(TrainingArguments):
+    """`TrainingArguments` with defaults for pre-training (module level: the Trainer pickles it into checkpoints)."""
+
+    output_dir: str | None = field(default="out/retromae", metadata={"help": "where checkpoints and the result go"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate (RetroMAE paper: 1e-4)"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a fraction of the run if < 1"})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "sequences per device per step"})
+    logging_steps: float = field(default=50, metadata={"help": "log losses every N optimizer steps"})
+    logging_first_step: bool = field(default=True, metadata={"help": "log the losses of the first step"})
+    save_steps: float = field(default=500, metadata={"help": "checkpoint every N optimizer steps"})
+    save_total_limit: int | None = field(default=3, metadata={"help": "keep at most N checkpoints"})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "keep False: the collator needs all columns"})
+    ddp_find_unused_parameters: bool | None = field(default=False, metadata={"help": "DDP: every parameter is used"})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "a checkpoint folder, or `last` for the newest complete one in OUTPUT_DIR"}
+    )
+
+
+@dataclass
+class PretrainRun:
+    """`retromae pretrain`'s parsed options, the checkpoint it resumes from (or None) and the settings it records
+    in its checkpoints (`resume.record_settings`)."""
+
+    model: ModelArguments
+    method_settings: MethodArguments
+    data: DataArguments
+    run: RunArguments
+    training: PretrainingArguments
+    recipe: RecipeArguments
+    resume: str | None
+    settings: dict[str, Any]
+
+
+class RecordingParser(HfArgumentParser):
+    """An `HfArgumentParser` that keeps the namespace of its last parse: every option as the run uses it, before the
+    dataclasses convert it (what `resume.record_settings` records)."""
+
+    namespace: dict[str, Any]
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, remaining = super().parse_known_args(args, namespace)
+        self.namespace = dict(vars(parsed))
+        return parsed, remaining
+
+
+def pretrain_parser() -> RecordingParser:
+    return RecordingParser(
+        (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments),
+        prog="retromae pretrain",
+        description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
+        "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
+        "The options you usually need: --model, --corpus, --method, --output-dir, --max-steps, --max-seq-length, "
+        "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too. "
+        "Resuming (--resume-from-checkpoint) restores every setting of the run from its checkpoint.",
+        epilog=PRETRAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def pretrain_arguments(argv: list[str]) -> PretrainRun:
+    """Parse `retromae pretrain`'s options: once for the options given (flags and `--config` file), which locate
+    the checkpoint to resume, and once in full. Resuming, the checkpoint's recorded settings are the defaults and a
+    given option may only repeat them (or be one that may change, `resume.MAY_CHANGE`)."""
+    flags, file_values = split_config(argv)
+    if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
+        parse(pretrain_parser(), argv)
+    given = {**file_values, **given_options(pretrain_parser(), flags)}
+    demo = not {"corpus", "pairs"} & given.keys() and "--config" not in argv
+    defaults = DEMO_DEFAULTS if demo else {}
+    output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
+    resume = resolve_resume(str(output_dir), given.get("resume_from_checkpoint"))
+    recorded = read_settings(resume) if resume else None
+    if recorded and recorded["settings"]:
+        check_given_options(recorded, given, resume)
+        defaults = recorded["settings"]
+    elif resume:
+        logger.warning("%s records no run settings (written by an older retromae): the flags given now apply", resume)
+    parser = pretrain_parser()
+    model, method_settings, data, run, training, recipe = parse(parser, argv, defaults)
+    settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
+    prepare_output_dir(training.output_dir, run, resume, training.should_save)
+    return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings)
+
+
+def _field_default(dataclass_type: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(dataclass_type) if f.name == name)
+
+
+def resolve_resume(output_dir: str, resume: str | None) -> str | None:
+    """The checkpoint `--resume-from-checkpoint` names: `last` is the newest complete one in OUTPUT_DIR."""
+    if resume in RESUME_LAST:
+        found = last_complete_checkpoint(output_dir)
+        if found is None:
+            raise UserError(f"--resume-from-checkpoint {resume}: no complete checkpoint in {output_dir}")
+        return str(found)
+    if resume and not (Path(resume) / "trainer_state.json").is_file():
+        raise UserError(f"--resume-from-checkpoint {resume}: not a complete checkpoint folder (no trainer_state.json)")
+    return resume
+
+
+def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool) -> None:
+    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
+    --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else.
+    Build folders of saves a kill interrupted are removed in any case."""
+    folder = Path(output_dir)
+    if should_save:
+        clean_killed_saves(folder)
+    own_folder = resume is not None and folder.resolve() == Path(resume).resolve().parent
+    if own_folder and run_args.overwrite_output_dir:
+        raise UserError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
+                        "drop one of the two")
+    if own_folder or not (folder.is_dir() and any(folder.iterdir())):
+        return
+    if not run_args.overwrite_output_dir:
+        latest = last_complete_checkpoint(folder)
+        hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})" if latest else "choose another --output-dir"
+        raise UserError(
+            f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
+            "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
+        )
+    if should_save:
+        removed = remove_previous_run(folder)
+        logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
+
+
+# ---- the model ----------------------------------------------------------------------------------------------------
+
+
+def display_name(path_or_id: str | None, fallback: str) -> str:
+    """A name without local paths: a Hub id stays, a local path becomes its folder or file name."""
+    if not path_or_id:
+        return fallback
+    if os.path.exists(path_or_id):
+        return Path(path_or_id).resolve().name
+    return path_or_id
+
+
+def load_tokenizer(tokenizer_ref: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer_ref, trust_remote_code=False)
+    except OSError as error:  # a Hub id while offline, a folder without tokenizer files
+        raise UserError(
+            f"cannot load a tokenizer from {tokenizer_ref}: {str(error).splitlines()[0]} "
+            "(pass a local folder, or --tokenizer)"
+        ) from None
+
+
+def load_pretraining_model(model_ref: str, method: Method, settings: dict[str, Any]):
+    """A pre-training checkpoint of the same method continues (decoder included), as does one of a method listed in
+    `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); any BERT checkpoint starts
+    fresh (`from_encoder_checkpoint`, which refuses other architectures)."""
+    check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
+    try:
+        model_type = AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("model_type")
+    except OSError as error:
+        raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
+    ours = {m.model_class.config_class.model_type: m for m in METHODS.values()}
+    if model_type in ours:
+        if ours[model_type].name != method.name and model_type not in method.continues_from:
+            raise UserError(
+                f"{model_ref} is a {ours[model_type].name!r} pre-training checkpoint but --method is {method.name!r}; "
+                f"continue it with --method {ours[model_type].name}, or export it first (`retromae export`) and "
+                f"start {method.name!r} from the exported encoder"
+            )
+        config = method.model_class.config_class.from_pretrained(model_ref, **settings)
+        return method.model_class.from_pretrained(model_ref, config=config)
+    try:
+        return method.model_class.from_encoder_checkpoint(model_ref, **settings)
+    except ValueError as error:  # another architecture, or no BERT encoder weights: the --model the user gave
+        raise UserError(str(error)) from None
+
+
+def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str) -> None:
+    config = model.config
+    if len(tokenizer) > config.vocab_size:
+        raise UserError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model {model_ref} has only {config.vocab_size} "
+            "embedding rows; use the tokenizer that belongs to the model (--tokenizer)"
+        )
+    if max_seq_length > config.max_position_embeddings:
+        raise UserError(
+            f"--max-seq-length {max_seq_length} exceeds the model's position limit "
+            f"({config.max_position_embeddings}, max_position_embeddings in {model_ref}); use a value <= that"
+        )
+    if max_seq_length < 8:
+        raise UserError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
+
+
+# ---- the run --------------------------------------------------------------------------------------------------------
+
+
+def pretrain(argv: list[str]) -> int:
+    """`retromae pretrain ARGS`: train, save the pre-training model (decoder included), export the encoder."""
+    run = pretrain_arguments(argv)
+    args = run.training
+    configure_logging(args.get_process_log_level())
+    set_seed(args.seed)
+    if args.dataloader_pin_memory and args.device.type == "cpu":
+        args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
+    if run.data.streaming and args.max_steps <= 0:
+        raise UserError("--streaming needs --max-steps (a streamed corpus has no length)")
+
+    method = get_method(run.model.method)
+    model_ref = run.model.model or default_model_dir()
+    resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
+    # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
+    tokenizer = load_tokenizer(run.resume or run.model.tokenizer or model_ref)
+    inputs = DataInputs(
+        corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
+        packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
+        global_batch_size=args.per_device_train_batch_size * args.world_size,
+        contrastive_anchor=run.recipe.contrastive_anchor_weight > 0,
+    )
+    settings = method.config_settings(run.method_settings, inputs, tokenizer)
+    model = load_pretraining_model(run.resume or model_ref, method, settings)
+    if not run.resume and args.should_log:  # the main process only
+        suggest_recipe(model_ref, run.recipe)
+    check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref)
+    with args.main_process_first(desc="reading and tokenizing the training data"):
+        data = method.training_data(model.config, tokenizer, inputs)
+    if data.drop_last and not args.dataloader_drop_last:
+        logger.info("In-batch negatives: dropping the last incomplete batch of each epoch (dataloader_drop_last)")
+        args.dataloader_drop_last = True
+
+    base_name = run.model.base_model_name or resumed_info.get("base_model") or display_name(
+        run.model.model, DEFAULT_BASE_MODEL_NAME
+    )
+    corpus_name = (run.data.corpus_name or data.corpus_name or resumed_info.get("corpus")
+                   or display_name(run.data.corpus, DEFAULT_CORPUS_NAME))
+    run_info = {
+        "method": method.name, "base_model": base_name, "corpus": corpus_name,
+        "max_seq_length": inputs.max_seq_length, "packing": inputs.packing, "retromae_version": package_version(),
+    }
+    trainer = RetroMAETrainer(
+        model=model, args=args, train_dataset=data.dataset, data_collator=data.collator,
+        processing_class=tokenizer, run_info=run_info, run_settings=run.settings, recipe=run.recipe,
+    )
+    started = time.time()
+    trainer.train(resume_from_checkpoint=run.resume)
+    trainer.save_pretraining_model(args.output_dir)
+    export_dir = None if run.run.no_export else run.run.export_dir or str(Path(args.output_dir) / "encoder")
+    if export_dir and trainer.args.should_save:
+        export_from_model(trainer.accelerator.unwrap_model(trainer.model), tokenizer, export_dir,
+                          run_info=trainer.current_run_info(), overwrite=True)
+    if trainer.is_world_process_zero():
+        print_summary(trainer, args.output_dir, export_dir, time.time() - started)
+    return 0
+
+
+def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float) -> None:
+    info = trainer.current_run_info()
+    first, final = info.get("first_losses", {}), info.get("final_losses", {})
+    losses = ", ".join(f"{k} {first.get(k, float('nan')):.3f} -> {v:.3f}" for k, v in sorted(final.items()))
+    logged_steps = [entry["step"] for entry in trainer.state.log_history if "loss" in entry]
+    window = f"step {logged_steps[0]} -> step {logged_steps[-1]}" if logged_steps else "none logged"
+    lines = [
+        "",
+        f"retromae: {info['method']} pre-training finished: {info['global_step']} steps in {seconds / 60:.1f} min",
+        f"  losses ({window}): {losses}",
+        f"  pre-training checkpoint (decoder included): {output_dir}",
+    ]
+    if export_dir:
+        # our own export, just written; DupMAE's carries its hybrid module as remote code
+        encoder = SentenceTransformer(export_dir, trust_remote_code=True)
+        example = "Dense retrievers encode text into vectors."
+        vector = encoder.encode_document([example])[0]
+        lines += [
+            f"  sentence-transformers encoder: {export_dir}",
+            f"  example: encode_document([{example!r}]) -> shape {tuple(vector.shape)}, "
+            f"first values {[round(float(x), 4) for x in vector[:4]]}",
+        ]
+    print("\n".join(lines), flush=True)
+
+
+__all__ = [
+    "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
+    "RunArguments", "check_model_and_tokenizer", "display_name", "load_pretraining_model", "load_tokenizer",
+    "prepare_output_dir", "pretrain", "pretrain_arguments", "pretrain_parser", "print_summary", "resolve_resume",
+]
