@@ -50,3 +50,9 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
     assert cli.main(["no-such-command"]) == 2
+
+
+def test_a_missing_model_folder_is_named_before_anything_is_loaded(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert cli.main(["pretrain", "--model", str(missing), "--output-dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"retromae pretrain: error: --model: model folder {missing} does not exist"

@@ -20,15 +20,13 @@ from typing import Any, Literal
 from sentence_transformers import SentenceTransformer
 from transformers import (
     AutoConfig,
-    AutoTokenizer,
     HfArgumentParser,
-    PreTrainedTokenizerBase,
     TrainingArguments,
     set_seed,
 )
 
 from .core.arguments import configure_logging, parse, split_config
-from .core.checkpoints import default_model_dir
+from .core.checkpoints import default_model_dir, load_tokenizer
 from .core.errors import UserError
 from .core.folders import check_model_folder
 from .core.io import read_json_or_empty
@@ -260,16 +258,6 @@ def display_name(path_or_id: str | None, fallback: str) -> str:
     return path_or_id
 
 
-def load_tokenizer(tokenizer_ref: str) -> PreTrainedTokenizerBase:
-    try:
-        return AutoTokenizer.from_pretrained(tokenizer_ref, trust_remote_code=False)
-    except OSError as error:  # a Hub id while offline, a folder without tokenizer files
-        raise UserError(
-            f"cannot load a tokenizer from {tokenizer_ref}: {str(error).splitlines()[0]} "
-            "(pass a local folder, or --tokenizer)"
-        ) from None
-
-
 def load_pretraining_model(model_ref: str, method: Method, settings: dict[str, Any]):
     """A pre-training checkpoint of the same method continues (decoder included), as does one of a method listed in
     `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); any BERT checkpoint starts
@@ -329,7 +317,9 @@ def pretrain(argv: list[str]) -> int:
     model_ref = run.model.model or default_model_dir()
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
     # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
-    tokenizer = load_tokenizer(run.resume or run.model.tokenizer or model_ref)
+    check_model_folder(run.resume or model_ref, purpose="--model", tokenizer=False)  # before its tokenizer is read
+    tokenizer = load_tokenizer(run.resume or run.model.tokenizer or model_ref,
+                               hint=" (pass a local folder, or --tokenizer)")
     inputs = DataInputs(
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
         packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,

@@ -97,15 +97,18 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_tokenizer(path_or_id: str | os.PathLike) -> PreTrainedTokenizerBase:
+def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrainedTokenizerBase:
     """A checkpoint's tokenizer (a plain one: a checkpoint's config.json `auto_map` never applies to it).
 
-    Call `check_model_folder` first: it makes sure a local folder has a tokenizer vocabulary.
+    Call `check_model_folder` first: it makes sure a local folder has a tokenizer vocabulary. `hint` ends the
+    error message (e.g. the flag that names another tokenizer).
     """
     try:
         return AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"cannot load the tokenizer of {path_or_id}: {error}") from None
+    except (OSError, ValueError) as error:  # a Hub id while offline, a folder without tokenizer files
+        raise CheckpointError(
+            f"cannot load a tokenizer from {path_or_id}: {str(error).strip().splitlines()[0]}{hint}"
+        ) from None
 
 
 def bert_encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],
