@@ -1,9 +1,46 @@
 """RetroMAE configuration (Hub remote code: torch/transformers imports only, relative imports for our files)."""
 
-from typing import Literal
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
+
+logger = logging.getLogger(__name__)
+
+
+def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """Pop from `settings` the keys a config had before a rename (`renames`: old name -> new name) and return their
+    values under the new names, with a deprecation warning each: config.json files and `--method-options` written
+    before the rename keep loading."""
+    renamed = {}
+    for old_name, new_name in renames.items():
+        value = settings.pop(old_name, None)
+        if value is None:
+            continue
+        logger.warning(
+            "%s: `%s` is deprecated; read as %s=%s. Rename the key in your config or --method-options to `%s`.",
+            config_name, old_name, new_name, value, new_name,
+        )
+        renamed[new_name] = value
+    return renamed
+
+
+def apply_legacy_keys(config: Any, kwargs: dict[str, Any]) -> None:
+    """Set on `config` the values of the keys of its class's `legacy_keys` found in its `__post_init__` `kwargs`
+    (removing them from `kwargs`, so that they do not also stay as stray attributes under the old name)."""
+    for name, value in rename_legacy_keys(type(config).__name__, kwargs, config.legacy_keys).items():
+        setattr(config, name, value)
+
+
+def check_loss_settings(config: Any) -> None:
+    """The loss fields the RetroMAE-style configs share: non-negative term weights and a positive chunk size."""
+    for name in ("encoder_loss_weight", "decoder_loss_weight"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"{name}={getattr(config, name)} must be >= 0")
+    if config.loss_chunk_size < 1:
+        raise ValueError(f"loss_chunk_size={config.loss_chunk_size} must be >= 1")
 
 
 def _check_open_unit_interval(name: str, value: float) -> None:
@@ -82,11 +119,7 @@ class RetroMAEConfig(BertConfig):
             )
         if not 1 <= self.num_decoder_layers <= 3:
             raise ValueError(f"num_decoder_layers={self.num_decoder_layers} must be 1, 2 or 3")
-        for name in ("encoder_loss_weight", "decoder_loss_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.loss_chunk_size < 1:
-            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
+        check_loss_settings(self)
 
 
 __all__ = ["RetroMAEConfig"]

@@ -1,12 +1,11 @@
-"""SEED-Encoder configuration (Hub remote code: torch/transformers imports only)."""
+"""SEED-Encoder configuration (Hub remote code: torch/transformers imports only, relative imports for our files)."""
 
-import logging
 from typing import Literal
 
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-logger = logging.getLogger(__name__)
+from .configuration_retromae import apply_legacy_keys, check_loss_settings
 
 
 @strict
@@ -46,16 +45,12 @@ class SEEDConfig(BertConfig):
     loss_chunk_size: int = 4096
     attention_window_scope: Literal["per_layer", "total"] = "per_layer"
 
+    # old key -> field (not annotated: a class constant, not a config field). The decoder depth had its own name
+    # here; RetroMAE's `num_decoder_layers` is now the only one.
+    legacy_keys = {"decoder_layers": "num_decoder_layers"}
+
     def __post_init__(self, **kwargs):
-        # the decoder depth had its own name here; RetroMAE's `num_decoder_layers` is now the only one
-        legacy_depth = kwargs.pop("decoder_layers", None)
-        if legacy_depth is not None:
-            logger.warning(
-                "SEEDConfig: `decoder_layers` is deprecated; read as num_decoder_layers=%s. Rename the key in your "
-                "config or --method-options to `num_decoder_layers`.",
-                legacy_depth,
-            )
-            self.num_decoder_layers = legacy_depth
+        apply_legacy_keys(self, kwargs)
         super().__post_init__(**kwargs)
 
     def validate_seed_fields(self) -> None:
@@ -68,11 +63,7 @@ class SEEDConfig(BertConfig):
                 f"attention_window={self.attention_window} must be >= 1 (number of previous tokens each decoder "
                 "position may attend to; paper: 2)"
             )
-        for name in ("encoder_loss_weight", "decoder_loss_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.loss_chunk_size < 1:
-            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
+        check_loss_settings(self)
 
 
 __all__ = ["SEEDConfig"]

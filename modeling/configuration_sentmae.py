@@ -4,7 +4,7 @@ from typing import Literal
 
 from huggingface_hub.dataclasses import strict
 
-from .configuration_retromae import RetroMAEConfig
+from .configuration_retromae import RetroMAEConfig, apply_legacy_keys
 
 
 @strict
@@ -16,15 +16,18 @@ class SentMAEConfig(RetroMAEConfig):
     Stage 1 is plain RetroMAE on generic text (`RetroMAEConfig`, method ``retromae``); stage 2 loads that checkpoint,
     decoder included (every RetroMAE field and weight carries over).
 
-    Loss = encoder_loss_weight * L_enc + decoder_loss_weight * L_dec + contrastive_weight * L_ctr
-    (paper eq. 9: (1) ``contrastive_weight=0``, RetroMAE alone; (2) ``contrastive_weight=1``, the plain sum).
+    Loss = encoder_loss_weight * L_enc + decoder_loss_weight * L_dec + contrastive_loss_weight * L_ctr
+    (paper eq. 9: (1) ``contrastive_loss_weight=0``, RetroMAE alone; (2) ``contrastive_loss_weight=1``, the plain
+    sum).
 
     L_ctr (paper eq. 8) = mean_i -log softmax_j(sim(h_i, h_j^+) / temperature)[i], where h_i, h_j^+ are the
     last-layer [CLS] states of the masked anchor / positive inputs (the same encoder pass that feeds the RetroMAE
     losses, as coCondenser does) and j runs over the positives of the whole batch, across processes under DDP.
 
     Args:
-        contrastive_weight: weight of L_ctr; 0 switches it off (loss (1) of the paper, no positives needed).
+        contrastive_loss_weight: weight of L_ctr; 0 switches it off (loss (1) of the paper, no positives needed).
+            Configs saved before the rename call it `contrastive_weight`; that key still loads, with a deprecation
+            warning.
         temperature: tau of eq. 8, > 0. The paper gives no value; 0.05 is SimCSE's (the paper's NLI stage follows
             supervised SimCSE). With ``similarity="dot"`` and unnormalised 768-d embeddings, 1.0 (coCondenser,
             tevatron) is the usual choice.
@@ -37,15 +40,23 @@ class SentMAEConfig(RetroMAEConfig):
 
     model_type = "sentmae"
 
-    contrastive_weight: float = 1.0
+    contrastive_loss_weight: float = 1.0
     temperature: float = 0.05
     similarity: Literal["cos", "dot"] = "cos"
     positives: Literal["spans", "pairs"] = "spans"
 
+    # old key -> field (not annotated: a class constant, not a config field); every loss weight is `<term>_loss_weight`
+    legacy_keys = {"contrastive_weight": "contrastive_loss_weight"}
+
+    def __post_init__(self, **kwargs):
+        apply_legacy_keys(self, kwargs)
+        super().__post_init__(**kwargs)
+
     def validate_sentmae_fields(self) -> None:
-        if self.contrastive_weight < 0:
+        if self.contrastive_loss_weight < 0:
             raise ValueError(
-                f"contrastive_weight={self.contrastive_weight} must be >= 0 (0 = RetroMAE alone, paper eq. 9 (1))"
+                f"contrastive_loss_weight={self.contrastive_loss_weight} must be >= 0 (0 = RetroMAE alone, paper "
+                "eq. 9 (1))"
             )
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (the tau of paper eq. 8)")

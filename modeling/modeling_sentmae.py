@@ -162,11 +162,11 @@ class SentMAEForPretraining(RetroMAEForPretraining):
             input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids: the anchors, `(batch_size,
                 seq_len)`, as in `RetroMAEForPretraining.forward` (masked by the collator).
             positive_*: the same five tensors for the positives, row i being the positive of anchor i; same shape
-                as the anchors' (the collator pads both to one length). Needed when `contrastive_weight > 0`.
+                as the anchors' (the collator pads both to one length). Needed when `contrastive_loss_weight > 0`.
 
         Returns:
             `PretrainingOutput` with `encoder_mlm_loss` and `decoder_loss` over anchors and positives,
-            `contrastive_loss` (when `contrastive_weight > 0`), `loss` = their weighted sum, and
+            `contrastive_loss` (when `contrastive_loss_weight > 0`), `loss` = their weighted sum, and
             `sentence_embedding` `(batch_size, hidden_size)` of the anchors.
         """
         batch_size = input_ids.shape[0]
@@ -194,16 +194,16 @@ class SentMAEForPretraining(RetroMAEForPretraining):
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
     ) -> dict[str, torch.Tensor]:
         """RetroMAE's `decoder_loss` over anchors and positives, and `contrastive_loss` of each anchor (the first
-        `anchor_count` rows) against the positives (the rest), when `contrastive_weight > 0`."""
+        `anchor_count` rows) against the positives (the rest), when `contrastive_loss_weight > 0`."""
         losses = super().method_losses(hidden, sentence_embedding, batch)
-        if self.config.contrastive_weight == 0:
+        if self.config.contrastive_loss_weight == 0:
             return losses
         anchor_count = batch.method_inputs["anchor_count"]
         if anchor_count is None:
             raise ValueError(
-                f"contrastive_weight={self.config.contrastive_weight} needs positives (positive_input_ids ...): "
-                "collate with retromae.trainers.contrastive_data.ContrastiveCollator, or set contrastive_weight=0 "
-                "for RetroMAE alone"
+                f"contrastive_loss_weight={self.config.contrastive_loss_weight} needs positives (positive_input_ids "
+                "...): collate with retromae.trainers.contrastive_data.ContrastiveCollator, or set "
+                "contrastive_loss_weight=0 for RetroMAE alone"
             )
         losses["contrastive_loss"] = in_batch_contrastive_loss(
             sentence_embedding[:anchor_count], sentence_embedding[anchor_count:], self.config.temperature,
@@ -212,7 +212,7 @@ class SentMAEForPretraining(RetroMAEForPretraining):
         return losses
 
     def loss_weights(self) -> dict[str, float | torch.Tensor]:
-        return {**super().loss_weights(), "contrastive_loss": self.config.contrastive_weight}
+        return {**super().loss_weights(), "contrastive_loss": self.config.contrastive_loss_weight}
 
 
 def _concat_pairs(anchors: tuple, positives: tuple) -> tuple:

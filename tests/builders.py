@@ -5,6 +5,7 @@ check that a checkpoint loads as remote code in a fresh interpreter."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from pathlib import Path
@@ -231,3 +232,18 @@ def assert_loads_as_remote_code(run_without_retromae, model, tmp_path: Path, mod
     assert report["classes"] == list(classes)
     assert_fresh_process_matches(model, batch, report)
     return checkpoint, saved, report
+
+
+def load_with_legacy_key(config, folder, old: str, new: str, caplog):
+    """Save `config`, rename its key `new` back to `old` in config.json (a file written before the rename), load it
+    again and check the deprecation warning; returns the loaded config."""
+    config.save_pretrained(folder)
+    saved = json.loads((folder / "config.json").read_text())
+    assert old not in saved
+    saved[old] = saved.pop(new)
+    (folder / "config.json").write_text(json.dumps(saved))
+    with caplog.at_level(logging.WARNING, logger="retromae.modeling.configuration_retromae"):
+        loaded = type(config).from_pretrained(folder)
+    assert getattr(loaded, new) == getattr(config, new) and not hasattr(loaded, old)
+    assert any(f"`{old}` is deprecated" in record.getMessage() for record in caplog.records)
+    return loaded

@@ -1,4 +1,4 @@
-"""Input-token coverage (bow-prediction.txt Algorithm 1): hand-checked values, loading, JSON + PNG output."""
+"""Input-token coverage (the BoW-prediction paper, Algorithm 1): hand-checked values, loading, JSON + PNG output."""
 
 from __future__ import annotations
 

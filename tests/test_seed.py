@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import partial
 
@@ -19,6 +18,7 @@ from retromae.modeling.modeling_seed import (
 from .builders import (
     TINY_VOCAB,
     assert_loads_as_remote_code,
+    load_with_legacy_key,
     masked_batch,
     tiny_pretraining_config,
 )
@@ -52,15 +52,8 @@ def test_config_defaults_follow_the_paper():
 
 
 def test_legacy_decoder_layers_key_loads_with_a_deprecation_warning(tmp_path, caplog):
-    tiny_config(num_decoder_layers=2).save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert "decoder_layers" not in saved
-    saved["decoder_layers"] = saved.pop("num_decoder_layers")  # a config.json written before the rename
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    with caplog.at_level(logging.WARNING, logger="retromae.modeling.configuration_seed"):
-        loaded = SEEDConfig.from_pretrained(tmp_path)
-    assert loaded.num_decoder_layers == 2 and not hasattr(loaded, "decoder_layers")
-    assert any("`decoder_layers` is deprecated" in r.getMessage() for r in caplog.records)
+    loaded = load_with_legacy_key(tiny_config(num_decoder_layers=2), tmp_path, "decoder_layers", "num_decoder_layers",
+                                  caplog)
     assert len(SEEDEncoderForPretraining(loaded).decoder.layers) == 2
 
 

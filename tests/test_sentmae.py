@@ -7,6 +7,7 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,9 +22,10 @@ from retromae.modeling.modeling_sentmae import (
 from retromae.trainers.cli import main
 from retromae.trainers.contrastive_data import ContrastiveCollator, cut_two_spans, read_pairs, tokenize_pairs
 from retromae.trainers.data import CorpusError, tokenize_corpus
+from retromae.trainers.methods import METHODS, MethodArguments
 from safetensors.torch import load_file
 
-from .builders import PAIRS, pretrain_args, tiny_bert_kwargs, write_jsonl
+from .builders import PAIRS, load_with_legacy_key, pretrain_args, tiny_bert_kwargs, write_jsonl
 
 PASSAGES = [
     "Dense retrieval encodes queries and passages into vectors and ranks passages by inner product.",
@@ -51,7 +53,7 @@ def cli_args(model: Path, output: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"contrastive_weight": -1.0}, "contrastive_weight=-1.0"),
+        ({"contrastive_loss_weight": -1.0}, "contrastive_loss_weight=-1.0"),
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"similarity": "l2"}, "'similarity'"),  # a Literal field: "Field 'similarity' expected one of ..."
         ({"positives": "triples"}, "'positives'"),
@@ -65,9 +67,15 @@ def test_config_rejects_bad_values(kwargs, message):
 
 def test_config_defaults_and_inherits_retromae_fields():
     config = tiny_config()
-    assert (config.model_type, config.contrastive_weight, config.temperature, config.similarity, config.positives) == (
-        "sentmae", 1.0, 0.05, "cos", "spans")
+    assert (config.model_type, config.contrastive_loss_weight, config.temperature, config.similarity,
+            config.positives) == ("sentmae", 1.0, 0.05, "cos", "spans")
     assert (config.encoder_mask_ratio, config.decoder_mask_ratio, config.decoding) == (0.3, 0.5, "enhanced")
+
+
+def test_legacy_contrastive_weight_key_loads_with_a_deprecation_warning(tmp_path, caplog):
+    loaded = load_with_legacy_key(tiny_config(contrastive_loss_weight=0.25), tmp_path, "contrastive_weight",
+                                  "contrastive_loss_weight", caplog)
+    assert SentMAEForPretraining(loaded).loss_weights()["contrastive_loss"] == 0.25
 
 
 # ---- contrastive loss -----------------------------------------------------------------------------------------------
@@ -174,7 +182,7 @@ def _batch(collator_positives: str, tokenizer, batch_size: int = 4, seed: int = 
 
 def test_forward_shapes_and_loss_components(tokenizer):
     torch.manual_seed(0)
-    model = SentMAEForPretraining(tiny_config(contrastive_weight=0.5))
+    model = SentMAEForPretraining(tiny_config(contrastive_loss_weight=0.5))
     batch = _batch("spans", tokenizer)
     output = model(**batch)
     for name in ("loss", "encoder_mlm_loss", "decoder_loss", "contrastive_loss"):
@@ -186,12 +194,12 @@ def test_forward_shapes_and_loss_components(tokenizer):
     assert model.decoder.layers[0].attention.self.query.weight.grad is not None
 
 
-def test_contrastive_weight_zero_is_retromae(tokenizer):
-    """Loss (1) of the paper: with contrastive_weight 0 and no positives, SentMAE is RetroMAE (same weights, same
+def test_contrastive_loss_weight_zero_is_retromae(tokenizer):
+    """Loss (1) of the paper: with contrastive_loss_weight 0 and no positives, SentMAE is RetroMAE (same weights, same
     decoder visibility draws)."""
     torch.manual_seed(0)
     retromae = RetroMAEForPretraining(tiny_config(RetroMAEConfig)).eval()
-    sentmae = SentMAEForPretraining(tiny_config(contrastive_weight=0.0)).eval()
+    sentmae = SentMAEForPretraining(tiny_config(contrastive_loss_weight=0.0)).eval()
     assert sentmae.load_state_dict(retromae.state_dict()).missing_keys == []
     batch = {k: v for k, v in _batch("spans", tokenizer).items() if not k.startswith("positive_")}
     torch.manual_seed(1)
@@ -208,7 +216,7 @@ def test_batch_of_one_pair_is_refused(tokenizer):
         model(**_batch("pairs", tokenizer, batch_size=1))
 
 
-def test_contrastive_weight_needs_positives(tokenizer):
+def test_contrastive_loss_weight_needs_positives(tokenizer):
     model = SentMAEForPretraining(tiny_config())
     batch = {k: v for k, v in _batch("spans", tokenizer).items() if not k.startswith("positive_")}
     with pytest.raises(ValueError, match="needs positives"):
@@ -219,7 +227,7 @@ def test_retromae_checkpoint_loads_into_sentmae_with_its_decoder(tmp_path):
     torch.manual_seed(0)
     stage1 = RetroMAEForPretraining(tiny_config(RetroMAEConfig))
     stage1.save_pretrained(tmp_path / "stage1")
-    config = SentMAEConfig.from_pretrained(tmp_path / "stage1", contrastive_weight=1.0)
+    config = SentMAEConfig.from_pretrained(tmp_path / "stage1", contrastive_loss_weight=1.0)
     stage2, info = SentMAEForPretraining.from_pretrained(tmp_path / "stage1", config=config, output_loading_info=True)
     assert info["missing_keys"] == set() or not info["missing_keys"]
     assert not info["unexpected_keys"]
@@ -356,7 +364,7 @@ def test_stage2_with_pairs(stage1_checkpoint, pairs_file, tmp_path):
     out = tmp_path / "nli"
     assert main(cli_args(stage1_checkpoint, out, "--method", "sentmae", "--pairs", str(pairs_file))) == 0
     config = json.loads((out / "config.json").read_text())
-    assert (config["positives"], config["contrastive_weight"]) == ("pairs", 1.0)
+    assert (config["positives"], config["contrastive_loss_weight"]) == ("pairs", 1.0)
     assert json.loads((out / "retromae_run.json").read_text())["corpus"] == "nli.jsonl"
     assert all("contrastive_loss" in e for e in _logged(out))
     # the stage-2 checkpoint exports like every CLS method: plain BERT + CLS pooling, card naming the method
@@ -369,7 +377,7 @@ def test_stage2_with_pairs(stage1_checkpoint, pairs_file, tmp_path):
 def test_stage2_without_contrastive_loss_is_retromae_alone(stage1_checkpoint, corpus, tmp_path):
     out = tmp_path / "loss1"
     args = cli_args(stage1_checkpoint, out, "--method", "sentmae", "--corpus", str(corpus),
-                    "--method-options", '{"contrastive_weight": 0.0}')
+                    "--method-options", '{"contrastive_loss_weight": 0.0}')
     assert main(args) == 0
     assert all("contrastive_loss" not in e and "decoder_loss" in e for e in _logged(out))
 
@@ -422,3 +430,11 @@ def test_stage2_two_process_ddp_on_cpu(run_cli_in_two_processes, stage1_checkpoi
     assert result.returncode == 0, result.stderr[-4000:]
     assert all("contrastive_loss" in e for e in _logged(out))
     assert json.loads((out / "retromae_run.json").read_text())["training"]["world_size"] == 2
+
+
+def test_legacy_contrastive_weight_method_option_still_applies(caplog):
+    tokenizer = SimpleNamespace(mask_token_id=103, all_special_ids=[0, 101, 102, 103])
+    arguments = MethodArguments(method_options='{"contrastive_weight": 0}')
+    settings = METHODS["sentmae"].config_settings(arguments, SimpleNamespace(pairs=None), tokenizer)
+    assert settings["contrastive_loss_weight"] == 0.0 and "contrastive_weight" not in settings
+    assert any("`contrastive_weight` is deprecated" in r.getMessage() for r in caplog.records)

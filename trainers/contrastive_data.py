@@ -357,23 +357,23 @@ def pair_positive_settings(inputs: DataInputs, requested: dict[str, Any]) -> dic
 def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
     """The data of a method with an in-batch contrastive loss (SentMAE stage 2).
 
-    With ``contrastive_weight > 0`` the positives come from ``--pairs FILE.jsonl`` (``positives="pairs"``, set by
-    ``pair_positive_settings``) or, by default, from two spans of each ``--corpus`` passage. With
-    ``contrastive_weight == 0`` the method is plain RetroMAE and reads the corpus (``corpus_training_data``).
+    With ``contrastive_loss_weight > 0`` the positives come from ``--pairs FILE.jsonl`` (``positives="pairs"``, set
+    by ``pair_positive_settings``) or, by default, from two spans of each ``--corpus`` passage. With
+    ``contrastive_loss_weight == 0`` the method is plain RetroMAE and reads the corpus (``corpus_training_data``).
 
     Raises:
         UserError: settings that cannot work together (``--pairs`` with ``--corpus``/``--packing``/``--streaming``
             or without a contrastive loss, span positives with ``--packing``, ``positives="pairs"`` without
             ``--pairs``, the recipe's contrastive anchor on top of this loss), or a global batch of fewer than 2.
     """
-    if not config.contrastive_weight > 0:
+    if not config.contrastive_loss_weight > 0:
         if inputs.pairs:
-            raise UserError("--pairs feeds the in-batch contrastive loss, which contrastive_weight 0 switches off; "
-                            "use --corpus for the text, or set contrastive_weight > 0")
+            raise UserError("--pairs feeds the in-batch contrastive loss, which contrastive_loss_weight 0 switches "
+                            "off; use --corpus for the text, or set contrastive_loss_weight > 0")
         return corpus_training_data(config, tokenizer, inputs)
     if inputs.contrastive_anchor:
-        raise UserError(f"--method {config.model_type} already has its contrastive loss (contrastive_weight "
-                        f"{config.contrastive_weight}); drop --contrastive-anchor-weight")
+        raise UserError(f"--method {config.model_type} already has its contrastive loss (contrastive_loss_weight "
+                        f"{config.contrastive_loss_weight}); drop --contrastive-anchor-weight")
     if inputs.pairs:
         data = _pair_training_data(config, tokenizer, inputs)
     elif config.positives == "pairs":
@@ -385,7 +385,7 @@ def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -
         data = span_pair_training_data(config, tokenizer, inputs, purpose="span positives")
     logger.info(
         "SentMAE stage 2: RetroMAE + %s x in-batch contrastive loss (tau %s, %s similarity), positives: %s",
-        config.contrastive_weight, config.temperature, config.similarity, config.positives,
+        config.contrastive_loss_weight, config.temperature, config.similarity, config.positives,
     )
     return data
 

@@ -1,6 +1,6 @@
 """`retromae finetune`: train a bi-encoder for retrieval from a retromae checkpoint, export, or any BERT / ST folder.
 
-The recipe is the papers' (dupmae.txt eq. 13-15, retromae.txt §4.1), each stage one `SentenceTransformerTrainer` run
+The recipe is the papers' (DupMAE paper eq. 13-15, RetroMAE paper §4.1), each stage one `SentenceTransformerTrainer` run
 that continues from the previous stage's model:
 
 1. ``in-batch``: contrastive loss with in-batch negatives (eq. 13), sentence-transformers'
@@ -258,7 +258,7 @@ def _similarities(model: SentenceTransformer):
 
 
 class DistillationLoss(nn.Module):
-    """Eq. 15 of dupmae.txt: KL(teacher || student) over each query's group (positive + negatives), reduction
+    """Eq. 15 of the DupMAE paper: KL(teacher || student) over each query's group (positive + negatives), reduction
     `batchmean`, plus an optional in-batch contrastive term.
 
     loss = distill_weight * KL_batchmean(softmax(t / T) || log_softmax(s / T)) * T^2

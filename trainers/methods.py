@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from retromae.modeling.configuration_retromae import rename_legacy_keys
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
@@ -125,6 +126,9 @@ class Method:
             UserError: a setting that is not a field of this method's config, or invalid `--method-options`.
         """
         requested = {**arguments.given(), **arguments.options()}
+        # keys a config had before a rename still load (with a deprecation warning), as in its saved config.json
+        config_class = self.model_class.config_class
+        requested.update(rename_legacy_keys(config_class.__name__, requested, getattr(config_class, "legacy_keys", {})))
         requested.update(self.data_settings(inputs, requested))
         fields = self.config_fields
         not_applicable = sorted(set(requested) - set(fields))

@@ -102,8 +102,9 @@ class DataArguments:
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (larger than memory); needs --max-steps"})
     pairs: str | None = field(
         default=None,
-        metadata={"help": "--method sentmae with contrastive_weight > 0: a .jsonl of {\"anchor\": ..., \"positive\": ...} "
-                  "lines (e.g. NLI or query-passage pairs) used as positives and as the text, instead of --corpus. "
+        metadata={"help": "--method sentmae with contrastive_loss_weight > 0: a .jsonl of "
+                  "{\"anchor\": ..., \"positive\": ...} lines (e.g. NLI or query-passage pairs) used as positives "
+                  "and as the text, instead of --corpus. "
                   "Without it the positives are two spans of each --corpus passage (coCondenser-style)."},
     )
 
