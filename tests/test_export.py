@@ -12,7 +12,7 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers import export_cls
 from retromae.trainers.core.errors import UserError
-from retromae.trainers.core.folders import FolderError
+from retromae.trainers.core.folders import FolderError, public_name
 from retromae.trainers.export import ExportError, export_command, export_from_model, export_sentence_transformer
 from retromae.trainers.export_cls import write_cls_encoder
 from retromae.trainers.export_dupmae import write_dupmae_export
@@ -392,3 +392,10 @@ def test_relative_paths_in_run_info_are_not_written_to_the_card(pretrained, toke
     assert card.data.base_model is None
     assert "data/my_corpus.jsonl" not in card.text and "my_corpus.jsonl" in card.text
     assert "out/encoder" not in card.text
+
+
+def test_public_name_resolves_an_existing_path_and_never_shows_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert public_name(".") == tmp_path.name  # the run-info name of `--model .` / `--corpus .`
+    assert public_name("no/such/corpus.jsonl") == "corpus.jsonl"
+    assert public_name("owner/name") == "owner/name"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from transformers import (
 from .core.arguments import configure_logging, parse, split_config
 from .core.checkpoints import default_model_dir, load_tokenizer
 from .core.errors import UserError
-from .core.folders import check_model_folder
+from .core.folders import check_model_folder, public_name
 from .core.io import read_json_or_empty
 from .core.versions import package_version
 from .data import DataInputs
@@ -250,15 +249,6 @@ def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | No
 # ---- the model ----------------------------------------------------------------------------------------------------
 
 
-def display_name(path_or_id: str | None, fallback: str) -> str:
-    """A name without local paths: a Hub id stays, a local path becomes its folder or file name."""
-    if not path_or_id:
-        return fallback
-    if os.path.exists(path_or_id):
-        return Path(path_or_id).resolve().name
-    return path_or_id
-
-
 def load_pretraining_model(model_ref: str, method: Method, settings: dict[str, Any]):
     """A pre-training checkpoint of the same method continues (decoder included), as does one of a method listed in
     `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); any BERT checkpoint starts
@@ -338,11 +328,11 @@ def pretrain(argv: list[str]) -> int:
         logger.info("In-batch negatives: dropping the last incomplete batch of each epoch (dataloader_drop_last)")
         args.dataloader_drop_last = True
 
-    base_name = run.model.base_model_name or resumed_info.get("base_model") or display_name(
-        run.model.model, DEFAULT_BASE_MODEL_NAME
+    base_name = run.model.base_model_name or resumed_info.get("base_model") or (
+        public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME
     )
     corpus_name = (run.data.corpus_name or data.corpus_name or resumed_info.get("corpus")
-                   or display_name(run.data.corpus, DEFAULT_CORPUS_NAME))
+                   or public_name(run.data.corpus) or DEFAULT_CORPUS_NAME)
     run_info = {
         "method": method.name, "base_model": base_name, "corpus": corpus_name,
         "max_seq_length": inputs.max_seq_length, "packing": inputs.packing, "retromae_version": package_version(),
@@ -390,6 +380,6 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
 
 __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
-    "RunArguments", "check_model_and_tokenizer", "display_name", "load_pretraining_model", "load_tokenizer",
+    "RunArguments", "check_model_and_tokenizer", "load_pretraining_model",
     "prepare_output_dir", "pretrain", "pretrain_arguments", "pretrain_parser", "print_summary", "resolve_resume",
 ]

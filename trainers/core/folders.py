@@ -202,12 +202,15 @@ def hub_id_of_model(path_or_id: str | os.PathLike) -> str | None:
 
 
 def public_name(path_or_id: str | os.PathLike | None) -> str | None:
-    """A Hub id as is; a local path (or anything path-like) reduced to its last component."""
+    """A Hub id as is; a local path (or anything path-like) reduced to its last component (an existing one resolved
+    first, so `.` names its folder)."""
     if not path_or_id:
         return None
     text = os.fspath(path_or_id)
     if is_hub_id(text) and not is_local_path(text) and Path(text).suffix.lower() not in FILE_SUFFIXES:
         return text
+    if os.path.exists(text):
+        return Path(text).resolve().name or None
     return Path(text.replace("\\", "/")).name or None
 
 
