@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from retromae.trainers.core.io import write_json_atomic as write_json  # imports neither torch nor transformers
+
 # An explicit setting in the environment wins over each of these.
 # Spin-waiting OpenMP threads made single steps 5-10x slower whenever a peer thread was descheduled on a busy machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -60,14 +62,6 @@ def log(message: str) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Written to a temporary file and renamed: an interrupted run never leaves half a result file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def utc_now() -> str:

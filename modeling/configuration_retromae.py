@@ -27,11 +27,17 @@ def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapp
     return renamed
 
 
-def apply_legacy_keys(config: Any, kwargs: dict[str, Any]) -> None:
-    """Set on `config` the values of the keys of its class's `legacy_keys` found in its `__post_init__` `kwargs`
-    (removing them from `kwargs`, so that they do not also stay as stray attributes under the old name)."""
-    for name, value in rename_legacy_keys(type(config).__name__, kwargs, config.legacy_keys).items():
-        setattr(config, name, value)
+class LegacyKeysMixin:
+    """For a config with renamed fields: the keys of its `legacy_keys` (old key -> field, a class constant and not a
+    config field) are read under their old names from config.json or keyword arguments, with a deprecation warning,
+    and are not kept as stray attributes under the old name."""
+
+    legacy_keys = {}
+
+    def __post_init__(self, **kwargs):
+        for name, value in rename_legacy_keys(type(self).__name__, kwargs, self.legacy_keys).items():
+            setattr(self, name, value)
+        super().__post_init__(**kwargs)
 
 
 def check_loss_settings(config: Any) -> None:

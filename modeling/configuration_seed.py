@@ -5,11 +5,11 @@ from typing import Literal
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-from .configuration_retromae import apply_legacy_keys, check_loss_settings
+from .configuration_retromae import LegacyKeysMixin, check_loss_settings
 
 
 @strict
-class SEEDConfig(BertConfig):
+class SEEDConfig(LegacyKeysMixin, BertConfig):
     r"""BERT encoder plus SEED-Encoder's weak auto-regressive decoder (Lu et al., 2021, "Less is More: Pre-train a
     Strong Text Encoder for Dense Retrieval Using a Weak Decoder").
 
@@ -45,13 +45,8 @@ class SEEDConfig(BertConfig):
     loss_chunk_size: int = 4096
     attention_window_scope: Literal["per_layer", "total"] = "per_layer"
 
-    # old key -> field (not annotated: a class constant, not a config field). The decoder depth had its own name
-    # here; RetroMAE's `num_decoder_layers` is now the only one.
+    # the decoder depth had its own name here; RetroMAE's `num_decoder_layers` is now the only one
     legacy_keys = {"decoder_layers": "num_decoder_layers"}
-
-    def __post_init__(self, **kwargs):
-        apply_legacy_keys(self, kwargs)
-        super().__post_init__(**kwargs)
 
     def validate_seed_fields(self) -> None:
         if not 0.0 < self.encoder_mask_ratio < 1.0:

@@ -4,11 +4,11 @@ from typing import Literal
 
 from huggingface_hub.dataclasses import strict
 
-from .configuration_retromae import RetroMAEConfig, apply_legacy_keys
+from .configuration_retromae import LegacyKeysMixin, RetroMAEConfig
 
 
 @strict
-class SentMAEConfig(RetroMAEConfig):
+class SentMAEConfig(LegacyKeysMixin, RetroMAEConfig):
     r"""Stage 2 of the two-stage workflow of SentMAE (Liu & Yang, 2022, "Masked Autoencoders As The Unified Learners
     For Pre-Trained Sentence Representation", §2.2): RetroMAE continued on domain text, optionally plus an in-batch
     contrastive loss.
@@ -45,12 +45,8 @@ class SentMAEConfig(RetroMAEConfig):
     similarity: Literal["cos", "dot"] = "cos"
     positives: Literal["spans", "pairs"] = "spans"
 
-    # old key -> field (not annotated: a class constant, not a config field); every loss weight is `<term>_loss_weight`
+    # every loss weight is `<term>_loss_weight`
     legacy_keys = {"contrastive_weight": "contrastive_loss_weight"}
-
-    def __post_init__(self, **kwargs):
-        apply_legacy_keys(self, kwargs)
-        super().__post_init__(**kwargs)
 
     def validate_sentmae_fields(self) -> None:
         if self.contrastive_loss_weight < 0:

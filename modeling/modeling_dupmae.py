@@ -118,20 +118,15 @@ class DupMAEModel(ClsEncoderModel):
         self.cls.predictions.bias = new_embeddings.bias
 
     def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        **kwargs,
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, **kwargs
     ) -> DupMAEModelOutput:
         r"""
         Args:
             input_ids: `(batch_size, seq_len)` the unmasked input, `[CLS] text [SEP]` with right padding.
             attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
+            **kwargs: `BertModel.forward`'s other inputs (`token_type_ids`, ...).
         """
-        output = super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs
-        )
+        output = super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = output.last_hidden_state  # (B, L, H)
         config = self.config
         keep = None

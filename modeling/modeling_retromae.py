@@ -15,7 +15,7 @@ from .layers_retromae import (
     reference_target_positions,
     reference_visibility_mask,
 )
-from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch, PretrainingOutput
+from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
 class RetroMAEModel(ClsEncoderModel):
@@ -100,11 +100,16 @@ class RetroMAEForPretraining(BertPretrainingBase):
 
     Keys: `bert.*` (encoder), `cls.*` (MLM head, shared by encoder and decoder, tied to the word embeddings),
     `decoder.*` (the new decoder layers).
+
+    `forward` takes the shared inputs (`BertPretrainingBase.forward`) and `decoder_word_starts`: `(batch_size,
+    seq_len)`, 1 where a token begins a word (the collator's `word_starts`), read only with
+    `config.decoder_visibility == "reference"`.
     """
 
     config_class = RetroMAEConfig
     encoder_class = RetroMAEModel
     head_prefixes = ("decoder.",)
+    method_input_names = ("decoder_word_starts",)
     _supports_flash_attn = False  # the decoder's per-row visibility matrix is a dense mask: eager or sdpa
     _supports_flex_attn = False
 
@@ -116,26 +121,6 @@ class RetroMAEForPretraining(BertPretrainingBase):
     def build_decoder(self, config: RetroMAEConfig) -> RetroMAEDecoder | None:
         """The [CLS] decoder; a subclass that can switch it off returns None."""
         return RetroMAEDecoder(config)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        encoder_labels: torch.Tensor | None = None,
-        decoder_labels: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        decoder_word_starts: torch.Tensor | None = None,
-    ) -> PretrainingOutput:
-        r"""The shared forward pass (`BertPretrainingBase.forward`: inputs, labels, output) plus:
-
-        Args:
-            decoder_word_starts: `(batch_size, seq_len)`, 1 where a token begins a word (the collator's
-                `word_starts`); read only with `config.decoder_visibility == "reference"`.
-        """
-        return super().forward(
-            input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids,
-            method_inputs={"decoder_word_starts": decoder_word_starts},
-        )
 
     def method_losses(
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch

@@ -15,11 +15,13 @@ from torch import distributed as dist
 
 from .configuration_sentmae import SentMAEConfig
 from .modeling_retromae import RetroMAEForPretraining
-from .pretraining_base import BertPretrainingBase, ClsEncoderModel, PretrainingBatch, PretrainingOutput
+from .pretraining_base import ClsEncoderModel, PretrainingBatch
 
 logger = logging.getLogger(__name__)
 
 POSITIVE_PREFIX = "positive_"
+# the inputs a positive repeats under POSITIVE_PREFIX, in PretrainingBatch's order
+PAIRED_INPUTS = ("input_ids", "attention_mask", "encoder_labels", "decoder_labels", "token_type_ids")
 
 
 class SentMAEModel(ClsEncoderModel):
@@ -129,12 +131,19 @@ class SentMAEForPretraining(RetroMAEForPretraining):
     masked and both reconstructed: the RetroMAE losses run over all 2B sequences in one encoder and one decoder
     pass, and L_ctr reuses the [CLS] states of that pass (coCondenser does the same), so the contrastive term
     costs no extra forward.
+
+    `forward` takes the anchors as the shared inputs (`BertPretrainingBase.forward`, masked by the collator) and
+    the same five tensors of the positives as `positive_input_ids`, `positive_attention_mask`, ...: row i is the
+    positive of anchor i, padded to the anchors' length. They are needed when `contrastive_loss_weight > 0`. The
+    output's `encoder_mlm_loss` and `decoder_loss` cover anchors and positives, `contrastive_loss` each anchor
+    against every positive, and `sentence_embedding` `(batch_size, hidden_size)` the anchors only.
     """
 
     config_class = SentMAEConfig
     encoder_class = SentMAEModel
     # model types of checkpoints whose weights continue into this model (stage 1 -> stage 2)
     continues_from = ("retromae",)
+    method_input_names = tuple(POSITIVE_PREFIX + name for name in PAIRED_INPUTS)
 
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
         if any(k.startswith("decoder.") for k in missing_keys):
@@ -144,51 +153,16 @@ class SentMAEForPretraining(RetroMAEForPretraining):
             )
         super().after_encoder_checkpoint_loaded(missing_keys)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        encoder_labels: torch.Tensor | None = None,
-        decoder_labels: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        positive_input_ids: torch.Tensor | None = None,
-        positive_attention_mask: torch.Tensor | None = None,
-        positive_encoder_labels: torch.Tensor | None = None,
-        positive_decoder_labels: torch.Tensor | None = None,
-        positive_token_type_ids: torch.Tensor | None = None,
-    ) -> PretrainingOutput:
-        r"""
-        Args:
-            input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids: the anchors, `(batch_size,
-                seq_len)`, as in `RetroMAEForPretraining.forward` (masked by the collator).
-            positive_*: the same five tensors for the positives, row i being the positive of anchor i; same shape
-                as the anchors' (the collator pads both to one length). Needed when `contrastive_loss_weight > 0`.
-
-        Returns:
-            `PretrainingOutput` with `encoder_mlm_loss` and `decoder_loss` over anchors and positives,
-            `contrastive_loss` (when `contrastive_loss_weight > 0`), `loss` = their weighted sum, and
-            `sentence_embedding` `(batch_size, hidden_size)` of the anchors.
-        """
-        batch_size = input_ids.shape[0]
-        anchors = (input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids)
-        positives = (
-            positive_input_ids, positive_attention_mask, positive_encoder_labels, positive_decoder_labels,
-            positive_token_type_ids,
-        )
-        with_positives = positive_input_ids is not None
-        if with_positives:
-            inputs = _concat_pairs(anchors, positives)
-        else:
+    def method_batch(self, batch: PretrainingBatch) -> PretrainingBatch:
+        """Anchors then positives, `(2 * batch_size, seq_len)` each, with `anchor_count` among the method inputs;
+        the anchors alone when no positive is given."""
+        positives = tuple(batch.method_inputs.get(POSITIVE_PREFIX + name) for name in PAIRED_INPUTS)
+        if positives[0] is None:
             if any(t is not None for t in positives):
                 raise ValueError("positive_* tensors were given without positive_input_ids")
-            inputs = anchors
-        # the shared pass over anchors then positives (RetroMAE.forward only adds word starts, which SentMAE
-        # batches do not carry)
-        output = BertPretrainingBase.forward(
-            self, *inputs, method_inputs={"anchor_count": batch_size if with_positives else None}
-        )
-        output.sentence_embedding = output.sentence_embedding[:batch_size]
-        return output
+            return batch
+        anchors = tuple(getattr(batch, name) for name in PAIRED_INPUTS)
+        return PretrainingBatch(*_concat_pairs(anchors, positives), {"anchor_count": len(batch.input_ids)})
 
     def method_losses(
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
@@ -198,7 +172,7 @@ class SentMAEForPretraining(RetroMAEForPretraining):
         losses = super().method_losses(hidden, sentence_embedding, batch)
         if self.config.contrastive_loss_weight == 0:
             return losses
-        anchor_count = batch.method_inputs["anchor_count"]
+        anchor_count = batch.method_inputs.get("anchor_count")
         if anchor_count is None:
             raise ValueError(
                 f"contrastive_loss_weight={self.config.contrastive_loss_weight} needs positives (positive_input_ids "
@@ -217,10 +191,9 @@ class SentMAEForPretraining(RetroMAEForPretraining):
 
 def _concat_pairs(anchors: tuple, positives: tuple) -> tuple:
     """Anchors then positives along the batch dimension, `(2B, L)` each; checks that the two halves match."""
-    names = ("input_ids", "attention_mask", "encoder_labels", "decoder_labels", "token_type_ids")
     shape = anchors[0].shape
     merged = []
-    for name, anchor, positive in zip(names, anchors, positives, strict=True):
+    for name, anchor, positive in zip(PAIRED_INPUTS, anchors, positives, strict=True):
         if (anchor is None) != (positive is None):
             given, missing = (name, POSITIVE_PREFIX + name) if positive is None else (POSITIVE_PREFIX + name, name)
             raise ValueError(f"{given} was given but {missing} was not; pass both or neither")

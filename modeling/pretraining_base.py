@@ -135,9 +135,10 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
     `forward` encodes the masked input, takes the [CLS] state as the sentence embedding, scores the encoder's MLM
     loss and hands the rest to the method: subclasses implement `method_losses` (their decoder / bag-of-words /
     contrastive terms) and `loss_weights`, set `config_class` and `encoder_class`, and build their heads in
-    `__init__` before `self.post_init()`. A method with batch keys of its own overrides `forward` only to declare
-    them, passing them on as `method_inputs`. `accepts_loss_kwargs = False`: the Trainer divides by gradient
-    accumulation itself.
+    `__init__` before `self.post_init()`. A method with batch keys of its own lists them in `method_input_names`
+    (`forward` takes them as keyword arguments and hands them on in `batch.method_inputs`); one that adds rows to
+    the batch (SentMAE's positives) overrides `method_batch`. `accepts_loss_kwargs = False`: the Trainer divides by
+    gradient accumulation itself.
     """
 
     base_model_prefix = "bert"
@@ -154,6 +155,8 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
     # (`from_encoder_checkpoint` logs what was initialised); BERT's pooler and NSP head are left out
     quiet_missing_keys = (r"^decoder\.", r"^cls\.predictions\.")
     quiet_unexpected_keys = UNUSED_BERT_KEYS
+    # the method's own batch keys, beyond the five every method takes
+    method_input_names: tuple[str, ...] = ()
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -207,8 +210,7 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         encoder_labels: torch.Tensor | None = None,
         decoder_labels: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        *,
-        method_inputs: dict[str, Any] | None = None,
+        **method_inputs: torch.Tensor,
     ) -> PretrainingOutput:
         r"""
         Args:
@@ -219,30 +221,46 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
                 what the method reconstructs (see its `method_losses`). Without both label tensors only
                 `sentence_embedding` is returned.
             token_type_ids: `(batch_size, seq_len)`, optional.
-            method_inputs: inputs of the method's own by name, passed on by its `forward`, which declares them
-                (e.g. `decoder_word_starts`); they reach `method_losses` as `batch.method_inputs`.
+            **method_inputs: the method's own inputs, named in its `method_input_names` and described in its class
+                docstring (e.g. RetroMAE's `decoder_word_starts`); any other name is refused.
 
         Returns:
-            `PretrainingOutput`: `loss` = encoder_loss_weight * `encoder_mlm_loss` + the method's weighted terms.
+            `PretrainingOutput`: `loss` = encoder_loss_weight * `encoder_mlm_loss` + the method's weighted terms;
+            `sentence_embedding` `(batch_size, hidden_size)` of the given rows.
         """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        hidden = self.encode(input_ids, attention_mask, token_type_ids)  # (B, L, H)
-        sentence_embedding = hidden[:, 0]  # (B, H)
-        if encoder_labels is None or decoder_labels is None:
-            return PretrainingOutput(sentence_embedding=sentence_embedding)
-        batch = PretrainingBatch(
-            input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids, method_inputs or {}
+        unknown = sorted(set(method_inputs) - set(self.method_input_names))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.forward() got unexpected inputs {unknown}; besides input_ids, attention_mask, "
+                f"encoder_labels, decoder_labels and token_type_ids it takes {list(self.method_input_names)}"
+            )
+        batch = self.method_batch(
+            PretrainingBatch(input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids, method_inputs)
         )
-        encoder_mlm_loss = self.mlm_loss(hidden, encoder_labels)
+        if batch.attention_mask is None:
+            batch.attention_mask = torch.ones_like(batch.input_ids)
+        hidden = self.encode(batch.input_ids, batch.attention_mask, batch.token_type_ids)  # (B', L, H)
+        sentence_embedding = hidden[:, 0]  # (B', H); B' > B when the method added rows
+        if encoder_labels is None or decoder_labels is None:
+            return PretrainingOutput(sentence_embedding=sentence_embedding[: len(input_ids)])
+        encoder_mlm_loss = self.mlm_loss(hidden, batch.encoder_labels)
         losses = self.method_losses(hidden, sentence_embedding, batch)
         weights = self.loss_weights()
         loss = weights["encoder_mlm_loss"] * encoder_mlm_loss
         for name, value in losses.items():
             loss = loss + weights[name] * value
         return PretrainingOutput(
-            loss=loss, encoder_mlm_loss=encoder_mlm_loss, sentence_embedding=sentence_embedding, **losses
+            loss=loss,
+            encoder_mlm_loss=encoder_mlm_loss,
+            sentence_embedding=sentence_embedding[: len(input_ids)],
+            **losses,
         )
+
+    def method_batch(self, batch: "PretrainingBatch") -> "PretrainingBatch":
+        """The rows the pass runs on; the default is the batch as given. A method whose batches carry extra rows
+        under keys of its own (SentMAE's `positive_*`) returns them merged, and `forward` returns the sentence
+        embeddings of the first `batch_size` rows only."""
+        return batch
 
     def method_losses(
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: "PretrainingBatch"
@@ -333,13 +351,14 @@ class PretrainingBatch:
         encoder_labels: original ids at the encoder's masked positions, -100 elsewhere.
         decoder_labels: original ids at every real non-special position, -100 elsewhere.
         token_type_ids: optional.
-        method_inputs: the method's own inputs by name (e.g. `decoder_word_starts`), None when absent.
+        method_inputs: the method's own inputs by name (e.g. `decoder_word_starts`); a name absent from the batch
+            is absent here too.
     """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    encoder_labels: torch.Tensor
-    decoder_labels: torch.Tensor
+    attention_mask: torch.Tensor | None
+    encoder_labels: torch.Tensor | None
+    decoder_labels: torch.Tensor | None
     token_type_ids: torch.Tensor | None = None
     method_inputs: dict[str, Any] = field(default_factory=dict)
 

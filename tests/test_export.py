@@ -11,6 +11,8 @@ from huggingface_hub import ModelCard
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers import export_cls
+from retromae.trainers.core.cards import read_papers
+from retromae.trainers.core.checkpoints import weight_names
 from retromae.trainers.core.errors import UserError
 from retromae.trainers.core.folders import FolderError, public_name
 from retromae.trainers.export import ExportError, export_command, export_from_model, export_sentence_transformer
@@ -399,3 +401,23 @@ def test_public_name_resolves_an_existing_path_and_never_shows_a_path(tmp_path, 
     assert public_name(".") == tmp_path.name  # the run-info name of `--model .` / `--corpus .`
     assert public_name("no/such/corpus.jsonl") == "corpus.jsonl"
     assert public_name("owner/name") == "owner/name"
+
+
+def test_every_method_cites_a_complete_entry_of_papers_bib():
+    papers = read_papers()
+    assert len(papers) == len(METHODS) == len({m.paper for m in METHODS.values()})
+    for method in METHODS.values():
+        entry = method.paper.bibtex
+        assert method.paper in papers.values() and entry.startswith("@") and entry.endswith("\n}")
+        assert f"url = {{{method.paper.url}}}" in entry and method.paper.url.startswith("https://arxiv.org/abs/")
+        assert "title = {" in entry and "year = {" in entry
+
+
+def test_weight_names_reads_names_without_weights(tmp_path):
+    model = BertModel(BertConfig(**tiny_bert_kwargs()), add_pooling_layer=False)
+    model.save_pretrained(tmp_path / "single")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    expected = sorted(model.state_dict())
+    assert sorted(weight_names(tmp_path / "single")) == expected == sorted(weight_names(tmp_path / "sharded"))
+    assert weight_names(tmp_path) is None  # no safetensors weights

@@ -13,6 +13,7 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
 from retromae.trainers.contrastive_data import corpus_training_data
+from retromae.trainers.core.cards import Paper
 from retromae.trainers.methods import METHODS, Method, get_method
 from retromae.trainers.pretrain import load_pretraining_model
 from safetensors.torch import load_file
@@ -316,9 +317,9 @@ def test_a_sixth_method_runs_through_the_registry_alone(tiny_bert, corpus, tmp_p
         exported.append(request.method.name)
         METHODS["retromae"].exporter(request, build_dir)
 
-    sixth = Method("sixth", SixthForPretraining, "Sixth: a test method", citation="@misc{sixth}",
-                   paper_url="https://example.org/sixth", exporter=sixth_exporter, training_data=sixth_training_data,
-                   data_settings=sixth_data_settings)
+    paper = Paper(bibtex="@misc{sixth,\n  url = {https://example.org/sixth}\n}", url="https://example.org/sixth")
+    sixth = Method("sixth", SixthForPretraining, paper, "Sixth: a test method", exporter=sixth_exporter,
+                   training_data=sixth_training_data, data_settings=sixth_data_settings)
     monkeypatch.setitem(METHODS, "sixth", sixth)
     out = tmp_path / "sixth"
     assert main(pretrain_args(tiny_bert, corpus, out, "--method", "sixth", "--max-steps", "2",

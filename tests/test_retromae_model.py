@@ -72,6 +72,7 @@ def test_shared_forward_runs_a_methods_hook_and_weights_its_losses():
 
     class ConstantDecoderLoss(BertPretrainingBase):
         config_class = RetroMAEConfig
+        method_input_names = ("marker",)
 
         def __init__(self, config):
             super().__init__(config)
@@ -87,14 +88,15 @@ def test_shared_forward_runs_a_methods_hook_and_weights_its_losses():
     torch.manual_seed(0)
     model = ConstantDecoderLoss(tiny_config()).eval()
     batch = masked_batch()
-    out = model(**batch, method_inputs={"marker": 7})
+    out = model(**batch, marker=7)
     assert torch.allclose(out.loss, 0.5 * out.encoder_mlm_loss + 3.0 * 2.0)  # weights applied, terms summed
     assert out.decoder_loss.item() == 2.0 and out.bow_loss is None and out.sentence_embedding.shape == (3, 32)
     unmasked = torch.where(batch["encoder_labels"] != -100, batch["encoder_labels"], batch["input_ids"])
     assert torch.equal(seen["original_ids"], unmasked) and seen["extra"] == {"marker": 7}
     assert model(batch["input_ids"]).loss is None  # without labels: the sentence embedding only
-    with pytest.raises(TypeError):
-        model(**batch, marker=7)  # an unknown batch key is an error, not silently ignored
+    # an unknown batch key is an error that names what the model takes, not silently ignored
+    with pytest.raises(TypeError, match=r"unexpected inputs \['word_starts'\].*takes \['marker'\]"):
+        model(**batch, word_starts=batch["input_ids"])
 
 
 def test_config_round_trip(tmp_path):

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .core.arguments import LIST_FLAG, configure_logging, parse_command
+from .core.arguments import LIST_FLAG, start_command
 from .core.checkpoints import default_model_dir, load_bert_encoder, load_mlm_head, load_tokenizer
 from .core.errors import UserError
 from .core.folders import check_model_folder
@@ -345,13 +345,12 @@ class CoverageArguments:
 
 def coverage_command(argv: list[str]) -> int:
     """`retromae coverage`: the BoW paper's input-token coverage (Algorithm 1) for one or more models."""
-    (args,) = parse_command(
+    (args,) = start_command(
         argv, CoverageArguments, prog="retromae coverage",
         description="Share of the top-k tokens of h·Eᵀ (h: the [CLS] embedding, E: the word embeddings) that occur "
         "in the input, for k = 10/20/50/100 (bow-prediction paper, Algorithm 1). Rises when retrieval-oriented "
         "pre-training worked. Writes coverage.json and coverage.png.",
     )
-    configure_logging()
     corpus = read_corpus(args.corpus)
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
     models = args.model or [default_model_dir()]

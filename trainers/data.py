@@ -599,9 +599,9 @@ def tokenize_corpus(
         "max_seq_length": max_seq_length,
         "prefix": prefix,
         "suffix": suffix,
-        "code": _tokenizer_fingerprint(),  # unused by the functions: invalidates the cache when this code changes
+        "packing": packing,
+        "code": _tokenizer_fingerprint(),  # unused by the function: invalidates the cache when this code changes
     }
-    function = _pack_batch if packing else _truncate_batch
     features = datasets.Features(
         {
             "input_ids": datasets.Sequence(datasets.Value("int32")),
@@ -615,11 +615,11 @@ def tokenize_corpus(
         )
     if isinstance(dataset, datasets.IterableDataset):
         tokenized = dataset.map(
-            function, batched=True, fn_kwargs=fn_kwargs, remove_columns=dataset.column_names, features=features
+            _tokenize_batch, batched=True, fn_kwargs=fn_kwargs, remove_columns=dataset.column_names, features=features
         )
         return tokenized.select_columns(["input_ids", "word_starts"])
     tokenized = dataset.map(
-        function,
+        _tokenize_batch,
         batched=True,
         fn_kwargs=fn_kwargs,
         remove_columns=dataset.column_names,
@@ -638,7 +638,7 @@ def tokenize_corpus(
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer_fingerprint() -> str:
-    return code_fingerprint(_truncate_batch, _pack_batch, word_start_flags)
+    return code_fingerprint(_tokenize_batch, _packed_blocks, word_start_flags)
 
 
 def _effective_num_proc(num_proc: int | None, num_rows: int) -> int | None:
@@ -679,37 +679,29 @@ def word_start_flags(word_ids: list[int | None]) -> list[int]:
     return starts
 
 
-def _truncate_batch(
-    batch: dict[str, list], tokenizer: Any, max_seq_length: int, prefix: list[int], suffix: list[int], code: str = ""
+def _tokenize_batch(
+    batch: dict[str, list], tokenizer: Any, max_seq_length: int, prefix: list[int], suffix: list[int], packing: bool,
+    code: str = "",
 ) -> dict[str, list]:
-    """One truncated ``[CLS] ... [SEP]`` sequence per non-empty passage."""
+    """Without packing, one truncated ``[CLS] ... [SEP]`` sequence per non-empty passage; with packing, the batch's
+    passages concatenated and cut into ``prefix + block + suffix`` sequences."""
     texts = [text or "" for text in batch["text"]]
-    encoding = tokenizer(
-        texts, truncation=True, max_length=max_seq_length, return_attention_mask=False, return_token_type_ids=False
-    )
-    input_ids, word_starts = [], []
-    for row, ids in enumerate(encoding["input_ids"]):
-        word_ids = encoding.word_ids(row)
-        if any(word is not None for word in word_ids):
-            input_ids.append(ids)
-            word_starts.append(word_start_flags(word_ids))
-    return {"input_ids": input_ids, "word_starts": word_starts}
+    options = {"add_special_tokens": False, "verbose": False} if packing else {"truncation": True, "max_length": max_seq_length}
+    encoding = tokenizer(texts, return_attention_mask=False, return_token_type_ids=False, **options)
+    rows = [(ids, encoding.word_ids(row)) for row, ids in enumerate(encoding["input_ids"])]
+    if packing:
+        return _packed_blocks(rows, max_seq_length - len(prefix) - len(suffix), prefix, suffix)
+    kept = [(ids, word_start_flags(word_ids)) for ids, word_ids in rows if any(w is not None for w in word_ids)]
+    return {"input_ids": [ids for ids, _ in kept], "word_starts": [starts for _, starts in kept]}
 
 
-def _pack_batch(
-    batch: dict[str, list], tokenizer: Any, max_seq_length: int, prefix: list[int], suffix: list[int], code: str = ""
+def _packed_blocks(
+    rows: list[tuple[list[int], list[int | None]]], block: int, prefix: list[int], suffix: list[int]
 ) -> dict[str, list]:
-    """Concatenates the batch's passages and cuts them into ``prefix + block + suffix`` sequences."""
-    texts = [text or "" for text in batch["text"]]
-    encoding = tokenizer(
-        texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False, verbose=False
-    )
-    flat_ids: list[int] = []
-    flat_starts: list[int] = []
-    for row, ids in enumerate(encoding["input_ids"]):
-        flat_ids.extend(ids)
-        flat_starts.extend(word_start_flags(encoding.word_ids(row)))
-    block = max_seq_length - len(prefix) - len(suffix)
+    """The rows' ids, concatenated, in blocks of ``block`` ids between ``prefix`` and ``suffix``; a last block
+    shorter than ``min(block, MIN_PACKED_BLOCK)`` is dropped."""
+    flat_ids = [token for ids, _ in rows for token in ids]
+    flat_starts = [start for _, word_ids in rows for start in word_start_flags(word_ids)]
     input_ids, word_starts = [], []
     for start in range(0, len(flat_ids), block):
         ids, starts = flat_ids[start : start + block], flat_starts[start : start + block]

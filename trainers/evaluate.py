@@ -36,7 +36,7 @@ from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
-from .core.arguments import LIST_FLAG, configure_logging, parse_command
+from .core.arguments import LIST_FLAG, start_command
 from .core.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
@@ -402,12 +402,11 @@ class EvaluateArguments:
 
 def evaluate_command(argv: list[str]) -> int:
     """`retromae evaluate MODEL --beir-folder DIR [--split dev] [--tasks SciFact] [--output-dir OUT]`."""
-    (args,) = parse_command(
+    (args,) = start_command(
         argv, EvaluateArguments, prog="retromae evaluate",
         description="Evaluate a model with MTEB on local BEIR folders and/or registered retrieval tasks; writes "
         "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).", positional=["model"],
     )
-    configure_logging()
     output_dir = args.output_dir or str(Path("eval-results") / _mteb_model_name(args.model).split("/")[-1])
     rows = evaluate_folder(
         args.model,

@@ -29,7 +29,7 @@ from retromae.modeling.pretraining_base import BertPretrainingBase
 from sentence_transformers import SentenceTransformer
 from transformers import PreTrainedTokenizerBase
 
-from .core.arguments import configure_logging, parse_command
+from .core.arguments import start_command
 from .core.checkpoints import load_sentence_transformer, load_tokenizer, needs_remote_code, read_state_dict
 from .core.folders import atomic_folder, check_destination, check_model_folder, public_name
 from .core.io import read_json_or_empty
@@ -338,12 +338,11 @@ class ExportArguments:
 
 def export_command(argv: list[str]) -> int:
     """`retromae export CHECKPOINT OUTPUT_DIR [--overwrite] [--model-name NAME]`."""
-    (args,) = parse_command(
+    (args,) = start_command(
         argv, ExportArguments, prog="retromae export",
         description="Export the encoder of a pre-training checkpoint as a sentence-transformers model "
         "(CLS pooling, dot product) with a model card. Usage: retromae export CHECKPOINT OUTPUT_DIR", positional=["checkpoint", "output_dir"],
     )
-    configure_logging()
     out = export_sentence_transformer(args.checkpoint, args.output_dir, overwrite=args.overwrite,
                                       model_name=args.model_name)
     print(f"retromae: exported {args.checkpoint} -> {out} (load with SentenceTransformer({str(out)!r}))", flush=True)

@@ -25,7 +25,6 @@ from those releases, not run here). Five small JSON files buy that reach, so we 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 from .core.cards import MethodDescription, render_pretrained_card
 from .core.checkpoints import bert_encoder_from_state_dict
 from .core.errors import UserError
+from .core.io import write_json_atomic
 from .core.versions import library_versions
 
 DEFAULT_MAX_SEQ_LENGTH = 512
@@ -51,7 +51,7 @@ class ExportRequest:
     """Everything an exporter needs, whether it came from a checkpoint folder or an in-memory model.
 
     Args:
-        method: the registry entry of the pre-training method (name, summary, paper url, citation, model class).
+        method: the registry entry of the pre-training method (name, summary, paper, model class).
         config: the pre-training config as a dict (config.json contents).
         state_dict: the pre-training weights with their prefixes (`bert.*`, `cls.*`, the method's heads).
         tokenizer: the checkpoint's tokenizer.
@@ -87,14 +87,14 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
 
     dim = encoder.config.hidden_size
     max_seq_length = request.max_seq_length()
-    write_json(
+    write_json_atomic(
         build_dir / "modules.json",
         [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         ],
     )
-    write_json(
+    write_json_atomic(
         build_dir / "sentence_bert_config.json",
         # add_pooling_layer=False: the export has no pooler weights (CLS pooling never uses them)
         {"max_seq_length": max_seq_length, "do_lower_case": False, "model_args": {"add_pooling_layer": False}},
@@ -102,7 +102,7 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
     (build_dir / "1_Pooling").mkdir()
     # a model pre-trained with a cosine contrastive loss (SentMAE's default) is scored with cosine; else dot (RetroMAE)
     similarity = "cosine" if request.config.get("similarity") == "cos" else "dot"
-    write_json(
+    write_json_atomic(
         build_dir / "1_Pooling" / "config.json",
         {
             "word_embedding_dimension": dim,
@@ -112,7 +112,7 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
             "pooling_mode_mean_sqrt_len_tokens": False,
         },
     )
-    write_json(
+    write_json_atomic(
         build_dir / "config_sentence_transformers.json",
         {
             "__version__": library_versions(),
@@ -129,9 +129,4 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """A JSON file of a folder under construction (the folder as a whole is renamed into place when complete)."""
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-
-
-__all__ = ["DEFAULT_MAX_SEQ_LENGTH", "ExportError", "ExportRequest", "Exporter", "write_cls_encoder", "write_json"]
+__all__ = ["DEFAULT_MAX_SEQ_LENGTH", "ExportError", "ExportRequest", "Exporter", "write_cls_encoder"]

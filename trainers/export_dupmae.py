@@ -45,6 +45,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .core.cards import render_pretrained_card
 from .core.checkpoints import bert_encoder_from_state_dict
+from .core.io import write_json_atomic
 from .export_cls import ExportError, ExportRequest
 
 logger = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def save_dupmae_sentence_transformer(model: SentenceTransformer, path: str | os.
         # the encoder has no pooler weights (the [CLS] state is used as is): load it without one, no MISSING report
         config = json.loads(transformer_config.read_text(encoding="utf-8"))
         config.setdefault("model_kwargs", {})["add_pooling_layer"] = False
-        transformer_config.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_json_atomic(transformer_config, config)
     return path
 
 

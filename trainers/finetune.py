@@ -86,7 +86,7 @@ from .beir import (
     read_training_jsonl,
     write_training_jsonl,
 )
-from .core.arguments import configure_logging, parse_command
+from .core.arguments import start_command
 from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
@@ -670,12 +670,11 @@ def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLi
 
 def finetune_command(argv: list[str]) -> int:
     """`retromae finetune MODEL TRAIN_DATA [options]`."""
-    model_args, data_args, loss_args, training_args = parse_command(
+    model_args, data_args, loss_args, training_args = start_command(
         argv, (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments), prog="retromae finetune",
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
         "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT", positional=["model", "train_data"],
     )
-    configure_logging(training_args.get_process_log_level())
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise FinetuneError(f"--on-missing must be one of {ON_MISSING}")
     try:

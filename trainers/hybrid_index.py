@@ -49,7 +49,7 @@ import scipy.sparse as sp
 import torch
 
 from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
-from .core.arguments import LIST_FLAG, configure_logging, parse_command
+from .core.arguments import LIST_FLAG, start_command
 from .core.errors import UserError
 from .core.folders import atomic_folder, check_destination, check_model_folder
 from .core.io import atomic_file
@@ -166,11 +166,8 @@ class HybridIndex:
             raise HybridIndexError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
         if candidates is not None and candidates < 1:
             raise HybridIndexError(f"candidates={candidates} must be >= 1")
-        self.dense_dim = dense_dim
-        self.vocab_size = vocab_size
-        self.doc_top_k = doc_top_k
-        self.index_type = index_type
-        self.model_fingerprint = model_fingerprint
+        self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
+        self.index_type, self.model_fingerprint = index_type, model_fingerprint
         self.params = {
             "hnsw_m": hnsw_m,
             "hnsw_ef_construction": hnsw_ef_construction,
@@ -702,8 +699,7 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
 
 def index_command(argv: list[str]) -> int:
     """`retromae index`: encode a corpus with a DupMAE model and write an exact hybrid index."""
-    (args,) = parse_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__)
-    configure_logging()
+    (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__)
     # refused before hours of encoding, not after
     check_destination(Path(args.output_dir), args.overwrite)
     check_model_folder(args.model, purpose="index --model")
@@ -719,8 +715,7 @@ def index_command(argv: list[str]) -> int:
 
 def search_command(argv: list[str]) -> int:
     """`retromae search`: top-n documents by the exact hybrid score for one or more queries."""
-    (args,) = parse_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__)
-    configure_logging()
+    (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__)
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it

@@ -22,6 +22,7 @@ from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.modeling.modeling_sentmae import SentMAEForPretraining
 
 from .contrastive_data import contrastive_training_data, corpus_training_data, pair_positive_settings
+from .core.cards import Paper, read_papers
 from .core.errors import UserError
 from .data import DataInputs, TrainingData
 from .export_cls import Exporter, write_cls_encoder
@@ -87,9 +88,8 @@ class Method:
     Args:
         name: the value of `retromae pretrain --method`.
         model_class: its `*ForPretraining` class (a `BertPretrainingBase` subclass).
+        paper: its paper (BibTeX entry and address, cited by model cards), from `model_cards/papers.bib`.
         summary: one line for `retromae methods` and model cards ("Title: what it does").
-        citation: the paper's BibTeX entry (model cards).
-        paper_url: the paper's address (model cards).
         exporter: writes the sentence-transformers folder of a checkpoint into an empty build folder.
         training_data: builds the dataset and collator of a run from the model's config.
         data_settings: config settings the data inputs decide before the model is built (e.g. `--pairs`).
@@ -97,9 +97,8 @@ class Method:
 
     name: str
     model_class: type
+    paper: Paper
     summary: str
-    citation: str
-    paper_url: str
     exporter: Exporter = write_cls_encoder
     training_data: TrainingDataBuilder = corpus_training_data
     data_settings: DataSettings = no_data_settings
@@ -143,69 +142,22 @@ class Method:
         return settings
 
 
+PAPERS = read_papers()
+
 METHODS: dict[str, Method] = {
-    "retromae": Method(
-        "retromae",
-        RetroMAEForPretraining,
-        "RetroMAE: encoder MLM + one-layer decoder reconstructing the input from the [CLS] embedding",
-        citation="""@inproceedings{xiao2022retromae,
-  title = {RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked Auto-Encoder},
-  author = {Xiao, Shitao and Liu, Zheng and Shao, Yingxia and Cao, Zhao},
-  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
-  year = {2022}
-}""",
-        paper_url="https://arxiv.org/abs/2205.12035",
-    ),
-    "bow": Method(
-        "bow",
-        BoWForPretraining,
-        "Bag-of-Word prediction: encoder MLM + predicting the input's token set from [CLS] (no decoder)",
-        citation="""@inproceedings{ma2024drop,
-  title = {Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense Passage Retrieval},
-  author = {Ma, Guangyuan and Wu, Xing and Lin, Zijia and Hu, Songlin},
-  booktitle = {Proceedings of the 47th International ACM SIGIR Conference on Research and Development in Information Retrieval},
-  year = {2024}
-}""",
-        paper_url="https://arxiv.org/abs/2401.11248",
-    ),
-    "seed": Method(
-        "seed",
-        SEEDEncoderForPretraining,
-        "SEED-Encoder: encoder MLM + weak 3-layer auto-regressive decoder seeing [CLS] and the previous 2 tokens",
-        citation="""@inproceedings{lu2021less,
-  title = {Less is More: Pre-train a Strong Text Encoder for Dense Retrieval Using a Weak Decoder},
-  author = {Lu, Shuqi and He, Di and Xiong, Chenyan and Ke, Guolin and Malik, Waleed and Dou, Zhicheng and Bennett, Paul and Liu, Tie-Yan and Overwijk, Arnold},
-  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
-  year = {2021}
-}""",
-        paper_url="https://arxiv.org/abs/2102.09206",
-    ),
-    "dupmae": Method(
-        "dupmae",
-        DupMAEForPretraining,
-        "DupMAE: RetroMAE's [CLS] decoding + bag-of-words decoding from the max-pooled ordinary-token logits",
-        citation="""@inproceedings{liu2023retromae2,
-  title = {RetroMAE-2: Duplex Masked Auto-Encoder For Pre-Training Retrieval-Oriented Language Models},
-  author = {Liu, Zheng and Xiao, Shitao and Shao, Yingxia and Cao, Zhao},
-  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (Volume 1: Long Papers)},
-  year = {2023}
-}""",
-        paper_url="https://arxiv.org/abs/2305.02564",
-        exporter=write_dupmae_export,
-    ),
+    "retromae": Method("retromae", RetroMAEForPretraining, PAPERS["xiao2022retromae"],
+                       "RetroMAE: encoder MLM + one-layer decoder reconstructing the input from the [CLS] embedding"),
+    "bow": Method("bow", BoWForPretraining, PAPERS["ma2024drop"],
+                  "Bag-of-Word prediction: encoder MLM + predicting the input's token set from [CLS] (no decoder)"),
+    "seed": Method("seed", SEEDEncoderForPretraining, PAPERS["lu2021less"],
+                   "SEED-Encoder: encoder MLM + weak 3-layer auto-regressive decoder seeing [CLS] and the previous 2 tokens"),
+    "dupmae": Method("dupmae", DupMAEForPretraining, PAPERS["liu2023retromae2"],
+                     "DupMAE: RetroMAE's [CLS] decoding + bag-of-words decoding from the max-pooled ordinary-token logits",
+                     exporter=write_dupmae_export),
     "sentmae": Method(
-        "sentmae",
-        SentMAEForPretraining,
+        "sentmae", SentMAEForPretraining, PAPERS["liu2022sentmae"],
         "SentMAE stage 2: RetroMAE continued from a stage-1 retromae checkpoint + in-batch contrastive loss on [CLS]",
-        citation="""@article{liu2022sentmae,
-  title = {Masked Autoencoders As The Unified Learners For Pre-Trained Sentence Representation},
-  author = {Liu, Alexander and Yang, Samuel},
-  journal = {arXiv preprint arXiv:2208.00231},
-  year = {2022}
-}""",
-        paper_url="https://arxiv.org/abs/2208.00231",
-        training_data=contrastive_training_data,
-        data_settings=pair_positive_settings,
+        training_data=contrastive_training_data, data_settings=pair_positive_settings,
     ),
 }
 
@@ -237,6 +189,6 @@ def list_methods(argv: list[str]) -> int:
 
 
 __all__ = [
-    "METHODS", "SETTING_FLAGS", "DataSettings", "Method", "MethodArguments", "TrainingDataBuilder", "get_method",
+    "METHODS", "PAPERS", "SETTING_FLAGS", "DataSettings", "Method", "MethodArguments", "TrainingDataBuilder", "get_method",
     "list_methods", "method_of_config", "no_data_settings",
 ]

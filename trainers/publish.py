@@ -33,7 +33,7 @@ from typing import Any
 from huggingface_hub import HfApi, ModelCard
 from sentence_transformers import SentenceTransformer
 
-from .core.arguments import configure_logging, parse_command
+from .core.arguments import start_command
 from .core.errors import UserError
 from .core.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
 
@@ -301,13 +301,12 @@ class PublishArguments:
 
 def publish_command(argv: list[str]) -> int:
     """`retromae publish FOLDER OWNER/NAME [--private] [--dry-run]` (alternative: `hf upload OWNER/NAME FOLDER .`)."""
-    (args,) = parse_command(
+    (args,) = start_command(
         argv, PublishArguments, prog="retromae publish",
         description="Validate a sentence-transformers folder (weights, config, tokenizer, modules.json, remote code, "
         "model card, and that it loads), then upload it with huggingface_hub. Log in first with `hf auth login`. "
         "Without validation: hf upload OWNER/NAME FOLDER .", positional=["folder", "repo_id"],
     )
-    configure_logging()
     report, commit = publish(
         args.folder, args.repo_id, private=args.private or None, revision=args.revision,
         commit_message=args.commit_message, create_pr=args.create_pr, dry_run=args.dry_run,

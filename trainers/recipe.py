@@ -27,7 +27,6 @@ The defaults (0, 1.0, 1.0, 0) change nothing: the paper-faithful optimizer of `t
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import asdict, dataclass, field
@@ -37,10 +36,10 @@ from typing import Any
 import torch
 from huggingface_hub import try_to_load_from_cache
 from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
-from safetensors import safe_open
 from transformers import TrainerCallback
 
 from .contrastive_data import POSITIVE_PREFIX
+from .core.checkpoints import weight_names
 from .core.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -225,15 +224,8 @@ def has_mlm_head(model_ref: str) -> bool | None:
     folder = _local_folder(model_ref)
     if folder is None:
         return None
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = list(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
-    elif (folder / "model.safetensors").is_file():
-        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
-            names = list(weights.keys())
-    else:
-        return None
-    return any(name.startswith("cls.predictions.transform.") for name in names)
+    names = weight_names(folder)
+    return None if names is None else any(name.startswith("cls.predictions.transform.") for name in names)
 
 
 def suggest_recipe(model_ref: str, recipe: RecipeArguments) -> None:

@@ -8,7 +8,8 @@
 * A list field of a command's dataclass takes `metadata=LIST_FLAG`: `--model A --model B` and `--model A B` both give
   `["A", "B"]`; the first use on the command line replaces the default (or the `--config` file's list).
 * `reject_repeated_flags(parser, argv)` refuses any other flag given twice, naming it (`parse` calls it).
-* `configure_logging()`: the one logging set-up of every command.
+* `start_command(argv, arguments, ...)`: a command's options parsed, positional values included, and its logging
+  set up (`configure_logging`, the one logging set-up of every command).
 """
 
 from __future__ import annotations
@@ -106,11 +107,15 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     return tuple(parsed)
 
 
-def parse_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = ()):
-    """A command's options: `arguments` (a dataclass or a tuple of them) parsed from argv with `parse`; the leading
-    positional values fill the fields named in `positional` (`retromae export CHECKPOINT OUTPUT_DIR`)."""
+def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = ()):
+    """A command's options, with logging set up: `arguments` (a dataclass or a tuple of them) parsed from argv with
+    `parse`; the leading positional values fill the fields named in `positional` (`retromae export CHECKPOINT
+    OUTPUT_DIR`). The log level is the TrainingArguments' process level where the command has them, else INFO."""
     parser = HfArgumentParser(arguments, prog=prog, description=description)
-    return parse(parser, positional_to_flags(argv, list(positional)))
+    parsed = parse(parser, positional_to_flags(argv, list(positional)))
+    levels = [a.get_process_log_level() for a in parsed if isinstance(a, transformers.TrainingArguments)]
+    configure_logging(levels[0] if levels else logging.INFO)
+    return parsed
 
 
 def positional_to_flags(argv: list[str], names: list[str]) -> list[str]:
@@ -173,6 +178,6 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "configure_logging", "parse", "parse_command",
+    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "configure_logging", "parse", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
 ]

@@ -6,14 +6,17 @@
 
 A card never shows a local filesystem path: local names are reduced to their last component. What a card says about
 a pre-training method (title, summary, paper link, citation) comes from the method registry; the caller passes the
-registry's entry (anything with the fields of `MethodDescription`).
+registry's entry (anything with the fields of `MethodDescription`). The papers' BibTeX entries live in
+`model_cards/papers.bib` (`read_papers`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +28,7 @@ from .folders import is_hub_id, is_local_path, public_name
 from .io import write_json_atomic, write_text_atomic
 
 PRETRAINED_TEMPLATE = "pretrained_encoder.md"
+PAPERS_FILE = "papers.bib"
 FINETUNED_TEMPLATE = "finetuned_encoder.md"
 FINETUNE_RUN_INFO_FILE = "retromae_finetune.json"
 CLS_REPRESENTATION = "last-layer `[CLS]` state, {dim} dimensions, not normalised"
@@ -38,6 +42,16 @@ BERT_FIELDS = frozenset(f.name for f in dataclasses.fields(BertConfig))
 FINETUNING_PAPERS = ("retromae", "dupmae")
 # method-config fields that are implementation knobs, not hyperparameters worth a line in the card
 NOT_HYPERPARAMETERS = frozenset({"loss_chunk_size", "mask_token_id"})
+BIBTEX_ENTRY = re.compile(r"^@\w+\{(?P<key>[^,\s]+),\n.*?^\}$", re.MULTILINE | re.DOTALL)
+BIBTEX_URL = re.compile(r"^\s*url = \{([^}]*)\}", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A method's paper: its BibTeX entry, as written in `papers.bib`, and the address its `url` field gives."""
+
+    bibtex: str
+    url: str
 
 
 class MethodDescription(Protocol):
@@ -45,9 +59,20 @@ class MethodDescription(Protocol):
 
     name: str
     summary: str
-    paper_url: str
-    citation: str
+    paper: Paper
     model_class: type
+
+
+def read_papers() -> dict[str, Paper]:
+    """The entries of `model_cards/papers.bib` by citation key. Each entry starts at a line `@type{key,` and ends
+    at the next line that is a lone `}`; its `url = {...}` field is the paper's address."""
+    papers = {}
+    for match in BIBTEX_ENTRY.finditer(_template(PAPERS_FILE)):
+        url = BIBTEX_URL.search(match.group(0))
+        if url is None:
+            raise ValueError(f"{PAPERS_FILE}: entry {match.group('key')!r} has no url field")
+        papers[match.group("key")] = Paper(bibtex=match.group(0), url=url.group(1))
+    return papers
 
 
 def _template(name: str) -> str:
@@ -126,7 +151,7 @@ def render_pretrained_card(
         method=method.name,
         method_title=title,
         method_summary=summary,
-        paper_url=method.paper_url,
+        paper_url=method.paper.url,
         base_model_text=base_model_text,
         corpus=public_name(run_info.get("corpus")) or "not recorded",
         num_layers=num_layers,
@@ -143,7 +168,7 @@ def render_pretrained_card(
         final_losses=[(k, format_value(v, loss=True)) for k, v in (run_info.get("final_losses") or {}).items()],
         repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
         folder_name=folder_name,
-        citation=method.citation.strip(),
+        citation=method.paper.bibtex,
     )
     return str(card)
 
@@ -210,7 +235,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         eval_results=_eval_results(eval_rows) or None,
     )
     cited = [method, *(methods.get(name) for name in FINETUNING_PAPERS)]
-    citations = [c for c in dict.fromkeys(m.citation.strip() for m in cited if m is not None) if c]
+    citations = list(dict.fromkeys(m.paper.bibtex for m in cited if m is not None))
     trust = info.get("trust_remote_code")
     card = ModelCard.from_template(
         card_data,
@@ -219,7 +244,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
         base_model_text=(f"[{hub_base}](https://huggingface.co/{hub_base})" if hub_base
                          else "a local model (no Hub id recorded)" if not base_model else f"`{base_model}` (local)"),
-        method_text=(f"{_title_and_summary(method)[0]} (`{method.name}`, [paper]({method.paper_url}))"
+        method_text=(f"{_title_and_summary(method)[0]} (`{method.name}`, [paper]({method.paper.url}))"
                      if method else "not a retromae pre-training (or not recorded)"),
         pooling=info.get("pooling"),
         similarity=info.get("similarity"),
@@ -257,6 +282,8 @@ __all__ = [
     "CLS_REPRESENTATION",
     "FINETUNE_RUN_INFO_FILE",
     "MethodDescription",
+    "Paper",
+    "read_papers",
     "format_metric",
     "format_value",
     "method_hyperparameters",

