@@ -20,7 +20,7 @@ def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapp
         if value is None:
             continue
         logger.warning(
-            "%s: `%s` is deprecated; read as %s=%s. Rename the key in your config or --method-options to `%s`.",
+            "%s: `%s` is deprecated; read as %s=%s. Rename it to `%s`.",
             config_name, old_name, new_name, value, new_name,
         )
         renamed[new_name] = value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from retromae.trainers import cli
+from retromae.trainers import finetune as finetune_module
 from retromae.trainers.core.errors import UserError
 
 # the values a command needs before it looks at the rest of its options
@@ -56,3 +57,31 @@ def test_a_missing_model_folder_is_named_before_anything_is_loaded(tmp_path, cap
     missing = tmp_path / "no-such-model"
     assert cli.main(["pretrain", "--model", str(missing), "--output-dir", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip() == f"retromae pretrain: error: --model: model folder {missing} does not exist"
+
+
+
+class _Parsed(Exception):
+    """Stops a command once its options are parsed."""
+
+
+def test_renamed_finetune_loss_weights_still_read_with_a_warning(monkeypatch, caplog):
+    """`--contrastive-weight` / `--distill_weight=` (and the Python options of those names) are the old names of
+    `contrastive_loss_weight` / `distill_loss_weight`: read under the new names, with a deprecation warning."""
+    loss_arguments = []
+
+    def parsed(*arguments):
+        loss_arguments.append(arguments[2])
+        raise _Parsed
+
+    monkeypatch.setattr(finetune_module, "run_finetune", parsed)
+    with pytest.raises(_Parsed):
+        finetune_module.finetune("model", "data", "out", contrastive_weight=0.3)
+    with pytest.raises(_Parsed):
+        finetune_module.finetune_command(["model", "data", "--output-dir", "out", "--contrastive-weight", "0.2",
+                                          "--distill_weight=2"])
+    assert loss_arguments[0].contrastive_loss_weight == 0.3
+    assert (loss_arguments[1].contrastive_loss_weight, loss_arguments[1].distill_loss_weight) == (0.2, 2.0)
+    warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert any("`contrastive_weight`" in m and "contrastive_loss_weight" in m for m in warned)
+    assert any("--contrastive-weight" in m and "--contrastive-loss-weight" in m for m in warned)
+    assert any("--distill_weight" in m and "--distill-loss-weight" in m for m in warned)

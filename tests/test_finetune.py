@@ -179,7 +179,7 @@ def test_contrastive_loss_follows_the_model_similarity(spread_cls_bert, minilm_d
 
 def test_distillation_loss_is_kl_batchmean(spread_cls_bert):
     model, _ = load_as_sentence_transformer(spread_cls_bert)
-    loss = DistillationLoss(model, distill_weight=2.0)
+    loss = DistillationLoss(model, distill_loss_weight=2.0)
     query = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     positive = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
     negative = torch.tensor([[0.0, 1.0], [1.0, 1.0]])
@@ -191,12 +191,12 @@ def test_distillation_loss_is_kl_batchmean(spread_cls_bert):
     kl_batchmean = (p_t * (p_t.log() - log_p_s)).sum() / 2  # summed over the group, divided by the batch size 2
     assert set(parts) == {"distill_loss"} and kl_batchmean.item() > 0.1
     assert parts["distill_loss"].item() == pytest.approx(2.0 * kl_batchmean.item(), rel=1e-5)
-    with_contrastive = DistillationLoss(model, contrastive_weight=0.5).compute_loss_from_embeddings(
+    with_contrastive = DistillationLoss(model, contrastive_loss_weight=0.5).compute_loss_from_embeddings(
         [query, positive, negative], teacher
     )
     assert set(with_contrastive) == {"distill_loss", "contrastive_loss"}
-    with pytest.raises(ValueError, match="distill_weight"):
-        DistillationLoss(model, distill_weight=0.0)
+    with pytest.raises(ValueError, match="distill_loss_weight"):
+        DistillationLoss(model, distill_loss_weight=0.0)
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
@@ -250,14 +250,14 @@ def test_negatives_file_reuse_and_distillation(spread_cls_bert, tiny_beir, tmp_p
     assert finetune_command([
         str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), "--stages", "hard-negatives,distill",
         "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(scores),
-        "--contrastive-weight", "0.1", *FAST,
+        "--contrastive-loss-weight", "0.1", *FAST,
     ]) == 0
     info = json.loads((out / "retromae_finetune.json").read_text())
     distill = info["stages"][1]
     assert distill["stage"] == "distill" and distill["examples"] == 12
     assert distill["loss"] == "KL(batchmean) to cross-encoder scores x 1 + in-batch contrastive x 0.1"
     assert info["stages"][0]["negatives"] == "file negatives.jsonl"
-    assert info["hyperparameters"]["contrastive_weight"] == 0.1
+    assert info["hyperparameters"]["contrastive_loss_weight"] == 0.1
 
     partial = tmp_path / "partial.tsv"
     partial.write_text("q0\td0\t1.0\n", encoding="utf-8")

@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 import torch
 from datasets import Dataset
+from retromae.modeling.configuration_retromae import rename_legacy_keys
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
@@ -184,12 +185,15 @@ class FinetuneDataArguments:
 
 @dataclass
 class FinetuneLossArguments:
+    # old option name -> new: every loss weight is `<term>_loss_weight`; the old names are read with a warning
+    renamed = {"distill_weight": "distill_loss_weight", "contrastive_weight": "contrastive_loss_weight"}
+
     scale: float | None = field(
         default=None,
         metadata={"help": "contrastive logit scale = 1/temperature (default: 1 for dot-product models, 20 for cosine)"},
     )
-    distill_weight: float = field(default=1.0, metadata={"help": "weight of the KL (batchmean) distillation loss"})
-    contrastive_weight: float = field(
+    distill_loss_weight: float = field(default=1.0, metadata={"help": "weight of the KL (batchmean) distillation loss"})
+    contrastive_loss_weight: float = field(
         default=0.0,
         metadata={"help": "weight of the in-batch contrastive loss added in the distill stage (RetroMAE code: 1e-4)"},
     )
@@ -261,16 +265,16 @@ class DistillationLoss(nn.Module):
     """Eq. 15 of the DupMAE paper: KL(teacher || student) over each query's group (positive + negatives), reduction
     `batchmean`, plus an optional in-batch contrastive term.
 
-    loss = distill_weight * KL_batchmean(softmax(t / T) || log_softmax(s / T)) * T^2
-           + contrastive_weight * MultipleNegativesRankingLoss
+    loss = distill_loss_weight * KL_batchmean(softmax(t / T) || log_softmax(s / T)) * T^2
+           + contrastive_loss_weight * MultipleNegativesRankingLoss
 
     The two parts are returned as a dict (`distill_loss`, `contrastive_loss`), so the trainer logs each. The
     embeddings are computed once and shared by both parts.
 
     Args:
         model: the student SentenceTransformer.
-        distill_weight: weight of the KL term (> 0).
-        contrastive_weight: weight of the in-batch contrastive term (>= 0; 0 = the paper's eq. 15 alone).
+        distill_loss_weight: weight of the KL term (> 0).
+        contrastive_loss_weight: weight of the in-batch contrastive term (>= 0; 0 = the paper's eq. 15 alone).
         temperature: softmax temperature T of both score lists (> 0).
         scale: logit scale of the contrastive term.
         gather_across_devices: the contrastive term's in-batch negatives from all DDP ranks.
@@ -279,21 +283,21 @@ class DistillationLoss(nn.Module):
     def __init__(
         self,
         model: SentenceTransformer,
-        distill_weight: float = 1.0,
-        contrastive_weight: float = 0.0,
+        distill_loss_weight: float = 1.0,
+        contrastive_loss_weight: float = 0.0,
         temperature: float = 1.0,
         scale: float | None = None,
         gather_across_devices: bool = False,
     ):
         super().__init__()
-        if not distill_weight > 0:
-            raise FinetuneError(f"distill_weight must be > 0, got {distill_weight}")
-        if contrastive_weight < 0:
-            raise FinetuneError(f"contrastive_weight must be >= 0, got {contrastive_weight}")
+        if not distill_loss_weight > 0:
+            raise FinetuneError(f"distill_loss_weight must be > 0, got {distill_loss_weight}")
+        if contrastive_loss_weight < 0:
+            raise FinetuneError(f"contrastive_loss_weight must be >= 0, got {contrastive_loss_weight}")
         similarity, pairwise, default_scale = _similarities(model)
         self.model = model
-        self.distill_weight = distill_weight
-        self.contrastive_weight = contrastive_weight
+        self.distill_loss_weight = distill_loss_weight
+        self.contrastive_loss_weight = contrastive_loss_weight
         self.kl = DistillKLDivLoss(model, similarity_fct=pairwise, temperature=temperature)
         self.contrastive = MultipleNegativesRankingLoss(
             model, scale=scale or default_scale, similarity_fct=similarity, gather_across_devices=gather_across_devices
@@ -306,15 +310,15 @@ class DistillationLoss(nn.Module):
     def compute_loss_from_embeddings(self, embeddings: list[torch.Tensor], labels: torch.Tensor) -> dict[str, torch.Tensor]:
         """Args: embeddings `[query, positive, negative_1, ...]`, each `(batch_size, dim)`; labels (teacher scores)
         `(batch_size, 1 + num_negatives)`, positive first."""
-        losses = {"distill_loss": self.distill_weight * self.kl.compute_loss_from_embeddings(embeddings, labels)}
-        if self.contrastive_weight > 0:
-            losses["contrastive_loss"] = self.contrastive_weight * self.contrastive.compute_loss_from_embeddings(
+        losses = {"distill_loss": self.distill_loss_weight * self.kl.compute_loss_from_embeddings(embeddings, labels)}
+        if self.contrastive_loss_weight > 0:
+            losses["contrastive_loss"] = self.contrastive_loss_weight * self.contrastive.compute_loss_from_embeddings(
                 embeddings, labels
             )
         return losses
 
     def get_config_dict(self) -> dict[str, Any]:
-        return {"distill_weight": self.distill_weight, "contrastive_weight": self.contrastive_weight,
+        return {"distill_loss_weight": self.distill_loss_weight, "contrastive_loss_weight": self.contrastive_loss_weight,
                 **self.kl.get_config_dict(), "contrastive": self.contrastive.get_config_dict()}
 
 
@@ -529,12 +533,12 @@ def run_finetune(
                     groups, scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=training_args.seed
                 )
                 loss = DistillationLoss(
-                    model, loss_args.distill_weight, loss_args.contrastive_weight, loss_args.distill_temperature,
+                    model, loss_args.distill_loss_weight, loss_args.contrastive_loss_weight, loss_args.distill_temperature,
                     loss_args.scale, gather,
                 )
                 description = (
-                    f"KL(batchmean) to cross-encoder scores x {loss_args.distill_weight:g}"
-                    + (f" + in-batch contrastive x {loss_args.contrastive_weight:g}" if loss_args.contrastive_weight else "")
+                    f"KL(batchmean) to cross-encoder scores x {loss_args.distill_loss_weight:g}"
+                    + (f" + in-batch contrastive x {loss_args.contrastive_loss_weight:g}" if loss_args.contrastive_loss_weight else "")
                 )
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
         args = _stage_args(training_args, work_dir, stage, dataset.column_names, is_dupmae_model(model))
@@ -587,6 +591,7 @@ def finetune(
     Raises:
         FinetuneError: an unknown option; any `UserError` of the data or the model.
     """
+    options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.renamed))
     values: dict[str, Any] = {
         **options, "model": os.fspath(model), "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir),
         "overwrite": overwrite, "stages": stages if isinstance(stages, str) else ",".join(stages),
@@ -629,7 +634,7 @@ def _run_info(model, model_info, model_args, data_args, loss_args, training_args
         "gather_across_devices": loss_args.gather_across_devices,
     }
     if "distill" in [r["stage"] for r in stage_records]:
-        hyper.update(distill_weight=loss_args.distill_weight, contrastive_weight=loss_args.contrastive_weight,
+        hyper.update(distill_loss_weight=loss_args.distill_loss_weight, contrastive_loss_weight=loss_args.contrastive_loss_weight,
                      distill_temperature=loss_args.distill_temperature)
     return {
         "model_name": model_args.model_name or output_dir.name,
@@ -674,6 +679,7 @@ def finetune_command(argv: list[str]) -> int:
         argv, (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments), prog="retromae finetune",
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
         "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT", positional=["model", "train_data"],
+        renamed=FinetuneLossArguments.renamed,
     )
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise FinetuneError(f"--on-missing must be one of {ON_MISSING}")

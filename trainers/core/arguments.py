@@ -18,7 +18,7 @@ import argparse
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ import yaml
 from transformers import HfArgumentParser
 
 from .errors import UserError
+
+logger = logging.getLogger(__name__)
 
 # The presets ship inside the package: `configs/` sits beside `trainers/` both in the source tree and in an
 # installed `retromae` package (pyproject.toml maps it to `retromae.configs`).
@@ -107,15 +109,34 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     return tuple(parsed)
 
 
-def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = ()):
+def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = (),
+                  renamed: Mapping[str, str] | None = None):
     """A command's options, with logging set up: `arguments` (a dataclass or a tuple of them) parsed from argv with
     `parse`; the leading positional values fill the fields named in `positional` (`retromae export CHECKPOINT
-    OUTPUT_DIR`). The log level is the TrainingArguments' process level where the command has them, else INFO."""
+    OUTPUT_DIR`); the flags of options renamed since (`renamed`: old field name -> new) are read under their new
+    names with a deprecation warning. The log level is the TrainingArguments' process level where the command has
+    them, else INFO."""
     parser = HfArgumentParser(arguments, prog=prog, description=description)
-    parsed = parse(parser, positional_to_flags(argv, list(positional)))
+    argv = rename_legacy_flags(positional_to_flags(argv, list(positional)), renamed or {}, prog)
+    parsed = parse(parser, argv)
     levels = [a.get_process_log_level() for a in parsed if isinstance(a, transformers.TrainingArguments)]
     configure_logging(levels[0] if levels else logging.INFO)
     return parsed
+
+
+def rename_legacy_flags(argv: list[str], renamed: Mapping[str, str], prog: str) -> list[str]:
+    """argv with every flag of a renamed option (`--old-name`, `--old_name`, `--old-name=value`) under its new name,
+    each with a deprecation warning."""
+    converted = []
+    for arg in argv:
+        flag, equals, value = arg.partition("=")
+        old = flag[2:].replace("-", "_") if flag.startswith("--") else None
+        if old in renamed:
+            new = "--" + renamed[old].replace("_", "-")
+            logger.warning("%s: %s is deprecated; read as %s. Use %s.", prog, flag, new, new)
+            arg = new + equals + value
+        converted.append(arg)
+    return converted
 
 
 def positional_to_flags(argv: list[str], names: list[str]) -> list[str]:
@@ -178,6 +199,6 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "configure_logging", "parse", "start_command",
+    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "configure_logging", "parse", "rename_legacy_flags", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
 ]
