@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import datasets
 import torch
+from retromae.modeling.modeling_sentmae import POSITIVE_PREFIX
 
 from .core.errors import UserError
 from .core.io import iter_jsonl
@@ -54,7 +55,6 @@ from .data import (
 
 logger = logging.getLogger(__name__)
 
-POSITIVE_PREFIX = "positive_"
 PAIR_FIELDS = ("anchor", "positive")
 
 __all__ = [
