@@ -49,6 +49,12 @@ def check_loss_settings(config: Any) -> None:
         raise ValueError(f"loss_chunk_size={config.loss_chunk_size} must be >= 1")
 
 
+def hides_whole_words(config: Any) -> bool:
+    """Whether the decoder's visibility is sampled over whole words (`decoder_visibility="reference"`), which needs
+    the batch's word starts. Only the configs of methods with a RetroMAE decoder have the field."""
+    return getattr(config, "decoder_visibility", None) == "reference"
+
+
 def _check_open_unit_interval(name: str, value: float) -> None:
     if not 0.0 < value < 1.0:
         raise ValueError(f"{name}={value} must lie in the open interval (0, 1)")

@@ -189,6 +189,8 @@ def test_contrastive_anchor_adds_the_in_batch_loss_to_every_method(method, tiny_
     (["--packing", "true"], "drop --packing"),
     (["--per-device-train-batch-size", "1"], "at least 2 passages per batch"),
     (["--contrastive-anchor-weight", "-1"], "--contrastive-anchor-weight must be >= 0"),
+    (["--method-options", '{"decoder_visibility": "reference", "decoder_targets": "reference"}'],
+     'does not support decoder_visibility="reference"'),
 ])
 def test_contrastive_anchor_refuses_what_cannot_work(extra, expected, tiny_bert, corpus, tmp_path, capsys):
     given = ["--contrastive-anchor-weight", "0.5"] if "--contrastive-anchor-weight" not in extra else []

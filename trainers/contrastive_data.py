@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import datasets
 import torch
+from retromae.modeling.configuration_retromae import hides_whole_words
 from retromae.modeling.modeling_sentmae import POSITIVE_PREFIX
 
 from .core.errors import UserError
@@ -311,8 +312,7 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
             f"method ({config.model_type}) has none: use --corpus for its text"
         )
     if inputs.contrastive_anchor:
-        # `decoder_visibility` exists only in the configs of the methods with a RetroMAE decoder
-        if getattr(config, "decoder_visibility", "token") == "reference":
+        if hides_whole_words(config):
             raise UserError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
                             'the default "token"')
         return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")

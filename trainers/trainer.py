@@ -39,6 +39,7 @@ from typing import Any
 import retromae.modeling
 import torch
 from accelerate.utils import broadcast_object_list
+from retromae.modeling.configuration_retromae import hides_whole_words
 from safetensors.torch import load_file, save_file
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -226,7 +227,7 @@ class RetroMAETrainer(Trainer):
         if self.masking_collator is None or UNMASKED_KEY not in inputs:
             return inputs
         masked = self.masking_collator.mask_batch(inputs, generator)
-        if getattr(self.model.config, "decoder_visibility", "token") == "reference":  # hides whole words
+        if hides_whole_words(self.model.config):
             masked["decoder_word_starts"] = inputs[UNMASKED_KEY].to(masked["input_ids"].device)
         return masked
 
