@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import try_to_load_from_cache
+from retromae.modeling.configuration_sentmae import SentMAEConfig
 from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
 from transformers import TrainerCallback
 
@@ -187,7 +188,8 @@ class HeadWarmupCallback(TrainerCallback):
                 param.grad = None
 
 
-ANCHOR_TEMPERATURE, ANCHOR_SIMILARITY = 0.05, "cos"  # SentMAEConfig's defaults (SimCSE's temperature)
+# the contrastive anchor is SentMAE's loss with its defaults (SimCSE's temperature)
+ANCHOR_TEMPERATURE, ANCHOR_SIMILARITY = SentMAEConfig.temperature, SentMAEConfig.similarity
 
 
 def merge_pairs(inputs: dict[str, Any]) -> dict[str, Any]:
