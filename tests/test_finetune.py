@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
+from retromae.modeling.configuration_dupmae import DupMAEConfig
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining
+from retromae.trainers import finetune as finetune_module
 from retromae.trainers.beir import (
     RetrievalDataError,
     TrainingGroup,
@@ -27,7 +31,7 @@ from retromae.trainers.finetune import (
     finetune,
     finetune_command,
 )
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
 
 from .builders import tiny_bert_kwargs, write_beir, write_jsonl
 
@@ -284,8 +288,6 @@ def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, t
 
 
 def test_hybrid_dupmae_model_trains_its_dense_projection(tokenizer, tiny_beir, tmp_path):
-    from retromae.modeling.configuration_dupmae import DupMAEConfig
-    from retromae.modeling.modeling_dupmae import DupMAEForPretraining
     from safetensors.torch import load_file
 
     torch.manual_seed(0)
@@ -407,3 +409,78 @@ def test_hub_id_of_a_local_model(tmp_path):
     snapshot = tmp_path / "hub" / "models--BAAI--bge-small-en" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     assert hub_id_of_model(snapshot) == "BAAI/bge-small-en"
+
+
+class _Killed(Exception):
+    """Stands for a kill in the middle of a stage."""
+
+
+def _kill_at(stage: str, step: int):
+    """A SentenceTransformerTrainer that stops when `stage` is about to train step `step + 1` (its checkpoint-`step`
+    saved), and records which stages trained."""
+    trained = []
+
+    class Trainer(SentenceTransformerTrainer):
+        def train(self, *args, **kwargs):
+            trained.append((Path(self.args.output_dir).name, kwargs.get("resume_from_checkpoint")))
+            return super().train(*args, **kwargs)
+
+        def training_step(self, *args, **kwargs):
+            if self.args.output_dir.endswith(f"stage-{stage}") and self.state.global_step == step:
+                raise _Killed
+            return super().training_step(*args, **kwargs)
+
+    return Trainer, trained
+
+
+@pytest.mark.parametrize("kind", ["cls", "dupmae-hybrid"])
+def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkpoint(
+    kind, spread_cls_bert, tokenizer, tiny_beir, tmp_path, monkeypatch, caplog
+):
+    """Killed in stage 2 after checkpoint-2: `--resume-from-checkpoint last` skips stage 1 (its saved model), reuses
+    the mined negatives, continues stage 2 from checkpoint-2 and ends with the weights of an uninterrupted run; also
+    for the DupMAE hybrid model, whose pooling module is remote code."""
+    start = spread_cls_bert
+    if kind == "dupmae-hybrid":
+        torch.manual_seed(0)
+        start = tmp_path / "dup"
+        build_dupmae_sentence_transformer(
+            DupMAEForPretraining(DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8)), tokenizer, start,
+            max_seq_length=32,
+        )
+    args = ["--stages", "in-batch,hard-negatives", "--num-negatives", "2", "--mine-range-min", "1",
+            "--mine-range-max", "8", "--max-steps", "4", "--save-strategy", "steps", "--save-steps", "1",
+            "--per-device-train-batch-size", "4", "--max-seq-length", "32", "--disable-tqdm", "true", "--seed", "3"]
+    assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(tmp_path / "whole"), *args]) == 0
+
+    out = tmp_path / "killed"
+    killing, trained = _kill_at("hard-negatives", 2)
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", killing)
+    with pytest.raises(_Killed):
+        finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), *args])
+    assert not out.exists() and [name for name, _ in trained] == ["stage-in-batch", "stage-hard-negatives"]
+
+    resuming, trained = _kill_at("none", -1)
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", resuming)
+    monkeypatch.setattr(finetune_module, "mine_negatives", lambda *a, **k: pytest.fail("mined again"))
+    assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), *args,
+                             "--resume-from-checkpoint", "last"]) == 0
+    assert trained == [("stage-hard-negatives", str(out.parent / "killed.work" / "stage-hard-negatives" / "checkpoint-2"))]
+    whole = SentenceTransformer(str(tmp_path / "whole"), trust_remote_code=True)
+    resumed = SentenceTransformer(str(out), trust_remote_code=True)
+    for (name, expected), (_, got) in zip(whole.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.allclose(expected, got, atol=1e-6), name
+    info = json.loads((out / "retromae_finetune.json").read_text())
+    assert [s["stage"] for s in info["stages"]] == ["in-batch", "hard-negatives"]
+    assert info["stages"][1]["negatives"].startswith("mined with the previous-stage model")
+
+    # other settings are refused; without the flag a run starts over, saying so
+    with pytest.raises(FinetuneError, match="used other settings"):
+        finetune_command([str(start), str(tiny_beir), "--output-dir", str(tmp_path / "killed2"),
+                          "--work-dir", str(out.parent / "killed.work"), *args, "--learning-rate", "1e-3",
+                          "--resume-from-checkpoint", "last"])
+    monkeypatch.undo()
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.finetune"):
+        assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), "--overwrite",
+                                 *args]) == 0
+    assert "finished stage(s) of an earlier run; starting over" in caplog.text

@@ -44,8 +44,7 @@ from sentence_transformers.sentence_transformer.modules import Transformer
 from transformers import PreTrainedTokenizerBase
 
 from .core.cards import render_pretrained_card
-from .core.checkpoints import bert_encoder_from_state_dict
-from .core.io import write_json_atomic
+from .core.checkpoints import bert_encoder_from_state_dict, save_without_pooler
 from .export_cls import ExportError, ExportRequest
 
 logger = logging.getLogger(__name__)
@@ -150,12 +149,7 @@ def save_dupmae_sentence_transformer(model: SentenceTransformer, path: str | os.
     """`model.save(path)` plus the remote-code layout: the module files at the root and modules.json type
     `"st_dupmae.DupMAEPooling"`, so `SentenceTransformer(path, trust_remote_code=True)` loads it anywhere."""
     path = save_sentence_transformer(model, path, **save_kwargs)
-    transformer_config = path / "sentence_bert_config.json"
-    if transformer_config.is_file() and getattr(getattr(model[0], "auto_model", None), "pooler", True) is None:
-        # the encoder has no pooler weights (the [CLS] state is used as is): load it without one, no MISSING report
-        config = json.loads(transformer_config.read_text(encoding="utf-8"))
-        config.setdefault("model_kwargs", {})["add_pooling_layer"] = False
-        write_json_atomic(transformer_config, config)
+    save_without_pooler(model, path)
     return path
 
 

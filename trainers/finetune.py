@@ -15,8 +15,8 @@ that continues from the previous stage's model:
    papers retrieve with the dot product. Positives are removed by text (every qrels positive of the query).
 3. ``distill``: KL divergence between the softmax of the student's scores over (positive, negatives) and the
    softmax of cross-encoder scores read from a TSV file (`query-id  corpus-id  score`), reduction ``batchmean``
-   (eq. 15; sentence-transformers' `DistillKLDivLoss`), times ``--distill-weight`` (default 1), plus
-   ``--contrastive-weight`` (default 0) times the in-batch contrastive loss. The RetroMAE authors' code uses
+   (eq. 15; sentence-transformers' `DistillKLDivLoss`), times ``--distill-loss-weight`` (default 1), plus
+   ``--contrastive-loss-weight`` (default 0) times the in-batch contrastive loss. The RetroMAE authors' code uses
    KL(``reduction="mean"``, i.e. divided by batch x group size) + 1e-4 x contrastive; we follow the paper (KL
    ``batchmean`` alone) and keep the contrastive term as an option.
 
@@ -40,15 +40,23 @@ Output: a sentence-transformers folder (written to a temporary sibling and renam
 replaced only with ``--overwrite``) with a model card from `model_cards/finetuned_encoder.md` and
 ``retromae_finetune.json`` (the run record the card is rendered from; `retromae evaluate --update-card` adds results
 to it). Trainer checkpoints and mined negatives go to the work folder ``<output>.work`` (``--work-dir``).
+
+Resuming. The work folder keeps each finished stage's model and record (``finetune_state.json``). A run started
+again with ``--resume-from-checkpoint last`` and the same settings skips the finished stages, reuses the mined
+negatives and continues the interrupted stage from its newest trainer checkpoint (``--save-strategy steps
+--save-steps N`` to write them; by default a stage restarts). Without the flag a run starts over.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +72,7 @@ from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, 
 from sentence_transformers.util import (
     cos_sim,
     dot_score,
+    fullname,
     mine_hard_negatives,
     pairwise_cos_sim,
     pairwise_dot_score,
@@ -89,20 +98,29 @@ from .beir import (
 )
 from .core.arguments import start_command
 from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
-from .core.checkpoints import is_dupmae_model
+from .core.checkpoints import is_dupmae_model, save_without_pooler
 from .core.errors import UserError
 from .core.folders import atomic_folder, check_destination, hub_id_of_model, is_hub_id, public_name
-from .core.io import read_json_or_empty
+from .core.io import read_json_or_empty, write_json_atomic
 from .core.versions import library_versions, package_version
 from .evaluate import evaluate_folder
 from .export import load_as_sentence_transformer
 from .export_dupmae import save_dupmae_sentence_transformer
 from .methods import METHODS
+from .trainer import RESUME_LAST, last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 
 STAGES = ("in-batch", "hard-negatives", "distill")
 NEGATIVES_FILE = "hard_negatives.jsonl"
+STATE_FILE = "finetune_state.json"  # in the work folder: the finished stages of a run, for resuming it
+STAGE_MODEL = "model"  # in a stage's folder: the model that stage finished with
+# options that decide nothing a stage trains: they may differ between a run and its resumption
+MAY_CHANGE_ON_RESUME = frozenset({
+    "overwrite", "resume_from_checkpoint", "logging_dir", "logging_steps", "logging_strategy", "disable_tqdm",
+    "report_to", "save_steps", "save_strategy", "save_total_limit", "local_rank", "dataloader_num_workers",
+    "eval_data", "eval_split", "model_name", "base_model_name",
+})
 
 __all__ = [
     "STAGES",
@@ -462,13 +480,73 @@ def _stage_args(training_args: FinetuneTrainingArguments, work_dir: Path, stage:
     return args
 
 
-def _train_stage(model, args, dataset, loss, stage: str) -> dict[str, Any]:
+def _prepare_checkpoint(model: SentenceTransformer, checkpoint: Path) -> None:
+    """The trainer reloads a checkpoint as a SentenceTransformer built from the classes its modules.json names: name
+    the classes of the model in training (a DupMAE hybrid model's pooling module is remote code, imported under
+    another module path), and keep a pooler-less encoder without a pooler."""
+    modules_file = checkpoint / "modules.json"
+    entries = json.loads(modules_file.read_text(encoding="utf-8"))
+    for entry in entries:
+        entry["type"] = fullname(model[int(entry["idx"])])
+    write_json_atomic(modules_file, entries)
+    save_without_pooler(model, checkpoint)
+
+
+def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[str, Any]:
+    """Train one stage; resuming, from the newest complete trainer checkpoint in its folder (if any), else afresh."""
     started = time.time()
+    checkpoint = last_complete_checkpoint(args.output_dir) if resume and Path(args.output_dir).is_dir() else None
+    if checkpoint is None:
+        shutil.rmtree(args.output_dir, ignore_errors=True)  # this run's own stage folder: checkpoints of an older run
+    else:
+        logger.info("stage %s: continuing from %s", stage, checkpoint)
+        _prepare_checkpoint(model, checkpoint)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
-    output = trainer.train()
+    output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     logger.info("stage %s: %d steps, training loss %.4f", stage, output.global_step, output.training_loss)
     return {"steps": output.global_step, "train_loss": round(float(output.training_loss), 4),
             "seconds": round(time.time() - started, 1)}
+
+
+def _settings_key(model_args, data_args, loss_args, training_args) -> str:
+    """A fingerprint of the settings that decide what the stages train (not `MAY_CHANGE_ON_RESUME`)."""
+    values = {**dataclasses.asdict(model_args), **dataclasses.asdict(data_args), **dataclasses.asdict(loss_args),
+              **training_args.to_dict()}
+    kept = {name: value for name, value in values.items() if name not in MAY_CHANGE_ON_RESUME}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_state(work_dir: Path, settings_key: str, resume: bool) -> dict[str, Any]:
+    """The finished stages to skip (`{"stages": [...], "negatives": ...}`): the work folder's when resuming a run
+    with the same settings, else none (and the earlier run's state is dropped)."""
+    state = read_json_or_empty(work_dir / STATE_FILE)
+    fresh = {"settings_key": settings_key, "stages": [], "negatives": None}
+    if not resume:
+        (work_dir / STATE_FILE).unlink(missing_ok=True)  # before a stage folder of that run is cleared
+        if state.get("stages"):
+            logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (continue a run with "
+                           "--resume-from-checkpoint last)", work_dir, len(state["stages"]))
+        return fresh
+    if not state:
+        logger.info("--resume-from-checkpoint: nothing to resume in %s; starting from the first stage", work_dir)
+        return fresh
+    if state.get("settings_key") != settings_key:
+        raise FinetuneError(
+            f"--resume-from-checkpoint: the run in {work_dir} used other settings; give the same options as that run "
+            "(output, logging and evaluation options may change), or drop the flag to start over"
+        )
+    return state
+
+
+def _finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransformer, record: dict[str, Any],
+                  main_process: bool) -> None:
+    """Save the stage's model and record in the work folder (the main process), so that a resumed run starts after
+    this stage."""
+    state["stages"].append(record)
+    if main_process:
+        with atomic_folder(work_dir / f"stage-{record['stage']}" / STAGE_MODEL, overwrite=True) as build_dir:
+            _save_model(model, build_dir)
+        write_json_atomic(work_dir / STATE_FILE, state)
 
 
 def run_finetune(
@@ -493,11 +571,20 @@ def run_finetune(
     model, model_info = load_as_sentence_transformer(
         model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
     )
+    resume = training_args.resume_from_checkpoint in RESUME_LAST
+    state = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args), resume)
+    stage_records = list(state["stages"])
+    if stage_records:  # continue with the model the last finished stage saved
+        finished = [record["stage"] for record in stage_records]
+        if finished != stages[: len(finished)]:
+            raise FinetuneError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
+                                f"begin --stages {','.join(stages)}")
+        model, _ = load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)
+        logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)
     gather = loss_args.gather_across_devices and training_args.world_size > 1
-    stage_records = []
     negatives_source = None
-    for stage in stages:
+    for stage in stages[len(stage_records):]:
         if stage == "in-batch":
             dataset, report = groups_to_dataset(groups, 0, seed=training_args.seed)
             loss = contrastive_loss(model, loss_args.scale, gather)
@@ -509,6 +596,9 @@ def run_finetune(
                     negatives_source = f"file {Path(data_args.negatives_file).name}"
                 elif any(g.negatives for g in groups):
                     negatives_source = "supplied with the training data"
+                elif state["negatives"]:  # mined by the run this one resumes
+                    groups = _negatives_from_file(work_dir / NEGATIVES_FILE, groups)
+                    negatives_source = state["negatives"]
                 else:
                     groups = mine_negatives(
                         model, groups, _corpus_pool(data_args, beir, groups), num_negatives=data_args.num_negatives,
@@ -520,6 +610,9 @@ def run_finetune(
                         f"mined with the {'previous-stage' if stage_records else 'starting'} model "
                         f"(ranks {data_args.mine_range_min}-{data_args.mine_range_max}, {data_args.mine_sampling})"
                     )
+                    state["negatives"] = negatives_source
+                    if training_args.process_index == 0:  # a resumed run reads them from NEGATIVES_FILE
+                        write_json_atomic(work_dir / STATE_FILE, state)
                 groups, more_dropped = clean_groups(groups)
                 for key, value in more_dropped.items():
                     dropped[key] = dropped.get(key, 0) + value
@@ -546,8 +639,9 @@ def run_finetune(
                   "negatives_per_query": 0 if stage == "in-batch" else data_args.num_negatives,
                   "negatives": negatives_source if stage != "in-batch" else None,
                   "loss_config": _loss_config(loss), **report}
-        record.update(_train_stage(model, args, dataset, loss, stage))
+        record.update(_train_stage(model, args, dataset, loss, stage, resume))
         stage_records.append(record)
+        _finish_stage(state, work_dir, model, record, training_args.process_index == 0)
 
     info = _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
                      stage_records, output_dir)
@@ -656,15 +750,21 @@ def _run_info(model, model_info, model_args, data_args, loss_args, training_args
     }
 
 
+def _save_model(model: SentenceTransformer, folder: Path) -> None:
+    """The sentence-transformers files of `model` (a DupMAE hybrid model with its remote code), without a card."""
+    if is_dupmae_model(model):
+        save_dupmae_sentence_transformer(model, folder, create_model_card=False)
+    else:
+        model.save(str(folder), create_model_card=False)
+        save_without_pooler(model, folder)
+
+
 def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLike, info: dict[str, Any],
                          overwrite: bool = False) -> Path:
     """Write `model` + its card + the run record to `output_dir`, atomically (temporary sibling, then rename)."""
     output_dir = Path(output_dir)
     with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
-        if is_dupmae_model(model):
-            save_dupmae_sentence_transformer(model, build_dir, create_model_card=False)
-        else:
-            model.save(str(build_dir), create_model_card=False)
+        _save_model(model, build_dir)
         write_finetuned_card(build_dir, info, METHODS)
     logger.info("fine-tuned model written to %s", output_dir)
     return output_dir

@@ -36,6 +36,7 @@ from .methods import METHODS, Method, MethodArguments, get_method
 from .recipe import RecipeArguments, suggest_recipe
 from .resume import check_given_options, given_options, new_run_id, read_settings, record_settings
 from .trainer import (
+    RESUME_LAST,
     RUN_INFO_NAME,
     RetroMAETrainer,
     clean_killed_saves,
@@ -52,7 +53,6 @@ DEMO_DEFAULTS = {
     "max_steps": 200, "max_seq_length": 64, "per_device_train_batch_size": 8, "learning_rate": 5e-5,
     "logging_steps": 20, "save_steps": 100, "output_dir": "out/retromae-demo",
 }
-RESUME_LAST = {"last", "auto", "true", "True"}  # --resume-from-checkpoint values meaning the newest checkpoint
 
 PRETRAIN_EXAMPLES = """examples:
   retromae pretrain                                          # the demo: MiniLM + built-in corpus, ~5 min on CPU

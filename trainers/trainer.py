@@ -81,6 +81,9 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+RESUME_LAST = {"last", "auto", "true", "True"}  # --resume-from-checkpoint values meaning the newest checkpoint
+
+
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """The newest checkpoint whose save finished (a run killed mid-save leaves one without trainer_state.json)."""
     complete = [p for p in list_checkpoints(output_dir) if (p / TRAINER_STATE_NAME).is_file()]
@@ -428,6 +431,6 @@ class RetroMAETrainer(Trainer):
 
 
 __all__ = [
-    "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "clean_killed_saves", "last_complete_checkpoint",
+    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "clean_killed_saves", "last_complete_checkpoint",
     "list_checkpoints", "remove_previous_run", "run_output_files",
 ]

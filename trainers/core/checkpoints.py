@@ -45,7 +45,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import UserError
 from .folders import check_model_folder, is_local_path
-from .io import read_json_or_empty
+from .io import read_json_or_empty, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +225,17 @@ def is_dupmae_model(model: nn.Module) -> bool:
     return any(type(m).__name__ == "DupMAEPooling" for m in model.modules())
 
 
+def save_without_pooler(model: SentenceTransformer, folder: str | os.PathLike) -> None:
+    """After `model.save(folder)`: a BERT encoder built without a pooler (the [CLS] state is used as it is) keeps
+    loading without one. sentence-transformers does not save `model_kwargs`, and would add a randomly initialised
+    pooler, reported as MISSING, when the folder is loaded."""
+    config_file = Path(folder) / "sentence_bert_config.json"
+    if config_file.is_file() and getattr(getattr(model[0], "auto_model", None), "pooler", True) is None:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config.setdefault("model_kwargs", {})["add_pooling_layer"] = False
+        write_json_atomic(config_file, config)
+
+
 def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | None = None,
                               device: str | None = None) -> SentenceTransformer:
     """A `SentenceTransformer` from a folder or Hub id.
@@ -286,5 +297,6 @@ __all__ = [
     "load_tokenizer",
     "needs_remote_code",
     "read_state_dict",
+    "save_without_pooler",
     "weight_names",
 ]
