@@ -19,7 +19,7 @@ seen are counted exactly: the Trainer's own count of the input positions it trai
 from the final checkpoint, and the real (non-padding) count is derived by replaying its data order
 (`trained_tokens`); the derivation is kept only when its padded count equals the Trainer's.
 
-Phases (each cached; a rerun skips what is done, an interrupted pre-training continues with
+Phases (each cached; a rerun skips what is done, an interrupted pre-training or fine-tuning continues with
 ``--resume-from-checkpoint last``):
 
 1. ``select``: a fixed, seeded share (``--holdout``, 20%) of the 609 train queries is held out as
@@ -265,7 +265,10 @@ def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: 
                 "--max_seq_length", str(cfg["ft_max_seq_length"]), "--learning_rate", str(cfg["ft_lr"]),
                 "--num_negatives", str(cfg["ft_negatives"]),
                 "--seed", str(seed), "--report_to", "none", "--disable_tqdm", "true",
-                "--work_dir", str(output.parent / f"{output.name}.work")]
+                "--work_dir", str(output.parent / f"{output.name}.work"),
+                # a stopped fine-tune continues after its finished stages, from its newest checkpoint
+                "--resume_from_checkpoint", "last", "--save_strategy", "steps", "--save_steps", "5",
+                "--save_total_limit", "1"]
         common.retromae_cli("finetune", args, logf)
         (output / ".finetune_done").write_text("ok\n")
     stages = read_json(output / "retromae_finetune.json")["stages"]
