@@ -495,7 +495,7 @@ def _prepare_checkpoint(model: SentenceTransformer, checkpoint: Path) -> None:
 def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[str, Any]:
     """Train one stage; resuming, from the newest complete trainer checkpoint in its folder (if any), else afresh."""
     started = time.time()
-    checkpoint = last_complete_checkpoint(args.output_dir) if resume and Path(args.output_dir).is_dir() else None
+    checkpoint = last_complete_checkpoint(args.output_dir) if resume else None
     if checkpoint is None:
         shutil.rmtree(args.output_dir, ignore_errors=True)  # this run's own stage folder: checkpoints of an older run
     else:
@@ -540,8 +540,8 @@ def _read_state(work_dir: Path, settings_key: str, resume: bool) -> dict[str, An
 
 def _finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransformer, record: dict[str, Any],
                   main_process: bool) -> None:
-    """Save the stage's model and record in the work folder (the main process), so that a resumed run starts after
-    this stage."""
+    """Add the stage's record to `state` and save it with the stage's model in the work folder (the main process),
+    so that a resumed run starts after this stage."""
     state["stages"].append(record)
     if main_process:
         with atomic_folder(work_dir / f"stage-{record['stage']}" / STAGE_MODEL, overwrite=True) as build_dir:
@@ -573,7 +573,7 @@ def run_finetune(
     )
     resume = training_args.resume_from_checkpoint in RESUME_LAST
     state = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args), resume)
-    stage_records = list(state["stages"])
+    stage_records = state["stages"]  # the finished stages; `_finish_stage` adds each new one
     if stage_records:  # continue with the model the last finished stage saved
         finished = [record["stage"] for record in stage_records]
         if finished != stages[: len(finished)]:
@@ -640,7 +640,6 @@ def run_finetune(
                   "negatives": negatives_source if stage != "in-batch" else None,
                   "loss_config": _loss_config(loss), **report}
         record.update(_train_stage(model, args, dataset, loss, stage, resume))
-        stage_records.append(record)
         _finish_stage(state, work_dir, model, record, training_args.process_index == 0)
 
     info = _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
