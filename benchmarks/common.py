@@ -386,10 +386,10 @@ def bm25_reference(data: Path) -> dict:
     return run_metrics(run, dev.qrels)
 
 
-def run_references(out: Path, data: Path, cfg: dict) -> dict:
-    """BM25 and all-MiniLM-L6-v2 as shipped on the dev split (cached in out/references)."""
-    marker = out / "references" / "done.json"
-    key = hashlib.sha1(json.dumps([str(data), cfg["eval_max_seq_length"]]).encode()).hexdigest()[:12]
+def run_references(out: Path, data: Path, cfg: dict, marker: Path | None = None) -> dict:
+    """BM25 and all-MiniLM-L6-v2 as shipped on the dev split (cached in `marker`, default out/references)."""
+    marker = marker or out / "references" / "done.json"
+    key = hashlib.sha1(json.dumps([data.name, cfg["eval_max_seq_length"]]).encode()).hexdigest()[:12]
     if marker.is_file() and read_json(marker).get("settings_key") == key:
         log("references: done (cached)")
         return read_json(marker)

@@ -35,8 +35,11 @@ Phases (each cached; a rerun skips what is done, an interrupted pre-training or 
    ``in-batch,hard-negatives``: negatives mined with the stage-1 model) on the full ``qrels/train.tsv`` and the dev
    evaluation (`common.evaluate`: mteb through `retromae.trainers.evaluate`).
 
-Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, evaluations, ``phases.json``,
-``done.json`` keyed by the arm's settings). Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and
+Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, evaluations) and the ledger
+``benchmarks/results/scifact_experiment_v2_ledger/`` (``<arm>.phases.json``: every finished phase's result, keyed by
+its settings, the keys free of absolute paths; ``<arm>.done.json``). The ledger is committed, so measured seeds
+outlive the out/ folder: a later run skips every scored seed and makes a checkpoint again only when an unscored seed
+needs it (a pre-training made again is compared with the first one's weights, and the ledger notes it). Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and
 ``scifact_experiment_v2_ndcg.png`` (error bars: std over seeds) for the default preset; ``--tiny`` writes under its
 out dir only and proves nothing about quality. Every result file records per-step timings, from which
 ``extrapolate`` states the time of each arm at the default preset (labelled as an extrapolation).
@@ -94,6 +97,7 @@ PRESETS = {
                  seeds="42,43", warmup_grid="0.34", lr_scale_grid="0.5"),
 }
 STAGES = "in-batch,hard-negatives"
+PRETRAIN_DONE = ".pretrain_done"
 LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
           "retromae": "RetroMAE + recipe", "retromae_control": "RetroMAE, no recipe (control)",
           "dupmae_cls": "DupMAE CLS + recipe", "dupmae_hybrid": "DupMAE hybrid + recipe", "bow": "BoW + recipe",
@@ -103,32 +107,94 @@ METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 
 
 def settings_hash(obj) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    """A key of the settings that does not depend on where the repo, the data or the base model lie, so the ledger
+    holds across checkouts."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    for place, name in ((common.base_model_path(), "<base>"), (common.DATA, "<data>"), (ROOT, "<repo>")):
+        text = text.replace(str(place), name)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 class Phases:
-    """`phases.json` of one folder: a phase's result is reused while the settings key it was run with is unchanged."""
+    """The ledger of one arm (`<ledger>/<label>.phases.json`): a phase's result is reused while the settings key it
+    was run with is unchanged and, for a phase whose result is a folder, while that folder is there. The ledger of
+    the default preset lives in benchmarks/results and is committed, so measured results outlive the out/ folder;
+    a checkpoint that is gone is made again."""
 
-    def __init__(self, folder: Path, label: str):
-        self.folder, self.label = folder, label
-        folder.mkdir(parents=True, exist_ok=True)
-        self.file = folder / "phases.json"
+    def __init__(self, ledger: Path, label: str):
+        self.label = label
+        ledger.mkdir(parents=True, exist_ok=True)
+        self.file = ledger / f"{label}.phases.json"
         self.done = read_json(self.file) if self.file.is_file() else {}
 
-    def run(self, name: str, key: str, fn: Callable[[], object]):
-        cached = self.done.get(name)
-        if cached and cached.get("key") == key:
-            return cached["result"]
+    def cached(self, name: str, key: str) -> bool:
+        return (self.done.get(name) or {}).get("key") == key
+
+    def run(self, name: str, key: str, fn: Callable[[], object], needs: Callable[[object], Path] | None = None):
+        """`needs(result)`: the file a cached result points to; when it is missing, the phase runs again."""
+        if self.cached(name, key) and (needs is None or needs(self.done[name]["result"]).exists()):
+            return self.done[name]["result"]
+        previous = self.done.get(name) or {}
         log(f"{self.label}: {name} ...")
         started = time.perf_counter()
         result = fn()
-        self.done[name] = {"key": key, "seconds": round(time.perf_counter() - started, 1), "result": result}
+        history = {"remade": previous["remade"]} if previous.get("key") == key and "remade" in previous else {}
+        self.done[name] = {"key": key, "seconds": round(time.perf_counter() - started, 1), "result": result, **history}
         write_json(self.file, self.done)
         log(f"{self.label}: {name} done in {self.done[name]['seconds']:.0f} s")
         return result
 
+    def remade(self, name: str, identical: bool | None) -> None:
+        """Note in the ledger that a phase's folder was made again (its first result came from a folder that is
+        gone) and whether the new one is bit-identical, so a later reader knows which seeds used which weights."""
+        self.done[name].setdefault("remade", []).append({"date": common.utc_now(), "identical": identical})
+        write_json(self.file, self.done)
+        if identical is False:
+            log(f"{self.label}: WARNING {name} made again differs from the first run's weights")
+
     def seconds(self) -> dict[str, float]:
         return {name: phase["seconds"] for name, phase in self.done.items()}
+
+
+class Artifact:
+    """A folder a phase makes (a pre-training, an export): its path is known from the ledger without the folder,
+    and `get()` makes it only when a phase that is not in the ledger needs it. A pre-training made again is
+    compared with the first run's weights (`weights_digest`)."""
+
+    def __init__(self, phases: Phases, name: str, key: str, make: Callable[[], Path], done_file: str):
+        self.phases, self.name, self.key, self.make, self.done_file = phases, name, key, make, done_file
+        self._made: Path | None = None
+
+    @classmethod
+    def existing(cls, phases: Phases, path: Path) -> Artifact:
+        """A folder that is there already (the base model)."""
+        artifact = cls(phases, "", "", lambda: path, "")
+        artifact._made = path
+        return artifact
+
+    @property
+    def path(self) -> Path:
+        if self._made is None and self.phases.cached(self.name, self.key):
+            return Path(self.phases.done[self.name]["result"])
+        return self.get()
+
+    def get(self) -> Path:
+        if self._made is None:
+            cached = self.phases.cached(self.name, self.key)
+            gone = cached and not (Path(self.phases.done[self.name]["result"]) / self.done_file).exists()
+            folder = Path(self.phases.run(self.name, self.key, lambda: str(self.make()),
+                                          needs=lambda result: Path(result) / self.done_file))
+            digest = weights_digest(folder)
+            first = self.phases.run(f"{self.name}_weights", self.key, lambda: digest)
+            if gone:
+                self.phases.remade(self.name, None if digest is None else digest == first)
+            self._made = folder
+        return self._made
+
+
+def weights_digest(folder: Path) -> str | None:
+    weights = folder / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
 
 
 # ---- data ------------------------------------------------------------------------------------------------------------
@@ -217,7 +283,7 @@ def pretrain_args(method: str, extra: list[str], corpus: Path, cfg: dict, steps:
 
 def find_pretrained(out: Path, key: str) -> Path | None:
     """A finished pre-training with these exact settings anywhere in the experiment (selection runs included)."""
-    return next((p.parent for p in sorted(out.glob(f"*/pretrained-{key}/.pretrain_done"))), None)
+    return next((p.parent for p in sorted(out.glob(f"*/pretrained-{key}/{PRETRAIN_DONE}"))), None)
 
 
 def pretrain(out: Path, home: Path, args: list[str], cfg: dict, logf: Path) -> Path:
@@ -236,7 +302,7 @@ def pretrain(out: Path, home: Path, args: list[str], cfg: dict, logf: Path) -> P
     elif output.is_dir():
         flags += ["--overwrite_output_dir"]  # killed before its first checkpoint: our own folder, start it again
     common.retromae_cli("pretrain", args + flags, logf)
-    (output / ".pretrain_done").write_text("ok\n")
+    (output / PRETRAIN_DONE).write_text("ok\n")
     return output
 
 
@@ -275,15 +341,20 @@ def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: 
     return {s["stage"]: {k: s.get(k) for k in ("steps", "seconds", "examples", "train_loss")} for s in stages}
 
 
-def finetune_and_evaluate(phases: Phases, start: Path, data: Path, folder: Path, tag: str, cfg: dict,
+def finetune_and_evaluate(phases: Phases, start: Artifact, data: Path, folder: Path, tag: str, cfg: dict,
                           seed: int) -> dict:
-    """Fine-tune from `start` with `seed`, then score on `data`'s qrels/dev.tsv (cached by those settings)."""
-    ft_key = settings_hash([str(start), str(data), seed, {k: cfg[k] for k in sorted(cfg) if k.startswith("ft_")},
+    """Fine-tune from `start` with `seed`, then score on `data`'s qrels/dev.tsv (cached by those settings; a seed
+    already scored needs neither `start` nor its fine-tuned model)."""
+    ft_key = settings_hash([str(start.path), str(data), seed, {k: cfg[k] for k in sorted(cfg) if k.startswith("ft_")},
                             cfg["eval_max_seq_length"], STAGES])
     ft_dir = folder / f"finetuned-{tag}-s{seed}-{ft_key}"
     logf = folder / "log.txt"
-    stages = phases.run(f"finetune_{tag}_s{seed}", ft_key, lambda: finetune(start, data, ft_dir, cfg, seed, logf))
-    scores = phases.run(f"evaluate_{tag}_s{seed}", ft_key,
+    ft_name, eval_name = f"finetune_{tag}_s{seed}", f"evaluate_{tag}_s{seed}"
+    if phases.cached(ft_name, ft_key) and phases.cached(eval_name, ft_key):  # scored: its models are not needed
+        return {**phases.done[eval_name]["result"], "finetune_stages": phases.done[ft_name]["result"]}
+    stages = phases.run(ft_name, ft_key, lambda: finetune(start.get(), data, ft_dir, cfg, seed, logf),
+                        needs=lambda _: ft_dir / ".finetune_done")
+    scores = phases.run(eval_name, ft_key,
                         lambda: common.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
     return {**scores, "finetune_stages": stages}
 
@@ -303,22 +374,22 @@ def grid(cfg: dict, steps: int) -> list[dict]:
     return points
 
 
-def select_recipe(out: Path, data: Path, cfg: dict, lengths: list[int], steps: int) -> dict:
+def select_recipe(out: Path, ledger: Path, data: Path, cfg: dict, lengths: list[int], steps: int) -> dict:
     """Phase 1 of the module docstring: every grid point pre-trained with RetroMAE, fine-tuned on the train share,
     scored on the held-out share; the best recipe point by validation NDCG@10 wins."""
     folder = out / "select"
     holdout, split = make_holdout(folder, data, cfg["holdout"], cfg["holdout_seed"])
-    phases = Phases(folder, "select")
+    phases = Phases(ledger, "select")
     method, extra = common.PRETRAIN["retromae"]
     points = []
     for recipe in grid(cfg, steps):
         args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, None)
         key = settings_hash(args)
         name = f"w{recipe['head_warmup_steps']}-x{recipe['encoder_lr_scale']:g}"
-        ckpt = Path(phases.run(f"pretrain_{name}", key,
-                               lambda a=args: str(pretrain(out, folder, a, cfg, folder / "log.txt"))))
-        pretraining = phases.run(f"pretraining_record_{name}", str(ckpt),
-                                 lambda c=ckpt: pretraining_record(c, lengths, cfg, steps))
+        ckpt = Artifact(phases, f"pretrain_{name}", key, lambda a=args: pretrain(out, folder, a, cfg, folder / "log.txt"),
+                        PRETRAIN_DONE)
+        pretraining = phases.run(f"pretraining_record_{name}", settings_hash(str(ckpt.path)),
+                                 lambda c=ckpt: pretraining_record(c.get(), lengths, cfg, steps))
         scores = finetune_and_evaluate(phases, ckpt, holdout, folder, name, cfg, cfg["select_seed"])
         points.append({"recipe": recipe, "validation": {m: scores[m] for m in METRICS}, "pretrain_key": key,
                        "pretraining": pretraining})
@@ -339,55 +410,64 @@ def select_recipe(out: Path, data: Path, cfg: dict, lengths: list[int], steps: i
 # ---- arms ------------------------------------------------------------------------------------------------------------
 
 
-def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> str:
+def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> Path:
     from retromae.trainers.export import build_dupmae_sentence_transformer
 
     build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, representation="cls",
                                       dense_dim=read_json(ckpt / "config.json")["hidden_size"],
                                       max_seq_length=cfg["ft_max_seq_length"])
-    return str(target)
+    return target
 
 
-def pretrain_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, steps: int, phases: Phases) -> Path:
+def pretrain_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, steps: int, phases: Phases) -> Artifact:
     method, extra = common.PRETRAIN["retromae" if arm == "retromae_control" else arm]
     folder, logf = out / arm, out / arm / "log.txt"
-    model = None
+    stage1 = None
     if arm == "twostage":  # stage 1 on an enwiki slice, same recipe and steps
         corpus1 = common.enwiki_slice(out, cfg["enwiki_articles"])
         args1 = pretrain_args(method, extra, corpus1, cfg, steps, recipe, None)
-        model = Path(phases.run("pretrain_stage1", settings_hash(args1),
-                                lambda: str(pretrain(out, folder, args1, cfg, logf))))
-    args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, model)
-    return Path(phases.run("pretrain", settings_hash(args), lambda: str(pretrain(out, folder, args, cfg, logf))))
+        stage1 = Artifact(phases, "pretrain_stage1", settings_hash(args1),
+                          lambda: pretrain(out, folder, args1, cfg, logf), PRETRAIN_DONE)
+    args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, stage1 and stage1.path)
+
+    def make() -> Path:
+        if stage1 is not None:
+            stage1.get()
+        return pretrain(out, folder, args, cfg, logf)
+
+    return Artifact(phases, "pretrain", settings_hash(args), make, PRETRAIN_DONE)
 
 
-def run_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, lengths: list[int], steps: int,
+def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: dict, lengths: list[int], steps: int,
             coverage_texts: list[str]) -> dict:
     recipe = NO_RECIPE if arm in RECIPE_FREE else recipe
     key = settings_hash([arm, str(data), recipe, steps, {k: cfg[k] for k in sorted(cfg)}])
     folder = out / arm
-    marker = folder / "done.json"
+    marker = ledger / f"{arm}.done.json"
     if marker.is_file() and read_json(marker).get("settings_key") == key:
         log(f"{arm}: done (cached)")
         return read_json(marker)
-    phases = Phases(folder, arm)
+    phases = Phases(ledger, arm)
     record: dict = {"arm": arm, "settings_key": key, "recipe": None if arm in NO_PRETRAINING else recipe}
     if arm in NO_PRETRAINING:
-        starts = {arm: common.base_cls_view(out) if arm == "none" else common.base_model_path()}
-        record["coverage"] = phases.run("coverage", key,
+        starts = {arm: Artifact.existing(phases, common.base_cls_view(out) if arm == "none"
+                                         else common.base_model_path())}
+        cov_key = settings_hash(["base", cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
+        record["coverage"] = phases.run("coverage", cov_key,
                                         lambda: common.coverage(common.base_model_path(), coverage_texts, cfg))
     else:
         ckpt = pretrain_arm(arm, out, data, cfg, recipe, steps, phases)
-        record["pretraining"] = phases.run("pretraining_record", str(ckpt),
-                                           lambda: pretraining_record(ckpt, lengths, cfg, steps))
-        cov_key = settings_hash([str(ckpt), cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
-        record["coverage"] = phases.run("coverage", cov_key, lambda: common.coverage(ckpt, coverage_texts, cfg))
+        record["pretraining"] = phases.run("pretraining_record", settings_hash(str(ckpt.path)),
+                                           lambda: pretraining_record(ckpt.get(), lengths, cfg, steps))
+        cov_key = settings_hash([str(ckpt.path), cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
+        record["coverage"] = phases.run("coverage", cov_key, lambda: common.coverage(ckpt.get(), coverage_texts, cfg))
         record["coverage_lm_head"] = phases.run("coverage_lm_head", cov_key,
-                                                lambda: common.coverage(ckpt, coverage_texts, cfg, "lm_head"))
+                                                lambda: common.coverage(ckpt.get(), coverage_texts, cfg, "lm_head"))
         starts = {arm: ckpt}
         if arm == "dupmae":  # the checkpoint itself exports the hybrid model; the CLS-only view is exported here
-            starts = {"dupmae_hybrid": ckpt, "dupmae_cls": Path(phases.run(
-                "export_cls", str(ckpt), lambda: dupmae_cls_export(ckpt, folder / "export-cls", cfg)))}
+            cls_view = Artifact(phases, "export_cls", settings_hash(str(ckpt.path)),
+                                lambda: dupmae_cls_export(ckpt.get(), folder / "export-cls", cfg), "modules.json")
+            starts = {"dupmae_hybrid": ckpt, "dupmae_cls": cls_view}
     record["variants"] = {variant: {str(seed): finetune_and_evaluate(phases, start, data, folder, variant, cfg, seed)
                                     for seed in cfg["seed_list"]}
                           for variant, start in starts.items()}
@@ -601,32 +681,34 @@ def main(argv: list[str] | None = None) -> int:
     log(f"experiment v2: preset {preset}, arms {arms}, {steps} pre-training steps ({len(lengths)} sequences), {cfg}")
     coverage_texts = common.corpus_texts(data, cfg["coverage_docs"])
 
-    selection_file = out / "select" / "done.json"
+    results_dir = out if (args.tiny or args.output_dir) else RESULTS_DIR
+    ledger = results_dir / "scifact_experiment_v2_ledger"
+    selection_file = ledger / "select.done.json"
     selection_key = settings_hash([str(data), steps, cfg])
     selection = None
     if selection_file.is_file() and (args.report_only or read_json(selection_file).get("settings_key") == selection_key):
         selection = read_json(selection_file)
     elif not args.report_only and (args.phase == "select" or any(a not in RECIPE_FREE for a in arms)):
-        selection = {**select_recipe(out, data, cfg, lengths, steps), "settings_key": selection_key}
+        selection = {**select_recipe(out, ledger, data, cfg, lengths, steps), "settings_key": selection_key}
         write_json(selection_file, selection)
     recipe = selection["chosen"] if selection else dict(NO_RECIPE)
     records, failed = {}, {}
     if args.phase != "select":
-        refs_file = out / "references" / "done.json"
+        refs_file = ledger / "references.done.json"
         if args.no_references:
             refs = {}
         elif args.report_only:
             refs = read_json(refs_file) if refs_file.is_file() else {}
         else:
-            refs = common.run_references(out, data, cfg)
+            refs = common.run_references(out, data, cfg, refs_file)
         for arm in arms:
-            marker = out / arm / "done.json"
+            marker = ledger / f"{arm}.done.json"
             if args.report_only:
                 if marker.is_file():
                     records[arm] = read_json(marker)
                 continue
             try:
-                records[arm] = run_arm(arm, out, data, cfg, recipe, lengths, steps, coverage_texts)
+                records[arm] = run_arm(arm, out, ledger, data, cfg, recipe, lengths, steps, coverage_texts)
             except Exception as error:
                 failed[arm] = common.arm_failed(arm, error)
     else:
@@ -647,7 +729,6 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"meta": meta, "settings": cfg, "arms": arms, "selection": selection, "rows": rows,
                "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
     table = markdown(rows, selection, cfg, meta, estimate)
-    results_dir = out if (args.tiny or args.output_dir) else RESULTS_DIR
     write_json(results_dir / "scifact_experiment_v2.json", payload)
     (results_dir / "scifact_experiment_v2.md").write_text(table, encoding="utf-8")
     if rows:

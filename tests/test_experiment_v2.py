@@ -126,6 +126,69 @@ def test_phases_are_reused_while_their_key_holds(v2, tmp_path):
     assert calls == [1, 3]
 
 
+def test_a_phase_whose_folder_is_gone_runs_again(v2, tmp_path):
+    folder = tmp_path / "made"
+    folder.mkdir()
+    (folder / "done").write_text("ok")
+    calls = []
+    needs = lambda result: Path(result) / "done"  # noqa: E731
+    phases = v2.Phases(tmp_path / "ledger", "arm")
+    assert phases.run("p", "k", lambda: calls.append(1) or str(folder), needs=needs) == str(folder)
+    assert phases.run("p", "k", lambda: calls.append(2) or str(folder), needs=needs) == str(folder)  # still there
+    (folder / "done").unlink()
+    phases.run("p", "k", lambda: calls.append(3) or str(folder), needs=needs)
+    assert calls == [1, 3]
+
+
+def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, monkeypatch):
+    """A run after the out/ folder was lost: a scored seed needs neither the pre-training nor its fine-tuned model; an
+    unscored seed makes the pre-training again in the same place, and the ledger notes whether its weights are the
+    first run's."""
+    made, tuned = [], []
+    weights = {"bytes": b"w1"}
+
+    def make() -> Path:
+        folder = tmp_path / "out" / "pretrained-k"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.safetensors").write_bytes(weights["bytes"])
+        (folder / v2.PRETRAIN_DONE).write_text("ok\n")
+        made.append(folder)
+        return folder
+
+    def finetune(start, data, output, cfg, seed, logf):
+        tuned.append((start, seed))
+        output.mkdir(parents=True, exist_ok=True)
+        (output / ".finetune_done").write_text("ok\n")
+        return {"in-batch": {"steps": 1}}
+
+    monkeypatch.setattr(v2, "finetune", finetune)
+    monkeypatch.setattr(v2.common, "evaluate", lambda model, data, out, cfg, tag: {"ndcg_at_10": 0.5})
+    cfg = {"eval_max_seq_length": 8, "ft_lr": 1e-5}
+    ledger = tmp_path / "ledger"
+
+    def score(seed: int) -> dict:
+        phases = v2.Phases(ledger, "arm")
+        start = v2.Artifact(phases, "pretrain", "key", make, v2.PRETRAIN_DONE)
+        return v2.finetune_and_evaluate(phases, start, tmp_path, tmp_path / "out" / "arm", "arm", cfg, seed)
+
+    assert score(42)["ndcg_at_10"] == 0.5 and len(made) == 1
+    for path in sorted((tmp_path / "out").rglob("*"), reverse=True):  # the out/ folder is lost
+        path.rmdir() if path.is_dir() else path.unlink()
+    assert score(42) == {"ndcg_at_10": 0.5, "finetune_stages": {"in-batch": {"steps": 1}}} and len(made) == 1
+    score(43)  # needs the checkpoint: made again, identical
+    weights["bytes"] = b"w2"
+    (made[-1] / v2.PRETRAIN_DONE).unlink()
+    score(44)  # made again, different weights
+    assert [seed for _, seed in tuned] == [42, 43, 44] and len(made) == 3
+    remade = v2.read_json(ledger / "arm.phases.json")["pretrain"]["remade"]
+    assert [r["identical"] for r in remade] == [True, False]
+
+
+def test_settings_keys_do_not_depend_on_where_the_repo_lies(v2):
+    here = [str(v2.ROOT / "out" / "x"), str(v2.common.DATA / "scifact"), str(v2.common.base_model_path())]
+    assert v2.settings_hash(here) == v2.settings_hash(["<repo>/out/x", "<data>/scifact", "<base>"])
+
+
 @pytest.mark.experiment
 def test_tiny_selection_end_to_end(v2, shared_data, tmp_path):
     """--tiny --phase select: pre-train (3 steps), fine-tune on the train share (in-batch, then mined negatives),
@@ -133,7 +196,7 @@ def test_tiny_selection_end_to_end(v2, shared_data, tmp_path):
     out = tmp_path / "v2"
     common = ["--tiny", "--seeds", "42", "--no-references", "--output-dir", str(out)]
     assert v2.main([*common, "--phase", "select", "--warmup-grid", "0", "--lr-scale-grid", "1.0"]) == 0
-    selection = json.loads((out / "select" / "done.json").read_text(encoding="utf-8"))
+    selection = json.loads((out / "scifact_experiment_v2_ledger" / "select.done.json").read_text(encoding="utf-8"))
     (point,) = selection["points"]
     assert selection["chosen"] == v2.NO_RECIPE and selection["split"]["validation_queries"] == 10  # 20% of 48
     assert 0 <= point["validation"]["ndcg_at_10"] <= 1 and point["pretraining"]["tokens_real"] > 0
