@@ -39,10 +39,11 @@ Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, e
 ``benchmarks/results/scifact_experiment_v2_ledger/`` (``<arm>.phases.json``: every finished phase's result, keyed by
 its settings, the keys free of absolute paths; ``<arm>.done.json``). The ledger is committed, so measured seeds
 outlive the out/ folder: a later run skips every scored seed and makes a checkpoint again only when an unscored seed
-needs it (a pre-training made again is compared with the first one's weights, and the ledger notes it). Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and
-``scifact_experiment_v2_ndcg.png`` (error bars: std over seeds) for the default preset; ``--tiny`` writes under its
-out dir only and proves nothing about quality. Every result file records per-step timings, from which
-``extrapolate`` states the time of each arm at the default preset (labelled as an extrapolation).
+needs it (a pre-training made again is compared with the first one's weights, and the ledger notes it).
+Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and ``scifact_experiment_v2_ndcg.png`` (error bars:
+std over seeds) for the default preset; ``--tiny`` writes under its out dir only and proves nothing about quality.
+Every result file records per-step timings, from which ``extrapolate`` states the time of each arm at the default
+preset (labelled as an extrapolation).
 
     python benchmarks/scifact_experiment_v2.py                  # default CPU preset (hours: run it across sessions)
     python benchmarks/scifact_experiment_v2.py --scale gpu      # same experiment, larger
@@ -386,8 +387,8 @@ def select_recipe(out: Path, ledger: Path, data: Path, cfg: dict, lengths: list[
         args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, None)
         key = settings_hash(args)
         name = f"w{recipe['head_warmup_steps']}-x{recipe['encoder_lr_scale']:g}"
-        ckpt = Artifact(phases, f"pretrain_{name}", key, lambda a=args: pretrain(out, folder, a, cfg, folder / "log.txt"),
-                        PRETRAIN_DONE)
+        ckpt = Artifact(phases, f"pretrain_{name}", key,
+                        lambda a=args: pretrain(out, folder, a, cfg, folder / "log.txt"), PRETRAIN_DONE)
         pretraining = phases.run(f"pretraining_record_{name}", settings_hash(str(ckpt.path)),
                                  lambda c=ckpt: pretraining_record(c.get(), lengths, cfg, steps))
         scores = finetune_and_evaluate(phases, ckpt, holdout, folder, name, cfg, cfg["select_seed"])
