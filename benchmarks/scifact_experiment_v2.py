@@ -49,7 +49,7 @@ preset (labelled as an extrapolation).
     python benchmarks/scifact_experiment_v2.py --scale gpu      # same experiment, larger
     python benchmarks/scifact_experiment_v2.py --tiny           # smoke run on a mini SciFact
     python benchmarks/scifact_experiment_v2.py --phase select   # only the recipe selection
-    python benchmarks/scifact_experiment_v2.py --report-only    # table from what is finished
+    python benchmarks/scifact_experiment_v2.py --report-only    # table of every scored seed (unfinished arms too)
     # the per-step timings behind the CPU extrapolation: --tiny data and steps at the default lengths and batches
     python benchmarks/scifact_experiment_v2.py --tiny --max-seq-length 256 --batch-size 8 --ft-batch-size 16 \
         --ft-max-seq-length 256 --eval-max-seq-length 256 --seeds 42 --arms none,retromae_control --no-references \
@@ -375,6 +375,10 @@ def grid(cfg: dict, steps: int) -> list[dict]:
     return points
 
 
+def point_name(recipe: dict) -> str:
+    return f"w{recipe['head_warmup_steps']}-x{recipe['encoder_lr_scale']:g}"
+
+
 def select_recipe(out: Path, ledger: Path, data: Path, cfg: dict, lengths: list[int], steps: int) -> dict:
     """Phase 1 of the module docstring: every grid point pre-trained with RetroMAE, fine-tuned on the train share,
     scored on the held-out share; the best recipe point by validation NDCG@10 wins."""
@@ -386,7 +390,7 @@ def select_recipe(out: Path, ledger: Path, data: Path, cfg: dict, lengths: list[
     for recipe in grid(cfg, steps):
         args = pretrain_args(method, extra, data / "corpus.jsonl", cfg, steps, recipe, None)
         key = settings_hash(args)
-        name = f"w{recipe['head_warmup_steps']}-x{recipe['encoder_lr_scale']:g}"
+        name = point_name(recipe)
         ckpt = Artifact(phases, f"pretrain_{name}", key,
                         lambda a=args: pretrain(out, folder, a, cfg, folder / "log.txt"), PRETRAIN_DONE)
         pretraining = phases.run(f"pretraining_record_{name}", settings_hash(str(ckpt.path)),
@@ -483,13 +487,60 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: di
 # ---- report ----------------------------------------------------------------------------------------------------------
 
 
-def build_rows(records: dict, refs: dict) -> list[dict]:
+def scored_seeds(done: dict, variant: str) -> dict[str, dict]:
+    """The seeds of `variant` whose fine-tuning and evaluation are both in an arm's ledger."""
+    prefix, seeds = f"evaluate_{variant}_s", {}
+    for name, phase in done.items():
+        seed = name[len(prefix):]
+        if name.startswith(prefix) and seed.isdigit() and f"finetune_{variant}_s{seed}" in done:
+            seeds[seed] = {**phase["result"], "finetune_stages": done[f"finetune_{variant}_s{seed}"]["result"]}
+    return seeds
+
+
+def partial_record(ledger: Path, arm: str, recipe: dict | None) -> dict | None:
+    """What an unfinished arm's ledger holds (the seeds scored so far), for --report-only; None when no seed is."""
+    file = ledger / f"{arm}.phases.json"
+    done = read_json(file) if file.is_file() else {}
+    variants = {v: seeds for v in (["dupmae_cls", "dupmae_hybrid"] if arm == "dupmae" else [arm])
+                if (seeds := scored_seeds(done, v))}
+    if not variants:
+        return None
+    phases = {name: phase["seconds"] for name, phase in done.items()}
+    result = {name: (done.get(name) or {}).get("result") for name in ("coverage", "coverage_lm_head",
+                                                                        "pretraining_record")}
+    return {"arm": arm, "partial": True, "recipe": None if arm in NO_PRETRAINING else recipe,
+            "coverage": result["coverage"], "coverage_lm_head": result["coverage_lm_head"],
+            "pretraining": result["pretraining_record"], "variants": variants, "phases": phases,
+            "wall_s": round(sum(phases.values()), 1)}
+
+
+def partial_selection(ledger: Path, cfg: dict, steps: int) -> dict | None:
+    """The selection points scored so far, for --report-only while the selection is unfinished (nothing chosen)."""
+    file = ledger / "select.phases.json"
+    done = read_json(file) if file.is_file() else {}
+    points = []
+    for recipe in grid(cfg, steps):
+        scores = scored_seeds(done, point_name(recipe)).get(str(cfg["select_seed"]))
+        if scores is not None:
+            points.append({"recipe": recipe, "validation": {m: scores[m] for m in METRICS},
+                           "pretraining": (done.get(f"pretraining_record_{point_name(recipe)}") or {}).get("result")})
+    if not points:
+        return None
+    return {"chosen": None, "points": points,
+            "how": f"not chosen yet: {len(points)} of {len(grid(cfg, steps))} grid points scored"}
+
+
+def build_rows(records: dict, refs: dict, seeds: int) -> list[dict]:
+    """One row per fine-tuned variant (mean and sample std over its seeds), then the references; a variant with
+    fewer than `seeds` scored seeds says so in its label."""
     rows = []
     for arm in ARMS:
         rec = records.get(arm)
         for variant, per_seed in (rec or {}).get("variants", {}).items():
             neutral = arm not in RECIPE_FREE and rec.get("recipe") == NO_RECIPE  # the selection chose no recipe
             label = LABELS[variant].replace(" + recipe", ", recipe neutral") if neutral else LABELS[variant]
+            if len(per_seed) < seeds:
+                label += f" ({len(per_seed)} of {seeds} seeds so far)"
             row = {"arm": variant, "pretraining_arm": arm, "label": label, "recipe": rec.get("recipe"),
                    "coverage": rec.get("coverage"), "coverage_lm_head": rec.get("coverage_lm_head"),
                    "tokens_real": (rec.get("pretraining") or {}).get("tokens_real"),
@@ -590,7 +641,9 @@ def markdown(rows: list[dict], selection: dict | None, cfg: dict, meta: dict, es
               f"{cfg['ft_lr']}, seeds {cfg['seed_list']} (mean ± sample std); dev evaluation at L "
               f"{cfg['eval_max_seq_length']}. Wall time of this invocation: {meta['wall_s']:.0f} s."]
     if selection:
-        lines.append(f"Recipe: {recipe_text(selection['chosen'])}. How it was chosen: {selection['how']}")
+        chosen = selection["chosen"]
+        lines.append(f"Recipe: {selection['how']}." if chosen is None
+                     else f"Recipe: {recipe_text(chosen)}. How it was chosen: {selection['how']}")
         lines += ["", "| recipe point (validation) | NDCG@10 | MRR@10 | Recall@100 |", "|---|---|---|---|"]
         lines += [f"| {recipe_text(p['recipe'])} | {p['validation']['ndcg_at_10']:.4f} | {p['validation']['mrr_at_10']:.4f} | "
                   f"{p['validation']['recall_at_100']:.4f} |" for p in selection["points"]]
@@ -636,7 +689,8 @@ def parse_args(argv: list[str] | None):
     ):
         p.add_argument(f"--{name}", type=kind, help=text)
     p.add_argument("--no-references", action="store_true", help="skip BM25 and the shipped model without fine-tuning")
-    p.add_argument("--report-only", action="store_true", help="run nothing; report the finished arms")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing; report every scored seed, unfinished arms and selection included")
     p.add_argument("--output-dir", help="default out/scifact_experiment_v2 (--tiny: out/scifact_experiment_v2_tiny)")
     return p.parse_args(argv)
 
@@ -692,7 +746,10 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.report_only and (args.phase == "select" or any(a not in RECIPE_FREE for a in arms)):
         selection = {**select_recipe(out, ledger, data, cfg, lengths, steps), "settings_key": selection_key}
         write_json(selection_file, selection)
-    recipe = selection["chosen"] if selection else dict(NO_RECIPE)
+    if selection is None and args.report_only:
+        selection = partial_selection(ledger, cfg, steps)
+    # an unfinished selection chooses nothing: the report then names no recipe rather than "no recipe"
+    recipe = (selection or {}).get("chosen") or (None if args.report_only else dict(NO_RECIPE))
     records, failed = {}, {}
     if args.phase != "select":
         refs_file = ledger / "references.done.json"
@@ -705,8 +762,9 @@ def main(argv: list[str] | None = None) -> int:
         for arm in arms:
             marker = ledger / f"{arm}.done.json"
             if args.report_only:
-                if marker.is_file():
-                    records[arm] = read_json(marker)
+                record = read_json(marker) if marker.is_file() else partial_record(ledger, arm, recipe)
+                if record is not None:
+                    records[arm] = record
                 continue
             try:
                 records[arm] = run_arm(arm, out, ledger, data, cfg, recipe, lengths, steps, coverage_texts)
@@ -714,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed[arm] = common.arm_failed(arm, error)
     else:
         refs = {}
-    rows = build_rows(records, refs)
+    rows = build_rows(records, refs, len(cfg["seed_list"]))
     passes = round(steps * cfg["batch_size"] / len(lengths), 3)
     meta = {"date": common.utc_now(),
             "hardware": common.hardware_summary(),

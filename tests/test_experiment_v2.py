@@ -189,6 +189,37 @@ def test_settings_keys_do_not_depend_on_where_the_repo_lies(v2):
     assert v2.settings_hash(here) == v2.settings_hash(["<repo>/out/x", "<data>/scifact", "<base>"])
 
 
+def test_report_only_shows_the_seeds_an_unfinished_arm_has_scored(v2, tmp_path):
+    """An arm without its done marker is reported from its ledger: the seeds both fine-tuned and evaluated, labelled
+    as fewer than planned; the unfinished selection lists its scored points and chooses nothing."""
+    def scored(variant: str, seed: int, ndcg: float) -> dict:
+        metrics = {"ndcg_at_10": ndcg, "mrr_at_10": ndcg - 0.05, "recall_at_100": 0.9}
+        return {f"finetune_{variant}_s{seed}": {"key": "k", "seconds": 100.0, "result": {"in-batch": {"steps": 4}}},
+                f"evaluate_{variant}_s{seed}": {"key": "k", "seconds": 10.0, "result": metrics}}
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    unevaluated = {"finetune_none_s44": {"key": "k", "seconds": 50.0, "result": {}}}
+    v2.write_json(ledger / "none.phases.json", {**scored("none", 42, 0.6), **scored("none", 43, 0.62), **unevaluated})
+    v2.write_json(ledger / "dupmae.phases.json", scored("dupmae_hybrid", 42, 0.5))
+    cfg = dict(v2.PRESETS["cpu"], seed_list=[42, 43, 44])
+    no_recipe, first_recipe = v2.grid(cfg, 100)[:2]
+    v2.write_json(ledger / "select.phases.json", scored(v2.point_name(first_recipe), 42, 0.64))
+
+    records = {arm: v2.partial_record(ledger, arm, None) for arm in ("none", "dupmae")}
+    assert v2.partial_record(ledger, "bow", None) is None
+    none, hybrid = v2.build_rows(records, {}, seeds=3)
+    assert none["label"] == "none (base, CLS) (2 of 3 seeds so far)" and set(none["seeds"]) == {"42", "43"}
+    assert none["ndcg_at_10"] == pytest.approx(0.61) and none["ndcg_at_10_std"] == pytest.approx(0.02 ** 0.5 / 10)
+    assert hybrid["arm"] == "dupmae_hybrid" and hybrid["ndcg_at_10_std"] is None
+    selection = v2.partial_selection(ledger, cfg, 100)
+    assert selection["chosen"] is None and [p["recipe"] for p in selection["points"]] == [first_recipe]
+    assert no_recipe not in [p["recipe"] for p in selection["points"]]
+    assert "1 of 4 grid points scored" in v2.markdown(v2.build_rows(records, {}, 3), selection, cfg, {
+        "command": "c", "hardware": "h", "preset": "cpu", "steps": 100, "passes": 0.5, "sequences": 9, "wall_s": 1.0},
+        None)
+
+
 @pytest.mark.experiment
 def test_tiny_selection_end_to_end(v2, shared_data, tmp_path):
     """--tiny --phase select: pre-train (3 steps), fine-tune on the train share (in-batch, then mined negatives),
