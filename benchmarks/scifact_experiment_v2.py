@@ -105,6 +105,8 @@ LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean
           "seed": "SEED + recipe", "twostage": "two-stage (enwiki→SciFact) + recipe",
           **REFERENCE_LABELS}
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
+# the fine-tuned variants of a pre-training arm, where they are not the arm itself
+VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls")}
 
 
 def settings_hash(obj) -> str:
@@ -472,7 +474,7 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: di
         if arm == "dupmae":  # the checkpoint itself exports the hybrid model; the CLS-only view is exported here
             cls_view = Artifact(phases, "export_cls", settings_hash(str(ckpt.path)),
                                 lambda: dupmae_cls_export(ckpt.get(), folder / "export-cls", cfg), "modules.json")
-            starts = {"dupmae_hybrid": ckpt, "dupmae_cls": cls_view}
+            starts = dict(zip(VARIANTS["dupmae"], (ckpt, cls_view), strict=True))
     record["variants"] = {variant: {str(seed): finetune_and_evaluate(phases, start, data, folder, variant, cfg, seed)
                                     for seed in cfg["seed_list"]}
                           for variant, start in starts.items()}
@@ -499,13 +501,12 @@ def scored_seeds(done: dict, variant: str) -> dict[str, dict]:
 
 def partial_record(ledger: Path, arm: str, recipe: dict | None) -> dict | None:
     """What an unfinished arm's ledger holds (the seeds scored so far), for --report-only; None when no seed is."""
-    file = ledger / f"{arm}.phases.json"
-    done = read_json(file) if file.is_file() else {}
-    variants = {v: seeds for v in (["dupmae_cls", "dupmae_hybrid"] if arm == "dupmae" else [arm])
-                if (seeds := scored_seeds(done, v))}
+    ledger_of_arm = Phases(ledger, arm)
+    done = ledger_of_arm.done
+    variants = {v: seeds for v in VARIANTS.get(arm, (arm,)) if (seeds := scored_seeds(done, v))}
     if not variants:
         return None
-    phases = {name: phase["seconds"] for name, phase in done.items()}
+    phases = ledger_of_arm.seconds()
     result = {name: (done.get(name) or {}).get("result") for name in ("coverage", "coverage_lm_head",
                                                                         "pretraining_record")}
     return {"arm": arm, "partial": True, "recipe": None if arm in NO_PRETRAINING else recipe,
@@ -516,18 +517,17 @@ def partial_record(ledger: Path, arm: str, recipe: dict | None) -> dict | None:
 
 def partial_selection(ledger: Path, cfg: dict, steps: int) -> dict | None:
     """The selection points scored so far, for --report-only while the selection is unfinished (nothing chosen)."""
-    file = ledger / "select.phases.json"
-    done = read_json(file) if file.is_file() else {}
-    points = []
-    for recipe in grid(cfg, steps):
-        scores = scored_seeds(done, point_name(recipe)).get(str(cfg["select_seed"]))
+    done, recipes, points = Phases(ledger, "select").done, grid(cfg, steps), []
+    for recipe in recipes:
+        name = point_name(recipe)
+        scores = scored_seeds(done, name).get(str(cfg["select_seed"]))
         if scores is not None:
             points.append({"recipe": recipe, "validation": {m: scores[m] for m in METRICS},
-                           "pretraining": (done.get(f"pretraining_record_{point_name(recipe)}") or {}).get("result")})
+                           "pretraining": (done.get(f"pretraining_record_{name}") or {}).get("result")})
     if not points:
         return None
     return {"chosen": None, "points": points,
-            "how": f"not chosen yet: {len(points)} of {len(grid(cfg, steps))} grid points scored"}
+            "how": f"not chosen yet: {len(points)} of {len(recipes)} grid points scored"}
 
 
 def build_rows(records: dict, refs: dict, seeds: int) -> list[dict]:
