@@ -326,6 +326,8 @@ loss = loss_fn.compute_loss_from_embeddings([q, d], None)
 loss.backward()
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump({"loss": loss.item(), "grad": d.grad.abs().sum().item()}, f)
+dist.barrier()
+dist.destroy_process_group()  # exiting with a live gloo group can abort a rank at teardown (SIGABRT)
 """
 
 
