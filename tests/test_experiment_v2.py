@@ -256,3 +256,27 @@ def test_pretraining_resumes_and_is_shared_across_arms(v2, tmp_path, monkeypatch
     (tmp_path / "bow" / f"pretrained-{v2.settings_hash(other)}").mkdir(parents=True)  # killed before a checkpoint
     v2.pretrain(tmp_path, tmp_path / "bow", other, cfg, tmp_path / "log.txt")
     assert "--overwrite_output_dir" in calls[-1] and "--resume-from-checkpoint" not in calls[-1]
+
+
+def test_shipped_head_export_puts_the_pretrained_encoder_under_mean_pooling_and_cosine(v2, stage1_checkpoint,
+                                                                                        tmp_path):
+    """The `retromae_meanpool` variant starts from the pre-trained encoder with the base's own head: the CLS export's
+    token states, averaged over the real tokens and normalized, scored by cosine."""
+    import torch
+    from retromae.trainers.export import load_as_sentence_transformer
+    from sentence_transformers import SentenceTransformer
+
+    target = v2.shipped_head_export(stage1_checkpoint, tmp_path / "export-meanpool", {"ft_max_seq_length": 32})
+    mean_model = SentenceTransformer(str(target), device="cpu")
+    cls_model, _ = load_as_sentence_transformer(stage1_checkpoint, work_dir=tmp_path / "cls", device="cpu")
+    assert mean_model.similarity_fn_name == "cosine" and cls_model.similarity_fn_name == "dot"
+    assert mean_model.max_seq_length == 32
+    texts = ["a short one", "a somewhat longer text about proteins and cells"]
+    tokens = cls_model.tokenize(texts)
+    with torch.no_grad():
+        states = cls_model[0](dict(tokens))["token_embeddings"]
+    mask = tokens["attention_mask"].unsqueeze(-1).float()
+    expected = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
+    got = mean_model.encode(texts, convert_to_tensor=True)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert not torch.allclose(got, torch.nn.functional.normalize(states[:, 0], dim=-1), atol=1e-3)
