@@ -385,6 +385,12 @@ def point_name(recipe: dict) -> str:
     return f"w{recipe['head_warmup_steps']}-x{recipe['encoder_lr_scale']:g}"
 
 
+def selection_settings_key(data: Path, steps: int, cfg: dict) -> str:
+    """The key under which a finished selection is reused: every setting but the arms' fine-tuning seeds (the
+    selection fine-tunes with select_seed only), so `--seeds 42` does not redo or rewrite it."""
+    return settings_hash([str(data), steps, {k: v for k, v in cfg.items() if k not in ("seeds", "seed_list")}])
+
+
 def select_recipe(out: Path, ledger: Path, data: Path, cfg: dict, lengths: list[int], steps: int) -> dict:
     """Phase 1 of the module docstring: every grid point pre-trained with RetroMAE, fine-tuned on the train share,
     scored on the held-out share; the best recipe point by validation NDCG@10 wins."""
@@ -766,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     results_dir = out if (args.tiny or args.output_dir) else RESULTS_DIR
     ledger = results_dir / "scifact_experiment_v2_ledger"
     selection_file = ledger / "select.done.json"
-    selection_key = settings_hash([str(data), steps, cfg])
+    selection_key = selection_settings_key(data, steps, cfg)
     selection = None
     if selection_file.is_file() and (args.report_only or read_json(selection_file).get("settings_key") == selection_key):
         selection = read_json(selection_file)

@@ -280,3 +280,11 @@ def test_shipped_head_export_puts_the_pretrained_encoder_under_mean_pooling_and_
     got = mean_model.encode(texts, convert_to_tensor=True)
     assert torch.allclose(got, expected, atol=1e-5)
     assert not torch.allclose(got, torch.nn.functional.normalize(states[:, 0], dim=-1), atol=1e-3)
+
+
+def test_the_selection_is_reused_whatever_seeds_the_arms_run(v2, tmp_path):
+    cfg = dict(v2.PRESETS["cpu"], seed_list=[42, 43, 44], device="cpu")
+    key = v2.selection_settings_key(tmp_path, 324, cfg)
+    assert v2.selection_settings_key(tmp_path, 324, {**cfg, "seeds": "42", "seed_list": [42]}) == key
+    assert v2.selection_settings_key(tmp_path, 324, {**cfg, "holdout": 0.3}) != key
+    assert v2.selection_settings_key(tmp_path, 162, cfg) != key
