@@ -552,6 +552,21 @@ def partial_record(ledger: Path, arm: str, recipe: dict | None) -> dict | None:
             "wall_s": round(sum(phases.values()), 1)}
 
 
+def seeds_scored(record: dict) -> int:
+    return sum(len(seeds) for seeds in record["variants"].values())
+
+
+def reported_record(ledger: Path, arm: str, recipe: dict | None) -> dict | None:
+    """What --report-only shows for `arm`: its done marker, unless the ledger holds more scored seeds than the marker
+    (a run with fewer --seeds, e.g. one seed per session, writes a marker of its seeds only)."""
+    marker = ledger / f"{arm}.done.json"
+    done = read_json(marker) if marker.is_file() else None
+    ledgered = partial_record(ledger, arm, recipe)
+    if done is None or (ledgered is not None and seeds_scored(ledgered) > seeds_scored(done)):
+        return ledgered
+    return done
+
+
 def partial_selection(ledger: Path, cfg: dict, steps: int) -> dict | None:
     """The selection points scored so far, for --report-only while the selection is unfinished (nothing chosen)."""
     done, recipes, points = Phases(ledger, "select").done, grid(cfg, steps), []
@@ -797,9 +812,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             refs = common.run_references(out, data, cfg, refs_file)
         for arm in arms:
-            marker = ledger / f"{arm}.done.json"
             if args.report_only:
-                record = read_json(marker) if marker.is_file() else partial_record(ledger, arm, recipe)
+                record = reported_record(ledger, arm, recipe)
                 if record is not None:
                     records[arm] = record
                 continue

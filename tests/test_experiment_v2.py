@@ -220,6 +220,23 @@ def test_report_only_shows_the_seeds_an_unfinished_arm_has_scored(v2, tmp_path):
         None)
 
 
+def test_report_only_prefers_the_ledger_over_a_marker_of_fewer_seeds(v2, tmp_path):
+    """A --seeds 43 run writes a done marker holding seed 43 only; the report must still show seeds 42 and 43."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    metrics = {"ndcg_at_10": 0.6, "mrr_at_10": 0.55, "recall_at_100": 0.9}
+    v2.write_json(ledger / "none.phases.json", {
+        f"{phase}_none_s{seed}": {"key": "k", "seconds": 1.0, "result": metrics if phase == "evaluate" else {}}
+        for seed in (42, 43) for phase in ("finetune", "evaluate")})
+    assert v2.reported_record(ledger, "none", None)["partial"]  # no marker: the ledger
+    one_seed = {"arm": "none", "variants": {"none": {"43": metrics}}}
+    v2.write_json(ledger / "none.done.json", one_seed)
+    assert set(v2.reported_record(ledger, "none", None)["variants"]["none"]) == {"42", "43"}
+    both = {**one_seed, "variants": {"none": {"42": metrics, "43": metrics}}}
+    v2.write_json(ledger / "none.done.json", both)
+    assert v2.reported_record(ledger, "none", None) == both  # a marker as complete as the ledger is kept
+
+
 @pytest.mark.experiment
 def test_tiny_selection_end_to_end(v2, shared_data, tmp_path):
     """--tiny --phase select: pre-train (3 steps), fine-tune on the train share (in-batch, then mined negatives),
