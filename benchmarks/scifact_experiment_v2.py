@@ -516,11 +516,16 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: di
                                     for seed in cfg["seed_list"]}
                           for variant, start in starts.items()}
     record["phases"] = phases.seconds()
-    # a pre-training reused from another folder (the selection) counts with its own training time
-    reused = (record.get("pretraining") or {}).get("train_seconds") or 0.0
-    record["wall_s"] = round(sum(record["phases"].values()) + max(0.0, reused - record["phases"].get("pretrain", 0)), 1)
+    record["wall_s"] = arm_wall_s(record["phases"], record.get("pretraining"))
     write_json(marker, record)
     return record
+
+
+def arm_wall_s(phases: dict[str, float], pretraining: dict | None) -> float:
+    """An arm's seconds: its phases, where a pre-training reused from another folder (the selection) counts with its
+    own training time rather than the moment it took to find it."""
+    reused = (pretraining or {}).get("train_seconds") or 0.0
+    return round(sum(phases.values()) + max(0.0, reused - phases.get("pretrain", 0)), 1)
 
 
 # ---- report ----------------------------------------------------------------------------------------------------------
@@ -549,7 +554,7 @@ def partial_record(ledger: Path, arm: str, recipe: dict | None) -> dict | None:
     return {"arm": arm, "partial": True, "recipe": None if arm in NO_PRETRAINING else recipe,
             "coverage": result["coverage"], "coverage_lm_head": result["coverage_lm_head"],
             "pretraining": result["pretraining_record"], "variants": variants, "phases": phases,
-            "wall_s": round(sum(phases.values()), 1)}
+            "wall_s": arm_wall_s(phases, result["pretraining_record"])}
 
 
 def seeds_scored(record: dict) -> int:

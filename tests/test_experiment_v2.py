@@ -237,6 +237,21 @@ def test_report_only_prefers_the_ledger_over_a_marker_of_fewer_seeds(v2, tmp_pat
     assert v2.reported_record(ledger, "none", None) == both  # a marker as complete as the ledger is kept
 
 
+def test_a_reused_pretraining_counts_with_its_training_time_in_both_reports(v2, tmp_path):
+    """run_arm's marker and the ledger-built record give an arm the same seconds: a pre-training found in another
+    folder (1.8 s to find) counts with the 800 s it trained."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    record = {"steps": 324, "train_seconds": 800.0}
+    v2.write_json(ledger / "retromae.phases.json", {
+        "pretrain": {"key": "k", "seconds": 1.8, "result": "<out>"},
+        "pretraining_record": {"key": "k", "seconds": 0.0, "result": record},
+        "finetune_retromae_s42": {"key": "k", "seconds": 100.0, "result": {}},
+        "evaluate_retromae_s42": {"key": "k", "seconds": 10.0, "result": {"ndcg_at_10": 0.6}}})
+    assert v2.partial_record(ledger, "retromae", None)["wall_s"] == pytest.approx(910.0)
+    assert v2.arm_wall_s({"pretrain": 900.0, "finetune": 100.0}, {"train_seconds": 800.0}) == pytest.approx(1000.0)
+
+
 @pytest.mark.experiment
 def test_tiny_selection_end_to_end(v2, shared_data, tmp_path):
     """--tiny --phase select: pre-train (3 steps), fine-tune on the train share (in-batch, then mined negatives),
