@@ -137,8 +137,10 @@ class Phases:
     def cached(self, name: str, key: str) -> bool:
         return (self.done.get(name) or {}).get("key") == key
 
-    def run(self, name: str, key: str, fn: Callable[[], object], needs: Callable[[object], Path] | None = None):
-        """`needs(result)`: the file a cached result points to; when it is missing, the phase runs again."""
+    def run(self, name: str, key: str, fn: Callable[[], object], needs: Callable[[object], Path] | None = None,
+            notes: Callable[[], dict] | None = None):
+        """`needs(result)`: the file a cached result points to; when it is missing, the phase runs again.
+        `notes()`: facts about a run that are not its result (the weights it started from), kept beside it."""
         if self.cached(name, key) and (needs is None or needs(self.done[name]["result"]).exists()):
             return self.done[name]["result"]
         previous = self.done.get(name) or {}
@@ -146,15 +148,19 @@ class Phases:
         started = time.perf_counter()
         result = fn()
         history = {"remade": previous["remade"]} if previous.get("key") == key and "remade" in previous else {}
-        self.done[name] = {"key": key, "seconds": round(time.perf_counter() - started, 1), "result": result, **history}
+        self.done[name] = {"key": key, "seconds": round(time.perf_counter() - started, 1), "result": result,
+                           "finished": common.utc_now(), **(notes() if notes else {}), **history}
         write_json(self.file, self.done)
         log(f"{self.label}: {name} done in {self.done[name]['seconds']:.0f} s")
         return result
 
-    def remade(self, name: str, identical: bool | None) -> None:
+    def remade(self, name: str, digest: str | None, first: str | None) -> None:
         """Note in the ledger that a phase's folder was made again (its first result came from a folder that is
-        gone) and whether the new one is bit-identical, so a later reader knows which seeds used which weights."""
-        self.done[name].setdefault("remade", []).append({"date": common.utc_now(), "identical": identical})
+        gone), its weights digest and whether it is bit-identical to the first; the fine-tunes record the digest
+        they started from (`start_weights`), so a later reader knows which seeds used which weights."""
+        identical = None if digest is None else digest == first
+        self.done[name].setdefault("remade", []).append({"date": common.utc_now(), "identical": identical,
+                                                         "digest": digest})
         write_json(self.file, self.done)
         if identical is False:
             log(f"{self.label}: WARNING {name} made again differs from the first run's weights")
@@ -194,7 +200,7 @@ class Artifact:
             digest = weights_digest(folder)
             first = self.phases.run(f"{self.name}_weights", self.key, lambda: digest)
             if gone:
-                self.phases.remade(self.name, None if digest is None else digest == first)
+                self.phases.remade(self.name, digest, first)
             self._made = folder
         return self._made
 
@@ -360,7 +366,8 @@ def finetune_and_evaluate(phases: Phases, start: Artifact, data: Path, folder: P
     if phases.cached(ft_name, ft_key) and phases.cached(eval_name, ft_key):  # scored: its models are not needed
         return {**phases.done[eval_name]["result"], "finetune_stages": phases.done[ft_name]["result"]}
     stages = phases.run(ft_name, ft_key, lambda: finetune(start.get(), data, ft_dir, cfg, seed, logf),
-                        needs=lambda _: ft_dir / ".finetune_done")
+                        needs=lambda _: ft_dir / ".finetune_done",
+                        notes=lambda: {"start_weights": weights_digest(start.get())})
     scores = phases.run(eval_name, ft_key,
                         lambda: common.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
     return {**scores, "finetune_stages": stages}

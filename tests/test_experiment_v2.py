@@ -142,8 +142,8 @@ def test_a_phase_whose_folder_is_gone_runs_again(v2, tmp_path):
 
 def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, monkeypatch):
     """A run after the out/ folder was lost: a scored seed needs neither the pre-training nor its fine-tuned model; an
-    unscored seed makes the pre-training again in the same place, and the ledger notes whether its weights are the
-    first run's."""
+    unscored seed makes the pre-training again in the same place, and the ledger notes its weights' digest, whether
+    they are the first run's, and which weights each seed started from."""
     made, tuned = [], []
     weights = {"bytes": b"w1"}
 
@@ -180,8 +180,11 @@ def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, m
     (made[-1] / v2.PRETRAIN_DONE).unlink()
     score(44)  # made again, different weights
     assert [seed for _, seed in tuned] == [42, 43, 44] and len(made) == 3
-    remade = v2.read_json(ledger / "arm.phases.json")["pretrain"]["remade"]
-    assert [r["identical"] for r in remade] == [True, False]
+    done = v2.read_json(ledger / "arm.phases.json")
+    first, second = (v2.hashlib.sha256(w).hexdigest()[:16] for w in (b"w1", b"w2"))
+    assert [(r["identical"], r["digest"]) for r in done["pretrain"]["remade"]] == [(True, first), (False, second)]
+    # which weights each seed was fine-tuned from
+    assert [done[f"finetune_arm_s{s}"]["start_weights"] for s in (42, 43, 44)] == [first, first, second]
 
 
 def test_settings_keys_do_not_depend_on_where_the_repo_lies(v2):
