@@ -133,6 +133,7 @@ class Phases:
         ledger.mkdir(parents=True, exist_ok=True)
         self.file = ledger / f"{label}.phases.json"
         self.done = read_json(self.file) if self.file.is_file() else {}
+        self._nested = 0.0  # seconds of the phases run inside the running one
 
     def cached(self, name: str, key: str) -> bool:
         return (self.done.get(name) or {}).get("key") == key
@@ -140,15 +141,22 @@ class Phases:
     def run(self, name: str, key: str, fn: Callable[[], object], needs: Callable[[object], Path] | None = None,
             notes: Callable[[], dict] | None = None):
         """`needs(result)`: the file a cached result points to; when it is missing, the phase runs again.
-        `notes()`: facts about a run that are not its result (the weights it started from), kept beside it."""
+        `notes()`: facts about a run that are not its result (the weights it started from), kept beside it.
+        A phase's seconds leave out the phases run inside it (a pre-training made again for a fine-tune), which
+        keep their own, so an arm's phases add up to its wall time."""
         if self.cached(name, key) and (needs is None or needs(self.done[name]["result"]).exists()):
             return self.done[name]["result"]
         previous = self.done.get(name) or {}
         log(f"{self.label}: {name} ...")
+        outer, self._nested = self._nested, 0.0
         started = time.perf_counter()
-        result = fn()
+        try:
+            result = fn()
+        finally:
+            elapsed = time.perf_counter() - started
+            inner, self._nested = self._nested, outer + elapsed
         history = {"remade": previous["remade"]} if previous.get("key") == key and "remade" in previous else {}
-        self.done[name] = {"key": key, "seconds": round(time.perf_counter() - started, 1), "result": result,
+        self.done[name] = {"key": key, "seconds": round(elapsed - inner, 1), "result": result,
                            "finished": common.utc_now(), **(notes() if notes else {}), **history}
         write_json(self.file, self.done)
         log(f"{self.label}: {name} done in {self.done[name]['seconds']:.0f} s")

@@ -187,6 +187,25 @@ def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, m
     assert [done[f"finetune_arm_s{s}"]["start_weights"] for s in (42, 43, 44)] == [first, first, second]
 
 
+def test_a_phase_run_inside_another_keeps_its_own_seconds(v2, tmp_path, monkeypatch):
+    """A fine-tune that first has to make its pre-training again: the fine-tune's seconds leave the pre-training
+    out, so an arm's phases add up to its wall time instead of counting the pre-training twice."""
+    clock = iter(range(1000))  # a fake clock: each reading is one second after the last
+
+    def work(seconds: int, result: str) -> str:
+        for _ in range(seconds):
+            next(clock)
+        return result
+
+    monkeypatch.setattr(v2.time, "perf_counter", lambda: float(next(clock)))
+    phases = v2.Phases(tmp_path, "arm")
+    phases.run("finetune", "k", lambda: work(2, "") + phases.run("pretrain", "k", lambda: work(10, "ckpt")))
+    # the fine-tune's clock ran from 0 to 15, the pre-training's inside it from 3 to 14
+    assert phases.seconds() == {"finetune": 4.0, "pretrain": 11.0}
+    phases.run("evaluate", "k", lambda: work(1, "scores"))
+    assert phases.seconds()["evaluate"] == 2.0  # the nested seconds do not leak into the next phase
+
+
 def test_settings_keys_do_not_depend_on_where_the_repo_lies(v2):
     here = [str(v2.ROOT / "out" / "x"), str(v2.common.DATA / "scifact"), str(v2.common.base_model_path())]
     assert v2.settings_hash(here) == v2.settings_hash(["<repo>/out/x", "<data>/scifact", "<base>"])
