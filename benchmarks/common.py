@@ -126,11 +126,13 @@ def machine_facts(device) -> dict[str, Any]:
 
 
 def hardware_summary() -> str:
-    """One line for a report: CPU, cores, torch and the GPU if any."""
+    """One line for a report: CPU and the instruction set torch's CPU kernels use (float results can differ between
+    instruction sets, so two machines may not train to the same bits), cores, torch and the GPU if any."""
     import torch
 
     gpu = f"CUDA {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU"
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, {gpu}"
+    cpu = f"{platform.processor() or platform.machine()} ({torch.backends.cpu.get_cpu_capability()})"
+    return f"{cpu}, {os.cpu_count()} CPU cores, torch {torch.__version__}, {gpu}"
 
 
 def load_average() -> list[float] | None:

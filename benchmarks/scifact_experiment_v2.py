@@ -168,7 +168,7 @@ class Phases:
         they started from (`start_weights`), so a later reader knows which seeds used which weights."""
         identical = None if digest is None else digest == first
         self.done[name].setdefault("remade", []).append({"date": common.utc_now(), "identical": identical,
-                                                         "digest": digest})
+                                                         "digest": digest, "hardware": common.hardware_summary()})
         write_json(self.file, self.done)
         if identical is False:
             log(f"{self.label}: WARNING {name} made again differs from the first run's weights")

@@ -183,6 +183,7 @@ def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, m
     done = v2.read_json(ledger / "arm.phases.json")
     first, second = (v2.hashlib.sha256(w).hexdigest()[:16] for w in (b"w1", b"w2"))
     assert [(r["identical"], r["digest"]) for r in done["pretrain"]["remade"]] == [(True, first), (False, second)]
+    assert {r["hardware"] for r in done["pretrain"]["remade"]} == {v2.common.hardware_summary()}  # which machine
     # which weights each seed was fine-tuned from
     assert [done[f"finetune_arm_s{s}"]["start_weights"] for s in (42, 43, 44)] == [first, first, second]
 
