@@ -235,14 +235,16 @@ REFERENCE_LABELS = {"bm25": "BM25 (bm25s)", "minilm_shipped": "all-MiniLM-L6-v2 
 MINI_SCIFACT = {"dev_queries": 20, "train_queries": 48, "documents": 300}  # the smoke runs' SciFact
 
 
-def retromae_cli(command: str, args: list[str], log_file: Path) -> None:
-    """``retromae COMMAND ARGS`` in a subprocess (one training run per process), its output appended to `log_file`."""
+def retromae_cli(command: str, args: list[str], log_file: Path, env: dict[str, str] | None = None) -> None:
+    """``retromae COMMAND ARGS`` in a subprocess (one training run per process), its output appended to `log_file`;
+    `env` adds to this process's environment."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a", encoding="utf-8") as fh:
         fh.write(f"\n$ retromae {command} {' '.join(args)}\n")
         fh.flush()
         proc = subprocess.run([sys.executable, "-m", "retromae.trainers.cli", command, *args], cwd=ROOT, stdout=fh,
-                              stderr=subprocess.STDOUT, env={**os.environ, "RETROMAE_DEBUG": "1"}, check=False)
+                              stderr=subprocess.STDOUT, env={**os.environ, "RETROMAE_DEBUG": "1", **(env or {})},
+                              check=False)
     if proc.returncode != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
         raise RuntimeError(f"retromae {command} failed (exit {proc.returncode}); log {log_file}:\n" + "\n".join(tail))

@@ -25,14 +25,18 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def v2() -> ModuleType:
-    """The script as `python benchmarks/scifact_experiment_v2.py` loads it: its `import common` finds
-    benchmarks/common.py (registered only while the script loads; sys.path is left alone)."""
+def benchmark_script(name: str) -> ModuleType:
+    """A script as `python benchmarks/NAME.py` loads it: its `import common` finds benchmarks/common.py (registered
+    only while the script loads; sys.path is left alone)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "environ", dict(os.environ))  # the scripts' environment defaults stay out of other tests
         patch.setitem(sys.modules, "common", load_script("common"))
-        return load_script("scifact_experiment_v2")
+        return load_script(name)
+
+
+@pytest.fixture(scope="module")
+def v2() -> ModuleType:
+    return benchmark_script("scifact_experiment_v2")
 
 
 def qids(path: Path) -> set[str]:
@@ -343,3 +347,23 @@ def test_the_selection_is_reused_whatever_seeds_the_arms_run(v2, tmp_path):
     assert v2.selection_settings_key(tmp_path, 324, {**cfg, "seeds": "42", "seed_list": [42]}) == key
     assert v2.selection_settings_key(tmp_path, 324, {**cfg, "holdout": 0.3}) != key
     assert v2.selection_settings_key(tmp_path, 162, cfg) != key
+
+
+def test_the_determinism_benchmark_tells_equal_bits_from_a_small_difference(tmp_path):
+    """benchmarks/pretrain_determinism.py: a run is compared with the reference by its digest and by the largest
+    parameter difference, which must see a change in the last bit of one weight."""
+    import torch
+    from safetensors.torch import save_file
+
+    script = benchmark_script("pretrain_determinism")
+    weights = {"a": torch.randn(4, 3), "b": torch.zeros(2)}
+    nudged = {**weights, "b": torch.tensor([0.0, torch.finfo(torch.float32).tiny])}
+    for name, tensors in (("reference", weights), ("same", weights), ("nudged", nudged)):
+        save_file(tensors, tmp_path / f"{name}.safetensors")
+    runs = {name: {"env": {}, **script.compare(tmp_path / f"{name}.safetensors", tmp_path / "reference.safetensors")}
+            for name in ("reference", "same", "nudged")}
+    assert runs["same"] == runs["reference"] and runs["same"]["max_abs_difference"] == 0
+    assert runs["nudged"]["digest"] != runs["reference"]["digest"] and runs["nudged"]["max_abs_difference"] > 0
+    table = script.render({"runs": runs, "steps": 1, "environment": {"hardware": "here"}})
+    assert [line.split(" | ")[3] for line in table.splitlines()[2:5]] == ["yes", "yes", "no"]
+
