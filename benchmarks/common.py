@@ -235,6 +235,12 @@ REFERENCE_LABELS = {"bm25": "BM25 (bm25s)", "minilm_shipped": "all-MiniLM-L6-v2 
 MINI_SCIFACT = {"dev_queries": 20, "train_queries": 48, "documents": 300}  # the smoke runs' SciFact
 
 
+def weights_digest(folder: Path) -> str | None:
+    """A short digest of a model folder's weights (model.safetensors): equal only for bit-identical weights."""
+    weights = folder / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
+
+
 def retromae_cli(command: str, args: list[str], log_file: Path, env: dict[str, str] | None = None) -> None:
     """``retromae COMMAND ARGS`` in a subprocess (one training run per process), its output appended to `log_file`;
     `env` adds to this process's environment."""

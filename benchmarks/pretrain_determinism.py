@@ -12,12 +12,11 @@ Each run's weights are hashed (the digest the SciFact ledger records) and compar
 or the largest absolute difference of any parameter. The experiment v2 ledger found pre-trainings made again in later
 sessions not bit-identical; this shows which differences between machines are enough for that.
 
-    python benchmarks/pretrain_determinism.py            # ~5 min on 2 CPU cores
+    python benchmarks/pretrain_determinism.py            # ~80 s on 2 CPU cores
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import time
@@ -40,16 +39,16 @@ def pretrain(output: Path, env: dict[str, str], steps: int) -> Path:
             "--max-seq-length", "64", "--per-device-train-batch-size", "8", "--save-steps", "1000", "--seed", "42",
             "--report-to", "none", "--disable-tqdm", "true"]
     common.retromae_cli("pretrain", args, output.parent / f"{output.name}.log", env=env)
-    return output / "model.safetensors"
+    return output
 
 
-def compare(weights: Path, reference: Path) -> dict:
+def compare(model: Path, reference: Path) -> dict:
+    """`model`'s weights digest, and the largest difference of any parameter from `reference` (model folders)."""
     from safetensors.torch import load_file
 
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
-    mine, theirs = load_file(weights), load_file(reference)
+    mine, theirs = (load_file(folder / "model.safetensors") for folder in (model, reference))
     largest = max((mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs)
-    return {"digest": digest, "max_abs_difference": largest}
+    return {"digest": common.weights_digest(model), "max_abs_difference": largest}
 
 
 def render(report: dict) -> str:
@@ -76,9 +75,9 @@ def main() -> None:
         reference = None
         for name, env in VARIANTS.items():
             log(f"{name} ...")
-            weights = pretrain(Path(tmp) / name, env, args.steps)
-            reference = reference or weights
-            report["runs"][name] = {"env": env, **compare(weights, reference)}
+            model = pretrain(Path(tmp) / name, env, args.steps)
+            reference = reference or model
+            report["runs"][name] = {"env": env, **compare(model, reference)}
     common.finish_report(report, started, render, args.output)
 
 

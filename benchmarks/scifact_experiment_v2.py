@@ -75,7 +75,7 @@ from pathlib import Path
 from statistics import fmean
 
 import common  # before torch: environment defaults
-from common import REFERENCE_LABELS, REFERENCES, RESULTS_DIR, ROOT, SCIFACT, log, read_json, write_json
+from common import REFERENCE_LABELS, REFERENCES, RESULTS_DIR, ROOT, SCIFACT, log, read_json, weights_digest, write_json
 
 ARMS = ["none", "none_meanpool", "mlm", "retromae", "retromae_control", "dupmae", "bow", "seed", "twostage"]
 DEFAULT_ARMS = ARMS[:7]
@@ -211,11 +211,6 @@ class Artifact:
                 self.phases.remade(self.name, digest, first)
             self._made = folder
         return self._made
-
-
-def weights_digest(folder: Path) -> str | None:
-    weights = folder / "model.safetensors"
-    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
 
 
 # ---- data ------------------------------------------------------------------------------------------------------------

@@ -359,8 +359,9 @@ def test_the_determinism_benchmark_tells_equal_bits_from_a_small_difference(tmp_
     weights = {"a": torch.randn(4, 3), "b": torch.zeros(2)}
     nudged = {**weights, "b": torch.tensor([0.0, torch.finfo(torch.float32).tiny])}
     for name, tensors in (("reference", weights), ("same", weights), ("nudged", nudged)):
-        save_file(tensors, tmp_path / f"{name}.safetensors")
-    runs = {name: {"env": {}, **script.compare(tmp_path / f"{name}.safetensors", tmp_path / "reference.safetensors")}
+        (tmp_path / name).mkdir()
+        save_file(tensors, tmp_path / name / "model.safetensors")
+    runs = {name: {"env": {}, **script.compare(tmp_path / name, tmp_path / "reference")}
             for name in ("reference", "same", "nudged")}
     assert runs["same"] == runs["reference"] and runs["same"]["max_abs_difference"] == 0
     assert runs["nudged"]["digest"] != runs["reference"]["digest"] and runs["nudged"]["max_abs_difference"] > 0
