@@ -23,6 +23,7 @@ import random
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable
@@ -452,8 +453,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     baseline = next((r["ndcg_at_10"] for r in rows if r["arm"] == "none"), None)
     if baseline is not None:  # what every pre-training arm has to beat
         ax.axvline(baseline, ls="--", lw=0.8, color="#444444")
-    ax.set_xlabel("SciFact dev NDCG@10 (dashed: arm 1, no further pre-training)")
-    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("SciFact dev NDCG@10 (dashed: none, no further pre-training)")
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=10)  # a long title is cut at the figure's edge
     ax.set_xlim(0, max(values) * 1.15 if values else 1)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
