@@ -446,27 +446,13 @@ def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> Path:
     return target
 
 
-def shipped_head_export(ckpt: Path, target: Path, cfg: dict) -> Path:
-    """The pre-trained encoder under the base's own head (mean pooling, normalized, cosine): fine-tuned, it differs
-    from the ``none_meanpool`` arm only in the pre-training, the comparison the CLS export cannot make."""
-    import tempfile
+def shipped_head_export(ckpt: Path, target: Path) -> Path:
+    """The pre-trained encoder under the base's own head (mean pooling, normalized, cosine), as `retromae export
+    --pooling mean` writes it: fine-tuned, it differs from the ``none_meanpool`` arm only in the pre-training, the
+    comparison the CLS export cannot make."""
+    from retromae.trainers.export import export_sentence_transformer
 
-    from retromae.trainers.core.folders import atomic_folder
-    from retromae.trainers.export import load_as_sentence_transformer
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Normalize
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:  # the CLS export is only read for its Transformer
-        cls_model, _ = load_as_sentence_transformer(ckpt, work_dir=work, device="cpu")
-    transformer = cls_model[0]
-    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode="mean"),
-                                         Normalize()], similarity_fn_name="cosine", device="cpu")
-    model.max_seq_length = cfg["ft_max_seq_length"]
-    with atomic_folder(target, overwrite=True) as build:
-        model.save(str(build))
-    return target
+    return export_sentence_transformer(ckpt, target, overwrite=True, pooling="mean")
 
 
 def pretrain_arm(arm: str, out: Path, data: Path, cfg: dict, recipe: dict, steps: int, phases: Phases) -> Artifact:
@@ -520,7 +506,7 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: di
             starts = dict(zip(VARIANTS["dupmae"], (ckpt, cls_view), strict=True))
         elif arm == "retromae":  # the CLS export, and the same encoder under the base's shipped head
             mean_view = Artifact(phases, "export_meanpool", settings_hash([str(ckpt.path), cfg["ft_max_seq_length"]]),
-                                 lambda: shipped_head_export(ckpt.get(), folder / "export-meanpool", cfg), "modules.json")
+                                 lambda: shipped_head_export(ckpt.get(), folder / "export-meanpool"), "modules.json")
             starts = dict(zip(VARIANTS[arm], (ckpt, mean_view), strict=True))
     record["variants"] = {variant: {str(seed): finetune_and_evaluate(phases, start, data, folder, variant, cfg, seed)
                                     for seed in cfg["seed_list"]}

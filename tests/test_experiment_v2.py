@@ -325,11 +325,10 @@ def test_shipped_head_export_puts_the_pretrained_encoder_under_mean_pooling_and_
     from retromae.trainers.export import load_as_sentence_transformer
     from sentence_transformers import SentenceTransformer
 
-    target = v2.shipped_head_export(stage1_checkpoint, tmp_path / "export-meanpool", {"ft_max_seq_length": 32})
+    target = v2.shipped_head_export(stage1_checkpoint, tmp_path / "export-meanpool")
     mean_model = SentenceTransformer(str(target), device="cpu")
     cls_model, _ = load_as_sentence_transformer(stage1_checkpoint, work_dir=tmp_path / "cls", device="cpu")
     assert mean_model.similarity_fn_name == "cosine" and cls_model.similarity_fn_name == "dot"
-    assert mean_model.max_seq_length == 32
     texts = ["a short one", "a somewhat longer text about proteins and cells"]
     tokens = cls_model.tokenize(texts)
     with torch.no_grad():

@@ -261,6 +261,61 @@ def test_export_command(pretrained, tmp_path, capsys):
     assert "retromae: exported" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("flags", "pooling", "normalized"), [
+    (["--pooling", "mean"], "mean", True),  # all-MiniLM-L6-v2's head: mean pooling, Normalize, cosine
+    (["--similarity", "cosine"], "cls", True),  # bge's head: CLS, Normalize, cosine
+    (["--pooling", "mean", "--similarity", "dot"], "mean", False),
+])
+def test_export_keeps_the_head_of_the_base(pretrained, tokenizer, tmp_path, flags, pooling, normalized):
+    """After continued pre-training of a trained retriever the user keeps the base's head: the export's embedding is
+    the pooled (and normalized) last-layer state the flags name, the similarity follows, the card says so."""
+    model, checkpoint = pretrained
+    out = tmp_path / "out"
+    assert export_command([str(checkpoint), str(out), *flags]) == 0
+    st = SentenceTransformer(str(out), device="cpu")
+    got = st.encode(TEXTS, convert_to_tensor=True)
+    batch = tokenizer(TEXTS, padding=True, truncation=True, max_length=MAX_SEQ_LENGTH, return_tensors="pt")
+    with torch.no_grad():
+        states = model.bert(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    want = states[:, 0] if pooling == "cls" else (states * mask).sum(1) / mask.sum(1)
+    if normalized:
+        want = torch.nn.functional.normalize(want, dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    similarity = "cosine" if normalized else "dot"
+    assert st.similarity_fn_name == similarity and st[1].pooling_mode == pooling
+    assert [type(m).__name__ for m in st] == ["Transformer", "Pooling"] + ["Normalize"] * normalized
+    card = ModelCard.load(out / "README.md").text
+    assert ("relevance is the cosine similarity" in card) == normalized
+    assert ("| Sentence embedding | mean of the last-layer token states" in card) == (pooling == "mean")
+    assert ("Why mean pooling" in card) == (pooling == "mean")
+
+
+def test_head_flags_are_refused_for_dupmae(tokenizer, tmp_path, capsys):
+    from retromae.modeling.configuration_dupmae import DupMAEConfig
+    from retromae.modeling.modeling_dupmae import DupMAEForPretraining
+    from retromae.trainers.cli import main
+
+    checkpoint = _save_checkpoint(DupMAEForPretraining(DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16)), tokenizer,
+                                  tmp_path / "dupmae", RUN_INFO)
+    assert main(["export", str(checkpoint), str(tmp_path / "out"), "--pooling", "mean"]) == 2
+    assert not (tmp_path / "out").exists()
+    assert "--pooling and --similarity apply to the CLS methods; dupmae's export" in capsys.readouterr().err
+
+
+def test_a_pretraining_checkpoint_loads_with_the_pooling_asked_for(pretrained, tmp_path):
+    """`finetune/evaluate --model CHECKPOINT --pooling mean`: the checkpoint is exported with mean pooling + cosine
+    (before, the export was CLS and --pooling was refused as if the user had given a sentence-transformers folder)."""
+    from retromae.trainers.export import load_as_sentence_transformer
+
+    _, checkpoint = pretrained
+    model, info = load_as_sentence_transformer(checkpoint, pooling="mean", work_dir=tmp_path, device="cpu")
+    assert info["kind"] == "retromae-checkpoint" and model[1].pooling_mode == "mean"
+    assert model.similarity_fn_name == "cosine"
+    default, _ = load_as_sentence_transformer(checkpoint, work_dir=tmp_path / "cls", device="cpu")
+    assert default[1].pooling_mode == "cls" and default.similarity_fn_name == "dot"
+
+
 def test_sharded_checkpoint(pretrained, exported, tokenizer, tmp_path):
     model, _ = pretrained
     checkpoint = tmp_path / "sharded"

@@ -387,7 +387,8 @@ class EvaluateArguments:
         default="exact", metadata={"help": "exact (brute force) or faiss (mteb's FaissSearchIndex, large corpora)"}
     )
     pooling: Literal["cls", "mean"] | None = field(
-        default=None, metadata={"help": "pooling for a folder without modules.json (default cls + dot)"}
+        default=None, metadata={"help": "pooling for a folder without modules.json, a pre-training checkpoint "
+                                "included: cls + dot (default) or mean + cosine"}
     )
     on_missing: Literal["skip", "error"] = field(
         default="error", metadata={"help": "qrels naming unknown queries/documents: refuse, or drop them with a count"}

@@ -21,7 +21,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from huggingface_hub import ModelCard
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
@@ -33,7 +33,7 @@ from .core.arguments import start_command
 from .core.checkpoints import load_sentence_transformer, load_tokenizer, needs_remote_code, read_state_dict
 from .core.folders import atomic_folder, check_destination, check_model_folder, public_name
 from .core.io import read_json_or_empty
-from .export_cls import ExportError, ExportRequest
+from .export_cls import ExportError, ExportRequest, write_cls_encoder
 from .export_dupmae import REPRESENTATION_FIELDS, load_dupmae_sentence_transformer, write_dupmae_export
 from .methods import METHODS, Method, get_method, method_of_config
 
@@ -52,6 +52,8 @@ def export_sentence_transformer(
     *,
     overwrite: bool = False,
     model_name: str | None = None,
+    pooling: Literal["cls", "mean"] = "cls",
+    similarity: Literal["dot", "cosine"] | None = None,
 ) -> Path:
     """Export a pre-training checkpoint folder as a sentence-transformers model.
 
@@ -61,6 +63,10 @@ def export_sentence_transformer(
         output_dir: the folder to create. Built in a temporary sibling and renamed into place when complete.
         overwrite: replace a non-empty `output_dir` (only after the new folder is complete).
         model_name: name for the model card; default `<method>-<base model name>` (or `<method>-<output folder>`).
+        pooling: "cls" (the methods' representation) or "mean", e.g. to keep the head of a base model such as
+            all-MiniLM-L6-v2 whose pre-training was continued. Not for DupMAE, whose export has its own module.
+        similarity: "dot" or "cosine" (adds a Normalize module); default cosine for mean pooling, else dot (cosine
+            for a SentMAE model trained with the cosine loss).
 
     Returns:
         `output_dir` as a `Path`.
@@ -82,6 +88,8 @@ def export_sentence_transformer(
         run_info=run_info,
         model_name=model_name or default_model_name(method, run_info, output_dir),
         folder_name=output_dir.name,
+        pooling=pooling,
+        similarity=similarity,
     )
     return export_request(request, output_dir, overwrite=overwrite)
 
@@ -129,6 +137,11 @@ def export_from_model(
 def export_request(request: ExportRequest, output_dir: Path, *, overwrite: bool) -> Path:
     """Run the method's exporter in a temporary sibling folder, then move the finished folder into place
     (`atomic_folder`, which also removes the temporary folders of an earlier, killed export to the same place)."""
+    if request.method.exporter is not write_cls_encoder and (request.pooling, request.similarity) != ("cls", None):
+        raise ExportError(
+            f"--pooling and --similarity apply to the CLS methods; {request.method.name}'s export builds its own "
+            "representation (for DupMAE: build_dupmae_sentence_transformer(..., representation=...))"
+        )
     with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
         request.method.exporter(request, build_dir)
     logger.info("Exported %s encoder to %s", request.method.name, output_dir)
@@ -222,7 +235,8 @@ def load_as_sentence_transformer(
         model_ref: a sentence-transformers folder, a `retromae pretrain` checkpoint (exported into `work_dir`), a
             plain HF encoder folder (CLS pooling by default, with a warning), or a Hub id; see
             `core.checkpoints.load_sentence_transformer`.
-        pooling: only for folders without modules.json: "cls" (default) or "mean".
+        pooling: only for folders without modules.json (a pre-training checkpoint or a plain encoder): "cls"
+            (default, dot product) or "mean" (cosine).
         max_seq_length: override the model's maximum length.
         work_dir: where a pre-training checkpoint is exported to (required for those).
         device: torch device (default: sentence-transformers' choice).
@@ -242,9 +256,9 @@ def load_as_sentence_transformer(
                 raise ExportError(f"{path.name} is a pre-training checkpoint; pass a work folder to export it into")
             exported = Path(work_dir) / "pretrained-encoder"
             logger.info("exporting the %s pre-training checkpoint %s to %s", method, path.name, exported)
-            export_sentence_transformer(path, exported, overwrite=True)
+            export_sentence_transformer(path, exported, overwrite=True, pooling=pooling or "cls")
             info["kind"] = "retromae-checkpoint"
-            path = exported
+            path, pooling = exported, None  # the export holds the pooling now
         if (path / "modules.json").is_file():
             if info["kind"] == "hub":
                 info["kind"] = "sentence-transformers"
@@ -334,17 +348,24 @@ class ExportArguments:
     output_dir: str = field(metadata={"help": "where the sentence-transformers model goes"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
     model_name: str | None = field(default=None, metadata={"help": "model name for the model card, e.g. my-org/retromae-bert"})
+    pooling: Literal["cls", "mean"] = field(default="cls", metadata={
+        "help": "cls: the methods' [CLS] representation; mean: mean pooling, e.g. to keep the head of a base such as "
+        "all-MiniLM-L6-v2 whose pre-training you continued (CLS methods only)"})
+    similarity: Literal["dot", "cosine"] | None = field(default=None, metadata={
+        "help": "dot or cosine (adds Normalize; bge-style bases use cls + cosine); default cosine for mean pooling, "
+        "else dot"})
 
 
 def export_command(argv: list[str]) -> int:
-    """`retromae export CHECKPOINT OUTPUT_DIR [--overwrite] [--model-name NAME]`."""
+    """`retromae export CHECKPOINT OUTPUT_DIR [--overwrite] [--model-name NAME] [--pooling P] [--similarity S]`."""
     (args,) = start_command(
         argv, ExportArguments, prog="retromae export",
         description="Export the encoder of a pre-training checkpoint as a sentence-transformers model "
-        "(CLS pooling, dot product) with a model card. Usage: retromae export CHECKPOINT OUTPUT_DIR", positional=["checkpoint", "output_dir"],
+        "(CLS pooling, dot product by default) with a model card. Usage: retromae export CHECKPOINT OUTPUT_DIR",
+        positional=["checkpoint", "output_dir"],
     )
     out = export_sentence_transformer(args.checkpoint, args.output_dir, overwrite=args.overwrite,
-                                      model_name=args.model_name)
+                                      model_name=args.model_name, pooling=args.pooling, similarity=args.similarity)
     print(f"retromae: exported {args.checkpoint} -> {out} (load with SentenceTransformer({str(out)!r}))", flush=True)
     return 0
 

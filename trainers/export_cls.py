@@ -9,10 +9,11 @@ sentence-transformers 6.2's `SentenceTransformer.save`::
 
     config.json, model.safetensors      plain BertModel: model_type "bert", no pooler, no auto_map
     tokenizer files                     the checkpoint's tokenizer
-    modules.json                        sentence_transformers.models.Transformer -> .Pooling (no Normalize)
+    modules.json                        sentence_transformers.models.Transformer -> .Pooling (-> .Normalize for
+                                        cosine)
     sentence_bert_config.json           {"max_seq_length": N, "do_lower_case": false,
                                          "model_args": {"add_pooling_layer": false}}
-    1_Pooling/config.json               word_embedding_dimension + pooling_mode_cls_token: true
+    1_Pooling/config.json               word_embedding_dimension + pooling_mode_cls_token: true (or mean_tokens)
     config_sentence_transformers.json   {"similarity_fn_name": "dot", "prompts": {"query": "", "document": ""}, ...}
     README.md                           model card (model_cards/pretrained_encoder.md)
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -58,6 +59,10 @@ class ExportRequest:
         run_info: contents of `retromae_run.json`, or None when not recorded.
         model_name: name used in the model card (and in its `hf upload <your-org>/<model_name>` command).
         folder_name: basename of the output folder (the card never shows a full local path).
+        pooling: "cls" (the methods' own representation) or "mean" (e.g. to keep the head of a base such as
+            all-MiniLM-L6-v2 that continued pre-training started from); CLS methods only.
+        similarity: "dot" or "cosine" (adds a Normalize module); None = cosine for mean pooling or a cosine-trained
+            SentMAE model, else dot. CLS methods only.
     """
 
     method: MethodDescription
@@ -67,6 +72,14 @@ class ExportRequest:
     run_info: dict[str, Any] | None
     model_name: str
     folder_name: str
+    pooling: Literal["cls", "mean"] = "cls"
+    similarity: Literal["dot", "cosine"] | None = None
+
+    def head(self) -> tuple[str, str]:
+        """(pooling, similarity): cosine by default for mean pooling and for a model pre-trained with a cosine
+        contrastive loss (SentMAE's default), else the dot product (RetroMAE's protocol)."""
+        cosine = self.pooling == "mean" or self.config.get("similarity") == "cos"
+        return self.pooling, self.similarity or ("cosine" if cosine else "dot")
 
     def max_seq_length(self) -> int:
         """The recorded training length (default 512), capped by the position embeddings."""
@@ -78,7 +91,8 @@ Exporter = Callable[[ExportRequest, Path], None]
 
 
 def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
-    """Exporter of the CLS methods: plain BERT + Pooling(cls), no Normalize (legacy sentence-transformers layout).
+    """Exporter of the CLS methods: plain BERT + Pooling (CLS unless the request says mean), + Normalize for cosine
+    (legacy sentence-transformers layout).
 
     Weights are written in float32 (a bf16/fp16 checkpoint is upcast, which is exact)."""
     encoder = bert_encoder_from_state_dict(request.config, request.state_dict)
@@ -87,27 +101,26 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
 
     dim = encoder.config.hidden_size
     max_seq_length = request.max_seq_length()
-    write_json_atomic(
-        build_dir / "modules.json",
-        [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        ],
-    )
+    pooling, similarity = request.head()
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if similarity == "cosine":  # unit vectors: cosine is then also the dot product a faiss inner-product index uses
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    write_json_atomic(build_dir / "modules.json", modules)
     write_json_atomic(
         build_dir / "sentence_bert_config.json",
         # add_pooling_layer=False: the export has no pooler weights (CLS pooling never uses them)
         {"max_seq_length": max_seq_length, "do_lower_case": False, "model_args": {"add_pooling_layer": False}},
     )
     (build_dir / "1_Pooling").mkdir()
-    # a model pre-trained with a cosine contrastive loss (SentMAE's default) is scored with cosine; else dot (RetroMAE)
-    similarity = "cosine" if request.config.get("similarity") == "cos" else "dot"
     write_json_atomic(
         build_dir / "1_Pooling" / "config.json",
         {
             "word_embedding_dimension": dim,
-            "pooling_mode_cls_token": True,
-            "pooling_mode_mean_tokens": False,
+            "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean",
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False,
         },
@@ -124,7 +137,7 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
     card = render_pretrained_card(
         request.method, request.config, request.run_info, model_name=request.model_name,
         folder_name=request.folder_name, embedding_dim=dim, num_layers=encoder.config.num_hidden_layers,
-        max_seq_length=max_seq_length, similarity=similarity,
+        max_seq_length=max_seq_length, similarity=similarity, pooling=pooling,
     )
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 

@@ -25,7 +25,9 @@ Scores and pooling. A retromae export (CLS pooling, dot product) trains with the
 cosine and ``scale=20`` (sentence-transformers' default). A model folder WITHOUT modules.json (a plain BERT
 checkpoint) is loaded with CLS pooling + dot product and a warning: sentence-transformers itself would build MEAN
 pooling for such a folder, which averages token states that RetroMAE-style pre-training never trained as a sentence
-embedding, and BEIR numbers computed that way are wrong (lower). ``--pooling mean`` overrides. The DupMAE hybrid model (`st_dupmae.DupMAEPooling`, remote code) trains through the same losses: its
+embedding, and BEIR numbers computed that way are wrong (lower). ``--pooling mean`` overrides (mean pooling +
+cosine, for a plain folder and a pre-training checkpoint alike; `retromae export --pooling/--similarity` makes any
+other head). The DupMAE hybrid model (`st_dupmae.DupMAEPooling`, remote code) trains through the same losses: its
 sentence embedding is [W^cls h ; top-k(mu)] and the dot product of two is the paper's eq. 12, so W^cls, the encoder
 and the OT head all learn.
 
@@ -149,8 +151,9 @@ class FinetuneModelArguments:
     )
     pooling: Literal["cls", "mean"] | None = field(
         default=None,
-        metadata={"help": "pooling for a folder WITHOUT modules.json (default cls + dot product, the papers' BEIR "
-                  "protocol); sentence-transformers folders keep their own"},
+        metadata={"help": "pooling for a folder WITHOUT modules.json, a pre-training checkpoint included: cls + dot "
+                  "product (default, the papers' BEIR protocol) or mean + cosine (the head of bases such as "
+                  "all-MiniLM-L6-v2); sentence-transformers folders keep their own"},
     )
     max_seq_length: int | None = field(default=None, metadata={"help": "maximum tokens per text (default: the model's)"})
     model_name: str | None = field(

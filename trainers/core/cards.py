@@ -31,7 +31,8 @@ PRETRAINED_TEMPLATE = "pretrained_encoder.md"
 PAPERS_FILE = "papers.bib"
 FINETUNED_TEMPLATE = "finetuned_encoder.md"
 FINETUNE_RUN_INFO_FILE = "retromae_finetune.json"
-CLS_REPRESENTATION = "last-layer `[CLS]` state, {dim} dimensions, not normalised"
+# the sentence embedding of a plain-BERT export, by pooling
+POOLED_REPRESENTATION = {"cls": "last-layer `[CLS]` state", "mean": "mean of the last-layer token states (padding left out)"}
 # the metrics of the evaluation summary and the card: (mteb score key, display name)
 CARD_METRICS = (("ndcg_at_10", "NDCG@10"), ("mrr_at_10", "MRR@10"), ("recall_at_100", "Recall@100"),
                 ("recall_at_1000", "Recall@1000"))
@@ -116,6 +117,7 @@ def render_pretrained_card(
     max_seq_length: int,
     representation: str | None = None,
     similarity: str = "dot",
+    pooling: str = "cls",
 ) -> str:
     """README.md of an exported pre-trained encoder from `model_cards/pretrained_encoder.md`.
 
@@ -125,8 +127,11 @@ def render_pretrained_card(
         run_info: the pre-training run record (`retromae_run.json`), or None when not recorded.
         model_name: the name in the card (and its `hf upload <your-org>/<model_name>` command).
         folder_name: the output folder's basename.
-        representation: how the sentence embedding is formed; None = the CLS export (plain BERT weights, no remote
-            code). Any other value marks a model that needs `trust_remote_code=True`.
+        representation: how the sentence embedding is formed; None = the plain-BERT export (no remote code), whose
+            embedding `pooling` and `similarity` describe. Any other value marks a model that needs
+            `trust_remote_code=True`.
+        similarity: "dot" or "cosine" (the export normalises the embeddings).
+        pooling: "cls" or "mean", for the plain-BERT export.
     """
     run_info = run_info or {}
     base_model = run_info.get("base_model")
@@ -159,7 +164,9 @@ def render_pretrained_card(
         hidden_size=config["hidden_size"],
         cls_model=representation is None,
         similarity=similarity,
-        representation=representation or CLS_REPRESENTATION.format(dim=embedding_dim),
+        pooling=pooling,
+        representation=representation or (f"{POOLED_REPRESENTATION[pooling]}, {embedding_dim} dimensions, "
+                                          + ("normalised" if similarity == "cosine" else "not normalised")),
         max_seq_length=max_seq_length,
         global_step=run_info.get("global_step", "not recorded"),
         retromae_version=run_info.get("retromae_version", "not recorded"),
@@ -279,7 +286,7 @@ def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],
 
 __all__ = [
     "CARD_METRICS",
-    "CLS_REPRESENTATION",
+    "POOLED_REPRESENTATION",
     "FINETUNE_RUN_INFO_FILE",
     "MethodDescription",
     "Paper",
