@@ -12,7 +12,7 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
 from retromae.trainers.methods import METHODS
-from retromae.trainers.recipe import RecipeArguments, parameter_groups
+from retromae.trainers.recipe import SUGGESTED_RECIPE, RecipeArguments, parameter_groups
 from safetensors.torch import load_file
 
 from .builders import TINY_METHOD_OPTIONS, pretrain_args, save_headless_bert, tiny_bert_kwargs
@@ -122,7 +122,7 @@ def test_a_headless_base_gets_one_suggestion_line(headless_bert, tiny_bert, corp
         with caplog.at_level(logging.WARNING, logger=RECIPE_LOGGER):
             assert main(recipe_run(model, corpus, tmp_path / f"run{len(list(tmp_path.iterdir()))}",
                                    "--max-steps", "1", *extra)) == 0
-        return sum("--head-warmup-steps 200 --encoder-lr-scale 0.1" in r.getMessage() for r in caplog.records)
+        return sum(f"e.g. {SUGGESTED_RECIPE}, and compare" in r.getMessage() for r in caplog.records)
 
     assert suggestions(headless_bert) == 1
     assert suggestions(headless_bert, "--head-warmup-steps", "1") == 0, "the user chose a recipe"

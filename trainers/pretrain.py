@@ -61,7 +61,7 @@ PRETRAIN_EXAMPLES = """examples:
   retromae pretrain --config configs/retromae-wiki-book.yaml --corpus wiki.txt   # a paper's preset
   retromae pretrain --method dupmae --method-options '{"bow_loss_weight": 0.1}' --corpus corpus.jsonl
   retromae pretrain --output-dir out/retromae --resume-from-checkpoint last       # continue after a stop
-  retromae pretrain --corpus corpus.jsonl --head-warmup-steps 200 --encoder-lr-scale 0.1   # improve a retriever
+  retromae pretrain --corpus corpus.jsonl --encoder-lr-scale 0.1                  # continue a trained retriever
 """
 
 
