@@ -72,7 +72,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, stdev
 
 import common  # before torch: environment defaults
 from common import REFERENCE_LABELS, REFERENCES, RESULTS_DIR, ROOT, SCIFACT, log, read_json, weights_digest, write_json
@@ -111,6 +111,10 @@ LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 # the fine-tuned variants of a pre-training arm, where they are not the arm itself
 VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls"), "retromae": ("retromae", "retromae_meanpool")}
+# (variant, what it is compared with seed by seed): each pre-trained variant with no pre-training under its head, and
+# the recipe with the no-recipe control
+PAIRS = [*((v, "none") for v in ("retromae", "mlm", "bow", "dupmae_cls", "dupmae_hybrid", "seed", "twostage")),
+         ("retromae_meanpool", "none_meanpool"), ("retromae_control", "none"), ("retromae", "retromae_control")]
 
 
 def settings_hash(obj) -> str:
@@ -676,6 +680,33 @@ def recipe_text(recipe: dict) -> str:
             f"{recipe['layer_lr_decay']:g}, anchor weight {recipe['contrastive_anchor_weight']:g}")
 
 
+def paired(rows: list[dict]) -> list[dict]:
+    """Dev NDCG@10 differences seed by seed (a shared seed shares the fine-tuning noise), for every pair of `PAIRS`
+    whose two sides have a seed in common: mean and sample std over those seeds."""
+    by_arm = {r["arm"]: r for r in rows}
+    out = []
+    for arm, reference in PAIRS:
+        if arm not in by_arm or reference not in by_arm:
+            continue
+        ours, theirs = by_arm[arm]["seeds"], by_arm[reference]["seeds"]
+        diffs = {s: ours[s]["ndcg_at_10"] - theirs[s]["ndcg_at_10"] for s in ours if s in theirs}
+        if diffs:
+            values = list(diffs.values())
+            out.append({"arm": arm, "reference": reference, "ndcg_at_10_diff": diffs, "mean": fmean(values),
+                        "std": stdev(values) if len(values) > 1 else None})
+    return out
+
+
+def paired_lines(pairs: list[dict], seeds: list[int]) -> list[str]:
+    header = ["pair (dev NDCG@10)", *(f"seed {s}" for s in seeds), "mean ± std"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for p in pairs:
+        cells = [f"{p['ndcg_at_10_diff'][str(s)]:+.4f}" if str(s) in p["ndcg_at_10_diff"] else "-" for s in seeds]
+        summary = f"{p['mean']:+.4f}" + ("" if p["std"] is None else f" ± {p['std']:.4f}")
+        lines.append(f"| {LABELS[p['arm']]} − {LABELS[p['reference']]} | " + " | ".join([*cells, summary]) + " |")
+    return lines
+
+
 def markdown(rows: list[dict], selection: dict | None, cfg: dict, meta: dict, estimate: dict | None) -> str:
     header = ("arm", "dev NDCG@10", "MRR@10", "Recall@100", "NDCG@10 per seed", "coverage@10/20/50/100, LM head",
               "coverage, Eᵀ", "tokens seen", "wall (s)")
@@ -686,6 +717,8 @@ def markdown(rows: list[dict], selection: dict | None, cfg: dict, meta: dict, es
                  coverage_cell(r.get("coverage_lm_head")), coverage_cell(r.get("coverage")), tokens_cell(r),
                  f"{r['wall_s']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
+    if pairs := paired(rows):
+        lines += ["", "Paired by seed:", "", *paired_lines(pairs, cfg["seed_list"])]
     lines += ["", f"Command: `{meta['command']}`. Hardware: {meta['hardware']}. Preset {meta['preset']}: pre-training "
               f"{meta['steps']} steps x batch {cfg['batch_size']} at L {cfg['max_seq_length']} ({meta['passes']} passes "
               f"over {meta['sequences']} sequences), lr {cfg['pretrain_lr']}; fine-tuning `retromae finetune --stages "
@@ -838,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
         else len(corpus_lengths(SCIFACT / "corpus.jsonl", PRESETS["cpu"]["max_seq_length"]))
     estimate = extrapolate(records, cfg, len(lengths), default_sequences, train_pairs)
     payload = {"meta": meta, "settings": cfg, "arms": arms, "selection": selection, "rows": rows,
-               "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
+               "paired": paired(rows), "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
     table = markdown(rows, selection, cfg, meta, estimate)
     write_json(results_dir / "scifact_experiment_v2.json", payload)
     (results_dir / "scifact_experiment_v2.md").write_text(table, encoding="utf-8")

@@ -367,3 +367,22 @@ def test_the_determinism_benchmark_tells_equal_bits_from_a_small_difference(tmp_
     table = script.render({"runs": runs, "steps": 1, "environment": {"hardware": "here"}})
     assert [line.split(" | ")[3] for line in table.splitlines()[2:5]] == ["yes", "yes", "no"]
 
+
+
+def test_paired_differences_use_only_the_seeds_both_sides_have(v2):
+    """The paired table subtracts seed by seed; a seed that one side lacks is left out, not averaged in."""
+    def row(arm, **ndcg):
+        return {"arm": arm, "seeds": {s[1:]: {"ndcg_at_10": v} for s, v in ndcg.items()}}
+
+    rows = [row("none", s42=0.60, s43=0.62, s44=0.61), row("bow", s42=0.61, s43=0.60),
+            row("retromae", s42=0.64, s43=0.64, s44=0.64), row("retromae_control", s44=0.50), row("bm25")]
+    got = {(p["arm"], p["reference"]): p for p in v2.paired(rows)}
+    assert set(got) == {("bow", "none"), ("retromae", "none"), ("retromae_control", "none"),
+                        ("retromae", "retromae_control")}
+    bow = got[("bow", "none")]
+    assert bow["ndcg_at_10_diff"] == pytest.approx({"42": 0.01, "43": -0.02})
+    assert bow["mean"] == pytest.approx(-0.005) and bow["std"] == pytest.approx(0.0212132, abs=1e-6)
+    assert got[("retromae", "retromae_control")]["ndcg_at_10_diff"] == pytest.approx({"44": 0.14})
+    assert got[("retromae", "retromae_control")]["std"] is None
+    table = "\n".join(v2.paired_lines(v2.paired(rows), [42, 43, 44]))
+    assert "| BoW + recipe − none (base, CLS) | +0.0100 | -0.0200 | - | -0.0050 ± 0.0212 |" in table
