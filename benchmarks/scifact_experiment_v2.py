@@ -707,7 +707,8 @@ def paired_lines(pairs: list[dict], seeds: list[int]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], selection: dict | None, cfg: dict, meta: dict, estimate: dict | None) -> str:
+def markdown(rows: list[dict], pairs: list[dict], selection: dict | None, cfg: dict, meta: dict,
+             estimate: dict | None) -> str:
     header = ("arm", "dev NDCG@10", "MRR@10", "Recall@100", "NDCG@10 per seed", "coverage@10/20/50/100, LM head",
               "coverage, Eᵀ", "tokens seen", "wall (s)")
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
@@ -717,7 +718,7 @@ def markdown(rows: list[dict], selection: dict | None, cfg: dict, meta: dict, es
                  coverage_cell(r.get("coverage_lm_head")), coverage_cell(r.get("coverage")), tokens_cell(r),
                  f"{r['wall_s']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
-    if pairs := paired(rows):
+    if pairs:
         lines += ["", "Paired by seed:", "", *paired_lines(pairs, cfg["seed_list"])]
     lines += ["", f"Command: `{meta['command']}`. Hardware: {meta['hardware']}. Preset {meta['preset']}: pre-training "
               f"{meta['steps']} steps x batch {cfg['batch_size']} at L {cfg['max_seq_length']} ({meta['passes']} passes "
@@ -870,9 +871,10 @@ def main(argv: list[str] | None = None) -> int:
     default_sequences = len(lengths) if data == SCIFACT and cfg["max_seq_length"] == PRESETS["cpu"]["max_seq_length"] \
         else len(corpus_lengths(SCIFACT / "corpus.jsonl", PRESETS["cpu"]["max_seq_length"]))
     estimate = extrapolate(records, cfg, len(lengths), default_sequences, train_pairs)
-    payload = {"meta": meta, "settings": cfg, "arms": arms, "selection": selection, "rows": rows,
-               "paired": paired(rows), "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
-    table = markdown(rows, selection, cfg, meta, estimate)
+    pairs = paired(rows)
+    payload = {"meta": meta, "settings": cfg, "arms": arms, "selection": selection, "rows": rows, "paired": pairs,
+               "records": records, "references": refs, "failed_arms": failed, "time_estimate_default_cpu": estimate}
+    table = markdown(rows, pairs, selection, cfg, meta, estimate)
     write_json(results_dir / "scifact_experiment_v2.json", payload)
     (results_dir / "scifact_experiment_v2.md").write_text(table, encoding="utf-8")
     if rows:

@@ -242,7 +242,8 @@ def test_report_only_shows_the_seeds_an_unfinished_arm_has_scored(v2, tmp_path):
     selection = v2.partial_selection(ledger, cfg, 100)
     assert selection["chosen"] is None and [p["recipe"] for p in selection["points"]] == [first_recipe]
     assert no_recipe not in [p["recipe"] for p in selection["points"]]
-    assert "1 of 4 grid points scored" in v2.markdown(v2.build_rows(records, {}, 3), selection, cfg, {
+    rows = v2.build_rows(records, {}, 3)
+    assert "1 of 4 grid points scored" in v2.markdown(rows, v2.paired(rows), selection, cfg, {
         "command": "c", "hardware": "h", "preset": "cpu", "steps": 100, "passes": 0.5, "sequences": 9, "wall_s": 1.0},
         None)
 

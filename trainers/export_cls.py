@@ -35,7 +35,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .core.cards import MethodDescription, render_pretrained_card
-from .core.checkpoints import bert_encoder_from_state_dict
+from .core.checkpoints import POOLING_SIMILARITY, bert_encoder_from_state_dict
 from .core.errors import UserError
 from .core.io import write_json_atomic
 from .core.versions import library_versions
@@ -75,11 +75,12 @@ class ExportRequest:
     pooling: Literal["cls", "mean"] = "cls"
     similarity: Literal["dot", "cosine"] | None = None
 
-    def head(self) -> tuple[str, str]:
-        """(pooling, similarity): cosine by default for mean pooling and for a model pre-trained with a cosine
-        contrastive loss (SentMAE's default), else the dot product (RetroMAE's protocol)."""
-        cosine = self.pooling == "mean" or self.config.get("similarity") == "cos"
-        return self.pooling, self.similarity or ("cosine" if cosine else "dot")
+    def similarity_name(self) -> str:
+        """The requested similarity, else cosine for a model pre-trained with a cosine contrastive loss (SentMAE's
+        default), else the one the pooling implies (`POOLING_SIMILARITY`)."""
+        if self.similarity:
+            return self.similarity
+        return "cosine" if self.config.get("similarity") == "cos" else POOLING_SIMILARITY[self.pooling]
 
     def max_seq_length(self) -> int:
         """The recorded training length (default 512), capped by the position embeddings."""
@@ -101,7 +102,7 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
 
     dim = encoder.config.hidden_size
     max_seq_length = request.max_seq_length()
-    pooling, similarity = request.head()
+    pooling, similarity = request.pooling, request.similarity_name()
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},

@@ -32,7 +32,8 @@ PAPERS_FILE = "papers.bib"
 FINETUNED_TEMPLATE = "finetuned_encoder.md"
 FINETUNE_RUN_INFO_FILE = "retromae_finetune.json"
 # the sentence embedding of a plain-BERT export, by pooling
-POOLED_REPRESENTATION = {"cls": "last-layer `[CLS]` state", "mean": "mean of the last-layer token states (padding left out)"}
+POOLED_REPRESENTATION = {"cls": "last-layer `[CLS]` state",
+                         "mean": "mean of the last-layer token states (padding left out)"}
 # the metrics of the evaluation summary and the card: (mteb score key, display name)
 CARD_METRICS = (("ndcg_at_10", "NDCG@10"), ("mrr_at_10", "MRR@10"), ("recall_at_100", "Recall@100"),
                 ("recall_at_1000", "Recall@1000"))

@@ -47,6 +47,10 @@ from .errors import UserError
 from .folders import check_model_folder, is_local_path
 from .io import read_json_or_empty, write_json_atomic
 
+# the similarity a pooling implies when nothing says otherwise: CLS with the dot product (the papers' BEIR protocol),
+# mean pooling with cosine (sentence-transformers' bases such as all-MiniLM-L6-v2)
+POOLING_SIMILARITY = {"cls": "dot", "mean": "cosine"}
+
 logger = logging.getLogger(__name__)
 
 MLM_HEAD_PREFIX = "cls.predictions."
@@ -273,7 +277,7 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path.name} holds neither modules.json nor config.json; not a model folder")
     pooling = pooling or "cls"
-    similarity = "dot" if pooling == "cls" else "cosine"
+    similarity = POOLING_SIMILARITY[pooling]
     logger.warning(NO_MODULES_WARNING.format(model=path.name, pooling=pooling.upper(), similarity=similarity))
     model_type = read_json_or_empty(path / "config.json").get("model_type")
     transformer = Transformer(str(path), model_kwargs={"add_pooling_layer": False} if model_type == "bert" else {})
