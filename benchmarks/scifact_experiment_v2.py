@@ -102,7 +102,7 @@ PRESETS = {
 }
 STAGES = "in-batch,hard-negatives"
 PRETRAIN_DONE = ".pretrain_done"
-LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
+LABELS = {"none": "none (base, CLS)", "none_h200": "none (base, CLS), fine-tuned on the H200", "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
           "retromae": "RetroMAE + recipe", "retromae_meanpool": "RetroMAE + recipe, shipped head (mean, cosine)",
           "retromae_control": "RetroMAE, no recipe (control)",
           "dupmae_cls": "DupMAE CLS + recipe", "dupmae_hybrid": "DupMAE hybrid + recipe", "bow": "BoW + recipe",
@@ -110,10 +110,15 @@ LABELS = {"none": "none (base, CLS)", "none_meanpool": "none, shipped head (mean
           **REFERENCE_LABELS}
 METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 # the fine-tuned variants of a pre-training arm, where they are not the arm itself
-VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls"), "retromae": ("retromae", "retromae_meanpool")}
-# (variant, what it is compared with seed by seed): each pre-trained variant with no pre-training under its head, and
-# the recipe with the no-recipe control
-PAIRS = [*((v, "none") for v in ("retromae", "mlm", "bow", "dupmae_cls", "dupmae_hybrid", "seed", "twostage")),
+VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls"), "retromae": ("retromae", "retromae_meanpool"),
+            # the base fine-tuned on the GPU that fine-tuned DupMAE (benchmarks/device/): the same-hardware baseline
+            "none": ("none", "none_h200")}
+# (variant, what it is compared with seed by seed): each pre-trained variant with no pre-training under its head and on
+# the same hardware (DupMAE was fine-tuned on a lent H200), DupMAE's hybrid score with its CLS vector, the H200 with
+# the CPUs for the base alone (what the hardware moves), and the recipe with the no-recipe control
+PAIRS = [*((v, "none") for v in ("retromae", "mlm", "bow", "seed", "twostage")),
+         *((v, "none_h200") for v in ("dupmae_cls", "dupmae_hybrid")), ("dupmae_hybrid", "dupmae_cls"),
+         ("none_h200", "none"),
          ("retromae_meanpool", "none_meanpool"), ("retromae_control", "none"), ("retromae", "retromae_control")]
 
 
@@ -161,7 +166,8 @@ class Phases:
             inner, self._nested = self._nested, outer + elapsed
         history = {"remade": previous["remade"]} if previous.get("key") == key and "remade" in previous else {}
         self.done[name] = {"key": key, "seconds": round(elapsed - inner, 1), "result": result,
-                           "finished": common.utc_now(), **(notes() if notes else {}), **history}
+                           "finished": common.utc_now(), "hardware": common.hardware_summary(),
+                           **(notes() if notes else {}), **history}
         write_json(self.file, self.done)
         log(f"{self.label}: {name} done in {self.done[name]['seconds']:.0f} s")
         return result
@@ -179,6 +185,18 @@ class Phases:
 
     def seconds(self) -> dict[str, float]:
         return {name: phase["seconds"] for name, phase in self.done.items()}
+
+
+def ledger_path(folder: Path | str) -> str:
+    """A folder as the ledger keeps it: relative to the repository when it lies inside, so the ledger read in another
+    checkout (another machine's, a lent GPU's) finds the same folders under the same settings keys."""
+    folder = Path(folder)
+    return str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder)
+
+
+def folder_of(stored: str) -> Path:
+    """The folder a ledger entry names (an absolute entry stays as it is)."""
+    return ROOT / stored
 
 
 class Artifact:
@@ -200,15 +218,15 @@ class Artifact:
     @property
     def path(self) -> Path:
         if self._made is None and self.phases.cached(self.name, self.key):
-            return Path(self.phases.done[self.name]["result"])
+            return folder_of(self.phases.done[self.name]["result"])
         return self.get()
 
     def get(self) -> Path:
         if self._made is None:
             cached = self.phases.cached(self.name, self.key)
-            gone = cached and not (Path(self.phases.done[self.name]["result"]) / self.done_file).exists()
-            folder = Path(self.phases.run(self.name, self.key, lambda: str(self.make()),
-                                          needs=lambda result: Path(result) / self.done_file))
+            gone = cached and not (folder_of(self.phases.done[self.name]["result"]) / self.done_file).exists()
+            folder = folder_of(self.phases.run(self.name, self.key, lambda: ledger_path(self.make()),
+                                               needs=lambda result: folder_of(result) / self.done_file))
             digest = weights_digest(folder)
             first = self.phases.run(f"{self.name}_weights", self.key, lambda: digest)
             if gone:
@@ -371,13 +389,18 @@ def finetune_and_evaluate(phases: Phases, start: Artifact, data: Path, folder: P
     logf = folder / "log.txt"
     ft_name, eval_name = f"finetune_{tag}_s{seed}", f"evaluate_{tag}_s{seed}"
     if phases.cached(ft_name, ft_key) and phases.cached(eval_name, ft_key):  # scored: its models are not needed
-        return {**phases.done[eval_name]["result"], "finetune_stages": phases.done[ft_name]["result"]}
-    stages = phases.run(ft_name, ft_key, lambda: finetune(start.get(), data, ft_dir, cfg, seed, logf),
-                        needs=lambda _: ft_dir / ".finetune_done",
-                        notes=lambda: {"start_weights": weights_digest(start.get())})
-    scores = phases.run(eval_name, ft_key,
-                        lambda: common.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
-    return {**scores, "finetune_stages": stages}
+        return seed_result(phases.done, ft_name, eval_name)
+    phases.run(ft_name, ft_key, lambda: finetune(start.get(), data, ft_dir, cfg, seed, logf),
+               needs=lambda _: ft_dir / ".finetune_done", notes=lambda: {"start_weights": weights_digest(start.get())})
+    phases.run(eval_name, ft_key, lambda: common.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
+    return seed_result(phases.done, ft_name, eval_name)
+
+
+def seed_result(done: dict, ft_name: str, eval_name: str) -> dict:
+    """A scored seed as the records keep it: its scores, its fine-tuning stages and the machine it was fine-tuned on
+    (None in ledger entries from before the ledger recorded one)."""
+    return {**done[eval_name]["result"], "finetune_stages": done[ft_name]["result"],
+            "hardware": done[ft_name].get("hardware")}
 
 
 # ---- the recipe, chosen on held-out train queries --------------------------------------------------------------------
@@ -486,7 +509,7 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, cfg: dict, recipe: di
     marker = ledger / f"{arm}.done.json"
     if marker.is_file() and read_json(marker).get("settings_key") == key:
         log(f"{arm}: done (cached)")
-        return read_json(marker)
+        return reported_record(ledger, arm, recipe)
     phases = Phases(ledger, arm)
     record: dict = {"arm": arm, "settings_key": key, "recipe": None if arm in NO_PRETRAINING else recipe}
     if arm in NO_PRETRAINING:
@@ -534,10 +557,10 @@ def arm_wall_s(phases: dict[str, float], pretraining: dict | None) -> float:
 def scored_seeds(done: dict, variant: str) -> dict[str, dict]:
     """The seeds of `variant` whose fine-tuning and evaluation are both in an arm's ledger."""
     prefix, seeds = f"evaluate_{variant}_s", {}
-    for name, phase in done.items():
+    for name in done:
         seed = name[len(prefix):]
         if name.startswith(prefix) and seed.isdigit() and f"finetune_{variant}_s{seed}" in done:
-            seeds[seed] = {**phase["result"], "finetune_stages": done[f"finetune_{variant}_s{seed}"]["result"]}
+            seeds[seed] = seed_result(done, f"finetune_{variant}_s{seed}", name)
     return seeds
 
 
@@ -599,6 +622,7 @@ def build_rows(records: dict, refs: dict, seeds: int) -> list[dict]:
             if len(per_seed) < seeds:
                 label += f" ({len(per_seed)} of {seeds} seeds so far)"
             row = {"arm": variant, "pretraining_arm": arm, "label": label, "recipe": rec.get("recipe"),
+                   "hardware": sorted({r["hardware"] for r in per_seed.values() if r.get("hardware")}),
                    "coverage": rec.get("coverage"), "coverage_lm_head": rec.get("coverage_lm_head"),
                    "tokens_real": (rec.get("pretraining") or {}).get("tokens_real"),
                    "tokens_padded": (rec.get("pretraining") or {}).get("tokens_padded_trainer"),
@@ -623,11 +647,12 @@ def extrapolate(records: dict, cfg: dict, documents: int, default_documents: int
     for rec in records.values():
         if (rec.get("pretraining") or {}).get("seconds_per_step"):
             pre.append(rec["pretraining"]["seconds_per_step"])
-        for name, seconds in rec.get("phases", {}).items():
-            if name.startswith("evaluate_"):
-                evals.append(seconds)
         for variant, per_seed in rec.get("variants", {}).items():
             for seed, res in per_seed.items():
+                if "CUDA" in (res.get("hardware") or ""):  # a seed fine-tuned on a GPU says nothing of CPU time
+                    continue
+                if (seconds := rec["phases"].get(f"evaluate_{variant}_s{seed}")) is not None:
+                    evals.append(seconds)
                 stages = res["finetune_stages"]
                 for stage, s in stages.items():
                     if s.get("steps"):
@@ -707,6 +732,18 @@ def paired_lines(pairs: list[dict], seeds: list[int]) -> list[str]:
     return lines
 
 
+def hardware_lines(rows: list[dict]) -> list[str]:
+    """Which rows were fine-tuned and scored where, for the rows whose ledger entries record it."""
+    where: dict[str, list[str]] = {}
+    for r in rows:
+        for hardware in r.get("hardware") or []:
+            where.setdefault(hardware, []).append(r["label"])
+    if not where:
+        return []
+    return ["", "Fine-tuned and scored on: " + "; ".join(f"{', '.join(labels)}: {hw}" for hw, labels in where.items())
+            + ". Rows not named here were run before the ledger recorded the machine."]
+
+
 def markdown(rows: list[dict], pairs: list[dict], selection: dict | None, cfg: dict, meta: dict,
              estimate: dict | None) -> str:
     header = ("arm", "dev NDCG@10", "MRR@10", "Recall@100", "NDCG@10 per seed", "coverage@10/20/50/100, LM head",
@@ -718,6 +755,7 @@ def markdown(rows: list[dict], pairs: list[dict], selection: dict | None, cfg: d
                  coverage_cell(r.get("coverage_lm_head")), coverage_cell(r.get("coverage")), tokens_cell(r),
                  f"{r['wall_s']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += hardware_lines(rows)
     if pairs:
         lines += ["", "Paired by seed:", "", *paired_lines(pairs, cfg["seed_list"])]
     lines += ["", f"Command: `{meta['command']}`. Hardware: {meta['hardware']}. Preset {meta['preset']}: pre-training "

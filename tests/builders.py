@@ -4,12 +4,16 @@ check that a checkpoint loads as remote code in a fresh interpreter."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import random
+import sys
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import torch
 
 # the tiny vocabulary of the method tests: ids 0-4 play [PAD], -, [CLS], [SEP], [MASK]; 5.. are ordinary tokens
@@ -247,3 +251,24 @@ def load_with_legacy_key(config, folder, old: str, new: str, caplog):
     assert getattr(loaded, new) == getattr(config, new) and not hasattr(loaded, old)
     assert any(f"`{old}` is deprecated" in record.getMessage() for record in caplog.records)
     return loaded
+
+
+# ---- benchmark scripts ----------------------------------------------------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """A script as `python benchmarks/NAME.py` loads it: its `import common` finds benchmarks/common.py (registered
+    only while the script loads; sys.path is left alone)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", dict(os.environ))  # the scripts' environment defaults stay out of other tests
+        patch.setitem(sys.modules, "common", load_script("common"))
+        return load_script(name)

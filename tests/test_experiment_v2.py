@@ -3,35 +3,17 @@ smoke run of the recipe selection (slow)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import random
 import re
-import sys
+import shutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def benchmark_script(name: str) -> ModuleType:
-    """A script as `python benchmarks/NAME.py` loads it: its `import common` finds benchmarks/common.py (registered
-    only while the script loads; sys.path is left alone)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "environ", dict(os.environ))  # the scripts' environment defaults stay out of other tests
-        patch.setitem(sys.modules, "common", load_script("common"))
-        return load_script(name)
+from .builders import benchmark_script
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +160,8 @@ def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, m
     assert score(42)["ndcg_at_10"] == 0.5 and len(made) == 1
     for path in sorted((tmp_path / "out").rglob("*"), reverse=True):  # the out/ folder is lost
         path.rmdir() if path.is_dir() else path.unlink()
-    assert score(42) == {"ndcg_at_10": 0.5, "finetune_stages": {"in-batch": {"steps": 1}}} and len(made) == 1
+    assert score(42) == {"ndcg_at_10": 0.5, "finetune_stages": {"in-batch": {"steps": 1}},
+                         "hardware": v2.common.hardware_summary()} and len(made) == 1  # and where it was fine-tuned
     score(43)  # needs the checkpoint: made again, identical
     weights["bytes"] = b"w2"
     (made[-1] / v2.PRETRAIN_DONE).unlink()
@@ -190,6 +173,32 @@ def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, m
     assert {r["hardware"] for r in done["pretrain"]["remade"]} == {v2.common.hardware_summary()}  # which machine
     # which weights each seed was fine-tuned from
     assert [done[f"finetune_arm_s{s}"]["start_weights"] for s in (42, 43, 44)] == [first, first, second]
+
+
+def test_a_ledger_holds_in_another_checkout(v2, tmp_path, monkeypatch):
+    """The ledger names its folders relative to the repository: a copy of the repository elsewhere (another machine,
+    a lent GPU) reuses the pre-training it carries instead of making it again, and derives the same fine-tuning key."""
+    made = []
+
+    def make() -> Path:
+        folder = v2.ROOT / "out" / "pretrained-k"
+        folder.mkdir(parents=True)
+        (folder / v2.PRETRAIN_DONE).write_text("ok\n")
+        made.append(folder)
+        return folder
+
+    def ft_key() -> str:
+        start = v2.Artifact(v2.Phases(tmp_path / "ledger", "arm"), "pretrain", "key", make, v2.PRETRAIN_DONE)
+        start.get()
+        return v2.settings_hash([str(start.path)])
+
+    monkeypatch.setattr(v2, "ROOT", tmp_path / "first")
+    first = ft_key()
+    assert v2.read_json(tmp_path / "ledger" / "arm.phases.json")["pretrain"]["result"] == "out/pretrained-k"
+    shutil.copytree(tmp_path / "first", tmp_path / "second")
+    monkeypatch.setattr(v2, "ROOT", tmp_path / "second")
+    assert ft_key() == first and len(made) == 1  # found in the copy, not made again
+    assert "remade" not in v2.read_json(tmp_path / "ledger" / "arm.phases.json")["pretrain"]
 
 
 def test_a_phase_run_inside_another_keeps_its_own_seconds(v2, tmp_path, monkeypatch):
@@ -387,3 +396,27 @@ def test_paired_differences_use_only_the_seeds_both_sides_have(v2):
     assert got[("retromae", "retromae_control")]["std"] is None
     table = "\n".join(v2.paired_lines(v2.paired(rows), [42, 43, 44]))
     assert "| BoW + recipe − none (base, CLS) | +0.0100 | -0.0200 | - | -0.0050 ± 0.0212 |" in table
+
+
+def test_rows_name_their_hardware_and_gpu_seeds_stay_out_of_the_cpu_time_estimate(v2):
+    """A variant fine-tuned on a lent GPU: its rows say so, and its timings are left out of the CPU extrapolation."""
+    gpu, cpu = "x86_64, 16 CPU cores, CUDA NVIDIA H200", "x86_64 (AVX512), 2 CPU cores, no GPU"
+
+    def seed(seconds: float, hardware: str) -> dict:
+        stages = {"in-batch": {"steps": 10, "seconds": seconds}, "hard-negatives": {"steps": 10, "seconds": 2 * seconds}}
+        return {"ndcg_at_10": 0.5, "mrr_at_10": 0.4, "recall_at_100": 0.9, "finetune_stages": stages,
+                "hardware": hardware}
+
+    record = {"pretraining": {"seconds_per_step": 2.0}, "wall_s": 1.0,
+              "phases": {"finetune_none_s42": 100.0, "evaluate_none_s42": 10.0,
+                         "finetune_none_h200_s42": 4.0, "evaluate_none_h200_s42": 1.0},
+              "variants": {"none": {"42": seed(20.0, cpu)}, "none_h200": {"42": seed(1.0, gpu)}}}
+    estimate = v2.extrapolate({"none": record}, dict(v2.PRESETS["cpu"]), 100, 100, 160)
+    assert estimate["finetune_seconds_per_step"] == {"in-batch": 2.0, "hard-negatives": 4.0}
+    assert estimate["evaluation_seconds"] == 10.0 and estimate["finetune_rest_seconds"] == 40.0
+    rows = v2.build_rows({"none": record}, {}, 1)
+    assert [r["hardware"] for r in rows] == [[cpu], [gpu]]
+    assert v2.hardware_lines(rows)[1].startswith(f"Fine-tuned and scored on: {v2.LABELS['none']}: {cpu}; "
+                                                 f"{v2.LABELS['none_h200']}: {gpu}.")
+    pairs = v2.paired(rows)
+    assert [(p["arm"], p["reference"]) for p in pairs] == [("none_h200", "none")]
