@@ -1,9 +1,10 @@
 """Merge what an experiment-v2 arm ran on another machine into this checkout's ledger.
 
-A lent GPU machine runs one repository copy per seed (`benchmarks/device/run.sh`), so each seed's ledger comes back on its own. This
-takes the exports, fine-tunings and evaluations from those ledgers, marks each with the machine it ran on (ledgers
-written before `Phases` recorded it lack that) and adds them to `benchmarks/results/scifact_experiment_v2_ledger/
-ARM.phases.json`; the phases this checkout has already (pre-training, coverage) stay as they are. `--as` files a
+A lent GPU machine runs one repository copy per seed (`benchmarks/device/run.sh`), so each seed's ledger comes back
+on its own. This takes the exports, fine-tunings and evaluations from those ledgers, marks each with the machine it
+ran on (ledgers written before `Phases` recorded it lack that) and adds them to
+`benchmarks/results/scifact_experiment_v2_ledger/ARM.phases.json`; the phases this checkout has already
+(pre-training, coverage) stay as they are. `--as` files a
 variant under another name (the base fine-tuned on the GPU is `none_h200`, beside the CPUs' `none`).
 
     python benchmarks/merge_ledger.py dupmae --hardware "..." phases42.json phases43.json phases44.json
@@ -52,7 +53,7 @@ def merge(target: dict, sources: list[dict], arm: str, variant: str | None, hard
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("arm")
-    p.add_argument("sources", nargs="+", type=Path, help="the per-seed ledgers (ARM.phases.json) from the other machine")
+    p.add_argument("sources", nargs="+", type=Path, help="the per-seed ledgers (ARM.phases.json) of the other machine")
     p.add_argument("--hardware", required=True, help="the machine they ran on, as the run's report names it")
     p.add_argument("--as", dest="variant", help="file the arm's fine-tunings under this variant name")
     p.add_argument("--replace", action="store_true", help="replace phases the ledger holds already")

@@ -102,7 +102,8 @@ PRESETS = {
 }
 STAGES = "in-batch,hard-negatives"
 PRETRAIN_DONE = ".pretrain_done"
-LABELS = {"none": "none (base, CLS)", "none_h200": "none (base, CLS), fine-tuned on the H200", "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
+LABELS = {"none": "none (base, CLS)", "none_h200": "none (base, CLS), fine-tuned on the H200",
+          "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
           "retromae": "RetroMAE + recipe", "retromae_meanpool": "RetroMAE + recipe, shipped head (mean, cosine)",
           "retromae_control": "RetroMAE, no recipe (control)",
           "dupmae_cls": "DupMAE CLS + recipe", "dupmae_hybrid": "DupMAE hybrid + recipe", "bow": "BoW + recipe",
@@ -392,7 +393,8 @@ def finetune_and_evaluate(phases: Phases, start: Artifact, data: Path, folder: P
         return seed_result(phases.done, ft_name, eval_name)
     phases.run(ft_name, ft_key, lambda: finetune(start.get(), data, ft_dir, cfg, seed, logf),
                needs=lambda _: ft_dir / ".finetune_done", notes=lambda: {"start_weights": weights_digest(start.get())})
-    phases.run(eval_name, ft_key, lambda: common.evaluate(ft_dir, data, folder / f"eval-{tag}-s{seed}-{ft_key}", cfg, tag))
+    scored = folder / f"eval-{tag}-s{seed}-{ft_key}"
+    phases.run(eval_name, ft_key, lambda: common.evaluate(ft_dir, data, scored, cfg, tag))
     return seed_result(phases.done, ft_name, eval_name)
 
 

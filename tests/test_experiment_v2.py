@@ -403,7 +403,8 @@ def test_rows_name_their_hardware_and_gpu_seeds_stay_out_of_the_cpu_time_estimat
     gpu, cpu = "x86_64, 16 CPU cores, CUDA NVIDIA H200", "x86_64 (AVX512), 2 CPU cores, no GPU"
 
     def seed(seconds: float, hardware: str) -> dict:
-        stages = {"in-batch": {"steps": 10, "seconds": seconds}, "hard-negatives": {"steps": 10, "seconds": 2 * seconds}}
+        stages = {"in-batch": {"steps": 10, "seconds": seconds},
+                  "hard-negatives": {"steps": 10, "seconds": 2 * seconds}}
         return {"ndcg_at_10": 0.5, "mrr_at_10": 0.4, "recall_at_100": 0.9, "finetune_stages": stages,
                 "hardware": hardware}
 

@@ -16,7 +16,8 @@ def merge_ledger():
 
 def seed_ledger(seed: int, ndcg: float) -> dict:
     entry = {"key": f"k{seed}", "seconds": 40.0, "result": {"ndcg_at_10": ndcg}}
-    return {"coverage": {"key": "c", "result": {"at_10": 0.1}}, "export_cls": {"key": "e", "result": "out/x/export-cls"},
+    return {"coverage": {"key": "c", "result": {"at_10": 0.1}},
+            "export_cls": {"key": "e", "result": "out/x/export-cls"},
             f"finetune_none_s{seed}": {**entry, "result": {"in-batch": {"steps": 1}}}, f"evaluate_none_s{seed}": entry}
 
 
@@ -28,7 +29,8 @@ def test_seeds_join_under_their_variant_with_the_machine_named(merge_ledger, tmp
     for seed, ndcg in ((42, 0.62), (43, 0.63)):
         sources.append(tmp_path / f"phases{seed}.json")
         sources[-1].write_text(json.dumps(seed_ledger(seed, ndcg)))
-    merge_ledger.main(["none", *map(str, sources), "--as", "none_h200", "--hardware", "H200", "--ledger", str(tmp_path)])
+    merge_ledger.main(["none", *map(str, sources), "--as", "none_h200", "--hardware", "H200",
+                       "--ledger", str(tmp_path)])
     merged = json.loads(ledger.read_text())
     assert merged["coverage"]["result"] == {"at_10": 0.2}  # this checkout's phases stay
     assert merged["evaluate_none_s42"]["result"] == {"ndcg_at_10": 0.61}  # the CPU seed is not touched
