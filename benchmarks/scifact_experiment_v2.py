@@ -40,9 +40,12 @@ Phases (each cached; a rerun skips what is done, an interrupted pre-training or 
 
 Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, evaluations) and the ledger
 ``benchmarks/results/scifact_experiment_v2_ledger/`` (``<arm>.phases.json``: every finished phase's result, keyed by
-its settings, the keys free of absolute paths; ``<arm>.done.json``). The ledger is committed, so measured seeds
-outlive the out/ folder: a later run skips every scored seed and makes a checkpoint again only when an unscored seed
-needs it (a pre-training made again is compared with the first one's weights, and the ledger notes it).
+its settings, the keys free of absolute paths, the folders named relative to the repository, the machine each phase
+ran on; ``<arm>.done.json``). The ledger is committed, so measured seeds outlive the out/ folder: a later run skips
+every scored seed and makes a checkpoint again only when an unscored seed needs it (a pre-training made again is
+compared with the first one's weights, and the ledger notes it). Seeds run on another machine (the DupMAE
+fine-tunings, on a lent GPU: ``benchmarks/device/README.md``) join the ledger through ``merge_ledger.py``; the base
+fine-tuned there too is the variant ``none_h200``, the baseline DupMAE is paired with.
 Results: ``benchmarks/results/scifact_experiment_v2.{json,md}`` and ``scifact_experiment_v2_ndcg.png`` (error bars:
 std over seeds) for the default preset; ``--tiny`` writes under its out dir only and proves nothing about quality.
 Every result file records per-step timings, from which ``extrapolate`` states the time of each arm at the default
@@ -102,7 +105,7 @@ PRESETS = {
 }
 STAGES = "in-batch,hard-negatives"
 PRETRAIN_DONE = ".pretrain_done"
-LABELS = {"none": "none (base, CLS)", "none_h200": "none (base, CLS), fine-tuned on the H200",
+LABELS = {"none": "none (base, CLS)", "none_h200": "none (base, CLS)",
           "none_meanpool": "none, shipped head (mean, cosine)", "mlm": "MLM-only + recipe",
           "retromae": "RetroMAE + recipe", "retromae_meanpool": "RetroMAE + recipe, shipped head (mean, cosine)",
           "retromae_control": "RetroMAE, no recipe (control)",
@@ -612,6 +615,12 @@ def partial_selection(ledger: Path, cfg: dict, steps: int) -> dict | None:
             "how": f"not chosen yet: {len(points)} of {len(recipes)} grid points scored"}
 
 
+def gpu_tag(hardware: list[str]) -> str:
+    """` [NVIDIA H200]` for a row fine-tuned on that GPU (`common.hardware_summary` names it after "CUDA ")."""
+    gpus = sorted({h.split("CUDA ", 1)[1] for h in hardware if "CUDA " in h})
+    return f" [{', '.join(gpus)}]" if gpus else ""
+
+
 def build_rows(records: dict, refs: dict, seeds: int) -> list[dict]:
     """One row per fine-tuned variant (mean and sample std over its seeds), then the references; a variant with
     fewer than `seeds` scored seeds says so in its label."""
@@ -621,10 +630,12 @@ def build_rows(records: dict, refs: dict, seeds: int) -> list[dict]:
         for variant, per_seed in (rec or {}).get("variants", {}).items():
             neutral = arm not in RECIPE_FREE and rec.get("recipe") == NO_RECIPE  # the selection chose no recipe
             label = LABELS[variant].replace(" + recipe", ", recipe neutral") if neutral else LABELS[variant]
+            hardware = sorted({r["hardware"] for r in per_seed.values() if r.get("hardware")})
+            label += gpu_tag(hardware)
             if len(per_seed) < seeds:
                 label += f" ({len(per_seed)} of {seeds} seeds so far)"
             row = {"arm": variant, "pretraining_arm": arm, "label": label, "recipe": rec.get("recipe"),
-                   "hardware": sorted({r["hardware"] for r in per_seed.values() if r.get("hardware")}),
+                   "hardware": hardware,
                    "coverage": rec.get("coverage"), "coverage_lm_head": rec.get("coverage_lm_head"),
                    "tokens_real": (rec.get("pretraining") or {}).get("tokens_real"),
                    "tokens_padded": (rec.get("pretraining") or {}).get("tokens_padded_trainer"),
@@ -719,7 +730,8 @@ def paired(rows: list[dict]) -> list[dict]:
         diffs = {s: ours[s]["ndcg_at_10"] - theirs[s]["ndcg_at_10"] for s in ours if s in theirs}
         if diffs:
             values = list(diffs.values())
-            out.append({"arm": arm, "reference": reference, "ndcg_at_10_diff": diffs, "mean": fmean(values),
+            out.append({"arm": arm, "reference": reference, "label": by_arm[arm]["label"],
+                        "reference_label": by_arm[reference]["label"], "ndcg_at_10_diff": diffs, "mean": fmean(values),
                         "std": stdev(values) if len(values) > 1 else None})
     return out
 
@@ -730,7 +742,7 @@ def paired_lines(pairs: list[dict], seeds: list[int]) -> list[str]:
     for p in pairs:
         cells = [f"{p['ndcg_at_10_diff'][str(s)]:+.4f}" if str(s) in p["ndcg_at_10_diff"] else "-" for s in seeds]
         summary = f"{p['mean']:+.4f}" + ("" if p["std"] is None else f" ± {p['std']:.4f}")
-        lines.append(f"| {LABELS[p['arm']]} − {LABELS[p['reference']]} | " + " | ".join([*cells, summary]) + " |")
+        lines.append(f"| {p['label']} − {p['reference_label']} | " + " | ".join([*cells, summary]) + " |")
     return lines
 
 

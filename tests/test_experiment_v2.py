@@ -382,7 +382,7 @@ def test_the_determinism_benchmark_tells_equal_bits_from_a_small_difference(tmp_
 def test_paired_differences_use_only_the_seeds_both_sides_have(v2):
     """The paired table subtracts seed by seed; a seed that one side lacks is left out, not averaged in."""
     def row(arm, **ndcg):
-        return {"arm": arm, "seeds": {s[1:]: {"ndcg_at_10": v} for s, v in ndcg.items()}}
+        return {"arm": arm, "label": v2.LABELS[arm], "seeds": {s[1:]: {"ndcg_at_10": v} for s, v in ndcg.items()}}
 
     rows = [row("none", s42=0.60, s43=0.62, s44=0.61), row("bow", s42=0.61, s43=0.60),
             row("retromae", s42=0.64, s43=0.64, s44=0.64), row("retromae_control", s44=0.50), row("bm25")]
@@ -417,7 +417,8 @@ def test_rows_name_their_hardware_and_gpu_seeds_stay_out_of_the_cpu_time_estimat
     assert estimate["evaluation_seconds"] == 10.0 and estimate["finetune_rest_seconds"] == 40.0
     rows = v2.build_rows({"none": record}, {}, 1)
     assert [r["hardware"] for r in rows] == [[cpu], [gpu]]
-    assert v2.hardware_lines(rows)[1].startswith(f"Fine-tuned and scored on: {v2.LABELS['none']}: {cpu}; "
-                                                 f"{v2.LABELS['none_h200']}: {gpu}.")
+    assert [r["label"] for r in rows] == ["none (base, CLS)", "none (base, CLS) [NVIDIA H200]"]
+    assert v2.hardware_lines(rows)[1].startswith(f"Fine-tuned and scored on: none (base, CLS): {cpu}; "
+                                                 f"none (base, CLS) [NVIDIA H200]: {gpu}.")
     pairs = v2.paired(rows)
     assert [(p["arm"], p["reference"]) for p in pairs] == [("none_h200", "none")]
