@@ -117,13 +117,14 @@ METRICS = ("ndcg_at_10", "mrr_at_10", "recall_at_100")
 VARIANTS = {"dupmae": ("dupmae_hybrid", "dupmae_cls"), "retromae": ("retromae", "retromae_meanpool"),
             # the base fine-tuned on the GPU that fine-tuned DupMAE (benchmarks/device/): the same-hardware baseline
             "none": ("none", "none_h200")}
-# (variant, what it is compared with seed by seed): each pre-trained variant with no pre-training under its head and on
-# the same hardware (DupMAE was fine-tuned on a lent H200), DupMAE's hybrid score with its CLS vector, the H200 with
-# the CPUs for the base alone (what the hardware moves), and the recipe with the no-recipe control
-PAIRS = [*((v, "none") for v in ("retromae", "mlm", "bow", "seed", "twostage")),
-         *((v, "none_h200") for v in ("dupmae_cls", "dupmae_hybrid")), ("dupmae_hybrid", "dupmae_cls"),
-         ("none_h200", "none"),
+# (variant, what it is compared with seed by seed): each pre-trained variant with no pre-training under its head,
+# DupMAE's hybrid score with its CLS vector, the base on the H200 with the base on the CPUs (what the hardware moves),
+# and the recipe with the no-recipe control
+PAIRS = [*((v, "none") for v in ("retromae", "mlm", "bow", "dupmae_cls", "dupmae_hybrid", "seed", "twostage")),
+         ("dupmae_hybrid", "dupmae_cls"), ("none_h200", "none"),
          ("retromae_meanpool", "none_meanpool"), ("retromae_control", "none"), ("retromae", "retromae_control")]
+# the runs of a reference on other machines: a variant is paired with the one fine-tuned on its own hardware
+REFERENCE_RUNS = {"none": ("none", "none_h200")}
 
 
 def settings_hash(obj) -> str:
@@ -726,6 +727,7 @@ def paired(rows: list[dict]) -> list[dict]:
     for arm, reference in PAIRS:
         if arm not in by_arm or reference not in by_arm:
             continue
+        reference = same_hardware(by_arm, arm, reference)
         ours, theirs = by_arm[arm]["seeds"], by_arm[reference]["seeds"]
         diffs = {s: ours[s]["ndcg_at_10"] - theirs[s]["ndcg_at_10"] for s in ours if s in theirs}
         if diffs:
@@ -734,6 +736,14 @@ def paired(rows: list[dict]) -> list[dict]:
                         "reference_label": by_arm[reference]["label"], "ndcg_at_10_diff": diffs, "mean": fmean(values),
                         "std": stdev(values) if len(values) > 1 else None})
     return out
+
+
+def same_hardware(by_arm: dict[str, dict], arm: str, reference: str) -> str:
+    """The run of `reference` fine-tuned on the machine `arm` was (`REFERENCE_RUNS`); `reference` itself when none
+    was, the row labels then naming the GPU."""
+    hardware = by_arm[arm].get("hardware")
+    runs = [r for r in REFERENCE_RUNS.get(reference, ()) if r != arm and r in by_arm]
+    return next((r for r in runs if by_arm[r].get("hardware") == hardware), reference)
 
 
 def paired_lines(pairs: list[dict], seeds: list[int]) -> list[str]:

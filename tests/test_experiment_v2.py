@@ -422,3 +422,8 @@ def test_rows_name_their_hardware_and_gpu_seeds_stay_out_of_the_cpu_time_estimat
                                                  f"none (base, CLS) [NVIDIA H200]: {gpu}.")
     pairs = v2.paired(rows)
     assert [(p["arm"], p["reference"]) for p in pairs] == [("none_h200", "none")]
+    # a pre-trained variant is paired with the base fine-tuned on its own machine
+    gpu_dupmae = {**rows[1], "arm": "dupmae_cls", "hardware": [gpu]}
+    cpu_bow = {**rows[0], "arm": "bow"}
+    pairs = {p["arm"]: p["reference"] for p in v2.paired([*rows, gpu_dupmae, cpu_bow])}
+    assert pairs == {"dupmae_cls": "none_h200", "bow": "none", "none_h200": "none"}
