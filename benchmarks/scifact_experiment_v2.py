@@ -124,7 +124,7 @@ PAIRS = [*((v, "none") for v in ("retromae", "mlm", "bow", "dupmae_cls", "dupmae
          ("dupmae_hybrid", "dupmae_cls"), ("none_h200", "none"),
          ("retromae_meanpool", "none_meanpool"), ("retromae_control", "none"), ("retromae", "retromae_control")]
 # the runs of a reference on other machines: a variant is paired with the one fine-tuned on its own hardware
-REFERENCE_RUNS = {"none": ("none", "none_h200")}
+REFERENCE_RUNS = {"none": VARIANTS["none"]}
 
 
 def settings_hash(obj) -> str:
@@ -616,9 +616,14 @@ def partial_selection(ledger: Path, cfg: dict, steps: int) -> dict | None:
             "how": f"not chosen yet: {len(points)} of {len(recipes)} grid points scored"}
 
 
+def gpu_name(hardware: str | None) -> str | None:
+    """The GPU a `common.hardware_summary` line names (after "CUDA "); None for a machine without one."""
+    return hardware.split("CUDA ", 1)[1] if hardware and "CUDA " in hardware else None
+
+
 def gpu_tag(hardware: list[str]) -> str:
-    """` [NVIDIA H200]` for a row fine-tuned on that GPU (`common.hardware_summary` names it after "CUDA ")."""
-    gpus = sorted({h.split("CUDA ", 1)[1] for h in hardware if "CUDA " in h})
+    """` [NVIDIA H200]` for a row fine-tuned on that GPU."""
+    gpus = sorted({gpu for h in hardware if (gpu := gpu_name(h))})
     return f" [{', '.join(gpus)}]" if gpus else ""
 
 
@@ -663,7 +668,7 @@ def extrapolate(records: dict, cfg: dict, documents: int, default_documents: int
             pre.append(rec["pretraining"]["seconds_per_step"])
         for variant, per_seed in rec.get("variants", {}).items():
             for seed, res in per_seed.items():
-                if "CUDA" in (res.get("hardware") or ""):  # a seed fine-tuned on a GPU says nothing of CPU time
+                if gpu_name(res.get("hardware")):  # a seed fine-tuned on a GPU says nothing of CPU time
                     continue
                 if (seconds := rec["phases"].get(f"evaluate_{variant}_s{seed}")) is not None:
                     evals.append(seconds)
