@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 from retromae.trainers import cli
 from retromae.trainers import finetune as finetune_module
@@ -85,3 +87,54 @@ def test_renamed_finetune_loss_weights_still_read_with_a_warning(monkeypatch, ca
     assert any("`contrastive_weight`" in m and "contrastive_loss_weight" in m for m in warned)
     assert any("--contrastive-weight" in m and "--contrastive-loss-weight" in m for m in warned)
     assert any("--distill_weight" in m and "--distill-loss-weight" in m for m in warned)
+
+
+# ---- a full disk (issue 31) -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "error", "expected"),
+    [
+        ("pretrain", OSError(errno.ENOSPC, "No space left on device", "out/checkpoint-6/model.safetensors"),
+         "no space left on device while writing out/checkpoint-6/model.safetensors; free space, then continue with "
+         "--resume-from-checkpoint last"),
+        ("finetune", OSError(errno.EDQUOT, "Disk quota exceeded"),
+         "disk quota exceeded while writing; free space, then continue with --resume-from-checkpoint last"),
+        ("export", OSError(errno.ENOSPC, "No space left on device", "out/model.safetensors"),
+         "no space left on device while writing out/model.safetensors; free space, then run the command again"),
+    ],
+    ids=["pretrain", "finetune-quota", "export"],
+)
+def test_a_full_disk_is_one_line_with_the_fix(command, error, expected, monkeypatch, capsys):
+    """HEAD printed the OSError's traceback."""
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(error))
+    assert cli.main([command]) == 2
+    assert capsys.readouterr().err == f"retromae {command}: error: {expected}\n"
+
+
+def test_a_full_disk_behind_another_error_is_recognised(monkeypatch, capsys):
+    """A library may wrap the OSError (`raise ... from`), or report it as text only (safetensors' Rust I/O error)."""
+    def wrapped(argv):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "out/checkpoint-6/optimizer.pt")
+        except OSError as error:
+            raise RuntimeError("saving the checkpoint failed") from error
+
+    monkeypatch.setattr(cli, "_command", lambda name: wrapped)
+    assert cli.main(["pretrain"]) == 2
+    assert "no space left on device while writing out/checkpoint-6/optimizer.pt" in capsys.readouterr().err
+    text_only = RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                             'left on device" })')
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(text_only))
+    assert cli.main(["pretrain"]) == 2
+    assert capsys.readouterr().err.startswith("retromae pretrain: error: no space left on device while writing; ")
+
+
+def test_other_os_errors_and_debug_keep_the_traceback(monkeypatch):
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(OSError(errno.ENOENT, "No such file", "x")))
+    with pytest.raises(FileNotFoundError):
+        cli.main(["pretrain"])
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(OSError(errno.ENOSPC, "No space left")))
+    monkeypatch.setenv("RETROMAE_DEBUG", "1")
+    with pytest.raises(OSError, match="No space left"):
+        cli.main(["pretrain"])

@@ -1,15 +1,26 @@
 """`retromae publish`: offline validation (each missing piece is a clear error, a folder that would not load is
-refused) and the upload call, mocked at our call site."""
+refused, no local path in the card), the upload call mocked at our call site, and the Hub's failures (no network,
+not logged in, no write access, unknown repo, timeout) as one line each."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import socket
 from unittest import mock
 
+import httpx2
+import huggingface_hub
 import pytest
 import torch
 from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
+from huggingface_hub.utils import hf_raise_for_status
+from retromae.trainers import cli
+from retromae.trainers import publish as publish_module
+from retromae.trainers.core.cards import find_local_paths, render_finetuned_card, render_pretrained_card
+from retromae.trainers.core.errors import yaml_error_message
 from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
 from retromae.trainers.finetune import save_finetuned_model
 from retromae.trainers.publish import PublishError, publish, publish_command, validate_model_folder
@@ -113,8 +124,8 @@ def _break(folder, what):
         ("config", "has no config.json"),
         ("tokenizer", "has no tokenizer files"),
         ("card", r"no model card \(README.md\)"),
-        ("card yaml", "README.md metadata does not parse"),
-        ("card path", "README.md contains a local path"),
+        ("card yaml", r"README.md:\d+:\d+: not valid YAML: expected ',' or '\]', but got ':'"),
+        ("card path", r"README.md line \d+ contains a local path of this machine"),
         ("module folder", "names module folder '1_Pooling', which does not exist"),
     ],
 )
@@ -214,3 +225,161 @@ def test_tokenizer_saved_from_a_half_written_checkpoint_is_refused(cls_folder, c
     degenerate.save_pretrained(folder)
     with pytest.raises(PublishError, match=r"maps every word of a test sentence to \[UNK\].*tokenizer is incomplete"):
         publish(folder, "my-org/x", dry_run=True)
+
+
+# ---- local paths in the card text, card YAML errors, Hub failures (issue 31) ----------------------------------------
+
+
+def _append_to_card(folder, text: str) -> int:
+    """Append `text` as the card's last line; returns its line number."""
+    with open(folder / "README.md", "a", encoding="utf-8") as card:
+        card.write(f"\n{text}\n")
+    return len((folder / "README.md").read_text(encoding="utf-8").splitlines())
+
+
+@pytest.mark.parametrize("path", ["/tmp/retromae-run/corpus.jsonl", "/work/data/msmarco", "/home/someone/bert",
+                                  "~/data/corpus.jsonl", r"C:\Users\me\corpus.jsonl", "file:///srv/corpus.jsonl"])
+def test_a_local_path_anywhere_in_the_card_text_is_refused(cls_folder, copy_of, capsys, path):
+    """HEAD refused only this folder's own path, its parent and $HOME: `--dry-run` passed a card naming
+    /tmp/.../corpus.jsonl. The error names the line, the path and the fix."""
+    folder = copy_of(cls_folder)
+    line = _append_to_card(folder, f"| Pre-training corpus | {path} |")
+    with mock.patch.object(HfApi, "upload_folder") as upload:
+        assert cli.main(["publish", str(folder), "my-org/x", "--dry-run"]) == 2
+    upload.assert_not_called()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"README.md line {line} contains a local path of this machine ({path})" in err
+    assert "edit README.md" in err and "--corpus-name" in err
+
+
+def test_urls_hub_ids_and_slashes_in_prose_are_not_local_paths(cls_folder, copy_of):
+    folder = copy_of(cls_folder)
+    for text in ["See https://huggingface.co/BeIR/scifact and [the docs](/docs/hub/model-cards).",
+                 "Base: google-bert/bert-base-uncased; data and/or labels; 512 tokens/s; I/O bound.",
+                 "Score $s = q^T d / \\sqrt{h}$, (a+b)/2/3 and 1/2; `<cache>/results/x`.",
+                 'Load it: SentenceTransformer("/path/to/model"). Relative: ./out/model, ../models/x.']:
+        _append_to_card(folder, text)
+    assert validate_model_folder(folder, load=False)
+
+
+def test_find_local_paths_gives_lines_and_paths():
+    text = "---\nlibrary_name: x\n---\nTrained on /tmp/a/corpus.jsonl.\nhttps://hf.co/a/b\nthen ~/x and D:\\d\\e"
+    assert find_local_paths(text) == [(4, "/tmp/a/corpus.jsonl"), (6, "~/x"), (6, "D:\\d\\e")]
+
+
+def test_our_card_writers_write_public_names_only():
+    """HEAD wrote a local --model-name / --dataset-ids / base model / training-data path into the cards verbatim
+    (heading, usage code, model-index)."""
+    from retromae.trainers.methods import METHODS
+
+    method = METHODS["retromae"]
+    pretrained = render_pretrained_card(
+        method, method.model_class.config_class().to_dict(),
+        {"base_model": "/tmp/x/bert", "corpus": "/tmp/x/corpus.jsonl"}, model_name="/tmp/x/retromae-bert",
+        folder_name="out", embedding_dim=32, num_layers=2, max_seq_length=32,
+    )
+    assert find_local_paths(pretrained) == [] and "# retromae-bert" in pretrained and "corpus.jsonl" in pretrained
+    info = {**INFO, "model_name": "/tmp/x/my-model", "base_model": "/tmp/x/bert",
+            "train_data": {"name": "/tmp/x/train.jsonl", "split": "train", "queries": 3},
+            "eval_results": [{"task": "LocalBEIR-scifact", "dataset_id": "/tmp/x/scifact", "split": "test",
+                              "dataset_name": "/tmp/x/scifact (local BEIR)", "queries": 3, "ndcg_at_10": 0.5}]}
+    finetuned = render_finetuned_card(info, METHODS)
+    assert find_local_paths(finetuned) == [], find_local_paths(finetuned)
+    assert "# my-model" in finetuned and "`train.jsonl`" in finetuned and "| scifact (local BEIR) |" in finetuned
+
+
+@pytest.mark.parametrize(
+    ("front", "message"),
+    [
+        ("library_name: sentence-transformers\ntags: [a, b\nlicense: mit\n",
+         r"README.md:4:8: not valid YAML: expected ',' or '\]', but got ':' \(in a flow sequence started on line 3\)"),
+        ("library_name: sentence-transformers\n  license: mit\n", "README.md:3:10: not valid YAML: mapping values"),
+        ("- a list\n- not a mapping\n", "README.md metadata does not parse: repo card metadata block should be a dict"),
+    ],
+    ids=["unclosed-bracket", "bad-indent", "not-a-mapping"],
+)
+def test_a_card_yaml_error_names_the_line_and_the_reason(cls_folder, copy_of, capsys, front, message):
+    """HEAD printed `retromae publish: error: ^` (the last line of PyYAML's message)."""
+    folder = copy_of(cls_folder)
+    body = (folder / "README.md").read_text(encoding="utf-8").split("---", 2)[2]
+    (folder / "README.md").write_text(f"---\n{front}---{body}", encoding="utf-8")
+    assert cli.main(["publish", str(folder), "my-org/x", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
+
+
+def test_yaml_error_message_counts_lines_from_the_first_parsed_line():
+    import yaml
+
+    with pytest.raises(yaml.YAMLError) as caught:
+        yaml.safe_load("a: 1\nb: 'unclosed\n")
+    assert yaml_error_message("run.yaml", caught.value) == (
+        "run.yaml:3:1: not valid YAML: found unexpected end of stream (in a quoted scalar started on line 2)")
+    assert yaml_error_message("README.md", caught.value, first_line=2).startswith("README.md:4:1: not valid YAML")
+
+
+def _http_error(status: int, url: str, **headers: str) -> Exception:
+    """What huggingface_hub raises for this answer of the Hub (its own `hf_raise_for_status`)."""
+    response = httpx2.Response(status, headers=headers, request=httpx2.Request("POST", url))
+    with pytest.raises(HfHubHTTPError) as caught:
+        hf_raise_for_status(response)
+    return caught.value
+
+
+@pytest.fixture
+def valid(monkeypatch):
+    """Skip the folder validation: these tests are about the Hub calls."""
+    monkeypatch.setattr(publish_module, "validate_model_folder", lambda folder: mock.Mock(modules=[]))
+
+
+@pytest.mark.parametrize(
+    ("method", "error", "message"),
+    [
+        ("create_repo", lambda: _http_error(401, "https://huggingface.co/api/repos/create"),
+         "could not create the repository my-org/x: you are not logged in or your token is invalid; "
+         "run `hf auth login`"),
+        ("create_repo", lambda: _http_error(403, "https://huggingface.co/api/repos/create",
+                                            **{"X-Error-Message": "You don't have the rights to create a model"}),
+         "your token may not write to my-org/x (the Hub says: You don't have the rights to create a model); check "
+         "the owner in the repo id"),
+        ("upload_folder", lambda: _http_error(404, "https://huggingface.co/api/models/my-org/x/preupload/main",
+                                              **{"X-Error-Code": "RepoNotFound"}),
+         "could not upload the folder to my-org/x: the Hub does not know the repository or you may not access it; "
+         "check the spelling of the repo id"),
+        ("create_repo", lambda: httpx2.ReadTimeout("The read operation timed out"),
+         "did not answer in time (ReadTimeout); check the network connection"),
+        ("upload_folder", lambda: httpx2.ConnectError("[Errno -3] Temporary failure in name resolution"),
+         "cannot reach the Hub (https://huggingface.co): [Errno -3] Temporary failure in name resolution; check the "
+         "network connection"),
+        ("create_repo", lambda: LocalTokenNotFoundError("Token is required"),
+         "you are not logged in; run `hf auth login`"),
+        ("upload_folder", lambda: _http_error(503, "https://huggingface.co/api/models/my-org/x/preupload/main"),
+         "could not upload the folder to my-org/x: the Hub answered HTTP 503; run the command again later"),
+    ],
+    ids=["401-not-logged-in", "403-no-write-access", "repo-not-found", "timeout", "no-network", "no-token", "503"],
+)
+def test_hub_failures_are_one_line_with_the_fix(valid, monkeypatch, capsys, method, error, message):
+    """HEAD printed httpx's traceback (71 lines without network)."""
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.setattr(HfApi, "create_repo", mock.Mock())
+    monkeypatch.setattr(HfApi, method, mock.Mock(side_effect=error()))
+    assert cli.main(["publish", "folder", "my-org/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("retromae publish: error: ") and message in err, err
+
+
+def test_no_network_and_offline_mode_are_one_line(valid, monkeypatch, capsys):
+    """The real `HfApi.create_repo`: against an endpoint nothing listens on, then with HF_HUB_OFFLINE set."""
+    with socket.socket() as free:  # a port that was just free: connecting to it is refused
+        free.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{free.getsockname()[1]}"
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    assert cli.main(["publish", "folder", "my-org/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"could not create the repository my-org/x: cannot reach the Hub ({endpoint})" in err
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert cli.main(["publish", "folder", "my-org/x"]) == 2
+    assert "HF_HUB_OFFLINE is set; unset it to upload" in capsys.readouterr().err

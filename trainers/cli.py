@@ -1,13 +1,14 @@
 """The `retromae` command line: the table of commands and `main()`. Each command is a driver's function
 `(argv) -> exit status`, imported only when the command runs (`retromae pretrain` lives in `pretrain.py`, ...).
 
-A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) is printed as one
-line with exit status 2; any other exception is a bug and keeps its traceback (`RETROMAE_DEBUG=1` shows it for user
-errors too).
+A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) and a full disk
+(ENOSPC, EDQUOT) are printed as one line with exit status 2; any other exception is a bug and keeps its traceback
+(`RETROMAE_DEBUG=1` shows it for those too).
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -33,6 +34,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# what a full disk (or a used-up quota) raises, as the line names it; the commands that resume from a checkpoint
+DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+RESUMABLE = frozenset({"pretrain", "finetune"})
+
+
 def _command(name: str) -> Callable[[list[str]], int]:
     module, function = COMMANDS[name][0].split(":")
     return getattr(importlib.import_module(f"retromae.trainers.{module}"), function)
@@ -53,6 +59,32 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"retromae {argv[0]}: error: {one_line_message(error)}", file=sys.stderr)
         return 2
+    except Exception as error:
+        message = disk_full_message(error, argv[0])
+        if message is None or os.environ.get("RETROMAE_DEBUG"):
+            raise
+        print(f"retromae {argv[0]}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def disk_full_message(error: BaseException, command: str) -> str | None:
+    """One line for a disk that filled up (ENOSPC, EDQUOT) while `command` wrote, or None for any other error.
+
+    The error or one it was raised from must be an `OSError` with that errno, or carry the system's text for it
+    (safetensors reports a Rust I/O error as text). Checkpoints are written atomically, so `pretrain` and `finetune`
+    continue from their last complete one.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:  # the error, then what it was raised from
+        seen.add(id(error))
+        code = error.errno if isinstance(error, OSError) else None
+        code = code or next((c for c in DISK_FULL if os.strerror(c) in str(error)), None)
+        if code in DISK_FULL:
+            name = getattr(error, "filename", None)
+            then = "continue with --resume-from-checkpoint last" if command in RESUMABLE else "run the command again"
+            return f"{DISK_FULL[code]} while writing{f' {name}' if name else ''}; free space, then {then}"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ Validation (`validate_model_folder`), each failure a `PublishError` naming the f
 * remote code: a module type outside `sentence_transformers.*` must be `"<file>.<Class>"` with `<file>.py` at the
   folder root, and so must every file it imports relatively (`from .x import ...`) and every `auto_map` entry of
   config.json; a type naming an installed package (`retromae.modeling...`) is refused, since users do not have it;
-* the model card `README.md` exists, its YAML front matter parses (`huggingface_hub.ModelCard`), its `model-index`
-  (if any) yields evaluation results, and it contains no local path of this machine;
+* the model card `README.md` exists, its YAML front matter parses (`huggingface_hub.ModelCard`; an error names the
+  line), its `model-index` (if any) yields evaluation results, and neither its metadata nor its text holds a local
+  path of this machine (`/tmp/...`, `~/...`, `C:\\...`);
 * the folder actually loads: `SentenceTransformer(folder, trust_remote_code=<needed>)` and encodes a sentence to a
   finite vector. A folder that would not load for users is never uploaded.
 
-Then `HfApi().create_repo(repo_id, exist_ok=True)` and `HfApi().upload_folder(...)`. The equivalent without our
+Then `HfApi().create_repo(repo_id, exist_ok=True)` and `HfApi().upload_folder(...)`; no network, no login, no write
+access, a misspelt repo id or a timeout is one `PublishError` line with the fix. The equivalent without our
 validation is the Hub CLI (huggingface_hub >= 1.0; `huggingface-cli` no longer exists)::
 
     hf auth login
@@ -26,15 +28,27 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, ModelCard
+import httpx2
+import yaml
+from huggingface_hub import HfApi, ModelCard, constants
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    LocalTokenNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+)
+from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from sentence_transformers import SentenceTransformer
 
 from .core.arguments import start_command
-from .core.errors import UserError
+from .core.cards import find_local_paths
+from .core.errors import UserError, one_line_message, yaml_error_message
 from .core.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
 
 logger = logging.getLogger(__name__)
@@ -42,6 +56,7 @@ logger = logging.getLogger(__name__)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
 RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
+CARD_FIX = "fix the metadata block (a YAML mapping between the --- lines) at the top of README.md"
 
 __all__ = ["PublishError", "ValidationReport", "publish", "publish_command", "validate_model_folder"]
 
@@ -164,20 +179,40 @@ def _check_card(folder: Path) -> dict[str, Any]:
     text = readme.read_text(encoding="utf-8")
     if not text.startswith("---"):
         raise PublishError("README.md has no YAML metadata block (--- ... ---) at the top")
-    try:
-        card = ModelCard(text)
-        metadata = card.data.to_dict()
-    except Exception as error:  # yaml errors, malformed model-index
-        raise PublishError(f"README.md metadata does not parse: {error}") from None
+    card = _parse_card(text)
+    metadata = card.data.to_dict()
     if not metadata.get("library_name"):
         raise PublishError("README.md metadata has no library_name (sentence-transformers)")
     if "model-index" in text and not card.data.eval_results:
         raise PublishError("README.md has a model-index block without readable evaluation results")
     _check_metadata_paths(metadata, folder)
-    for local in {str(folder.resolve()), str(folder.resolve().parent), str(Path.home())}:
-        if len(local) > 1 and local in text:
-            raise PublishError(f"README.md contains a local path ({local}); remove it before publishing")
+    _check_text_paths(text)
     return metadata
+
+
+def _parse_card(text: str) -> ModelCard:
+    """The card of README.md's text; a YAML error names the card's line and the parser's reason."""
+    try:
+        return ModelCard(text)
+    except yaml.YAMLError as error:
+        block = REGEX_YAML_BLOCK.search(text)  # the front matter ModelCard parsed: its lines start after `---`
+        first_line = text[:block.start(2)].count("\n") + 1 if block else 1
+        raise PublishError(f"{yaml_error_message('README.md', error, first_line=first_line)}; {CARD_FIX}") from None
+    except Exception as error:  # front matter that is not a mapping, malformed model-index
+        raise PublishError(f"README.md metadata does not parse: {one_line_message(error)}; {CARD_FIX}") from None
+
+
+def _check_text_paths(text: str) -> None:
+    """Refuse an absolute local path anywhere in the card: the card is public, and the path (a corpus file, a
+    checkpoint) means nothing to a reader and discloses this machine's layout."""
+    found = find_local_paths(text)
+    if found:
+        line, path = found[0]
+        raise PublishError(
+            f"README.md line {line} contains a local path of this machine ({path}); edit README.md to name it by a "
+            "Hub id or a plain name, or re-export with public names (`retromae pretrain --corpus-name NAME`, "
+            "`retromae export --model-name OWNER/NAME`)"
+        )
 
 
 def _check_metadata_paths(metadata: Any, folder: Path, field_name: str = "") -> None:
@@ -272,17 +307,65 @@ def publish(
     if dry_run:
         return report, None
     api = HfApi()
-    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    commit = api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        repo_type="model",
-        revision=revision,
-        commit_message=commit_message or f"Upload {Path(folder).name} with retromae publish",
-        create_pr=create_pr,
-        ignore_patterns=IGNORE_PATTERNS,
-    )
+    with _hub_errors(repo_id, "create the repository"):
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    with _hub_errors(repo_id, "upload the folder to"):
+        commit = api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            revision=revision,
+            commit_message=commit_message or f"Upload {Path(folder).name} with retromae publish",
+            create_pr=create_pr,
+            ignore_patterns=IGNORE_PATTERNS,
+        )
     return report, commit
+
+
+@contextmanager
+def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
+    """Turn what the Hub call raises when offline, not logged in, without write access, for a missing repository or
+    on a timeout into one `PublishError` line saying what failed and the fix (raised from the Hub's error, which
+    RETROMAE_DEBUG=1 shows); other errors pass unchanged."""
+    failed = f"could not {action} {repo_id}"
+    try:
+        yield
+    except RepositoryNotFoundError as error:  # also the Hub's answer to a missing or invalid token
+        raise PublishError(
+            f"{failed}: the Hub does not know the repository or you may not access it; check the spelling of the "
+            f"repo id (OWNER/NAME, --repo-id) and that you are logged in (`hf auth login`) as {repo_id.split('/')[0]} "
+            "or a member of that organisation"
+        ) from error
+    except HfHubHTTPError as error:
+        raise PublishError(f"{failed}: {_http_failure(error, repo_id)}") from error
+    except OfflineModeIsEnabled as error:
+        raise PublishError(
+            f"{failed}: HF_HUB_OFFLINE is set; unset it to upload (to validate only: --dry-run)"
+        ) from error
+    except LocalTokenNotFoundError as error:
+        raise PublishError(f"{failed}: you are not logged in; run `hf auth login` (or set HF_TOKEN)") from error
+    except httpx2.TimeoutException as error:
+        raise PublishError(
+            f"{failed}: the Hub ({constants.ENDPOINT}) did not answer in time ({type(error).__name__}); check the "
+            "network connection, then run the command again"
+        ) from error
+    except httpx2.TransportError as error:  # connection refused, DNS failure, proxy error
+        raise PublishError(
+            f"{failed}: cannot reach the Hub ({constants.ENDPOINT}): {one_line_message(error)}; check the network "
+            "connection (and HTTPS_PROXY / HF_ENDPOINT if set), then run the command again"
+        ) from error
+
+
+def _http_failure(error: HfHubHTTPError, repo_id: str) -> str:
+    """What an HTTP error status means for an upload, and the fix."""
+    status = error.response.status_code
+    server = f" (the Hub says: {' '.join(error.server_message.split())})" if error.server_message else ""
+    if status == 401:
+        return f"you are not logged in or your token is invalid{server}; run `hf auth login`"
+    if status == 403:
+        return (f"your token may not write to {repo_id}{server}; check the owner in the repo id (--repo-id) and log "
+                "in (`hf auth login`) with a token that has write access to it")
+    return f"the Hub answered HTTP {status}{server}; run the command again later (RETROMAE_DEBUG=1 shows the details)"
 
 
 # ---- CLI -----------------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 * `render_finetuned_card` / `write_finetuned_card`: the card of a fine-tuned model, rendered from its run record
   (`retromae_finetune.json`); `retromae evaluate --update-card` re-renders it with the new results.
 
-A card never shows a local filesystem path: local names are reduced to their last component. What a card says about
+A card never shows a local filesystem path: local names are reduced to their last component (`card_name`), and
+`find_local_paths` finds any left in a card's text (`retromae publish` refuses them). What a card says about
 a pre-training method (title, summary, paper link, citation) comes from the method registry; the caller passes the
 registry's entry (anything with the fields of `MethodDescription`). The papers' BibTeX entries live in
 `model_cards/papers.bib` (`read_papers`).
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import BertConfig
 
-from .folders import is_hub_id, is_local_path, public_name
+from .folders import FILE_SUFFIXES, is_hub_id, is_local_path, public_name
 from .io import write_json_atomic, write_text_atomic
 
 PRETRAINED_TEMPLATE = "pretrained_encoder.md"
@@ -46,6 +47,20 @@ FINETUNING_PAPERS = ("retromae", "dupmae")
 NOT_HYPERPARAMETERS = frozenset({"loss_chunk_size", "mask_token_id"})
 BIBTEX_ENTRY = re.compile(r"^@\w+\{(?P<key>[^,\s]+),\n.*?^\}$", re.MULTILINE | re.DOTALL)
 BIBTEX_URL = re.compile(r"^\s*url = \{([^}]*)\}", re.MULTILINE)
+# an absolute path of this machine in prose: `/a/b` (a lone `/name` only as a data or weight file), `~/x`, `C:\x`,
+# `file:///x`. Not a URL's path (`https://host/a/b`, preceded by a host name), `owner/name`, `and/or`, `km/h`,
+# `(a+b)/c/d` in math or `<placeholder>/x`: the character before the slash must not be a word character, `.:/~\-`
+# or a closing bracket.
+_PATH_CHARS = r"[\w.@%+=~-]"
+CARD_LOCAL_PATH = re.compile(
+    rf"file:///\S+"
+    rf"|(?<![\w.:/~\\\-)\]}}>])/{_PATH_CHARS}+(?:/{_PATH_CHARS}*)*"
+    rf"|(?<![\w~/])~/{_PATH_CHARS}+(?:/{_PATH_CHARS}*)*"
+    rf"|(?<![\w/])[A-Za-z]:[\\/][^\s`'\"<>|]+"
+)
+# site-relative links (`[text](/owner/name)`, `href="/docs"`) and documentation placeholders are not local paths
+_NOT_LOCAL_PREFIXES = ("](", 'href="', 'src="')
+_PLACEHOLDER_PATHS = ("/path/to/",)
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,32 @@ def read_papers() -> dict[str, Paper]:
             raise ValueError(f"{PAPERS_FILE}: entry {match.group('key')!r} has no url field")
         papers[match.group("key")] = Paper(bibtex=match.group(0), url=url.group(1))
     return papers
+
+
+def find_local_paths(text: str) -> list[tuple[int, str]]:
+    """The absolute local paths in a card's text (`/tmp/x/corpus.jsonl`, `~/data`, `C:\\data`, `file:///x`), as
+    (1-based line number, path); a lone `/name` counts only when it names a data or weight file (`/corpus.jsonl`)."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for match in CARD_LOCAL_PATH.finditer(line):
+            path = match.group(0).rstrip(".,;:")
+            single = path.startswith("/") and path.count("/") == 1
+            if (line[:match.start()].endswith(_NOT_LOCAL_PREFIXES) or path.startswith(_PLACEHOLDER_PATHS)
+                    or (single and not path.lower().endswith(FILE_SUFFIXES))):
+                continue
+            found.append((number, path))
+    return found
+
+
+def card_name(name: Any) -> Any:
+    """What a card may show for a recorded name: a local path reduced to its last component (`public_name`); Hub ids,
+    plain names and prose as they are."""
+    return public_name(name) if isinstance(name, str) and is_local_path(name) else name
+
+
+def _hub_id(name: Any) -> str | None:
+    """`name` when it is a Hub id (`owner/name`) and not a local path (`data/train.jsonl` looks like one)."""
+    return name if is_hub_id(name) and not is_local_path(name) else None
 
 
 def _template(name: str) -> str:
@@ -135,8 +176,9 @@ def render_pretrained_card(
         pooling: "cls" or "mean", for the plain-BERT export.
     """
     run_info = run_info or {}
+    model_name = card_name(model_name)
     base_model = run_info.get("base_model")
-    hub_base_model = base_model if is_hub_id(base_model) and not is_local_path(base_model) else None
+    hub_base_model = _hub_id(base_model)
     title, summary = _title_and_summary(method)
     card_data = ModelCardData(
         language="en",
@@ -209,8 +251,8 @@ def _eval_results(rows: list[dict[str, Any]]) -> list[EvalResult]:
             if row.get(key) is None:
                 continue
             results.append(EvalResult(
-                task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_id"],
-                dataset_name=row["dataset_name"], dataset_split=row["split"], metric_type=key,
+                task_type="retrieval", task_name="Retrieval", dataset_type=card_name(row["dataset_id"]),
+                dataset_name=card_name(row["dataset_name"]), dataset_split=row["split"], metric_type=key,
                 metric_name=label, metric_value=float(row[key]),
             ))
     return results
@@ -226,12 +268,12 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
     """
     method_name = info.get("pretraining_method")
     method = methods.get(method_name) if method_name else None
-    model_name = info.get("model_name") or "retromae-finetuned"
+    model_name = card_name(info.get("model_name")) or "retromae-finetuned"
     base_model = info.get("base_model")
-    hub_base = base_model if is_hub_id(base_model) else None
+    hub_base = _hub_id(base_model)
     train = info.get("train_data") or {}
     eval_rows = list(info.get("eval_results") or [])
-    datasets = [d for d in dict.fromkeys([train.get("name"), *(r.get("dataset_id") for r in eval_rows)]) if is_hub_id(d)]
+    datasets = [d for d in dict.fromkeys([train.get("name"), *(r.get("dataset_id") for r in eval_rows)]) if _hub_id(d)]
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "retromae", "retrieval"]
     if method_name:
         tags.append(method_name)
@@ -250,8 +292,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         template_str=_template(FINETUNED_TEMPLATE),
         model_name=model_name,
         repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
-        base_model_text=(f"[{hub_base}](https://huggingface.co/{hub_base})" if hub_base
-                         else "a local model (no Hub id recorded)" if not base_model else f"`{base_model}` (local)"),
+        base_model_text=_base_model_text(hub_base, base_model),
         method_text=(f"{_title_and_summary(method)[0]} (`{method.name}`, [paper]({method.paper.url}))"
                      if method else "not a retromae pre-training (or not recorded)"),
         pooling=info.get("pooling"),
@@ -261,13 +302,14 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         hybrid=str(info.get("pooling", "")).startswith("DupMAE"),
         trust_remote_code=trust,
         load_args=", trust_remote_code=True" if trust else "",
-        train_name=train.get("name"),
+        train_name=card_name(train.get("name")),
         train_split=train.get("split"),
         train_queries=train.get("queries"),
         dropped=[(k.replace("_", " "), v) for k, v in (train.get("dropped") or {}).items() if v],
         stages=info.get("stages") or [],
         hyperparameters=[(k, format_metric(v)) for k, v in (info.get("hyperparameters") or {}).items()],
-        eval_rows=[{**row, **{k: format_metric(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
+        eval_rows=[{**row, "dataset_name": card_name(row.get("dataset_name")),
+                    **{k: format_metric(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
         metric_labels=[label for _, label in CARD_METRICS],
         metric_keys=[key for key, _ in CARD_METRICS],
         retromae_version=info.get("retromae_version", "unknown"),
@@ -275,6 +317,12 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         folder_name=model_name.split("/")[-1],
     )
     return str(card)
+
+
+def _base_model_text(hub_base: str | None, base_model: str | None) -> str:
+    if hub_base:
+        return f"[{hub_base}](https://huggingface.co/{hub_base})"
+    return f"`{card_name(base_model)}` (local)" if base_model else "a local model (no Hub id recorded)"
 
 
 def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],
@@ -287,10 +335,13 @@ def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],
 
 __all__ = [
     "CARD_METRICS",
+    "CARD_LOCAL_PATH",
     "POOLED_REPRESENTATION",
     "FINETUNE_RUN_INFO_FILE",
     "MethodDescription",
     "Paper",
+    "card_name",
+    "find_local_paths",
     "format_metric",
     "format_value",
     "method_hyperparameters",

@@ -6,6 +6,9 @@ status 2. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
+
+import yaml
 from huggingface_hub.errors import StrictDataclassError
 
 
@@ -22,4 +25,25 @@ def one_line_message(error: BaseException) -> str:
     return text.splitlines()[-1].strip() if text else type(error).__name__
 
 
-__all__ = ["UserError", "one_line_message"]
+def yaml_error_message(path: str | os.PathLike, error: yaml.YAMLError, *, first_line: int = 1) -> str:
+    """One line naming the file, the line and column, and the parser's reason, e.g.
+    `README.md:4:5: not valid YAML: expected ',' or ']', but got ':' (in a flow sequence started on line 3)`.
+
+    Args:
+        path: the file, as the user should read it.
+        error: what `yaml.safe_load` raised.
+        first_line: the file's line where the parsed text starts (2 for a model card's front matter after `---`).
+    """
+    problem, context = getattr(error, "problem", None), getattr(error, "context", None)
+    mark, context_mark = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+    mark = mark or context_mark
+    where = f"{os.fspath(path)}:{first_line + mark.line}:{mark.column + 1}" if mark else os.fspath(path)
+    if not problem:  # the first line of the error's own text (its str() ends in a "^" pointer line)
+        return f"{where}: not valid YAML: {(str(error).strip() or type(error).__name__).splitlines()[0]}"
+    if context and context_mark is not None and context_mark.line != mark.line:  # e.g. an unclosed bracket
+        construct = context.split(" ", 2)[-1] if context.startswith("while ") else context  # "while parsing a ..."
+        problem += f" (in {construct} started on line {first_line + context_mark.line})"
+    return f"{where}: not valid YAML: {problem}"
+
+
+__all__ = ["UserError", "one_line_message", "yaml_error_message"]
