@@ -127,7 +127,6 @@ def test_directory_of_files_sorted(tmp_path):
     write(tmp_path / "b" / "2.jsonl", jsonl({"text": "from jsonl"}))
     write(tmp_path / "a.txt", "from a\n")
     write(tmp_path / "c.txt", "c block one\nstill one\n\nc block two\n")
-    write(tmp_path / "notes.csv", "ignored\n")
     write(tmp_path / ".hidden.txt", "ignored\n")
     corpus = read_corpus(tmp_path)
     assert texts(corpus) == ["from a", "from jsonl", "c block one still one", "c block two"]

@@ -43,7 +43,7 @@ from .core.checkpoints import default_model_dir, load_bert_encoder, load_mlm_hea
 from .core.errors import UserError
 from .core.folders import check_model_folder
 from .core.io import atomic_file, write_json_atomic
-from .data import read_corpus
+from .data import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, read_corpus, unknown_token_share
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +209,7 @@ def input_token_coverage(
         if isinstance(model_dir_or_model, nn.Module):
             raise CoverageError("tokenizer is required when a module is given")
         tokenizer = load_tokenizer(model_dir_or_model)
+    _warn_unknown_tokens(tokenizer, texts, max_seq_length)
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
     ks = _check_ks(ks, vocab_size)
     if device is None:
@@ -231,6 +232,21 @@ def input_token_coverage(
     if scored < len(texts):
         logger.warning("coverage: %d of %d texts have no non-special token and were skipped", len(texts) - scored, len(texts))
     return {k: float(total) / scored for k, total in zip(ks, totals.tolist(), strict=True)}
+
+
+def _warn_unknown_tokens(tokenizer, texts: Sequence[str], max_seq_length: int) -> None:
+    """Warn when more than `WARN_UNK_SHARE` of the texts' tokens are [UNK] for the tokenizer (their language or script
+    is another): every [UNK] is one and the same input token, so their coverage says little. Measured on the first
+    `UNK_SAMPLE_ROWS` texts."""
+    sample = list(texts[:UNK_SAMPLE_ROWS])
+    ids = tokenizer(sample, truncation=True, max_length=max_seq_length, return_attention_mask=False)["input_ids"]
+    share = unknown_token_share(tokenizer, ids)
+    if share is None or share <= WARN_UNK_SHARE:
+        return
+    which = f"the {len(sample)}" if len(sample) == len(texts) else f"the first {len(sample)} of {len(texts)}"
+    logger.warning("coverage: %.0f%% of the text tokens of %s texts are [UNK] for the tokenizer %s: it does not know "
+                   "their language or script, so their coverage says little; use texts in the model's language",
+                   100 * share, which, tokenizer.name_or_path)
 
 
 def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathLike) -> Path:

@@ -22,13 +22,15 @@ import functools
 import hashlib
 import importlib
 import inspect
+import itertools
 import json
 import logging
 import os
 import pkgutil
 import re
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -49,6 +51,10 @@ CORPUS_SUFFIXES = (".txt", ".jsonl")
 PATH_LIKE_SUFFIXES = (*CORPUS_SUFFIXES, ".json", ".csv", ".tsv", ".parquet", ".arrow", ".gz")
 MIN_PACKED_BLOCK = 8  # a trailing packed block shorter than this many tokens is dropped
 NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many rows
+# [UNK] is never masked nor predicted: a corpus mostly [UNK] for its tokenizer (wrong language or script) trains nothing
+MAX_UNK_SHARE = 0.5  # more [UNK] than this among the text tokens: refused
+WARN_UNK_SHARE = 0.05  # more than this: a warning
+UNK_SAMPLE_ROWS = 1000  # sequences the share is measured on (spread over the corpus; the first ones of a stream)
 
 __all__ = [
     "CorpusError",
@@ -62,6 +68,7 @@ __all__ = [
     "read_corpus",
     "special_template",
     "tokenize_corpus",
+    "unknown_token_share",
     "word_start_flags",
 ]
 
@@ -95,12 +102,13 @@ def read_corpus(
     - A directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``"train"``
       split is used) with a ``"text"`` column.
     - Any other directory: every ``.txt`` and ``.jsonl`` file below it (recursively, hidden files skipped), in sorted
-      path order.
+      path order; a file of another type there is refused (it would be left out silently).
     - Otherwise a Hub dataset name, loaded with ``datasets.load_dataset(name, split="train")``. A source that looks
       like a path (absolute, starting with ``.`` or ``~``, or ending in a file suffix) and does not exist is reported
       as missing instead.
 
-    Passages that are empty after stripping whitespace are skipped.
+    Passages that are empty after stripping whitespace are skipped. The dataset's ``info.dataset_name`` is the source
+    as given (the messages of later steps, e.g. :func:`tokenize_corpus`, name it).
 
     Args:
         source: A path, a Hub dataset name, or ``None`` for the built-in corpus.
@@ -114,11 +122,21 @@ def read_corpus(
 
     Raises:
         CorpusError: The path is missing, a file is malformed (not UTF-8, a line that is not JSON or has no string
-            ``"text"``; the message gives the file and 1-based line), or the corpus holds no passage at all.
+            ``"text"``; the message gives the file and 1-based line), a folder holds files of other types (which
+            would be left out), or the corpus holds no passage at all.
         ValueError: ``text_format`` is not one of ``"auto"``, ``"lines"``, ``"blocks"``.
     """
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"text_format={text_format!r} is not one of {TEXT_FORMATS}")
+    corpus = _read_source(source, text_format, streaming)
+    corpus.info.dataset_name = "the built-in corpus" if source is None else str(source)
+    return corpus
+
+
+def _read_source(
+    source: str | os.PathLike | None, text_format: TextFormat, streaming: bool
+) -> datasets.Dataset | datasets.IterableDataset:
+    """``read_corpus`` without the naming."""
     if source is None:
         corpus = builtin_corpus()
         return corpus.to_iterable_dataset() if streaming else corpus
@@ -145,24 +163,36 @@ def _looks_like_path(source: str) -> bool:
 def _read_directory(
     path: Path, text_format: TextFormat, streaming: bool
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Reads a BEIR folder, a ``save_to_disk`` folder, or a folder of ``.txt``/``.jsonl`` files."""
+    """Reads a BEIR folder, a ``save_to_disk`` folder, or a folder of ``.txt``/``.jsonl`` files (and nothing else)."""
     if (path / "corpus.jsonl").is_file():
         return _read_files([path / "corpus.jsonl"], text_format, streaming)
     if any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
         return _load_saved_dataset(path, streaming)
-    files = sorted(
-        p
-        for p in path.rglob("*")
-        if p.suffix in CORPUS_SUFFIXES
-        and p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    found = sorted(
+        p for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
     )
+    files = [p for p in found if p.suffix in CORPUS_SUFFIXES]
+    others = [p for p in found if p.suffix not in CORPUS_SUFFIXES]
     if not files:
+        holds = f" (it holds {_some_names(others, path)})" if others else ""
         raise CorpusError(
-            f"directory {str(path)!r} holds no corpus: expected corpus.jsonl (BEIR), a datasets save_to_disk folder, "
-            f"or .txt/.jsonl files; point the source at one of these"
+            f"directory {str(path)!r} holds no corpus{holds}: expected corpus.jsonl (BEIR), a datasets save_to_disk "
+            f"folder, or .txt/.jsonl files; point the source at one of these"
         )
+    if others:
+        raise CorpusError(
+            f"directory {str(path)!r} holds files that are not a corpus format: {_some_names(others, path)}; only .txt "
+            f"and .jsonl files are read: move the others out of the folder (or convert them)"
+        )
+    logger.info("Reading %d corpus file(s) in %s: %s", len(files), path, _some_names(files, path))
     return _read_files(files, text_format, streaming)
+
+
+def _some_names(paths: list[Path], folder: Path, shown: int = 5) -> str:
+    """The first ``shown`` paths relative to ``folder``, and how many more."""
+    names = ", ".join(p.relative_to(folder).as_posix() for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
 def _load_saved_dataset(path: Path, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
@@ -566,6 +596,10 @@ def tokenize_corpus(
     with the special tokens; the last, shorter block of each ``map`` batch (1,000 passages) is kept when it has at
     least 8 tokens. Sequences without any ordinary token (empty passages) are dropped.
 
+    A corpus whose text tokens are mostly ``[UNK]`` (more than ``MAX_UNK_SHARE``, measured on ``UNK_SAMPLE_ROWS``
+    sequences) is refused: the tokenizer does not know its language or script, and ``[UNK]`` is never masked, so
+    training would learn nothing; more than ``WARN_UNK_SHARE`` gets a warning.
+
     Args:
         dataset: A ``datasets.Dataset`` or ``datasets.IterableDataset`` with a ``"text"`` column, e.g. from
             :func:`read_corpus`.
@@ -582,7 +616,8 @@ def tokenize_corpus(
 
     Raises:
         ValueError: The tokenizer is not fast, or ``max_seq_length`` leaves no room for an ordinary token.
-        CorpusError: No sequence is left (every passage is empty); not checked for an ``IterableDataset``.
+        CorpusError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
+            text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
     """
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
@@ -613,11 +648,15 @@ def tokenize_corpus(
             f"the dataset has no 'text' column (columns: {dataset.column_names}); "
             f"read it with read_corpus or rename the passage column to 'text'"
         )
+    # read_corpus names its datasets; another one may carry only its builder's name ("generator", "json")
+    source = dataset.info.dataset_name if dataset.info.dataset_name != dataset.info.builder_name else None
+    source = source or "the corpus"
     if isinstance(dataset, datasets.IterableDataset):
         tokenized = dataset.map(
             _tokenize_batch, batched=True, fn_kwargs=fn_kwargs, remove_columns=dataset.column_names, features=features
-        )
-        return tokenized.select_columns(["input_ids", "word_starts"])
+        ).select_columns(["input_ids", "word_starts"])
+        _check_unknown_tokens(tokenized, tokenizer, source)
+        return tokenized
     tokenized = dataset.map(
         _tokenize_batch,
         batched=True,
@@ -629,11 +668,48 @@ def tokenize_corpus(
     )
     if len(tokenized) == 0:
         raise CorpusError(
-            f"no sequence left after tokenizing {len(dataset)} passages: every passage is empty; "
-            f"check that the corpus 'text' column holds text"
+            f"no sequence left after tokenizing {len(dataset)} passages of {source}: every passage is empty (or holds "
+            f"only characters the tokenizer drops); check that the corpus 'text' column holds text"
         )
     logger.info("Tokenized %d passages into %d sequences (packing=%s)", len(dataset), len(tokenized), packing)
+    _check_unknown_tokens(tokenized, tokenizer, source)
     return tokenized
+
+
+def unknown_token_share(tokenizer: Any, rows: Iterable[Sequence[int]]) -> float | None:
+    """The share of ``[UNK]`` among the text tokens (all but the other special tokens) of ``rows`` of token ids;
+    None when the tokenizer has no unknown token (byte-level BPE) or the rows hold no text token."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return None
+    counts = Counter(token for ids in rows for token in ids)
+    others = set(tokenizer.all_special_ids) - {unk}
+    text = sum(count for token, count in counts.items() if token not in others)
+    return counts[unk] / text if text else None
+
+
+def _check_unknown_tokens(
+    tokenized: datasets.Dataset | datasets.IterableDataset, tokenizer: Any, source: str
+) -> None:
+    """Refuse a corpus mostly ``[UNK]`` for ``tokenizer`` (``MAX_UNK_SHARE``), warn above ``WARN_UNK_SHARE``."""
+    if isinstance(tokenized, datasets.IterableDataset):
+        rows = [row["input_ids"] for row in itertools.islice(tokenized, UNK_SAMPLE_ROWS)]
+        sample = f"the first {len(rows)} sequences of the stream"
+    else:
+        total = len(tokenized)
+        spread = [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else None
+        rows = tokenized.select(spread)["input_ids"] if spread else tokenized["input_ids"]
+        sample = f"a sample of {len(rows)} of {total} sequences" if spread else f"all {total} sequences"
+    share = unknown_token_share(tokenizer, rows)
+    if share is None or share <= WARN_UNK_SHARE:
+        return
+    message = (f"{share:.0%} of the text tokens of {source} are [UNK] ({sample}): the tokenizer "
+               f"{tokenizer.name_or_path} does not know the corpus's language or script")
+    if share > MAX_UNK_SHARE:
+        raise CorpusError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
+                          "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
+                          "meant")
+    logger.warning("%s; training learns nothing from [UNK]", message)
 
 
 @functools.lru_cache(maxsize=1)

@@ -98,7 +98,7 @@ from .beir import (
     read_training_jsonl,
     write_training_jsonl,
 )
-from .core.arguments import start_command
+from .core.arguments import check_training_arguments, start_command
 from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from .core.checkpoints import is_dupmae_model, save_without_pooler
 from .core.errors import UserError
@@ -698,6 +698,7 @@ def finetune(
         arguments.append(argument_class(**{name: values.pop(name) for name in list(values) if name in names}))
     if values:
         raise FinetuneError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
+    check_training_arguments(arguments[-1])  # the command line's are checked as they are parsed
     return run_finetune(*arguments)
 
 

@@ -10,6 +10,8 @@
 * `reject_repeated_flags(parser, argv)` refuses any other flag given twice, naming it (`parse` calls it).
 * `start_command(argv, arguments, ...)`: a command's options parsed, positional values included, and its logging
   set up (`configure_logging`, the one logging set-up of every command).
+* `check_training_arguments(args)`: refuse training options that would train nothing, train forever or fail deep in
+  the Trainer (`parse` calls it for every parser with a `TrainingArguments` before building it).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import Any
 import datasets
 import transformers
 import yaml
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainingArguments
+from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
-from .errors import UserError
+from .errors import UserError, yaml_error_message
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +106,51 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     if unknown:
         raise UserError(f"unknown setting(s) in the config file: {', '.join(unknown)} (see --help for the names)")
     parser.set_defaults(**{**(defaults or {}), **file_values})
+    if any(issubclass(kind, TrainingArguments) for kind in getattr(parser, "dataclass_types", ())):
+        # on the raw values: TrainingArguments.__post_init__ itself refuses some (--bf16) with a long traceback
+        check_training_arguments(parser.parse_known_args(argv)[0])
     *parsed, unknown_flags = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown_flags:
         raise UserError(f"unknown option(s): {' '.join(unknown_flags)} (see {parser.prog} --help for the options)")
     return tuple(parsed)
+
+
+def check_training_arguments(args: Any) -> None:
+    """Refuse training options that would train nothing, train forever or fail deep in the Trainer.
+
+    Args:
+        args: a `TrainingArguments`, or the namespace its flags parse into (read before the dataclass is built).
+
+    Raises:
+        UserError: one line naming the flag, its value and the fix. `--max-steps` takes a positive number or -1
+            (transformers' "not set": train for --num-train-epochs); 0 would train one step and other negative
+            values every epoch.
+    """
+    max_steps = getattr(args, "max_steps", -1)
+    if max_steps == 0 or max_steps < -1:
+        raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "
+                        "(-1, the default) to train for --num-train-epochs")
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if getattr(args, name, 1) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: give a positive integer")
+    if getattr(args, "learning_rate", 0.0) < 0:
+        raise UserError(f"--learning-rate {args.learning_rate}: give a learning rate >= 0 (e.g. 1e-4)")
+    _check_bf16(args)
+
+
+def _check_bf16(args: Any) -> None:
+    """Refuse --bf16 with --fp16, and --bf16 / --bf16-full-eval where TrainingArguments would (the same test: no GPU
+    with bf16 support, and not --use-cpu)."""
+    if getattr(args, "bf16", False) and getattr(args, "fp16", False):
+        raise UserError("--fp16 and --bf16 are both true; keep one")
+    flags = [name for name in ("bf16", "bf16_full_eval") if getattr(args, name, False)]
+    # the device is asked only when bf16 is: the question may initialise CUDA
+    if not flags or getattr(args, "use_cpu", False) or is_torch_bf16_gpu_available() or is_torch_xla_available():
+        return
+    flag = "--" + flags[0].replace("_", "-")
+    raise UserError(f"{flag} true needs a GPU with bf16 support and this machine has none; drop {flag} (or add "
+                    "--use-cpu true to train in bf16 on the CPU, where torch supports it), or use --fp16 true on a GPU "
+                    "without bf16")
 
 
 def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = (),
@@ -191,14 +235,17 @@ def read_config_file(path: str) -> dict[str, Any]:
     is_yaml = file.suffix in {".yaml", ".yml"}
     try:
         values = (yaml.safe_load(text) or {}) if is_yaml else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as error:  # both carry the line
-        raise UserError(f"{path} is not valid {'YAML' if is_yaml else 'JSON'}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}; fix the file") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"{yaml_error_message(path, error)}; fix the file") from None
     if not isinstance(values, dict):
         raise UserError(f"{path} must hold a mapping of setting names to values")
     return {key: json.dumps(value) if isinstance(value, dict) else value for key, value in values.items()}
 
 
 __all__ = [
-    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "configure_logging", "parse", "rename_legacy_flags", "start_command",
+    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "check_training_arguments", "configure_logging",
+    "parse", "rename_legacy_flags", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
 ]

@@ -118,15 +118,25 @@ def weight_names(folder: str | os.PathLike) -> list[str] | None:
 def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrainedTokenizerBase:
     """A checkpoint's tokenizer (a plain one: a checkpoint's config.json `auto_map` never applies to it).
 
-    Call `check_model_folder` first: it makes sure a local folder has a tokenizer vocabulary. `hint` ends the
-    error message (e.g. the flag that names another tokenizer).
+    `hint` ends the error message (e.g. the flag that names another tokenizer).
+
+    Raises:
+        CheckpointError: no tokenizer can be read, or `path_or_id` has no tokenizer vocabulary (transformers then
+            makes up one of only the special tokens, which turns every word into [UNK]).
     """
     try:
-        return AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False)
     except (OSError, ValueError) as error:  # a Hub id while offline, a folder without tokenizer files
         raise CheckpointError(
             f"cannot load a tokenizer from {path_or_id}: {str(error).strip().splitlines()[0]}{hint}"
         ) from None
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise CheckpointError(
+            f"{path_or_id} has no tokenizer files (e.g. tokenizer.json or vocab.txt): a tokenizer made up of its "
+            f"{len(tokenizer)} special tokens would turn every word into [UNK]; copy the model's tokenizer files "
+            f"into it, or use the model's tokenizer{hint or ' from elsewhere'}"
+        )
+    return tokenizer
 
 
 def bert_encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],

@@ -110,7 +110,8 @@ def _is_trainer_checkpoint(folder: Path) -> bool:
 
 
 def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer: bool = True) -> None:
-    """Refuse a local model folder that a complete save would not look like; Hub ids pass through unchecked.
+    """Refuse a local model folder that a complete save would not look like (files missing, or a safetensors file
+    shorter than its header says); Hub ids pass through unchecked.
 
     Args:
         path_or_id: a local folder or a Hub model id.
@@ -119,7 +120,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
             half-saved tokenizer, tokenizer_config.json without a vocabulary, is refused either way).
 
     Raises:
-        IncompleteModelFolder: one line naming the folder, the missing files and the fix.
+        IncompleteModelFolder: one line naming the folder, the missing files (or the truncated one) and the fix.
     """
     if not is_local_path(path_or_id):
         return
@@ -136,6 +137,36 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         raise IncompleteModelFolder(
             f"{purpose}: model folder {folder} is incomplete, it has no {'; no '.join(missing)}; {KILLED_SAVE_HINT}"
         )
+    for file in _safetensors_files(folder):
+        problem = safetensors_problem(file)
+        if problem:
+            raise IncompleteModelFolder(f"{purpose}: weights file {file} is incomplete: {problem}; "
+                                        f"{KILLED_SAVE_HINT} (or download it again)")
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors files of a model folder: its own and those of its sentence-transformers Transformer module."""
+    folders = {folder, _transformer_dir(folder, [])}
+    return sorted(file for path in folders for file in path.glob("*.safetensors") if file.is_file())
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """Why `file` is not a complete safetensors file (a header that cannot be read, or fewer bytes than the header
+    describes: a save or download that was killed), or None. Reads the header only, no tensor."""
+    size = file.stat().st_size
+    with open(file, "rb") as handle:
+        header_length = int.from_bytes(handle.read(8), "little") if size >= 8 else 0
+        if size < 8 or 8 + header_length > size:
+            return f"it has {size} bytes, fewer than its header needs"
+        try:
+            header = json.loads(handle.read(header_length))
+            end = max((int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"),
+                      default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "its header is not readable safetensors JSON"
+    if 8 + header_length + end > size:
+        return f"it has {size} bytes, its header describes {8 + header_length + end}"
+    return None
 
 
 def _transformer_dir(folder: Path, missing: list[str]) -> Path:
@@ -309,7 +340,7 @@ def clean_stale_siblings(target: str | os.PathLike) -> list[Path]:
     handled = []
     for entry in sorted(target.parent.iterdir()):
         match = _SIBLING.match(entry.name)
-        if not match or match["name"] != target.name or not entry.is_dir() or _alive(int(match["pid"])):
+        if not match or match["name"] != target.name or not entry.is_dir() or process_alive(int(match["pid"])):
             continue
         if match["kind"] == "old" and not target.exists():
             os.replace(entry, target)
@@ -327,7 +358,8 @@ def sibling_target_name(name: str) -> str | None:
     return match["name"] if match else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (ours counts; another user's too)."""
     if pid == os.getpid():
         return True
     try:
@@ -357,4 +389,6 @@ __all__ = [
     "LOCAL_PATH",
     "is_local_path",
     "missing_model_files",
+    "safetensors_problem",
+    "process_alive",
 ]

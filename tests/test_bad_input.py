@@ -1,0 +1,199 @@
+"""Bad input is refused in one line that names the file, line, field or flag and the fix (issue 31, items 5-10):
+a corpus the tokenizer cannot read, training flags that would train nothing or forever, unreadable files in a corpus
+folder, a broken --config file, half-written weights, a model folder without a tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from retromae.trainers import cli
+from retromae.trainers import finetune as finetune_module
+from retromae.trainers.core.arguments import check_training_arguments
+from retromae.trainers.core.errors import UserError
+from retromae.trainers.coverage import input_token_coverage
+from retromae.trainers.data import CorpusError, read_corpus, tokenize_corpus
+from transformers import TrainingArguments
+
+from .builders import pretrain_args, save_headless_bert, write_beir, write_lines
+
+EMOJI = ["😀 🎉 🚀 🙂", "🙃 😎 🤖", "🎈 🎁 🎂 🍰 🍕"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _datasets_cache(tmp_path_factory):
+    """Keep the Arrow files that from_generator / map write out of the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
+        yield
+
+
+def one_line_error(capsys, command: str) -> str:
+    """The error line of a command that exited with status 2: its last line of stderr (progress bars come before)."""
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"retromae {command}: error: "), err
+    return err
+
+
+# ---- item 5: a corpus the tokenizer cannot read -------------------------------------------------------------------
+
+
+def test_pretrain_refuses_a_corpus_of_unknown_tokens(tiny_bert, tmp_path, capsys):
+    """Every emoji is [UNK] for the MiniLM tokenizer, and [UNK] is never masked: the run would report loss 0."""
+    corpus = write_lines(tmp_path / "emoji.txt", EMOJI * 4)
+    assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "run")) == 2
+    err = one_line_error(capsys, "pretrain")
+    assert "100% of the text tokens of" in err and "emoji.txt are [UNK] (all 12 sequences)" in err
+    assert "--tokenizer" in err and not (tmp_path / "run" / "checkpoint-2").exists()
+
+
+def test_a_corpus_with_some_unknown_tokens_is_trained_with_a_warning(tokenizer, caplog):
+    corpus = datasets.Dataset.from_dict({"text": ["hello world 😀"] * 3})  # 1 [UNK] of 3 text tokens
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.data"):
+        assert len(tokenize_corpus(corpus, tokenizer, max_seq_length=16)) == 3
+    assert any("33% of the text tokens of the corpus are [UNK]" in r.getMessage() for r in caplog.records)
+
+
+def test_a_large_corpus_is_measured_on_a_sample(tokenizer, tmp_path):
+    path = write_lines(tmp_path / "big.txt", [f"{EMOJI[i % 3]} {i}" for i in range(2500)])
+    with pytest.raises(CorpusError, match=r"of .*big\.txt are \[UNK\] \(a sample of 1000 of 2500 sequences\)"):
+        tokenize_corpus(read_corpus(path), tokenizer, max_seq_length=16)
+
+
+def test_coverage_warns_on_text_of_unknown_tokens(tiny_bert, caplog):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.coverage"):
+        input_token_coverage(tiny_bert, None, EMOJI, ks=(1,), device="cpu")
+    assert any("100% of the text tokens of the 3 texts are [UNK]" in r.getMessage() for r in caplog.records)
+
+
+# ---- item 6: training flags ----------------------------------------------------------------------------------------
+
+BAD_TRAINING_FLAGS = [
+    (["--max-steps", "-5"], "--max-steps -5: give a positive number of optimizer steps, or leave it unset (-1"),
+    (["--max-steps", "0"], "--max-steps 0: give a positive number"),
+    (["--per-device-train-batch-size", "0"], "--per-device-train-batch-size 0: give a positive integer"),
+    (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps 0: give a positive integer"),
+    (["--learning-rate", "-0.001"], "--learning-rate -0.001: give a learning rate >= 0"),
+    (["--fp16", "true", "--bf16", "true"], "--fp16 and --bf16 are both true; keep one"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_TRAINING_FLAGS)
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_training_flags_that_train_nothing_or_forever_are_refused(command, flags, message, tmp_path, capsys):
+    """Refused while parsing, before a model or a corpus (neither exists here) is read."""
+    first = ["--corpus", str(tmp_path / "missing.txt")] if command == "pretrain" else ["model", "data"]
+    assert cli.main([command, *first, "--output-dir", str(tmp_path / "out"), *flags]) == 2
+    assert message in one_line_error(capsys, command)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.is_bf16_supported(), reason="this GPU supports bf16")
+def test_bf16_without_support_is_one_line(tmp_path, capsys):
+    assert cli.main(["pretrain", "--corpus", str(tmp_path / "missing.txt"), "--bf16", "true"]) == 2
+    err = one_line_error(capsys, "pretrain")
+    assert "--bf16 true needs a GPU with bf16 support" in err and "--use-cpu true" in err and "--fp16 true" in err
+
+
+def test_what_transformers_accepts_passes(tmp_path):
+    check_training_arguments(TrainingArguments(output_dir=str(tmp_path), max_steps=-1))  # -1: not set, train epochs
+    check_training_arguments(argparse.Namespace(bf16=True, use_cpu=True))  # torch runs bf16 on any CPU
+    check_training_arguments(argparse.Namespace(fp16=True, bf16_full_eval=True, use_cpu=True))
+
+
+def test_finetune_python_api_checks_the_training_options(tmp_path):
+    with pytest.raises(UserError, match="--max-steps 0: give a positive number"):
+        finetune_module.finetune("model", "data", tmp_path / "out", max_steps=0)
+
+
+# ---- item 7: a corpus folder with files it cannot read -------------------------------------------------------------
+
+
+def test_a_corpus_folder_with_unreadable_files_is_refused(tmp_path, caplog):
+    write_lines(tmp_path / "a.jsonl", ['{"text": "a passage"}'])
+    (tmp_path / "sub").mkdir()
+    write_lines(tmp_path / "sub" / "b.txt", ["another passage"])
+    for name in ("notes.csv", "dump.json", "sub/weights.bin"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(CorpusError, match=r"not a corpus format: dump\.json, notes\.csv, sub/weights\.bin; only "
+                                          r"\.txt and \.jsonl files are read: move the others out"):
+        read_corpus(tmp_path)
+    for name in ("notes.csv", "dump.json", "sub/weights.bin"):
+        (tmp_path / name).unlink()
+    with caplog.at_level(logging.INFO, logger="retromae.trainers.data"):
+        assert len(read_corpus(tmp_path)) == 2
+    assert any("Reading 2 corpus file(s)" in r.getMessage() and "a.jsonl, sub/b.txt" in r.getMessage()
+               for r in caplog.records)
+
+
+# ---- item 8: a broken --config file --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("bad.yaml", "max_steps: 3\nsave_steps: [1, 2\nseed: 1\n",
+     "bad.yaml:3:5: not valid YAML: expected ',' or ']', but got ':' "
+     "(in a flow sequence started on line 2)"),
+    ("bad.json", '{"max_steps": 3,\n "seed": }\n', "bad.json:2:10: not valid JSON: Expecting value"),
+])
+def test_a_config_file_syntax_error_names_file_line_and_reason(name, text, expected, tmp_path, capsys):
+    config = tmp_path / name
+    config.write_text(text, encoding="utf-8")
+    assert cli.main(["pretrain", "--config", str(config)]) == 2
+    assert one_line_error(capsys, "pretrain").endswith(f"{tmp_path}/{expected}; fix the file")
+
+
+# ---- item 9: half-written weights ----------------------------------------------------------------------------------
+
+
+def truncate_weights(folder: Path) -> Path:
+    """`folder` with its model.safetensors short of its last 100 bytes (a save killed mid-write)."""
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return folder
+
+
+@pytest.mark.parametrize("command", ["export", "pretrain", "evaluate"])
+def test_truncated_weights_are_refused_in_one_line(command, stage1_checkpoint, corpus, tmp_path, capsys):
+    """export reads a pre-training checkpoint (a tiny one-step run), pretrain --model and evaluate any BERT folder."""
+    truncated_model = truncate_weights(shutil.copytree(stage1_checkpoint, tmp_path / "model"))
+    argv = {
+        "export": ["export", str(truncated_model), str(tmp_path / "out")],
+        "pretrain": pretrain_args(truncated_model, corpus, tmp_path / "out"),
+        "evaluate": ["evaluate", str(truncated_model), "--beir-folder", str(write_beir(tmp_path / "beir")),
+                     "--output-dir", str(tmp_path / "out")],
+    }[command]
+    assert cli.main(argv) == 2
+    err = one_line_error(capsys, command)
+    assert f"weights file {truncated_model / 'model.safetensors'} is incomplete: it has " in err
+    assert "bytes, its header describes" in err and "save it again (or download it again)" in err
+
+
+def test_an_unreadable_safetensors_header_is_refused(tmp_path, tokenizer):
+    from retromae.trainers.core.folders import IncompleteModelFolder, check_model_folder
+
+    folder = save_headless_bert(tmp_path / "model", tokenizer)
+    (folder / "model.safetensors").write_bytes((10).to_bytes(8, "little") + b"not json!!")
+    with pytest.raises(IncompleteModelFolder, match="header is not readable safetensors JSON"):
+        check_model_folder(folder, purpose="export")
+    (folder / "model.safetensors").write_bytes(b"\x01\x02")
+    with pytest.raises(IncompleteModelFolder, match="it has 2 bytes, fewer than its header needs"):
+        check_model_folder(folder, purpose="export")
+
+
+# ---- item 10: a model folder without a tokenizer -------------------------------------------------------------------
+
+
+def test_a_model_folder_without_a_tokenizer_is_refused(tiny_bert, corpus, tmp_path, capsys):
+    """transformers would make up a 5-token tokenizer (every word [UNK]) and masking would fail deep inside."""
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_bert / name, folder / name)
+    assert cli.main(pretrain_args(folder, corpus, tmp_path / "out")) == 2
+    err = one_line_error(capsys, "pretrain")
+    assert f"{folder} has no tokenizer files" in err and "copy the model's tokenizer files into it" in err
+    assert "--tokenizer" in err
