@@ -114,6 +114,12 @@ def device_name(device) -> str:
     return platform.processor() or platform.machine()
 
 
+def device_slug(name: str) -> str:
+    """A file-name form of a device name: ``NVIDIA H100 80GB HBM3`` -> ``h100_80gb_hbm3``."""
+    words = name.lower().replace("nvidia", " ").replace("(r)", " ")
+    return "_".join("".join(c if c.isalnum() else " " for c in words).split()) or "device"
+
+
 def machine_facts(device) -> dict[str, Any]:
     """What every timing report records about the machine and the invocation, at its start."""
     return {

@@ -31,6 +31,24 @@ all-MiniLM-L6-v2 tokenizer. Reported:
    size (``VmHWM`` of /proc/self/status, reset through /proc/self/clear_refs just before the steps) minus the RSS
    before them; elsewhere ``ru_maxrss``.
 
+4. Model FLOP utilisation (MFU, CUDA with ``--dtype bf16`` on a device of known peak): the variant's model FLOPs per
+   training step over the median step time, over the device's dense bf16 peak. Model FLOPs per step =
+   3 x forward FLOPs (backward = 2 x forward for every matmul) = 3 x ``analytic_mflops(...)["as_implemented"][variant]``
+   x batch x L: the matmul FLOPs our code performs (QKV/O projections 8d^2, FFN 4dI and attention scores + weighted
+   sum 4Ld per token and layer; the tied MLM head 2d^2 + 2dV per scored row; decoder layers and heads as in
+   ``analytic_mflops``); embeddings, norms, softmax, the optimizer and recomputation are not counted. Peaks
+   (``PEAK_BF16_TFLOPS``): the vendor datasheets' dense bf16 tensor-core figures, half of the "with sparsity" ones:
+   H100 SXM and H200 989 TFLOP/s, H100 NVL and H200 NVL 835, H100 PCIe 756; matched on the CUDA device name, where a
+   bare "H100" (``NVIDIA H100 80GB HBM3``) is taken as the SXM part. Another device: MFU is omitted (None). The
+   measured 8192^3 bf16 matmul on an H200 of the lent machines ran at 769-798 TFLOP/s, so 100% MFU is unreachable.
+
+``--attn-implementation`` (default sdpa) goes to our models' configs (``attn_implementation=``); the ``hf_mlm``
+baseline keeps ``--baseline-attn-implementation`` (default sdpa, the issue's "stock HF MLM"). A variant whose model
+refuses the implementation is skipped and recorded under ``skipped``. ``--tiny`` (a 64-wide, 2-layer model at L=64,
+one step) only proves that the script runs: its numbers mean nothing. Each finished (size, L) is written at once
+(``"partial": true`` until the end), and ``--merge`` keeps the other (size, L) entries of an existing output file of
+the same device and dtype, so a GPU call can run one size and length at a time and stop at any point.
+
 CPU runs set ``OMP_WAIT_POLICY=PASSIVE`` unless the variable is already set: on a machine shared with other busy
 processes, OpenMP threads that spin-wait for a descheduled peer made single steps 5-10x slower; with a passive wait
 the slowdown is proportional to the load.
@@ -61,6 +79,7 @@ from common import (
     SIZES,
     VOCAB_SIZE,
     cpu_counters,
+    device_slug,
     layer_flops,
     load_tokenizer,
     log,
@@ -89,6 +108,17 @@ BOW_TARGET = 1.2  # BoW >= 1.2x HF MLM (MLM logits at masked positions only + on
 SEED_LIMIT_SHARE = 0.95  # SEED within 5% of its (FLOP-minimal) compute limit
 COLLATION_TARGET_MS = 2.0  # ours, ms per sample at L=512
 MEMORY_TARGET = 1.10  # peak step memory of enhanced over HF-MLM at L=512
+TABLE_VARIANTS = "enhanced,dupmae,bow,seed"  # issue 32's bf16 table (hf_mlm always runs)
+# issue 32's targets for that table (bf16, L=512, x hf_mlm samples/s); stretch: enhanced at base >= 35% MFU
+BF16_TARGETS = {"base": {"enhanced": 1.2, "dupmae": 1.0, "seed": 1.0, "bow": 1.5}, "minilm": {"enhanced": 1.0}}
+MFU_STRETCH = {("base", "enhanced"): 0.35}
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+SHAPES: dict[str, dict[str, int]] = {**SIZES, "tiny": TINY}
+# Dense bf16 tensor-core peaks, TFLOP/s, from the NVIDIA H100 and H200 datasheets (half the "with sparsity" figure),
+# matched in this order as substrings of torch.cuda.get_device_name(); a bare "H100" is the SXM part.
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200 NVL", 835.0), ("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0),
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -107,6 +137,11 @@ def resolve_device(name: str) -> torch.device:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a known CUDA device (``PEAK_BF16_TFLOPS``), else None."""
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key.lower() in device_name.lower()), None)
 
 
 def autocast(device: torch.device, dtype: str):
@@ -190,9 +225,10 @@ class BatchSource:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_model(variant: str, size: str, mask_token_id: int, seed: int) -> torch.nn.Module:
+def build_model(variant: str, size: str, mask_token_id: int, seed: int, attn: str = "sdpa") -> torch.nn.Module:
+    """A randomly initialised model of the variant; ``attn`` is its config's ``attn_implementation``."""
     torch.manual_seed(seed)
-    shape = {"vocab_size": VOCAB_SIZE, **SIZES[size]}
+    shape = {"vocab_size": VOCAB_SIZE, **SHAPES[size], "attn_implementation": attn}
     if variant == "hf_mlm":
         from transformers import BertConfig, BertForMaskedLM
 
@@ -204,6 +240,7 @@ def build_model(variant: str, size: str, mask_token_id: int, seed: int) -> torch
         config = DupMAEConfig(
             **shape, decoding="enhanced", decoder_mask_ratio=ENHANCED_DECODER_MASK_RATIO,
             encoder_mask_ratio=MLM_PROBABILITY, mask_token_id=mask_token_id,
+            dense_dim=min(384, shape["hidden_size"]),  # the default 384; the tiny model's width there
         )
         return DupMAEForPretraining(config)
     if variant == "bow":
@@ -231,8 +268,9 @@ def build_model(variant: str, size: str, mask_token_id: int, seed: int) -> torch
     return RetroMAEForPretraining(config)
 
 
-def build_trainable(variant: str, size: str, mask_token_id: int, device: torch.device, seed: int):
-    model = build_model(variant, size, mask_token_id, seed).to(device).train()
+def build_trainable(variant: str, size: str, mask_token_id: int, device: torch.device, seed: int,
+                    attn: str = "sdpa"):
+    model = build_model(variant, size, mask_token_id, seed, attn).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     return model, optimizer
 
@@ -279,7 +317,7 @@ def analytic_mflops(size: str, length: int, label_shares: dict[str, float]) -> d
     logits), and SEED's attention over its window (k tokens + h) instead of L keys. The other variants are already
     minimal.
     """
-    d, n, inter = SIZES[size]["hidden_size"], SIZES[size]["num_hidden_layers"], SIZES[size]["intermediate_size"]
+    d, n, inter = SHAPES[size]["hidden_size"], SHAPES[size]["num_hidden_layers"], SHAPES[size]["intermediate_size"]
     encoder, layer, head = n * layer_flops(d, inter, length), layer_flops(d, inter, length), head_flops(d)
     encoder_rows, decoder_rows = label_shares["encoder"], label_shares["decoder"]
     ot_rows = max(decoder_rows - encoder_rows, 0.0)  # unmasked ordinary tokens
@@ -358,18 +396,48 @@ def label_shares(batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     return {"encoder": encoder, "decoder": decoder}
 
 
+def attn_for(variant: str, args) -> str:
+    return args.baseline_attn_implementation if variant == "hf_mlm" else args.attn_implementation
+
+
+def build_trainables(size: str, mask_token_id: int, args, device: torch.device) -> tuple[dict, dict[str, str]]:
+    """Model and optimizer of every variant; a variant whose model refuses its attention implementation is skipped
+    (the baseline never is) and its reason returned."""
+    trainables, skipped = {}, {}
+    for variant in args.variant_list:
+        try:
+            trainables[variant] = build_trainable(variant, size, mask_token_id, device, args.seed,
+                                                  attn_for(variant, args))
+        except (ValueError, ImportError) as error:
+            if variant == "hf_mlm":
+                raise
+            skipped[variant] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            log(f"  {variant}: skipped ({skipped[variant]})")
+    return trainables, skipped
+
+
+def utilisation(forward_mflops_per_token: float, tokens: int, step_s: float, peak_tflops: float | None):
+    """Model TFLOP per step (3 x forward), achieved TFLOP/s and MFU against ``peak_tflops`` (None: no MFU)."""
+    step_tflop = 3 * forward_mflops_per_token * 1e6 * tokens / 1e12
+    achieved = step_tflop / step_s
+    return {"model_tflop_per_step": step_tflop, "model_tflops_per_s": achieved,
+            "mfu": achieved / peak_tflops if peak_tflops else None}
+
+
 def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, Any]:
     """Interleaved burn-in + timed training steps of the selected variants at one (size, length)."""
-    variants = args.variant_list
+    trainables, skipped = build_trainables(size, tokenizer.mask_token_id, args, device)
+    variants = [v for v in args.variant_list if v in trainables]
     n_batches = args.burn_in + args.steps
     batches = {}
     for variant in variants:
         collator = make_collator(variant, tokenizer, args.seed)
         batches[variant] = [dict(collator(source.features(variant, i, args.batch_size))) for i in range(n_batches)]
+    if len(variants) < 2:
+        raise RuntimeError(f"every variant besides hf_mlm was skipped: {skipped}")
     ours = next(v for v in variants if v != "hf_mlm")  # every one of ours gets the same batches (same seed)
     shares = label_shares(batches[ours])
     hf_share = statistics.mean(float((b["labels"] != -100).float().mean()) for b in batches["hf_mlm"])
-    trainables = {v: build_trainable(v, size, tokenizer.mask_token_id, device, args.seed) for v in variants}
     device_batches = {v: [to_device(b, device) for b in batches[v]] for v in variants}
     wall: dict[str, list[float]] = {v: [] for v in variants}
     others: dict[str, list[float | None]] = {v: [] for v in variants}
@@ -394,7 +462,10 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
         values = torch.stack(losses[variant]).float().cpu()
         if not torch.isfinite(values).all():
             raise RuntimeError(f"{variant}: non-finite loss {values.tolist()}")
-    result: dict[str, Any] = {"label_shares": {**shares, "hf_mlm_encoder": hf_share}, "variants": {}}
+    result: dict[str, Any] = {
+        "label_shares": {**shares, "hf_mlm_encoder": hf_share}, "variants": {}, "skipped": skipped,
+        "attn_implementation": {v: attn_for(v, args) for v in variants},
+    }
     mflops = analytic_mflops(size, length, shares)
     result["analytic_mflops_per_token"] = mflops
     for variant in variants:
@@ -424,6 +495,8 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
         entry["minimal_limit_vs_hf_mlm"] = minimal["hf_mlm"] / minimal[variant]
         entry["share_of_minimal_limit"] = entry["throughput_vs_hf_mlm"] / entry["minimal_limit_vs_hf_mlm"]
         entry["target_vs_hf_mlm"] = variant_target(variant, size, entry["minimal_limit_vs_hf_mlm"])
+        entry.update(utilisation(implemented[variant], args.batch_size * length, entry["ms_per_step"] / 1e3,
+                                 args.peak_tflops))
     del trainables, device_batches, model, optimizer
     gc.collect()
     if device.type == "cuda":
@@ -531,6 +604,26 @@ def percent(share: float | None) -> str:
     return "n/a" if share is None else f"{100 * share:.0f}%"
 
 
+def peak_note(env: dict[str, Any]) -> str:
+    peak = env.get("peak_bf16_tflops")
+    return f"{peak:g} TFLOP/s, {env['device_name']}" if peak else "unknown for this device"
+
+
+def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per (size, L, variant): the figures issue 32's table needs, with its targets (bf16, L=512)."""
+    bf16 = report["environment"]["dtype"] == "bf16"
+    return [
+        {"size": run["size"], "length": run["length"], "variant": variant,
+         "attn_implementation": run.get("attn_implementation", {}).get(variant),
+         "ms_per_step": entry["ms_per_step"], "samples_per_s": entry["samples_per_s"],
+         "ratio": entry["throughput_vs_hf_mlm"], "model_tflops_per_s": entry["model_tflops_per_s"],
+         "mfu": entry["mfu"],
+         "issue32_target": BF16_TARGETS.get(run["size"], {}).get(variant) if bf16 and run["length"] == 512 else None,
+         "issue32_mfu_stretch": MFU_STRETCH.get((run["size"], variant)) if bf16 and run["length"] == 512 else None}
+        for run in report["steps"] for variant, entry in run["variants"].items()
+    ]
+
+
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -543,8 +636,8 @@ def render(report: dict[str, Any]) -> str:
         "### Training step (forward + backward + AdamW; collation excluded)",
         "",
         "| size | L | variant | ms/step | samples/s | tokens/s | × HF MLM | limit, as implemented¹ | "
-        "limit, FLOP-minimal² | × HF / minimal limit | target | others' CPU⁰ |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "limit, FLOP-minimal² | × HF / minimal limit | target | model TFLOP/s⁵ | MFU⁵ | others' CPU⁰ |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for run in report["steps"]:
         for variant, entry in run["variants"].items():
@@ -559,8 +652,8 @@ def render(report: dict[str, Any]) -> str:
                 f"{entry['samples_per_s']:.2f} | {entry['tokens_per_s']:.0f} | "
                 f"{'1.00' if baseline else f'{ratio:.2f}'} | {'1.00' if baseline else f'{limit:.2f}'} | "
                 f"{'1.00' if baseline else f'{minimal:.2f}'} | "
-                f"{'' if baseline else f'{of_minimal:.2f}'} | {target} | "
-                f"{percent(entry['other_processes_cpu_share'])} |"
+                f"{'' if baseline else f'{of_minimal:.2f}'} | {target} | {entry['model_tflops_per_s']:.3g} | "
+                f"{percent(entry['mfu'])} | {percent(entry['other_processes_cpu_share'])} |"
             )
     reference = ", ".join(
         f"{run['size']}/L={run['length']}: "
@@ -581,8 +674,14 @@ def render(report: dict[str, Any]) -> str:
         "unmasked ordinary tokens (disjoint from the encoder-MLM rows, so MLM + OT = one vocabulary row per ordinary "
         f"token), SEED's attention over its window ({SEED_WINDOW} tokens + h) instead of L keys; the others equal ¹. "
         "'× HF / minimal limit' is the measured ratio over this limit (1.00 = at the limit).",
+        f"⁵ model FLOPs per step = 3 × the forward FLOPs of ¹ × batch × L, over the median step time; MFU against "
+        f"the device's dense bf16 peak ({peak_note(env)}); n/a off a known GPU or outside bf16.",
         "",
     ]
+    skipped = {f"{run['size']}/L={run['length']} {v}": why for run in report["steps"]
+               for v, why in run.get("skipped", {}).items()}
+    if skipped:
+        lines += ["Skipped: " + "; ".join(f"{key}: {why}" for key, why in skipped.items()), ""]
     if report["collation"]:
         lines += [
             f"### Collation (one process, one torch thread as in a DataLoader worker; batch {env['batch_size']}, full-length rows)",
@@ -638,13 +737,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=None, help="default 8 on cuda, 2 on cpu")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant (default 20 cuda, 3 cpu)")
     parser.add_argument("--burn-in", type=int, default=None, help="untimed steps per variant (default 3 cuda, 1 cpu)")
-    parser.add_argument("--sizes", default="minilm,base", help=f"comma-separated, from {','.join(SIZES)}")
+    parser.add_argument("--sizes", default="minilm,base", help=f"comma-separated, from {','.join(SHAPES)}")
     parser.add_argument("--lengths", default="128,512", help="comma-separated sequence lengths (<= 512)")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS),
         help=f"comma-separated, from {','.join(VARIANTS)} (default all; hf_mlm, the baseline, always runs)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: minilm, L=128, 2 timed steps, no memory")
+    parser.add_argument(
+        "--tiny", action="store_true",
+        help="proves nothing: a 64-wide 2-layer model, L=64, batch 2, 1 step, the table's variants (CPU smoke)",
+    )
+    parser.add_argument("--table", action="store_true",
+                        help=f"issue 32's bf16 table: --variants {TABLE_VARIANTS} --dtype bf16 --no-memory")
+    parser.add_argument("--attn-implementation", default="sdpa",
+                        help="attn_implementation of our models (sdpa, eager, flash_attention_2, flex_attention, ...)")
+    parser.add_argument("--baseline-attn-implementation", default="sdpa", help="attn_implementation of hf_mlm")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other (size, L) entries of an existing --output of the same device and dtype")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument(
         "--memory-variants", default="hf_mlm,enhanced,dupmae",
@@ -652,7 +762,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default="benchmarks/results/pretrain_throughput.json")
+    parser.add_argument(
+        "--output", default=None,
+        help="default: results/pretrain_throughput.json (cpu, fp32), results/pretrain_throughput_<device>_<dtype>.json "
+             "(otherwise), out/pretrain_throughput_tiny.json (--tiny)",
+    )
     parser.add_argument("--memory-probe", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--memory-probe-batch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -663,15 +777,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.sizes, args.lengths, args.steps = "minilm", "128", 2 if args.steps is None else args.steps
         args.no_memory = True
+    if args.table:
+        args.variants, args.dtype, args.no_memory = TABLE_VARIANTS, "bf16", True
+    if args.tiny:
+        args.sizes, args.lengths, args.no_memory = "tiny", "64", True
+        args.batch_size, args.steps, args.burn_in = args.batch_size or 2, args.steps or 1, args.burn_in or 1
+        args.variants = args.variants if args.variants != ",".join(VARIANTS) else TABLE_VARIANTS
     is_cuda = device.type == "cuda"
     args.batch_size = args.batch_size if args.batch_size is not None else (8 if is_cuda else 2)
     args.steps = args.steps if args.steps is not None else (20 if is_cuda else 3)
     args.burn_in = args.burn_in if args.burn_in is not None else (3 if is_cuda else 1)
     args.size_list = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.length_list = [int(x) for x in args.lengths.split(",") if x.strip()]
-    unknown = [s for s in args.size_list if s not in SIZES]
+    unknown = [s for s in args.size_list if s not in SHAPES]
     if unknown:
-        parser.error(f"unknown size(s) {unknown}; choose from {list(SIZES)}")
+        parser.error(f"unknown size(s) {unknown}; choose from {list(SHAPES)}")
     if args.steps < 1 or args.burn_in < 1 or args.batch_size < 1:
         parser.error("--steps, --burn-in and --batch-size must be >= 1 (one burn-in step at least: first-step costs)")
     if any(not 8 < length <= 512 for length in args.length_list):
@@ -685,7 +805,70 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(args.variant_list) < 2:
         parser.error("--variants: name at least one variant besides the hf_mlm baseline")
     args.memory_variant_list = [v for v in args.variant_list if v in memory_chosen | {"hf_mlm"}]
+    args.collation_reps, args.collation_seconds = (3, 0.1) if args.tiny else (20, 1.0)
     return args
+
+
+def default_output(args, device_name: str) -> Path:
+    if args.tiny:
+        return common.ROOT / "out" / "pretrain_throughput_tiny.json"
+    if args.device == "cpu" and args.dtype == "fp32":
+        return common.RESULTS_DIR / "pretrain_throughput.json"
+    slug = "cpu" if args.device == "cpu" else device_slug(device_name)
+    return common.RESULTS_DIR / f"pretrain_throughput_{slug}_{args.dtype}.json"
+
+
+def merged(report: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """``report`` with the (size, L) entries of an earlier output (``previous``) that this run did not redo, kept
+    first; the earlier run's environment goes under ``environment.merged_runs``."""
+    if previous is None:
+        return report
+    env, old_env = report["environment"], previous["environment"]
+    if any(old_env.get(key) != env[key] for key in ("device_name", "dtype", "batch_size")):
+        raise SystemExit("--merge: the output file is of another device, dtype or batch size; choose another --output")
+    redone = {(run["size"], run["length"]) for run in report["steps"]}
+    steps = [run for run in previous["steps"] if (run["size"], run["length"]) not in redone] + report["steps"]
+    collation = {**previous.get("collation", {}), **report["collation"]}
+    keys = ("date", "sizes", "lengths", "command", "wall_seconds")
+    runs = [*old_env.get("merged_runs", []), {key: old_env.get(key) for key in keys}]
+    return {**report, "steps": steps, "collation": collation, "environment": {**env, "merged_runs": runs}}
+
+
+def write_partial(report: dict[str, Any], previous: dict[str, Any] | None, output: Path) -> None:
+    """The finished (size, L) entries so far, marked partial: a call stopped at its time limit keeps them."""
+    whole = merged(report, previous)
+    common.write_json(output, {**whole, "partial": True, "rows": table_rows(whole)})
+
+
+def collation_shares(report: dict[str, Any], batch_size: int) -> None:
+    """Collation cost relative to the step it feeds (enhanced RetroMAE, else the first of ours), per (size, L)."""
+    variants = report["environment"]["variants"]
+    fed = "enhanced" if "enhanced" in variants else variants[1]
+    report["collation_step_variant"] = fed
+    for run in report["steps"]:
+        collation = report["collation"].get(str(run["length"]))
+        if collation is None or fed not in run["variants"]:
+            continue
+        per_batch_s = collation["ours"]["ms_per_sample"] * batch_size / 1e3
+        step_s = run["variants"][fed]["ms_per_step"] / 1e3
+        collation.setdefault("share_of_step", {})[run["size"]] = per_batch_s / step_s
+
+
+def run_environment(args, device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    facts = common.machine_facts(device)
+    peak = peak_bf16_tflops(facts["device_name"]) if device.type == "cuda" and args.dtype == "bf16" else None
+    return {
+        "device": args.device, **facts, "torch": torch.__version__, "transformers": transformers.__version__,
+        "cuda": torch.version.cuda if device.type == "cuda" else None, "threads": torch.get_num_threads(),
+        "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps, "burn_in": args.burn_in,
+        "sizes": args.size_list, "lengths": args.length_list, "variants": args.variant_list,
+        "memory_variants": [] if args.no_memory else args.memory_variant_list,
+        "attn_implementation": args.attn_implementation,
+        "baseline_attn_implementation": args.baseline_attn_implementation,
+        "peak_bf16_tflops": peak, "tiny": args.tiny,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -700,24 +883,14 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     started = time.perf_counter()
-    environment = {
-        "device": args.device,
-        **common.machine_facts(device),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda if device.type == "cuda" else None,
-        "threads": torch.get_num_threads(),
-        "dtype": args.dtype,
-        "batch_size": args.batch_size,
-        "steps": args.steps,
-        "burn_in": args.burn_in,
-        "sizes": args.size_list,
-        "lengths": args.length_list,
-        "variants": args.variant_list,
-        "memory_variants": [] if args.no_memory else args.memory_variant_list,
-    }
+    environment = run_environment(args, device)
+    args.peak_tflops = environment["peak_bf16_tflops"]
+    output = Path(args.output) if args.output else default_output(args, environment["device_name"])
+    previous = common.read_json(output) if args.merge and output.is_file() else None
+    if args.tiny:
+        log("--tiny: a 64-wide 2-layer model, one step: this run proves only that the script runs, nothing else")
     log(f"{environment['device_name']} | torch {torch.__version__} | {args.dtype} | batch {args.batch_size} | "
-        f"load {environment['load_average_start']}")
+        f"attn {args.attn_implementation} | load {environment['load_average_start']} | -> {output}")
     tokenizer = load_tokenizer()
     sources = {length: BatchSource(tokenizer, length) for length in args.length_list}
     report: dict[str, Any] = {"environment": environment, "steps": [], "collation": {}, "memory": []}
@@ -725,21 +898,14 @@ def main(argv: list[str] | None = None) -> None:
     for length in args.length_list:
         log(f"collation L={length}")
         report["collation"][str(length)] = time_collators(
-            sources[length], tokenizer, args.batch_size, args.seed, min_reps=20, min_seconds=1.0
+            sources[length], tokenizer, args.batch_size, args.seed, args.collation_reps, args.collation_seconds
         )
     for size in args.size_list:
         for length in args.length_list:
             log(f"training steps: {size} L={length}")
             run = time_steps(size, length, sources[length], tokenizer, args, device)
             report["steps"].append({"size": size, "length": length, **run})
-    # collation cost relative to the step it feeds (enhanced RetroMAE, else the first of ours)
-    fed = "enhanced" if "enhanced" in args.variant_list else args.variant_list[1]
-    report["collation_step_variant"] = fed
-    for run in report["steps"]:
-        collation = report["collation"][str(run["length"])]
-        per_batch_s = collation["ours"]["ms_per_sample"] * args.batch_size / 1e3
-        share = per_batch_s / (run["variants"][fed]["ms_per_step"] / 1e3)
-        collation.setdefault("share_of_step", {})[run["size"]] = share
+            write_partial(report, previous, output)
     if not args.no_memory:
         length = max(args.length_list)
         with tempfile.TemporaryDirectory() as workdir:
@@ -747,8 +913,12 @@ def main(argv: list[str] | None = None) -> None:
                 log(f"peak memory: {size} L={length} (fresh subprocesses)")
                 memory = measure_memory(size, length, sources[length], tokenizer, args, Path(workdir))
                 report["memory"].append({"size": size, "length": length, **memory})
-
-    common.finish_report(report, started, render, Path(args.output))
+    report = merged(report, previous)
+    collation_shares(report, args.batch_size)
+    report["rows"], report["partial"] = table_rows(report), False
+    common.finish_report(report, started, render, output)
+    if args.tiny:
+        print("--tiny: this run proves only that the script runs; its numbers mean nothing.")
 
 
 if __name__ == "__main__":
