@@ -4,7 +4,8 @@
   (rows, vocab_size) logits tensor outlives its chunk; gradients are formed in the forward pass (no recompute).
 - `enhanced_visibility_mask`: RetroMAE's position-specific attention mask (paper eq. 7), sampled on the device.
 - `two_stream_layer_forward` / `TwoStreamBertLayer`: one BertLayer with queries from one stream and keys/values from
-  another, through transformers' attention interface and gradient checkpointing.
+  another, through transformers' attention interface and gradient checkpointing; every decoder layer runs through
+  it, on `decoder_attn_implementation` (the encoder's implementation when it takes a dense mask, else sdpa).
 - `random_row_mask`: an exact-count random subset of positions per row, vectorized.
 - `bag_of_words_targets` / `bag_of_words_loss`: the BoW objective shared by BoW prediction and DupMAE.
 """
@@ -132,6 +133,12 @@ def linear_cross_entropy(
         return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype)
 
 
+# The mask samplers (random_row_mask, enhanced_visibility_mask, reference_visibility_mask) run eagerly inside a
+# compiled model (`torch.compiler.disable`): they sync with the host (row counts, the greedy loop), so they would break
+# the graph anyway, and inductor mis-sizes the int32 view of the int64 draws in `_random_keys` once it is sliced and
+# handed to topk ("setStorage: ... out of bounds", torch 2.13). Eagerly they draw exactly what they draw without
+# compile, so compiled and eager steps see the same masks.
+@torch.compiler.disable
 def random_row_mask(candidates: torch.Tensor, ratio: float) -> torch.Tensor:
     """Pick exactly `round(ratio * n)` of the `n` True positions of each row of `candidates` (at least 1).
 
@@ -211,6 +218,7 @@ def random_row_subsets(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Ten
     return sampler(real, n_visible)
 
 
+@torch.compiler.disable  # eager inside a compiled model: see the note above random_row_mask
 def enhanced_visibility_mask(attention_mask: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     """RetroMAE's position-specific attention mask (paper eq. 7), sampled independently for every row.
 
@@ -266,7 +274,8 @@ def _greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) -> torch.
     only words no longer than the remaining budget can be taken, so at most max-word-length further steps.
 
     Args:
-        sizes: `(..., W)` tokens per word in shuffled order; words that do not exist have a size above any budget.
+        sizes: `(..., W)` tokens per word in shuffled order; words that do not exist have a size above any budget
+            and come last (`_existing_words_first`), or the bound on the steps above does not hold.
         budget: `(...)` long.
 
     Returns:
@@ -287,6 +296,33 @@ def _greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) -> torch.
         next_word = torch.where(found, first.squeeze(-1) + 1, next_word)
 
 
+def _existing_words_first(order: torch.Tensor, num_words: torch.Tensor) -> torch.Tensor:
+    """`order` with each row's absent word slots (ids >= its sequence's word count) moved behind its real words, the
+    real words keeping their shuffled order (a stable partition, by cumulative counts: no sort, no random draw).
+
+    A sequence with fewer words than the batch's longest has absent slots shuffled in among its words. They never
+    fit the budget, so the greedy walk skips them without effect, and the walk's outcome is unchanged by moving them
+    to the end. Left in place, the first of them would end `_greedy_whole_word_fill`'s prefix with most of the
+    budget unspent, and the walk would go on one word per loop step (about one step per word of the sequence).
+
+    Args:
+        order: `(B, P, W)` word ids in shuffled order.
+        num_words: `(B,)` real words per sequence (ids 0 .. num_words - 1).
+
+    Returns:
+        `(B, P, W)`.
+    """
+    if bool((num_words == order.shape[-1]).all()):  # no absent slot (e.g. packed copies): nothing to move
+        return order
+    exists = order < num_words[:, None, None]  # (B, P, W), in shuffled order
+    real_before = exists.cumsum(-1)  # (B, P, W): real words up to and including each slot
+    slot = torch.arange(order.shape[-1], device=order.device)
+    # a real word goes to its rank among the real ones, an absent one behind all of them, by its rank among those
+    position = torch.where(exists, real_before - 1, num_words[:, None, None] + slot - real_before)
+    return torch.empty_like(order).scatter_(-1, position, order)
+
+
+@torch.compiler.disable  # eager inside a compiled model: see the note above random_row_mask
 def reference_visibility_mask(
     attention_mask: torch.Tensor, word_starts: torch.Tensor, mask_ratio: float
 ) -> torch.Tensor:
@@ -322,6 +358,7 @@ def reference_visibility_mask(
     pool_sizes = n_real.clamp(min=1, max=REFERENCE_POOL_SIZE)  # (B,)
     pool = int(pool_sizes.max())
     order = torch.rand(batch_size, pool, num_words, device=device).argsort(-1)  # (B, P, W): one shuffle per mask
+    order = _existing_words_first(order, starts.sum(-1))
     taken_in_order = _greedy_whole_word_fill(sizes[:, None, :].expand(-1, pool, -1).gather(-1, order), budget[:, None])
     taken = torch.zeros_like(taken_in_order).scatter_(-1, order, taken_in_order)  # (B, P, W) by word id
     hidden_pool = taken.gather(-1, word_of_token[:, None, :].expand(-1, pool, -1)) & maskable[:, None, :]  # (B, P, L)
@@ -332,6 +369,19 @@ def reference_visibility_mask(
     visible[:, 1:, 0] |= ~real[:, 1:]  # padding rows see position 0
     visible[:, 0, 0] |= ~visible[:, 0].any(-1)  # a 1-token sequence's row 0 looks at position 0
     return visible[:, None]
+
+
+# attention implementations that take an arbitrary dense `(B, 1, Lq, Lk)` mask, as the decoders' per-row visibility
+# (RetroMAE's random rows, SEED's window) needs; flash kernels take a padding mask only, and flex attention would
+# read a dense mask element by element in a compiled score_mod, with no block sparsity to gain from a random mask
+DENSE_MASK_ATTENTION = ("eager", "sdpa")
+
+
+def decoder_attn_implementation(encoder_implementation: str | None) -> str:
+    """The attention implementation of the decoders for the model's (the encoder's) `config._attn_implementation`:
+    the same when it takes a dense mask (`DENSE_MASK_ATTENTION`), else sdpa (flash_attention_*, flex_attention, hub
+    kernels), so the encoder may use any implementation transformers offers."""
+    return encoder_implementation if encoder_implementation in DENSE_MASK_ATTENTION else "sdpa"
 
 
 def attention_bias(visible: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype) -> torch.Tensor:
@@ -352,13 +402,14 @@ def two_stream_layer_forward(
 
     The residual connection runs on the query stream (RetroMAE eq. 5); parameter names stay BertLayer's, so BERT
     weights load into the decoder. Equals `layer(x, mask)` when both streams are `x`. Attention goes through
-    transformers' attention interface, keyed by `config._attn_implementation` as in `BertSelfAttention`.
+    transformers' attention interface, keyed by `decoder_attn_implementation(config._attn_implementation)`: the
+    encoder's implementation when it takes a dense mask, else sdpa.
 
     Args:
         layer: a `transformers` BertLayer.
         query_stream: `(B, Lq, H)`.
         content_stream: `(B, Lk, H)`.
-        visible: `(B, 1, Lq, Lk)` bool, True = may attend.
+        visible: `(B, 1, Lq, Lk)` bool, True = may attend (`(B, 1, 1, Lk)` for a mask shared by all rows).
 
     Returns:
         `(B, Lq, H)`.
@@ -373,7 +424,7 @@ def two_stream_layer_forward(
     q = split_heads(attention.query(query_stream))
     k = split_heads(attention.key(content_stream))
     v = split_heads(attention.value(content_stream))
-    implementation = attention.config._attn_implementation
+    implementation = decoder_attn_implementation(attention.config._attn_implementation)
     attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     context, _ = attention_function(
         attention,
@@ -439,4 +490,4 @@ def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return (per_row * has_targets).sum() / has_targets.sum().clamp(min=1.0)  # no host sync
 
 
-__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "random_row_subsets", "reference_target_positions", "reference_visibility_mask", "two_stream_layer_forward", "TwoStreamBertLayer", "attention_bias"]
+__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "random_row_subsets", "reference_target_positions", "reference_visibility_mask", "two_stream_layer_forward", "TwoStreamBertLayer", "attention_bias", "DENSE_MASK_ATTENTION", "decoder_attn_implementation"]

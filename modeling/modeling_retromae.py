@@ -5,7 +5,6 @@ Hub remote code: torch/transformers only, relative imports for our own files.
 
 import torch
 from torch import nn
-from transformers.models.bert.modeling_bert import BertLayer
 
 from .configuration_retromae import RetroMAEConfig
 from .layers_retromae import (
@@ -36,9 +35,9 @@ class RetroMAEDecoder(nn.Module):
     def __init__(self, config: RetroMAEConfig):
         super().__init__()
         self.config = config
-        # BertLayer parameter names either way, so BERT weights load; both kinds are GradientCheckpointingLayers
-        layer_class = TwoStreamBertLayer if config.decoding == "enhanced" else BertLayer
-        self.layers = nn.ModuleList([layer_class(config) for _ in range(config.num_decoder_layers)])
+        # BertLayer parameter names, so BERT weights load; a GradientCheckpointingLayer; attention on the decoder's
+        # own implementation (`decoder_attn_implementation`), whatever the encoder's
+        self.layers = nn.ModuleList([TwoStreamBertLayer(config) for _ in range(config.num_decoder_layers)])
 
     def forward(
         self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -88,10 +87,9 @@ class RetroMAEDecoder(nn.Module):
         targets = random_row_mask(decoder_labels != IGNORE_INDEX, self.config.decoder_mask_ratio)  # (B, L)
         decoder_ids = original_ids.masked_fill(targets, self.config.mask_token_id)
         hidden = torch.cat([h[:, None, :], embeddings(input_ids=decoder_ids)[:, 1:]], dim=1)  # (B, L, H)
-        additive_mask = torch.zeros(attention_mask.shape, dtype=hidden.dtype, device=hidden.device)
-        additive_mask = additive_mask.masked_fill(attention_mask == 0, torch.finfo(hidden.dtype).min)[:, None, None, :]
+        visible = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L): ordinary self-attention over real tokens
         for layer in self.layers:
-            hidden = layer(hidden, attention_mask=additive_mask)
+            hidden = layer(hidden, hidden, visible)
         return hidden, decoder_labels.masked_fill(~targets, IGNORE_INDEX)
 
 
@@ -110,8 +108,8 @@ class RetroMAEForPretraining(BertPretrainingBase):
     encoder_class = RetroMAEModel
     head_prefixes = ("decoder.",)
     method_input_names = ("decoder_word_starts",)
-    _supports_flash_attn = False  # the decoder's per-row visibility matrix is a dense mask: eager or sdpa
-    _supports_flex_attn = False
+    # every implementation BERT offers is accepted (`_supports_*` of BertPreTrainedModel): it is the encoder's; the
+    # decoder, whose visibility matrix is a dense mask, runs on `decoder_attn_implementation` of it (eager or sdpa)
 
     def __init__(self, config: RetroMAEConfig):
         super().__init__(config)

@@ -34,9 +34,9 @@ takes here; the attention span over tokens is the same.
 
 import torch
 from torch import nn
-from transformers.models.bert.modeling_bert import BertLayer
 
 from .configuration_seed import SEEDConfig
+from .layers_retromae import TwoStreamBertLayer
 from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
@@ -95,7 +95,10 @@ class SEEDDecoder(nn.Module):
     def __init__(self, config: SEEDConfig):
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList([BertLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)])
+        # BertLayer names and weights; attention on the decoder's own implementation (`decoder_attn_implementation`)
+        self.layers = nn.ModuleList(
+            [TwoStreamBertLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)]
+        )
 
     def forward(
         self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings: nn.Module
@@ -112,36 +115,27 @@ class SEEDDecoder(nn.Module):
         """
         tokens = embeddings(input_ids=original_ids)  # (B, L, H)
         hidden = torch.cat([sentence_embedding[:, None, :].to(tokens.dtype), tokens[:, 1:]], dim=1)  # h replaces [CLS]
-        first_mask = self._additive_mask(attention_mask, self.config.attention_window, hidden.dtype)
+        first_visible = windowed_causal_visibility(attention_mask, self.config.attention_window)  # (B, 1, L, L)
         # "total": the later layers see only their own position and h, so the whole stack sees k tokens back
-        later_mask = first_mask if self.config.attention_window_scope == "per_layer" else (
-            self._additive_mask(attention_mask, 1, hidden.dtype)
+        later_visible = first_visible if self.config.attention_window_scope == "per_layer" else (
+            windowed_causal_visibility(attention_mask, 1)
         )
         for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, attention_mask=first_mask if index == 0 else later_mask)
+            hidden = layer(hidden, hidden, first_visible if index == 0 else later_visible)  # ordinary self-attention
         return hidden
-
-    @staticmethod
-    def _additive_mask(attention_mask: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
-        """`(B, 1, L, L)` 0 / finfo.min: eager attention adds the mask to the scores, so a float mask serves both
-        eager and sdpa (a bool mask works with sdpa only)."""
-        visible = windowed_causal_visibility(attention_mask, window)
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 class SEEDEncoderForPretraining(BertPretrainingBase):
     """SEED-Encoder pre-training model (`AutoModelForPreTraining`): encoder MLM + weak-decoder reconstruction.
 
     Keys: `bert.*` (encoder), `cls.*` (MLM head, shared by encoder and decoder, tied to the word embeddings),
-    `decoder.layers.N.*` (BertLayer names). The decoder relies on an explicit 4-D attention mask, so only the
-    eager and sdpa attention implementations are supported.
+    `decoder.layers.N.*` (BertLayer names). Any attention implementation BERT offers is accepted for the encoder;
+    the decoder relies on an explicit 4-D mask and runs on `decoder_attn_implementation` of it (eager or sdpa).
     """
 
     config_class = SEEDConfig
     encoder_class = SEEDEncoderModel
     head_prefixes = ("decoder.",)
-    _supports_flash_attn = False  # flash kernels ignore the windowed mask
-    _supports_flex_attn = False
 
     def __init__(self, config: SEEDConfig):
         super().__init__(config)

@@ -298,7 +298,9 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
-    def from_encoder_checkpoint(cls, model_name_or_path: str | os.PathLike, **config_overrides):
+    def from_encoder_checkpoint(
+        cls, model_name_or_path: str | os.PathLike, attn_implementation: str | None = None, **config_overrides
+    ):
         """Start pre-training from any BERT checkpoint (BertModel, BertForMaskedLM or one of our checkpoints).
 
         Other architectures (RoBERTa, XLM-R ...: `model_type` not in `BERT_LAYOUT_MODEL_TYPES`) are refused with a
@@ -309,6 +311,8 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         Modules absent from the checkpoint are initialised as BERT does (normal(0, initializer_range), zero biases,
         unit LayerNorms); the MLM output matrix is always the tied word-embedding matrix. With
         `decoder_init="copy_last_layer"` a fresh decoder starts as a copy of the encoder's last layer.
+        `attn_implementation` is `from_pretrained`'s (None: transformers' default, sdpa): the encoder's; the decoders
+        run on `decoder_attn_implementation` of it.
         """
         model_type = BertConfig.get_config_dict(model_name_or_path)[0].get("model_type")
         if model_type not in (None, *BERT_LAYOUT_MODEL_TYPES):
@@ -318,7 +322,9 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         base = BertConfig.from_pretrained(model_name_or_path).to_dict()
         fields = {k: v for k, v in base.items() if k not in {"model_type", "architectures", "auto_map", "transformers_version"}}
         config = cls.config_class(**{**fields, **config_overrides})
-        model, info = cls.from_pretrained(model_name_or_path, config=config, output_loading_info=True)
+        model, info = cls.from_pretrained(
+            model_name_or_path, config=config, output_loading_info=True, attn_implementation=attn_implementation
+        )
         missing = set(info["missing_keys"])
         if any(k.startswith("bert.") for k in missing):
             raise ValueError(

@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "methods": 2,
     # 3: the drivers, one per command
     "pretrain": 3, "export": 3, "finetune": 3, "evaluate": 3, "publish": 3, "hybrid_index": 3, "coverage": 3,
+    "validation": 3,  # the retrieval validation of `pretrain` (it reuses coverage's diagnostic)
     # 4: command wiring, imported by nothing
     "cli": 4,
 }

@@ -181,3 +181,98 @@ def test_reference_visibility_without_word_starts_names_the_batch_key():
 def test_reference_option_values_are_checked(kwargs, field):
     with pytest.raises((ValueError, StrictDataclassError), match=field):
         tiny_config(**kwargs)
+
+
+# ---- the output for a fixed seed is pinned: a faster sampler must draw the very same masks -------------------------
+
+
+def _previous_greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
+    """`_greedy_whole_word_fill` as it was before absent words were moved behind the real ones (verbatim copy)."""
+    taken = sizes.cumsum(-1) <= budget[..., None]
+    remaining = budget - (sizes * taken).sum(-1)
+    next_word = taken.sum(-1)
+    word_index = torch.arange(sizes.shape[-1], device=sizes.device)
+    while True:
+        fits = (sizes <= remaining[..., None]) & (word_index >= next_word[..., None]) & (remaining > 0)[..., None]
+        found = fits.any(-1)
+        if not bool(found.any()):
+            return taken
+        first = fits.long().argmax(-1, keepdim=True)
+        taken.scatter_(-1, first, found[..., None] | taken.gather(-1, first))
+        remaining = remaining - torch.where(found, sizes.gather(-1, first).squeeze(-1), 0)
+        next_word = torch.where(found, first.squeeze(-1) + 1, next_word)
+
+
+def _previous_reference_visibility_mask(attention_mask, word_starts, mask_ratio):
+    """`reference_visibility_mask` as it was before the ragged-batch speed-up (verbatim copy, constants inlined)."""
+    from retromae.modeling.layers_retromae import reference_target_positions
+
+    real = attention_mask.bool()
+    batch_size, seq_len = real.shape
+    device = real.device
+    maskable = reference_target_positions(attention_mask)
+    follows_maskable = torch.cat([torch.zeros_like(maskable[:, :1]), maskable[:, :-1]], dim=1)
+    starts = maskable & ((word_starts != 0) | ~follows_maskable)
+    word_of_token = (starts.long().cumsum(-1) - 1).clamp(min=0)
+    num_words = int(starts.sum(-1).max().clamp(min=1))
+    sizes = torch.zeros(batch_size, num_words, dtype=torch.long, device=device)
+    sizes.scatter_add_(1, word_of_token, maskable.long())
+    sizes.masked_fill_(sizes == 0, seq_len + 1)
+    n_real = real.sum(-1)
+    budget = (n_real.double() * mask_ratio).round().long().clamp(min=1, max=512)
+    pool_sizes = n_real.clamp(min=1, max=256)
+    pool = int(pool_sizes.max())
+    order = torch.rand(batch_size, pool, num_words, device=device).argsort(-1)
+    taken_in_order = _previous_greedy_whole_word_fill(
+        sizes[:, None, :].expand(-1, pool, -1).gather(-1, order), budget[:, None]
+    )
+    taken = torch.zeros_like(taken_in_order).scatter_(-1, order, taken_in_order)
+    hidden_pool = taken.gather(-1, word_of_token[:, None, :].expand(-1, pool, -1)) & maskable[:, None, :]
+    pick = torch.randint(0, 2**62, (batch_size, seq_len), device=device) % pool_sizes[:, None]
+    hidden = hidden_pool.gather(1, pick[..., None].expand(-1, -1, seq_len))
+    visible = real[:, None, :] & ~hidden & real[:, :, None]
+    visible.diagonal(dim1=1, dim2=2).fill_(False)
+    visible[:, 1:, 0] |= ~real[:, 1:]
+    visible[:, 0, 0] |= ~visible[:, 0].any(-1)
+    return visible[:, None]
+
+
+def _word_batch(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention_mask, word_starts) of a batch: `uniform` = copies of one sequence; the others ragged (sequences of
+    different lengths and word counts, so the shorter ones have absent word slots)."""
+    generator = torch.Generator().manual_seed(7)
+    lengths = {
+        "uniform": [60] * 6,
+        "ragged_words": [60] * 6,  # same length, word densities from 0.2 to 1.0
+        "ragged_lengths": [60, 45, 17, 3, 1, 2, 33, 60, 0],
+        "left_padded": [50, 12, 37, 4],
+        "beyond_pool": [300, 280, 120],  # n > 256: a pool of 256 masks
+    }[layout]
+    seq_len = max(lengths)
+    attention = torch.zeros(len(lengths), seq_len, dtype=torch.long)
+    density = torch.linspace(0.2, 1.0, len(lengths))[:, None] if layout == "ragged_words" else 0.7
+    starts = (torch.rand(len(lengths), seq_len, generator=generator) < density).long()
+    if layout == "uniform":
+        starts[:] = starts[0]
+    for b, n in enumerate(lengths):
+        span = slice(seq_len - n, seq_len) if layout == "left_padded" else slice(0, n)
+        attention[b, span] = 1
+    return attention, starts
+
+
+@pytest.mark.parametrize("layout", ["uniform", "ragged_words", "ragged_lengths", "left_padded", "beyond_pool"])
+@pytest.mark.parametrize("mask_ratio", [0.15, 0.5, 0.7])
+def test_reference_visibility_is_bit_identical_to_the_previous_sampler(layout, mask_ratio):
+    """For a fixed seed the sampler returns exactly the masks of the previous algorithm (kept above as a private
+    copy): same random draws, same greedy walk, absent word slots skipped without a step of their own."""
+    from retromae.modeling.layers_retromae import reference_visibility_mask as current
+
+    attention, starts = _word_batch(layout)
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        expected = _previous_reference_visibility_mask(attention, starts, mask_ratio)
+        after_previous = torch.rand(())  # the generator's state after the call must match too
+        torch.manual_seed(seed)
+        ours = current(attention, starts, mask_ratio)
+        assert torch.equal(ours, expected), (layout, mask_ratio, seed)
+        assert torch.equal(torch.rand(()), after_previous)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
+from retromae.trainers.core.lock import LOCK_NAME
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 README_RESUME_LINE = "retromae pretrain --output-dir out/retromae --resume-from-checkpoint last"
@@ -56,15 +57,23 @@ def test_readme_resume_line_after_sigkill_restores_the_run(tiny_bert, corpus, tm
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not (out / "retromae_run.json").exists(), "killed before the end"
-    # a checkpoint another run left in the folder: rotation must not delete it
+    assert (out / LOCK_NAME).is_file(), "a SIGKILL leaves the lock; the resume takes it over"
+    # a checkpoint another run left in the folder: `last` is ambiguous, and rotation must not delete it
     foreign = out / "checkpoint-1"
     shutil.copytree(out / "checkpoint-4", foreign)
     resume_file = foreign / "retromae_resume.json"
     resume_file.write_text(json.dumps({**json.loads(resume_file.read_text()), "run_id": "another-run"}))
+    refused = subprocess.run([retromae_script(), *shlex.split(README_RESUME_LINE)[1:]], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "holds checkpoints of 2 runs" in refused.stderr, refused.stderr[-3000:]
+    assert "out/retromae/checkpoint-1 (run another-run)" in refused.stderr
 
-    resumed = subprocess.run([retromae_script(), *shlex.split(README_RESUME_LINE)[1:]], cwd=tmp_path, env=env,
+    own = max(set(out.glob("checkpoint-*")) - {foreign}, key=lambda path: int(path.name.split("-")[1]))
+    explicit = README_RESUME_LINE.replace(" last", f" {own.relative_to(tmp_path)}")
+    resumed = subprocess.run([retromae_script(), *shlex.split(explicit)[1:]], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not (out / LOCK_NAME).exists()
     info = json.loads((out / "retromae_run.json").read_text())
     assert info["global_step"] == 24 and info["max_seq_length"] == 32 and info["corpus"] == "my-corpus.txt"
     assert info["base_model"] == tiny_bert.name

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +24,14 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
 from .core.arguments import configure_logging, parse, split_config
 from .core.checkpoints import default_model_dir, load_tokenizer
 from .core.errors import UserError
-from .core.folders import check_model_folder, public_name
+from .core.folders import TRAINER_CHECKPOINT, check_model_folder, public_name
 from .core.io import read_json_or_empty
+from .core.lock import LOCK_NAME, folder_lock
 from .core.versions import package_version
 from .data import DataInputs
 from .export import export_from_model
@@ -39,10 +42,13 @@ from .trainer import (
     RESUME_LAST,
     RUN_INFO_NAME,
     RetroMAETrainer,
+    checkpoint_to_resume,
     clean_killed_saves,
+    finished_step,
     last_complete_checkpoint,
     remove_previous_run,
 )
+from .validation import RetrievalValidationCallback, plot_validation, validation_summary
 
 logger = logging.getLogger("retromae")
 
@@ -82,6 +88,13 @@ class ModelArguments:
     base_model_name: str | None = field(
         default=None, metadata={"help": "Hub id of the base model, written to the model card (default: guessed)"}
     )
+    attn_implementation: Literal[
+        "auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"
+    ] = field(
+        default="auto",
+        metadata={"help": "the encoder's attention (auto: transformers' default, sdpa); the decoder keeps sdpa when "
+                  "the choice cannot take its dense mask (flash, flex). flash and flex need a GPU"},
+    )
 
 
 @dataclass
@@ -114,9 +127,39 @@ class RunArguments:
         default=False, metadata={"help": "allow writing into an output folder that already holds a run"}
     )
     export_dir: str | None = field(
-        default=None, metadata={"help": "where the final sentence-transformers encoder goes (default: OUTPUT_DIR/encoder)"}
+        default=None,
+        metadata={"help": "where the final sentence-transformers encoder goes (default: OUTPUT_DIR/encoder, the run's "
+                  "own, replaced by each run there). Another folder must be empty unless --overwrite-export is given; "
+                  "one that is or holds the output folder, the corpus, the model or the working directory is refused"},
+    )
+    overwrite_export: bool = field(
+        default=False,
+        metadata={"help": "replace what a non-empty --export-dir holds (deleted once the new export is complete)"},
     )
     no_export: bool = field(default=False, metadata={"help": "skip the final export"})
+
+
+@dataclass
+class ValidationArguments:
+    eval_beir_folder: str | None = field(
+        default=None,
+        metadata={"help": "score the model's own sentence representation ([CLS]; DupMAE: its hybrid, and its [CLS] "
+                  "part as eval_cls_*) zero-shot on "
+                  "this BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) every --eval-steps steps (default: "
+                  "--logging-steps) and at the last step; logs eval_ndcg@10, eval_mrr@10 and eval_recall@100 beside "
+                  "the losses and plots them in OUTPUT_DIR/validation.png. Encoding batch: "
+                  "--per-device-eval-batch-size"},
+    )
+    eval_split: str = field(default="dev", metadata={"help": "--eval-beir-folder: the qrels split (qrels/SPLIT.tsv)"})
+    eval_max_queries: int = field(
+        default=1000,
+        metadata={"help": "--eval-beir-folder: score the first N queries by sorted id (the same ones each time)"},
+    )
+    eval_coverage: bool = field(
+        default=False,
+        metadata={"help": "--eval-beir-folder: also log the input-token coverage@10/20/50/100 of [CLS] (as "
+                  "`retromae coverage`) on the folder's first 1000 documents"},
+    )
 
 
 @dataclass
@@ -152,6 +195,7 @@ class PretrainRun:
     recipe: RecipeArguments
     resume: str | None
     settings: dict[str, Any]
+    validation: ValidationArguments = field(default_factory=ValidationArguments)
 
 
 class RecordingParser(HfArgumentParser):
@@ -168,7 +212,8 @@ class RecordingParser(HfArgumentParser):
 
 def pretrain_parser() -> RecordingParser:
     return RecordingParser(
-        (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments),
+        (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments,
+         ValidationArguments),
         prog="retromae pretrain",
         description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
@@ -183,11 +228,16 @@ def pretrain_parser() -> RecordingParser:
 def pretrain_arguments(argv: list[str]) -> PretrainRun:
     """Parse `retromae pretrain`'s options: once for the options given (flags and `--config` file), which locate
     the checkpoint to resume, and once in full. Resuming, the checkpoint's recorded settings are the defaults and a
-    given option may only repeat them (or be one that may change, `resume.MAY_CHANGE`)."""
+    given option may only repeat them (or be one that may change, `resume.MAY_CHANGE`). Nothing is written: the
+    output folder is prepared by `pretrain` under its lock (`prepare_output_dir`)."""
     flags, file_values = split_config(argv)
     if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
         parse(pretrain_parser(), argv)
     given = {**file_values, **given_options(pretrain_parser(), flags)}
+    for name in ("load_best_model_at_end", "metric_for_best_model"):  # the checkpoints track no best model yet
+        if given.get(name):
+            raise UserError(f"--{name.replace('_', '-')} is not supported by retromae pretrain yet; drop it: the "
+                            "final save and export are the last step's (compare eval_ndcg@10 in trainer_state.json)")
     demo = not {"corpus", "pairs"} & given.keys() and "--config" not in argv
     defaults = DEMO_DEFAULTS if demo else {}
     output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
@@ -199,10 +249,9 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     elif resume:
         logger.warning("%s records no run settings (written by an older retromae): the flags given now apply", resume)
     parser = pretrain_parser()
-    model, method_settings, data, run, training, recipe = parse(parser, argv, defaults)
+    model, method_settings, data, run, training, recipe, validation = parse(parser, argv, defaults)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
-    prepare_output_dir(training.output_dir, run, resume, training.should_save)
-    return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings)
+    return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation)
 
 
 def _field_default(dataclass_type: type, name: str) -> Any:
@@ -210,9 +259,10 @@ def _field_default(dataclass_type: type, name: str) -> Any:
 
 
 def resolve_resume(output_dir: str, resume: str | None) -> str | None:
-    """The checkpoint `--resume-from-checkpoint` names: `last` is the newest complete one in OUTPUT_DIR."""
+    """The checkpoint `--resume-from-checkpoint` names: `last` is the newest complete one in OUTPUT_DIR (refused
+    when OUTPUT_DIR holds checkpoints of several runs, `trainer.checkpoint_to_resume`)."""
     if resume in RESUME_LAST:
-        found = last_complete_checkpoint(output_dir)
+        found = checkpoint_to_resume(output_dir)
         if found is None:
             raise UserError(f"--resume-from-checkpoint {resume}: no complete checkpoint in {output_dir}")
         return str(found)
@@ -224,7 +274,8 @@ def resolve_resume(output_dir: str, resume: str | None) -> str | None:
 def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool) -> None:
     """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
     --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else.
-    Build folders of saves a kill interrupted are removed in any case."""
+    Build folders of saves a kill interrupted are removed in any case. The main process calls it holding the
+    folder's lock (`core.lock`), whose file does not count as an earlier run's."""
     folder = Path(output_dir)
     if should_save:
         clean_killed_saves(folder)
@@ -232,11 +283,17 @@ def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | No
     if own_folder and run_args.overwrite_output_dir:
         raise UserError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
                         "drop one of the two")
-    if own_folder or not (folder.is_dir() and any(folder.iterdir())):
+    if own_folder or not (folder.is_dir() and any(not p.name.startswith(LOCK_NAME) for p in folder.iterdir())):
         return
     if not run_args.overwrite_output_dir:
         latest = last_complete_checkpoint(folder)
-        hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})" if latest else "choose another --output-dir"
+        done = finished_step(latest, 0) if latest else None  # 0: the checkpoint's own max_steps
+        if done is not None:  # e.g. a second `make demo`: resuming would only re-export
+            hint = f"that run finished at step {done} ({latest.name}); choose another --output-dir"
+        elif latest:
+            hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})"
+        else:
+            hint = "choose another --output-dir"
         raise UserError(
             f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
             "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
@@ -246,13 +303,81 @@ def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | No
         logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
 
 
+def check_folder_option(flag: str, path: str | os.PathLike) -> None:
+    """Refuse a folder option that names a file or a path under one (writing there would fail mid-run)."""
+    absolute = Path(path).absolute()
+    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
+
+
+def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
+    """Where the encoder is exported (None with --no-export) and whether a non-empty folder there may be replaced:
+    the default OUTPUT_DIR/encoder is the run's own; another --export-dir only with --overwrite-export."""
+    if run.run.no_export:
+        return None, False
+    own = Path(run.training.output_dir) / "encoder"
+    target = Path(run.run.export_dir) if run.run.export_dir else own
+    return target, run.run.overwrite_export or target.resolve() == own.resolve()
+
+
+def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None:
+    """Refuse, before training, an export target the export would fail on or that it must not delete (an export
+    replaces its whole folder): a file; even with `overwrite`, a folder that is or holds the output folder, one of
+    its checkpoints, the working directory or an input (corpus, pairs, model, tokenizer); without it, any
+    non-empty folder."""
+    check_folder_option("--export-dir", target)
+    output, resolved = Path(run.training.output_dir).resolve(), target.resolve()
+    inputs = {"the corpus": run.data.corpus, "the pairs file": run.data.pairs, "the model": run.model.model,
+              "the tokenizer": run.model.tokenizer}
+    protected = {"the working directory": Path.cwd(), "the output folder": output,
+                 **{what: Path(path) for what, path in inputs.items() if path and Path(path).exists()}}
+    top = resolved.relative_to(output).parts[0] if output in resolved.parents else ""  # its entry in OUTPUT_DIR
+    if TRAINER_CHECKPOINT.match(top):
+        protected["a checkpoint of this run"] = output / top
+    for what, path in protected.items():
+        if resolved == path.resolve() or resolved in path.resolve().parents:
+            raise UserError(f"--export-dir {target} would delete {what} ({path}), even with --overwrite-export; "
+                            f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise UserError(f"--export-dir {target} is not empty; pass --overwrite-export to replace what it holds, or "
+                        "choose an empty or new --export-dir")
+
+
 # ---- the model ----------------------------------------------------------------------------------------------------
 
 
-def load_pretraining_model(model_ref: str, method: Method, settings: dict[str, Any]):
+# what a flash / flex --attn-implementation needs besides a GPU, for the error that refuses it
+ATTENTION_REQUIREMENTS = {
+    "flash_attention_2": ("flash-attn 2", "pip install flash-attn --no-build-isolation"),
+    "flash_attention_3": ("FlashAttention 3 (flash_attn_interface)", "build it from flash-attention's hopper/ folder"),
+}
+
+
+def attn_implementation_for(choice: str, device_type: str) -> str | None:
+    """`--attn-implementation` as `from_pretrained` takes it (None for auto), or a one-line `UserError` when it cannot
+    run here: flash and flex need a GPU (flex has no CPU backward), flash its package (or `kernels`, which
+    transformers falls back to)."""
+    if choice in ("auto", "eager", "sdpa"):
+        return None if choice == "auto" else choice
+    if device_type == "cpu":
+        raise UserError(f"--attn-implementation {choice} needs a GPU and this run is on the CPU; choose sdpa or eager")
+    if choice in ATTENTION_REQUIREMENTS:
+        installed = is_flash_attn_2_available if choice == "flash_attention_2" else is_flash_attn_3_available
+        if not (installed() or is_kernels_available()):
+            package, how = ATTENTION_REQUIREMENTS[choice]
+            raise UserError(f"--attn-implementation {choice} needs {package}, which is not installed: {how}, or "
+                            "choose sdpa")
+    return choice
+
+
+def load_pretraining_model(
+    model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None = None
+):
     """A pre-training checkpoint of the same method continues (decoder included), as does one of a method listed in
     `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); any BERT checkpoint starts
-    fresh (`from_encoder_checkpoint`, which refuses other architectures)."""
+    fresh (`from_encoder_checkpoint`, which refuses other architectures). `attn_implementation` (from
+    `attn_implementation_for`; None: transformers' default) is the encoder's."""
     check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
     try:
         model_type = AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("model_type")
@@ -267,9 +392,11 @@ def load_pretraining_model(model_ref: str, method: Method, settings: dict[str, A
                 f"start {method.name!r} from the exported encoder"
             )
         config = method.model_class.config_class.from_pretrained(model_ref, **settings)
-        return method.model_class.from_pretrained(model_ref, config=config)
+        return method.model_class.from_pretrained(model_ref, config=config, attn_implementation=attn_implementation)
     try:
-        return method.model_class.from_encoder_checkpoint(model_ref, **settings)
+        return method.model_class.from_encoder_checkpoint(
+            model_ref, attn_implementation=attn_implementation, **settings
+        )
     except ValueError as error:  # another architecture, or no BERT encoder weights: the --model the user gave
         raise UserError(str(error)) from None
 
@@ -294,7 +421,9 @@ def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: 
 
 
 def pretrain(argv: list[str]) -> int:
-    """`retromae pretrain ARGS`: train, save the pre-training model (decoder included), export the encoder."""
+    """`retromae pretrain ARGS`: train, save the pre-training model (decoder included), export the encoder. The main
+    process holds the output folder's lock (`core.lock`) from preparing the folder to the end. A finished run
+    resumed trains nothing: it writes only what is missing of its final save and export."""
     run = pretrain_arguments(argv)
     args = run.training
     configure_logging(args.get_process_log_level())
@@ -303,7 +432,50 @@ def pretrain(argv: list[str]) -> int:
         args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
     if run.data.streaming and args.max_steps <= 0:
         raise UserError("--streaming needs --max-steps (a streamed corpus has no length)")
+    check_folder_option("--output-dir", args.output_dir)
+    finished = finished_step(run.resume, args.max_steps) if run.resume else None
+    export_dir, overwrite_export = export_target(run)
+    # Decided on every process before any process writes (reading the data is a barrier), so all take the same path.
+    write_export = export_dir is not None and not (finished is not None and (export_dir / "modules.json").is_file())
+    save_final = finished is None or not final_save_done(args.output_dir, finished)
+    if write_export:
+        check_export_target(export_dir, overwrite_export, run)
+    validation = validation_callback(run) if finished is None else None  # a bad folder is refused before training
 
+    with folder_lock(args.output_dir, enabled=args.should_save):
+        prepare_output_dir(args.output_dir, run.run, run.resume, args.should_save)
+        trainer, tokenizer, seconds = train_model(run, validation)
+        if save_final:
+            trainer.save_pretraining_model(args.output_dir)
+        if write_export and args.should_save:
+            export_from_model(trainer.accelerator.unwrap_model(trainer.model), tokenizer, export_dir,
+                              run_info=trainer.current_run_info(), overwrite=overwrite_export)
+        if trainer.is_world_process_zero():
+            if validation is not None:
+                plot_validation(trainer.state.log_history, Path(args.output_dir) / "validation.png")
+            print_summary(trainer, args.output_dir, str(export_dir) if export_dir else None, seconds,
+                          finished_checkpoint=run.resume if finished is not None else None)
+    return 0
+
+
+def validation_callback(run: PretrainRun) -> RetrievalValidationCallback | None:
+    """The retrieval validation `--eval-beir-folder` asks for (None without it); reads the folder, so a folder
+    without the split, qrels, corpus or queries is refused here, in one line."""
+    options = run.validation
+    if not options.eval_beir_folder:  # "" on resume turns a recorded folder off
+        return None
+    return RetrievalValidationCallback(  # every --eval-steps (the Trainer's), else --logging-steps
+        options.eval_beir_folder, split=options.eval_split, max_queries=options.eval_max_queries,
+        max_seq_length=run.data.max_seq_length, coverage=options.eval_coverage,
+    )
+
+
+def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None = None
+                ) -> tuple[RetroMAETrainer, Any, float]:
+    """Build the method's model and data and train (a finished run's checkpoint is loaded, not trained further),
+    with `validation` among the trainer's callbacks when given; returns the trainer, the tokenizer and the seconds
+    the training took."""
+    args = run.training
     method = get_method(run.model.method)
     model_ref = run.model.model or default_model_dir()
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
@@ -318,7 +490,8 @@ def pretrain(argv: list[str]) -> int:
         contrastive_anchor=run.recipe.contrastive_anchor_weight > 0,
     )
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
-    model = load_pretraining_model(run.resume or model_ref, method, settings)
+    attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
+    model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
     if not run.resume and args.should_log:  # the main process only
         suggest_recipe(model_ref, run.recipe)
     check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref)
@@ -340,20 +513,23 @@ def pretrain(argv: list[str]) -> int:
     trainer = RetroMAETrainer(
         model=model, args=args, train_dataset=data.dataset, data_collator=data.collator,
         processing_class=tokenizer, run_info=run_info, run_settings=run.settings, recipe=run.recipe,
+        callbacks=[validation] if validation is not None else None,
     )
     started = time.time()
     trainer.train(resume_from_checkpoint=run.resume)
-    trainer.save_pretraining_model(args.output_dir)
-    export_dir = None if run.run.no_export else run.run.export_dir or str(Path(args.output_dir) / "encoder")
-    if export_dir and trainer.args.should_save:
-        export_from_model(trainer.accelerator.unwrap_model(trainer.model), tokenizer, export_dir,
-                          run_info=trainer.current_run_info(), overwrite=True)
-    if trainer.is_world_process_zero():
-        print_summary(trainer, args.output_dir, export_dir, time.time() - started)
-    return 0
+    return trainer, tokenizer, time.time() - started
 
 
-def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float) -> None:
+def final_save_done(output_dir: str, step: int) -> bool:
+    """Whether OUTPUT_DIR holds the final save of step `step` (`config.json` is installed last)."""
+    info = read_json_or_empty(Path(output_dir) / RUN_INFO_NAME)
+    return (Path(output_dir) / "config.json").is_file() and info.get("global_step") == step
+
+
+def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float,
+                  finished_checkpoint: str | None = None) -> None:
+    """Where everything is, the first and last losses and an example encoding; `finished_checkpoint`: the run had
+    already finished there (nothing trained now)."""
     info = trainer.current_run_info()
     first, final = info.get("first_losses", {}), info.get("final_losses", {})
     losses = ", ".join(f"{k} {first.get(k, float('nan')):.3f} -> {v:.3f}" for k, v in sorted(final.items()))
@@ -361,10 +537,15 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
     window = f"step {logged_steps[0]} -> step {logged_steps[-1]}" if logged_steps else "none logged"
     lines = [
         "",
+        f"retromae: {info['method']} pre-training had already finished at step {info['global_step']} "
+        f"({finished_checkpoint}); nothing was trained" if finished_checkpoint else
         f"retromae: {info['method']} pre-training finished: {info['global_step']} steps in {seconds / 60:.1f} min",
         f"  losses ({window}): {losses}",
         f"  pre-training checkpoint (decoder included): {output_dir}",
     ]
+    validated = validation_summary(trainer.state.log_history)
+    if validated:
+        lines.insert(3, validated)
     if export_dir:
         # our own export, just written; DupMAE's carries its hybrid module as remote code
         encoder = SentenceTransformer(export_dir, trust_remote_code=True)
@@ -380,6 +561,8 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
 
 __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
-    "RunArguments", "check_model_and_tokenizer", "load_pretraining_model",
-    "prepare_output_dir", "pretrain", "pretrain_arguments", "pretrain_parser", "print_summary", "resolve_resume",
+    "RunArguments", "ValidationArguments", "attn_implementation_for", "check_export_target", "check_folder_option",
+    "check_model_and_tokenizer", "export_target", "final_save_done", "load_pretraining_model", "prepare_output_dir",
+    "pretrain", "pretrain_arguments", "pretrain_parser",
+    "print_summary", "resolve_resume", "train_model", "validation_callback",
 ]

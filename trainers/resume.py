@@ -28,11 +28,13 @@ RESUME_FILE = "retromae_resume.json"
 FORMAT_VERSION = 1
 
 # Never recorded: how this invocation starts, not what the run is (and a secret).
-NOT_RECORDED = frozenset({"help", "resume_from_checkpoint", "overwrite_output_dir", "local_rank", "hub_token"})
+NOT_RECORDED = frozenset({
+    "help", "resume_from_checkpoint", "overwrite_output_dir", "overwrite_export", "local_rank", "hub_token",
+})
 # Options naming local files or folders: recorded as absolute paths (inputs when they exist; outputs always, as
 # they may not exist yet), compared as resolved paths.
 OUTPUT_OPTIONS = frozenset({"output_dir", "export_dir", "logging_dir"})
-PATH_OPTIONS = frozenset({"model", "tokenizer", "corpus", "pairs"}) | OUTPUT_OPTIONS
+PATH_OPTIONS = frozenset({"model", "tokenizer", "corpus", "pairs", "eval_beir_folder"}) | OUTPUT_OPTIONS
 # Options a resumed run may set to another value: reporting, saving, device, precision, workers and the export.
 MAY_CHANGE = frozenset({
     "output_dir", "export_dir", "no_export", "corpus_name", "base_model_name",
@@ -47,7 +49,8 @@ MAY_CHANGE = frozenset({
     "gradient_checkpointing_kwargs", "activation_checkpointing", "activation_checkpointing_kwargs", "torch_compile",
     "torch_compile_backend", "torch_compile_mode", "torch_empty_cache_steps", "ddp_find_unused_parameters",
     "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout",
-    "accelerator_config", "debug", "skip_memory_metrics",
+    "accelerator_config", "debug", "skip_memory_metrics", "attn_implementation",
+    "eval_beir_folder", "eval_split", "eval_max_queries", "eval_coverage",
 })
 
 

@@ -16,9 +16,12 @@
 - every save is atomic: `checkpoint-N` is built in a hidden sibling (`core.folders.atomic_folder`) and renamed when
   complete; the final save is built in `OUTPUT_DIR/.retromae-final` and moved into the root with `config.json`
   last. Each checkpoint also records the run's settings and id (`retromae_resume.json`, see `resume.py`);
-  rotation (`save_total_limit`) deletes only checkpoints with this run's id;
+  rotation (`save_total_limit`) deletes only checkpoints with this run's id; resuming the newest checkpoint
+  (`checkpoint_to_resume`) refuses a folder with checkpoints of several runs, and resuming a finished run
+  (`finished_step`) loads it and trains nothing;
 - callbacks a method needs (BoW's weight schedule) are registered automatically, and the last step is always
-  logged (`LogLastStepCallback`);
+  logged (`LogLastStepCallback`); a callback with a `pop_logs()` method adds what it returns to the next log entry
+  (`validation.RetrievalValidationCallback`'s retrieval metrics);
 - the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
   the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
   `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
@@ -42,13 +45,13 @@ from accelerate.utils import broadcast_object_list
 from retromae.modeling.configuration_retromae import hides_whole_words
 from safetensors.torch import load_file, save_file
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from .core.errors import UserError
 from .core.folders import atomic_folder, clean_stale_siblings, sibling_target_name
-from .core.io import write_json_atomic
+from .core.io import read_json_or_empty, write_json_atomic
 from .data import UNMASKED_KEY, PretrainingCollator, masking_generator
 from .recipe import (
     HeadWarmupCallback,
@@ -92,6 +95,39 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     return complete[-1] if complete else None
 
 
+def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
+    """What `--resume-from-checkpoint last` continues: the newest complete checkpoint in `output_dir`.
+
+    Raises:
+        UserError: the complete checkpoints there come from more than one run (`run_id`; none recorded counts as one
+            more): which run to continue is the user's choice, so the message names each run's newest checkpoint.
+    """
+    complete = [p for p in list_checkpoints(output_dir) if (p / TRAINER_STATE_NAME).is_file()]
+    newest = {run_id_of(p): p for p in complete}  # oldest first: each run's newest wins
+    if len(newest) > 1:
+        runs = sorted(newest.items(), key=lambda item: complete.index(item[1]), reverse=True)
+        listing = "; ".join(f"{path} (run {run_id or 'without a recorded id'})" for run_id, path in runs)
+        raise UserError(f"--resume-from-checkpoint last: {output_dir} holds checkpoints of {len(newest)} runs, newest "
+                        f"{listing}; pass the checkpoint folder of the run to continue, e.g. --resume-from-checkpoint "
+                        f"{runs[0][1]}")
+    return last_complete_checkpoint(output_dir)
+
+
+def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:
+    """The step `checkpoint` was saved at if its run has nothing left to train, else None.
+
+    The Trainer checks `global_step >= max_steps` only after an optimizer step (`DefaultFlowCallback.on_step_end`), so
+    resuming a finished run whose last step is not at an epoch boundary would train one step more before stopping.
+
+    Args:
+        checkpoint: a complete `checkpoint-N` folder.
+        max_steps: the resumed run's `args.max_steps`; <= 0 (training by epochs): the checkpoint's own total.
+    """
+    state = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME)
+    step, total = state.get("global_step", 0), max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return step if total > 0 and step >= total else None
+
+
 # ---- what a run writes at its output root ---------------------------------------------------------------------------
 
 FINAL_BUILD_NAME = ".retromae-final"  # the final save is built here, then its files move to the output root
@@ -99,7 +135,7 @@ _ROOT_FILE_PATTERNS = (
     "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
     "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json", "tokenizer.json",
     "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "chat_template.jinja",
-    "training_args.bin", "collator_rng_*.safetensors", RUN_INFO_NAME,
+    "training_args.bin", "collator_rng_*.safetensors", RUN_INFO_NAME, "validation.png",
 )
 
 
@@ -301,6 +337,9 @@ class RetroMAETrainer(Trainer):
             self._loss_sums, self._loss_steps = {}, 0
         if self.recipe.changes_optimizer and "learning_rate" in logs:
             logs["encoder_learning_rate"] = self._encoder_learning_rate(logs["learning_rate"])
+        for callback in self.callback_handler.callbacks:  # e.g. validation.RetrievalValidationCallback's metrics
+            if callable(getattr(callback, "pop_logs", None)):
+                logs.update(callback.pop_logs())
         super().log(logs, start_time)
 
     # ---- checkpoints --------------------------------------------------------------------------------------------
@@ -414,12 +453,15 @@ class RetroMAETrainer(Trainer):
             save_file({"state": state}, str(self._collator_state_file(folder)))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """As `Trainer.train`; the masks start from `(args.seed, process_index)`, or from the checkpoint's state."""
+        """As `Trainer.train`; the masks start from `(args.seed, process_index)`, or from the checkpoint's state. A
+        checkpoint whose run is finished (`finished_step`) is loaded (weights and state) and nothing is trained."""
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            resume_from_checkpoint = checkpoint_to_resume(self.args.output_dir)
             if resume_from_checkpoint is None:
                 raise UserError(f"no complete checkpoint to resume from in {self.args.output_dir}")
             resume_from_checkpoint = str(resume_from_checkpoint)
+        if resume_from_checkpoint and finished_step(resume_from_checkpoint, self.args.max_steps) is not None:
+            return self._load_finished_run(resume_from_checkpoint)
         self._train_masking = masking_generator(self.args.seed, self.args.process_index)
         if resume_from_checkpoint and self.masking_collator is not None:
             state_file = self._collator_state_file(resume_from_checkpoint)
@@ -429,8 +471,16 @@ class RetroMAETrainer(Trainer):
                 logger.warning("%s has no %s; masks after resuming will differ", resume_from_checkpoint, state_file.name)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
+    def _load_finished_run(self, checkpoint: str) -> TrainOutput:
+        """Load a finished run's checkpoint (weights and trainer state) instead of training past its last step."""
+        self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+        logger.warning("%s is the last step (%d) of its run: the run is finished, nothing to train", checkpoint,
+                       self.state.global_step)
+        return TrainOutput(self.state.global_step, 0.0, {})  # as Trainer reports a call that trained no step
+
 
 __all__ = [
-    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "clean_killed_saves", "last_complete_checkpoint",
-    "list_checkpoints", "remove_previous_run", "run_output_files",
+    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "checkpoint_to_resume", "clean_killed_saves",
+    "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files",
 ]

@@ -1,0 +1,301 @@
+"""Attention implementations: the encoder may run on any implementation transformers offers (eager, sdpa,
+flash_attention_*, flex_attention); the decoders, which need a dense per-row mask, run on the encoder's when it takes
+one (eager, sdpa) and on sdpa otherwise (`decoder_attn_implementation`). `retromae pretrain --attn-implementation`.
+And torch.compile (transformers' `--torch-compile`): compiled and eager models give the same losses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from retromae.modeling.configuration_bow import BoWConfig
+from retromae.modeling.configuration_dupmae import DupMAEConfig
+from retromae.modeling.configuration_retromae import RetroMAEConfig
+from retromae.modeling.configuration_seed import SEEDConfig
+from retromae.modeling.layers_retromae import (
+    decoder_attn_implementation,
+    enhanced_visibility_mask,
+    random_row_mask,
+    reference_visibility_mask,
+)
+from retromae.modeling.modeling_bow import BoWForPretraining
+from retromae.modeling.modeling_dupmae import DupMAEForPretraining
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
+from retromae.trainers import pretrain as pretrain_module
+from retromae.trainers.cli import main
+from retromae.trainers.core.errors import UserError
+from retromae.trainers.pretrain import attn_implementation_for
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import is_flash_attn_2_available
+
+from .builders import masked_batch, pretrain_args, tiny_pretraining_config
+
+LOSS_FIELDS = ("loss", "encoder_mlm_loss", "decoder_loss", "bow_loss")
+
+METHODS = {
+    "retromae": lambda: RetroMAEForPretraining(tiny_pretraining_config(RetroMAEConfig)),
+    "retromae_basic": lambda: RetroMAEForPretraining(
+        tiny_pretraining_config(RetroMAEConfig, decoding="basic", num_decoder_layers=2, mask_token_id=4)
+    ),
+    "dupmae": lambda: DupMAEForPretraining(tiny_pretraining_config(DupMAEConfig, dense_dim=16, doc_top_k=8)),
+    "seed": lambda: SEEDEncoderForPretraining(tiny_pretraining_config(SEEDConfig)),
+    "bow": lambda: BoWForPretraining(tiny_pretraining_config(BoWConfig)),
+}
+
+
+def build(method: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return METHODS[method]().eval()
+
+
+def losses(model, batch: dict, seed: int = 3) -> dict[str, torch.Tensor]:
+    """The output's loss terms, the decoder's random visibility drawn from `seed`."""
+    torch.manual_seed(seed)
+    output = model(**batch)
+    return {name: getattr(output, name) for name in LOSS_FIELDS if getattr(output, name) is not None}
+
+
+def assert_same_losses(left: dict, right: dict, atol: float, rtol: float = 0.0) -> None:
+    assert left.keys() == right.keys()
+    for name in left:
+        close = torch.allclose(left[name].float(), right[name].float(), atol=atol, rtol=rtol)
+        assert close, (name, left[name], right[name])
+
+
+def record_calls(monkeypatch, name: str, calls: list[str], function=None) -> None:
+    """Replace the attention function registered as `name` by one that logs `name` and runs `function` (default:
+    the registered one)."""
+    function = function or ALL_ATTENTION_FUNCTIONS[name]
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, name, lambda *a, **kw: calls.append(name) or function(*a, **kw))
+
+
+def flash_on_cpu(module, query, key, value, attention_mask, **kwargs):
+    """Stands in for flash attention on CPU: what flash receives (a `(B, L)` padding mask, or None when nothing is
+    padded), computed by sdpa. It takes no dense mask, as flash does not."""
+    assert attention_mask is None or attention_mask.dim() == 2, "flash takes a padding mask only"
+    mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("encoder", "decoder"),
+    [("eager", "eager"), ("sdpa", "sdpa"), (None, "sdpa"), ("flash_attention_2", "sdpa"),
+     ("flash_attention_3", "sdpa"), ("flex_attention", "sdpa"), ("kernels-community/flash-attn2", "sdpa")],
+)
+def test_the_decoder_takes_the_encoders_implementation_when_it_takes_a_dense_mask(encoder, decoder):
+    assert decoder_attn_implementation(encoder) == decoder
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_eager_and_sdpa_give_equal_losses_and_gradients(method):
+    model = build(method)
+    batch = masked_batch()
+    sdpa = losses(model, batch)
+    sdpa["loss"].backward()
+    sdpa_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.set_attn_implementation("eager")
+    eager = losses(model, batch)
+    eager["loss"].backward()
+    assert_same_losses(sdpa, eager, atol=1e-5)
+    for name, p in model.named_parameters():
+        if name in sdpa_grads:
+            assert torch.allclose(p.grad, sdpa_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_an_encoder_on_flash_leaves_the_decoder_on_sdpa(method, monkeypatch):
+    """The encoder runs flash (a CPU stand-in: transformers' install and device checks are bypassed by setting the
+    resolved implementation directly, as flash cannot run here); every decoder layer runs sdpa, and the losses equal
+    those of the all-sdpa model."""
+    model = build(method)
+    batch = masked_batch()
+    expected = losses(model, batch)
+    calls: list[str] = []
+    record_calls(monkeypatch, "sdpa", calls)
+    record_calls(monkeypatch, "flash_attention_2", calls, flash_on_cpu)
+    model.config._attn_implementation_internal = "flash_attention_2"
+    assert model.bert.config._attn_implementation == "flash_attention_2"
+    on_flash = losses(model, batch)
+    assert_same_losses(on_flash, expected, atol=1e-5)
+    decoder_layers = len(model.decoder.layers) if getattr(model, "decoder", None) is not None else 0
+    assert calls == ["flash_attention_2"] * model.config.num_hidden_layers + ["sdpa"] * decoder_layers
+
+
+@pytest.mark.parametrize("method", ["retromae", "seed"])
+def test_set_attn_implementation_flex_leaves_the_decoder_on_sdpa(method, monkeypatch):
+    """`set_attn_implementation("flex_attention")` (accepted on CPU) moves the encoder; the decoder, run on its own
+    here (flex needs a compile and has no CPU backward), stays on sdpa with unchanged states."""
+    model = build(method)
+    batch = masked_batch()
+    h = torch.randn(3, model.config.hidden_size)
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+
+    def decoder_states():
+        torch.manual_seed(5)
+        if method == "seed":
+            return model.decoder(h, ids, attention, model.bert.embeddings)
+        return model.decoder(h, ids, attention, batch["decoder_labels"], model.bert.embeddings)[0]
+
+    expected = decoder_states()
+    model.set_attn_implementation("flex_attention")
+    assert model.config._attn_implementation == "flex_attention"
+    calls: list[str] = []
+    record_calls(monkeypatch, "sdpa", calls)
+    assert torch.equal(decoder_states(), expected)
+    assert calls == ["sdpa"] * len(model.decoder.layers)
+
+
+def test_from_pretrained_and_from_encoder_checkpoint_take_attn_implementation(tmp_path):
+    build("retromae").save_pretrained(tmp_path)
+    for implementation in ("eager", "sdpa"):
+        loaded = RetroMAEForPretraining.from_pretrained(tmp_path, attn_implementation=implementation)
+        started = RetroMAEForPretraining.from_encoder_checkpoint(tmp_path, attn_implementation=implementation)
+        assert loaded.config._attn_implementation == started.config._attn_implementation == implementation
+        assert started.bert.config._attn_implementation == implementation
+    assert RetroMAEForPretraining.from_encoder_checkpoint(tmp_path).config._attn_implementation == "sdpa"
+
+
+# ---- `retromae pretrain --attn-implementation` ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("choice", "expected"), [("auto", None), ("eager", "eager"), ("sdpa", "sdpa")])
+def test_attn_implementation_flag_maps_to_from_pretrained(choice, expected):
+    assert attn_implementation_for(choice, "cpu") == expected
+
+
+@pytest.mark.parametrize("choice", ["flash_attention_2", "flash_attention_3", "flex_attention"])
+def test_flash_and_flex_on_the_cpu_are_refused_naming_the_flag(choice):
+    with pytest.raises(UserError, match=f"^--attn-implementation {choice} needs a GPU .* choose sdpa or eager$"):
+        attn_implementation_for(choice, "cpu")
+
+
+def test_flash_without_its_package_is_refused_naming_what_to_install(monkeypatch):
+    monkeypatch.setattr(pretrain_module, "is_flash_attn_2_available", lambda: False)
+    monkeypatch.setattr(pretrain_module, "is_kernels_available", lambda: False)
+    with pytest.raises(UserError, match="--attn-implementation flash_attention_2 needs flash-attn 2.*pip install") as e:
+        attn_implementation_for("flash_attention_2", "cuda")
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(pretrain_module, "is_flash_attn_2_available", lambda: True)
+    assert attn_implementation_for("flash_attention_2", "cuda") == "flash_attention_2"
+
+
+def test_pretrain_cli_refuses_flash_on_the_cpu_in_one_line(tiny_bert, corpus, tmp_path, capsys):
+    argv = pretrain_args(tiny_bert, corpus, tmp_path / "run", "--attn-implementation", "flash_attention_2")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--attn-implementation flash_attention_2 needs a GPU" in err and "Traceback" not in err
+
+
+def test_pretrain_cli_trains_on_the_chosen_implementation_and_may_change_it_on_resume(
+    tiny_bert, corpus, tmp_path, monkeypatch
+):
+    """The flag reaches the model (`--attn-implementation eager`: every attention of encoder and decoder is eager);
+    resuming the run with another implementation is accepted (`resume.MAY_CHANGE`)."""
+    loaded = []
+    load = pretrain_module.load_pretraining_model
+    monkeypatch.setattr(pretrain_module, "load_pretraining_model", lambda *a: loaded.append(load(*a)) or loaded[-1])
+    run = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, run, "--attn-implementation", "eager", "--no-export", "true")) == 0
+    assert loaded[-1].config._attn_implementation == "eager"
+    resumed = ["--attn-implementation", "sdpa", "--no-export", "true", "--resume-from-checkpoint", "last"]
+    assert main(pretrain_args(tiny_bert, corpus, run, *resumed)) == 0
+    assert loaded[-1].config._attn_implementation == "sdpa"
+
+
+@pytest.mark.slow
+def test_flex_attention_encoder_gives_the_sdpa_losses():
+    """flex_attention compiles its kernel (about a minute on CPU) and has no CPU backward: losses only."""
+    model = build("retromae")
+    batch = masked_batch()
+    with torch.no_grad():
+        expected = losses(model, batch)
+        model.set_attn_implementation("flex_attention")
+        assert_same_losses(losses(model, batch), expected, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not is_flash_attn_2_available(), reason="needs CUDA + flash-attn")
+@pytest.mark.parametrize("method", ["retromae", "dupmae", "seed", "bow"])
+def test_flash_encoder_gives_the_sdpa_losses_in_bf16(method):
+    """On a GPU: a bf16 model with a flash_attention_2 encoder gives the losses of the sdpa one to bf16 tolerance."""
+    model = build(method).to("cuda", torch.bfloat16)
+    batch = {name: t.cuda() for name, t in masked_batch(batch_size=4, seq_len=40, pad=9).items()}
+    with torch.no_grad():
+        expected = losses(model, batch)
+        model.set_attn_implementation("flash_attention_2")
+        assert model.config._attn_implementation == "flash_attention_2"
+        assert_same_losses(losses(model, batch), expected, atol=1e-2, rtol=1e-2)  # bf16: 8 significant bits
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------------------------
+
+
+def compiled_and_eager(model, batch: dict, backend: str) -> tuple[dict, dict, dict, dict]:
+    """Losses and gradients of one step of `model` and of `torch.compile(model, backend=backend)`, the random masks
+    drawn from the same seed (eval mode: no dropout, whose compiled RNG differs)."""
+
+    def step(forward) -> tuple[dict, dict]:
+        result = losses(forward, batch)
+        result["loss"].backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        return {name: value.detach() for name, value in result.items()}, grads
+
+    eager_losses, eager_grads = step(model)
+    compiled_losses, compiled_grads = step(torch.compile(model, backend=backend))
+    return eager_losses, compiled_losses, eager_grads, compiled_grads
+
+
+def test_mask_samplers_run_eagerly_inside_a_compiled_function():
+    """The samplers are `torch.compiler.disable`d: inside a compiled function they draw exactly the eager masks
+    (inductor used to fail on `_random_keys`' int32 view: "setStorage: ... out of bounds")."""
+    attention = torch.ones(3, 12, dtype=torch.long)
+    attention[-1, 9:] = 0
+    starts = torch.ones_like(attention)
+    starts[:, [3, 4]] = 0
+
+    def sample(attention, starts, candidates):  # nothing but the samplers: compiled without them, it is empty
+        return (enhanced_visibility_mask(attention, 0.5), reference_visibility_mask(attention, starts, 0.5),
+                random_row_mask(candidates, 0.3))
+
+    torch.manual_seed(0)
+    expected = sample(attention, starts, attention.bool())
+    torch.manual_seed(0)
+    compiled = torch.compile(sample)(attention, starts, attention.bool())
+    assert all(torch.equal(a, b) for a, b in zip(compiled, expected, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHODS))
+def test_compiled_model_gives_the_eager_losses_and_gradients(method):
+    """dynamo + AOT autograd (`aot_eager`: the graph capture, where a custom forward breaks; about 30 s each)."""
+    eager, compiled, eager_grads, compiled_grads = compiled_and_eager(build(method), masked_batch(), "aot_eager")
+    assert_same_losses(compiled, eager, atol=1e-6)
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_inductor_compiled_retromae_gives_the_eager_losses_and_gradients():
+    """The default backend (inductor, C++ code generation on CPU: about 2.5 minutes on 2 cores with a cold cache)."""
+    eager, compiled, eager_grads, compiled_grads = compiled_and_eager(build("retromae"), masked_batch(), "inductor")
+    assert_same_losses(compiled, eager, atol=1e-5)
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.slow
+def test_pretrain_cli_torch_compile_logs_the_eager_losses(tiny_bert, corpus, tmp_path):
+    """transformers' `--torch-compile` (here `--torch-compile-backend aot_eager`, which implies it) trains our
+    models; with aot_eager even dropout draws as in eager mode, so the logged losses are identical."""
+
+    def logged_losses(run, *extra) -> list[float]:
+        assert main(pretrain_args(tiny_bert, corpus, run, "--no-export", "true", *extra)) == 0
+        state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
+        return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+    eager = logged_losses(tmp_path / "eager")
+    assert logged_losses(tmp_path / "compiled", "--torch-compile-backend", "aot_eager") == eager

@@ -1,0 +1,205 @@
+"""`retromae pretrain` never deletes what it must not: export targets, finished runs, concurrent runs, another run's
+checkpoints, output paths that are files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from retromae.trainers.cli import main
+from retromae.trainers.core.lock import LOCK_NAME, FolderLocked, folder_lock
+from safetensors.torch import load_file
+
+from .builders import SENTENCES, pretrain_args, write_lines
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_bert, corpus, tmp_path_factory) -> Path:
+    """A finished 4-step run: checkpoint-2, checkpoint-4, the final save at the root and the export in encoder/."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out)) == 0
+    return out
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def resume(out: Path, checkpoint: str = "last") -> list[str]:
+    return ["pretrain", "--output-dir", str(out), "--resume-from-checkpoint", checkpoint]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# ---- the export target ----------------------------------------------------------------------------------------------
+
+
+def test_a_non_empty_export_dir_needs_overwrite_export(tiny_bert, corpus, tmp_path, capsys):
+    target, out = tmp_path / "exported", tmp_path / "run"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    assert main(pretrain_args(tiny_bert, corpus, out, "--export-dir", str(target))) == 2
+    err = one_line(capsys)
+    assert f"--export-dir {target} is not empty" in err and "--overwrite-export" in err
+    assert (target / "notes.txt").read_text() == "mine" and not out.exists(), "refused before training"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--export-dir", str(target), "--overwrite-export", "true")) == 0
+    assert (target / "modules.json").is_file() and not (target / "notes.txt").exists()
+    assert not (out / "encoder").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "what"),
+    [(".", "the working directory"), ("..", "the working directory"), ("out", "the output folder"),
+     ("out/run", "the output folder"), ("out/run/checkpoint-4", "a checkpoint of this run"), ("data", "the corpus"),
+     ("bert", "the model")],
+)
+def test_an_export_dir_over_the_run_or_its_inputs_is_refused_even_with_overwrite(
+    tiny_bert, tmp_path, monkeypatch, capsys, where, what
+):
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    corpus = write_lines(work / "data" / "corpus.txt", SENTENCES * 6)
+    model = Path(shutil.copytree(tiny_bert, work / "bert"))
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    for overwrite in ("false", "true"):
+        args = pretrain_args(model, corpus, work / "out" / "run", "--export-dir", where, "--overwrite-export", overwrite)
+        assert main(args if overwrite == "true" else args[:-2]) == 2
+        err = one_line(capsys)
+        assert f"would delete {what}" in err and "even with --overwrite-export" in err, err
+        assert corpus.is_file() and (model / "config.json").is_file() and (work / "notes.txt").read_text() == "mine"
+        assert not (work / "out").exists(), "refused before training"
+
+
+# ---- a finished run -------------------------------------------------------------------------------------------------
+
+
+def test_resuming_a_finished_run_trains_nothing_and_writes_only_what_is_missing(finished_run, tmp_path, capsys):
+    out = copy_of(finished_run, tmp_path)
+    shutil.rmtree(out / "encoder")
+    (out / "config.json").unlink()  # as a kill during the final save leaves it
+    assert main(resume(out)) == 0
+    summary = capsys.readouterr().out
+    assert f"had already finished at step 4 ({out / 'checkpoint-4'}); nothing was trained" in summary
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"], "no checkpoint-5"
+    final, last = load_file(str(out / "model.safetensors")), load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    assert final.keys() == last.keys() and all(final[k].equal(last[k]) for k in final)
+    assert json.loads((out / "retromae_run.json").read_text())["global_step"] == 4
+    assert (out / "config.json").is_file() and (out / "encoder" / "modules.json").is_file()
+
+    written = {p: p.stat().st_mtime_ns for p in (out / "model.safetensors", out / "encoder" / "modules.json")}
+    assert main(resume(out)) == 0
+    assert {p: p.stat().st_mtime_ns for p in written} == written, "nothing missing: nothing written"
+
+
+def test_the_same_command_again_on_a_finished_run_says_it_finished(finished_run, tiny_bert, corpus, tmp_path, capsys):
+    """What a second `make demo` meets: the command that finished, run again, stops in one line and writes nothing."""
+    out = copy_of(finished_run, tmp_path)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert main(pretrain_args(tiny_bert, corpus, out)) == 2
+    assert "that run finished at step 4 (checkpoint-4); choose another --output-dir" in one_line(capsys)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+# ---- another run's checkpoints ----------------------------------------------------------------------------------------
+
+
+def test_last_refuses_a_folder_with_checkpoints_of_two_runs(finished_run, tmp_path, capsys):
+    out = copy_of(finished_run, tmp_path)
+    own_id = json.loads((out / "checkpoint-4" / "retromae_resume.json").read_text())["run_id"]
+    foreign = Path(shutil.copytree(out / "checkpoint-2", out / "checkpoint-6"))
+    recorded = json.loads((foreign / "retromae_resume.json").read_text())
+    (foreign / "retromae_resume.json").write_text(json.dumps({**recorded, "run_id": "other-run"}))
+    assert main(resume(out)) == 2
+    err = one_line(capsys)
+    assert f"{foreign} (run other-run); {out / 'checkpoint-4'} (run {own_id})" in err
+    assert f"e.g. --resume-from-checkpoint {foreign}" in err
+    assert main(resume(out, str(out / "checkpoint-4"))) == 0, "the checkpoint named explicitly continues"
+    assert not (out / "checkpoint-7").exists() and not (out / "checkpoint-5").exists()
+
+
+# ---- one run per output folder ------------------------------------------------------------------------------------
+
+
+def test_a_second_run_into_a_folder_being_written_is_refused(tiny_bert, corpus, tmp_path, monkeypatch, capsys):
+    """A second run starts while the first one holds the folder (called from the first one, which is alive): it is
+    refused. The first run holds the lock from preparing the folder to the end of training."""
+    from retromae.trainers import pretrain
+    from retromae.trainers.trainer import RetroMAETrainer
+
+    out, second, holders = tmp_path / "run", [], []
+    prepare, train = pretrain.prepare_output_dir, RetroMAETrainer.train
+
+    def second_run_first(*args, **kwargs):
+        if not second:  # the second run must not get here: it is refused before preparing the folder
+            second.append(main(pretrain_args(tiny_bert, corpus, out, "--overwrite-output-dir", "true")))
+        return prepare(*args, **kwargs)
+
+    def note_holder(self, *args, **kwargs):
+        holders.append(json.loads((out / LOCK_NAME).read_text())["pid"])
+        return train(self, *args, **kwargs)
+
+    monkeypatch.setattr(pretrain, "prepare_output_dir", second_run_first)
+    monkeypatch.setattr(RetroMAETrainer, "train", note_holder)
+    assert main(pretrain_args(tiny_bert, corpus, out, "--no-export", "true")) == 0
+    assert second == [2] and holders == [os.getpid()]
+    (err,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]  # beside the first run's
+    assert f"is being written by another run (pid {os.getpid()} on {socket.gethostname()}" in err
+    assert f"delete {out / LOCK_NAME}" in err
+    assert not (out / LOCK_NAME).exists(), "released at the end"
+    assert json.loads((out / "retromae_run.json").read_text())["global_step"] == 4, "the first run was untouched"
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(finished_run, tmp_path, caplog):
+    out = copy_of(finished_run, tmp_path)
+    (out / LOCK_NAME).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "started": "then"}))
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.core.lock"):
+        assert main(resume(out)) == 0
+    assert any("Taking over" in r.getMessage() and "no longer running" in r.getMessage() for r in caplog.records)
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_the_lock_is_released_on_errors_and_a_live_or_remote_holder_is_refused(tmp_path):
+    folder = tmp_path / "out"
+    with pytest.raises(RuntimeError), folder_lock(folder) as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        raise RuntimeError("boom")
+    assert not folder.exists(), "nothing written: the folder the lock created is gone too"
+    folder.mkdir()
+    for holder in ({"pid": os.getppid(), "host": socket.gethostname()}, {"pid": dead_pid(), "host": "elsewhere"}):
+        (folder / LOCK_NAME).write_text(json.dumps(holder))
+        with pytest.raises(FolderLocked, match=f"pid {holder['pid']} on {holder['host']}"), folder_lock(folder):
+            pass
+        assert json.loads((folder / LOCK_NAME).read_text()) == holder, "another run's lock stays"
+    with folder_lock(folder, enabled=False) as lock:  # a DDP rank that does not save
+        assert lock is None
+
+
+# ---- the output folder ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_an_output_dir_that_is_a_file_gets_one_line(tiny_bert, corpus, tmp_path, capsys, below):
+    file = tmp_path / "out.txt"
+    file.write_text("mine")
+    assert main(pretrain_args(tiny_bert, corpus, file / below if below else file)) == 2
+    assert f"{file} is a file, not a folder" in one_line(capsys)
+    assert file.read_text() == "mine"

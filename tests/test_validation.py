@@ -1,0 +1,144 @@
+"""Retrieval validation during pre-training (`validation.py`, `retromae pretrain --eval-beir-folder`): the metrics
+against hand-computed values, exact chunked search, the logged metrics and plot of a tiny run, bit-identical
+training with and without it, bad folders refused before training, a failing evaluation that does not stop the run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+from retromae.trainers import validation
+from retromae.trainers.cli import main
+from retromae.trainers.validation import exact_search, load_validation_set, retrieval_metrics
+from safetensors.torch import load_file
+
+from .builders import pretrain_args, write_beir
+
+EVAL_KEYS = {"eval_ndcg@10", "eval_mrr@10", "eval_recall@100"}
+
+
+@pytest.fixture(scope="module")
+def beir_folder(tmp_path_factory):
+    return write_beir(tmp_path_factory.mktemp("beir") / "toy", second_positives=True)
+
+
+def test_metrics_match_hand_computed_values():
+    ranked = [[3, 1, 2], [5, 6, 7], [9]]
+    qrels = [{1: 1, 2: 2}, {8: 1}, {9: 1, 4: 0}]  # query 3: relevance 0 does not count
+    # query 1: DCG 1/log2(3) + 2/log2(4) = 1.6309; ideal 2/log2(2) + 1/log2(3) = 2.6309; first hit at rank 2
+    ndcg_1 = (1 / math.log2(3) + 2 / math.log2(4)) / (2 + 1 / math.log2(3))
+    metrics = retrieval_metrics(ranked, qrels)
+    assert metrics["ndcg@10"] == pytest.approx((ndcg_1 + 0 + 1) / 3)
+    assert metrics["mrr@10"] == pytest.approx((1 / 2 + 0 + 1) / 3)
+    assert metrics["recall@100"] == pytest.approx((1 + 0 + 1) / 3)
+    assert retrieval_metrics([list(range(20))], [{12: 1}])["mrr@10"] == 0.0, "only the top 10 count for MRR@10"
+
+
+def test_chunked_search_equals_full_search():
+    torch.manual_seed(0)
+    queries, docs = torch.randn(7, 16), torch.randn(250, 16)
+    full = (queries @ docs.T).topk(100, dim=1).indices
+    assert torch.equal(exact_search(queries, docs, depth=100, chunk=33), full)
+    assert exact_search(queries, docs[:5], depth=100).shape == (7, 5), "depth capped by the corpus size"
+
+
+def test_validation_set_caps_queries_by_sorted_id(beir_folder):
+    data = load_validation_set(beir_folder, "dev", max_queries=4)
+    assert data.query_ids == sorted(f"q{i}" for i in range(12, 18))[:4]
+    assert data.doc_ids == sorted(data.doc_ids) and len(data.doc_ids) == 30
+    assert data.qrels[data.query_ids.index("q12")] == {data.doc_ids.index("d12"): 1, data.doc_ids.index("d24"): 1}
+
+
+def test_pretrain_logs_validation_and_leaves_training_untouched(tiny_bert, corpus, beir_folder, tmp_path, capsys):
+    plain, validated = tmp_path / "plain", tmp_path / "validated"
+    assert main(pretrain_args(tiny_bert, corpus, plain, "--no-export", "true")) == 0
+    assert main(pretrain_args(tiny_bert, corpus, validated, "--no-export", "true", "--eval-beir-folder",
+                              str(beir_folder), "--eval-steps", "3", "--eval-max-queries", "5",
+                              "--eval-coverage", "true")) == 0
+    summary = capsys.readouterr().out
+    state = json.loads((validated / "checkpoint-4" / "trainer_state.json").read_text())
+    evaluated = [entry for entry in state["log_history"] if entry.keys() >= EVAL_KEYS]
+    assert [entry["step"] for entry in evaluated] == [3, 4], "every --eval-steps and at the last step"
+    assert all("loss" in entry and "encoder_mlm_loss" in entry and "eval_coverage@10" in entry for entry in evaluated)
+    assert all(0 <= entry[key] <= 1 for entry in evaluated for key in EVAL_KEYS)
+    assert f"retrieval validation (step 4): ndcg@10 {evaluated[-1]['eval_ndcg@10']:.4f}" in summary
+    assert (validated / "validation.png").stat().st_size > 0
+    # resuming the plain run with validation (the options may change on resume) continues it exactly
+    resumed = tmp_path / "resumed"
+    assert main(pretrain_args(tiny_bert, corpus, resumed, "--no-export", "true", "--resume-from-checkpoint",
+                              str(plain / "checkpoint-2"), "--eval-beir-folder", str(beir_folder))) == 0
+    for run, name in [(validated, "model.safetensors"), (validated, "checkpoint-2/model.safetensors"),
+                      (validated, "checkpoint-2/collator_rng_0.safetensors"), (resumed, "model.safetensors")]:
+        expected, got = load_file(str(plain / name)), load_file(str(run / name))
+        assert all(torch.equal(expected[k], got[k]) for k in expected), f"{run.name}/{name} differs"
+
+
+def test_dupmae_scores_its_hybrid_and_its_cls_part(tokenizer, tmp_path):
+    from retromae.modeling.configuration_dupmae import DupMAEConfig
+    from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
+
+    from .builders import SENTENCES, tiny_bert_kwargs
+
+    config = DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8, query_top_k=12,
+                          special_token_ids=tokenizer.all_special_ids)
+    torch.manual_seed(0)
+    DupMAEForPretraining(config).save_pretrained(tmp_path / "dupmae")
+    model = DupMAEForPretraining.from_pretrained(tmp_path / "dupmae").train()
+    encoder = DupMAEModel.from_pretrained(tmp_path / "dupmae").eval()
+    batch = dict(tokenizer(SENTENCES[:3], padding=True, return_tensors="pt"))
+    with validation.evaluation_mode(model), torch.no_grad():
+        output = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        for task in ("query", "document"):
+            vectors = validation.sentence_vectors(model, batch, task)
+            assert set(vectors) == {"", "cls_"}
+            torch.testing.assert_close(vectors[""], encoder.hybrid_embedding(output, task))  # what the export encodes
+            torch.testing.assert_close(vectors["cls_"], output.pooler_output)
+    assert model.training, "the model's own mode is restored"
+
+
+def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_folder, tmp_path, monkeypatch,
+                                                        caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(validation, "evaluate_retrieval", broken)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.validation"):
+        assert main(pretrain_args(tiny_bert, corpus, out, "--no-export", "true", "--max-steps", "2",
+                                  "--eval-beir-folder", str(beir_folder))) == 0
+    assert "retrieval validation on toy (dev) failed at step 1 (RuntimeError: out of memory)" in caplog.text
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and not any("eval_ndcg@10" in entry for entry in state["log_history"])
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    ("qrels/dev.tsv", "is missing qrels/dev.tsv (a BEIR folder holds corpus.jsonl, queries.jsonl and "
+                      "qrels/<split>.tsv); qrels splits present: train"),
+    ("qrels", "is missing qrels/dev.tsv"),
+    ("corpus.jsonl", "is missing corpus.jsonl"),
+    ("queries.jsonl", "is missing queries.jsonl"),
+])
+def test_bad_folder_refused_before_training(tiny_bert, corpus, tmp_path, capsys, damage, expected):
+    import shutil
+
+    folder = write_beir(tmp_path / "toy")
+    target = folder / damage
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(folder))) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"retromae pretrain: error: --eval-beir-folder {folder} (--eval-split dev): BEIR folder "
+                            "toy ") and expected in error and len(error.splitlines()) == 1
+    assert not out.exists(), "refused before the output folder is touched"
+
+
+@pytest.mark.parametrize("flags", [["--eval-max-queries", "0"], ["--load-best-model-at-end", "true"],
+                                   ["--metric-for-best-model", "ndcg@10"]])
+def test_unsupported_options_refused(tiny_bert, corpus, beir_folder, tmp_path, capsys, flags):
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(beir_folder), *flags)) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and flags[0] in error and not out.exists()
