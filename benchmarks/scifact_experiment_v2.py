@@ -65,8 +65,6 @@ preset (labelled as an extrapolation).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import os
 import random
@@ -78,7 +76,20 @@ from pathlib import Path
 from statistics import fmean, stdev
 
 import common  # before torch: environment defaults
-from common import REFERENCE_LABELS, REFERENCES, RESULTS_DIR, ROOT, SCIFACT, log, read_json, weights_digest, write_json
+from common import (
+    REFERENCE_LABELS,
+    REFERENCES,
+    RESULTS_DIR,
+    ROOT,
+    SCIFACT,
+    Phases,
+    folder_of,
+    ledger_path,
+    log,
+    read_json,
+    weights_digest,
+    write_json,
+)
 
 ARMS = ["none", "none_meanpool", "mlm", "retromae", "retromae_control", "dupmae", "bow", "seed", "twostage"]
 DEFAULT_ARMS = ARMS[:7]
@@ -128,80 +139,9 @@ REFERENCE_RUNS = {"none": VARIANTS["none"]}
 
 
 def settings_hash(obj) -> str:
-    """A key of the settings that does not depend on where the repo, the data or the base model lie, so the ledger
-    holds across checkouts."""
-    text = json.dumps(obj, sort_keys=True, default=str)
-    for place, name in ((common.base_model_path(), "<base>"), (common.DATA, "<data>"), (ROOT, "<repo>")):
-        text = text.replace(str(place), name)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-class Phases:
-    """The ledger of one arm (`<ledger>/<label>.phases.json`): a phase's result is reused while the settings key it
-    was run with is unchanged and, for a phase whose result is a folder, while that folder is there. The ledger of
-    the default preset lives in benchmarks/results and is committed, so measured results outlive the out/ folder;
-    a checkpoint that is gone is made again."""
-
-    def __init__(self, ledger: Path, label: str):
-        self.label = label
-        ledger.mkdir(parents=True, exist_ok=True)
-        self.file = ledger / f"{label}.phases.json"
-        self.done = read_json(self.file) if self.file.is_file() else {}
-        self._nested = 0.0  # seconds of the phases run inside the running one
-
-    def cached(self, name: str, key: str) -> bool:
-        return (self.done.get(name) or {}).get("key") == key
-
-    def run(self, name: str, key: str, fn: Callable[[], object], needs: Callable[[object], Path] | None = None,
-            notes: Callable[[], dict] | None = None):
-        """`needs(result)`: the file a cached result points to; when it is missing, the phase runs again.
-        `notes()`: facts about a run that are not its result (the weights it started from), kept beside it.
-        A phase's seconds leave out the phases run inside it (a pre-training made again for a fine-tune), which
-        keep their own, so an arm's phases add up to its wall time."""
-        if self.cached(name, key) and (needs is None or needs(self.done[name]["result"]).exists()):
-            return self.done[name]["result"]
-        previous = self.done.get(name) or {}
-        log(f"{self.label}: {name} ...")
-        outer, self._nested = self._nested, 0.0
-        started = time.perf_counter()
-        try:
-            result = fn()
-        finally:
-            elapsed = time.perf_counter() - started
-            inner, self._nested = self._nested, outer + elapsed
-        history = {"remade": previous["remade"]} if previous.get("key") == key and "remade" in previous else {}
-        self.done[name] = {"key": key, "seconds": round(elapsed - inner, 1), "result": result,
-                           "finished": common.utc_now(), "hardware": common.hardware_summary(),
-                           **(notes() if notes else {}), **history}
-        write_json(self.file, self.done)
-        log(f"{self.label}: {name} done in {self.done[name]['seconds']:.0f} s")
-        return result
-
-    def remade(self, name: str, digest: str | None, first: str | None) -> None:
-        """Note in the ledger that a phase's folder was made again (its first result came from a folder that is
-        gone), its weights digest and whether it is bit-identical to the first; the fine-tunes record the digest
-        they started from (`start_weights`), so a later reader knows which seeds used which weights."""
-        identical = None if digest is None else digest == first
-        self.done[name].setdefault("remade", []).append({"date": common.utc_now(), "identical": identical,
-                                                         "digest": digest, "hardware": common.hardware_summary()})
-        write_json(self.file, self.done)
-        if identical is False:
-            log(f"{self.label}: WARNING {name} made again differs from the first run's weights")
-
-    def seconds(self) -> dict[str, float]:
-        return {name: phase["seconds"] for name, phase in self.done.items()}
-
-
-def ledger_path(folder: Path | str) -> str:
-    """A folder as the ledger keeps it: relative to the repository when it lies inside, so the ledger read in another
-    checkout (another machine's, a lent GPU's) finds the same folders under the same settings keys."""
-    folder = Path(folder)
-    return str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder)
-
-
-def folder_of(stored: str) -> Path:
-    """The folder a ledger entry names (an absolute entry stays as it is)."""
-    return ROOT / stored
+    """`common.settings_hash` with the base model's folder named too (``<base>``), so that the ledger holds across
+    checkouts wherever the base model is installed."""
+    return common.settings_hash(obj, (common.base_model_path(), "<base>"))
 
 
 class Artifact:

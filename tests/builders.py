@@ -10,6 +10,9 @@ import logging
 import os
 import random
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -272,3 +275,25 @@ def benchmark_script(name: str) -> ModuleType:
         patch.setattr(os, "environ", dict(os.environ))  # the scripts' environment defaults stay out of other tests
         patch.setitem(sys.modules, "common", load_script("common"))
         return load_script(name)
+
+
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, str], str]:
+    """Replace `time.perf_counter` by a clock per thread that reads one second after its last reading (0 first), for
+    the seconds a benchmark ledger (`common.Phases`) records.
+
+    Returns:
+        `work(seconds, result)`: lets `seconds` readings pass on the calling thread's clock, then returns `result`.
+    """
+    clocks = threading.local()
+
+    def read() -> float:
+        clocks.now = getattr(clocks, "now", -1) + 1
+        return float(clocks.now)
+
+    def work(seconds: int, result: str) -> str:
+        for _ in range(seconds):
+            read()
+        return result
+
+    monkeypatch.setattr(time, "perf_counter", read)
+    return work

@@ -3,6 +3,7 @@ smoke run of the recipe selection (slow)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -13,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from .builders import benchmark_script
+from .builders import benchmark_script, fake_clock
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,7 @@ def test_the_ledger_keeps_scored_seeds_without_their_checkpoints(v2, tmp_path, m
     score(44)  # made again, different weights
     assert [seed for _, seed in tuned] == [42, 43, 44] and len(made) == 3
     done = v2.read_json(ledger / "arm.phases.json")
-    first, second = (v2.hashlib.sha256(w).hexdigest()[:16] for w in (b"w1", b"w2"))
+    first, second = (hashlib.sha256(w).hexdigest()[:16] for w in (b"w1", b"w2"))
     assert [(r["identical"], r["digest"]) for r in done["pretrain"]["remade"]] == [(True, first), (False, second)]
     assert {r["hardware"] for r in done["pretrain"]["remade"]} == {v2.common.hardware_summary()}  # which machine
     # which weights each seed was fine-tuned from
@@ -192,11 +193,15 @@ def test_a_ledger_holds_in_another_checkout(v2, tmp_path, monkeypatch):
         start.get()
         return v2.settings_hash([str(start.path)])
 
-    monkeypatch.setattr(v2, "ROOT", tmp_path / "first")
+    def checkout(folder: Path) -> None:  # the script's and the ledger's (`common`) repository root
+        monkeypatch.setattr(v2, "ROOT", folder)
+        monkeypatch.setattr(v2.common, "ROOT", folder)
+
+    checkout(tmp_path / "first")
     first = ft_key()
     assert v2.read_json(tmp_path / "ledger" / "arm.phases.json")["pretrain"]["result"] == "out/pretrained-k"
     shutil.copytree(tmp_path / "first", tmp_path / "second")
-    monkeypatch.setattr(v2, "ROOT", tmp_path / "second")
+    checkout(tmp_path / "second")
     assert ft_key() == first and len(made) == 1  # found in the copy, not made again
     assert "remade" not in v2.read_json(tmp_path / "ledger" / "arm.phases.json")["pretrain"]
 
@@ -204,14 +209,7 @@ def test_a_ledger_holds_in_another_checkout(v2, tmp_path, monkeypatch):
 def test_a_phase_run_inside_another_keeps_its_own_seconds(v2, tmp_path, monkeypatch):
     """A fine-tune that first has to make its pre-training again: the fine-tune's seconds leave the pre-training
     out, so an arm's phases add up to its wall time instead of counting the pre-training twice."""
-    clock = iter(range(1000))  # a fake clock: each reading is one second after the last
-
-    def work(seconds: int, result: str) -> str:
-        for _ in range(seconds):
-            next(clock)
-        return result
-
-    monkeypatch.setattr(v2.time, "perf_counter", lambda: float(next(clock)))
+    work = fake_clock(monkeypatch)  # each reading one second after the last
     phases = v2.Phases(tmp_path, "arm")
     phases.run("finetune", "k", lambda: work(2, "") + phases.run("pretrain", "k", lambda: work(10, "ckpt")))
     # the fine-tune's clock ran from 0 to 15, the pre-training's inside it from 3 to 14

@@ -1,0 +1,189 @@
+"""benchmarks/from_scratch.py (issue 33): the results JSON and table built from the ledger, the step budget from a
+probe, the arms' flags, the device scripts; and a --tiny smoke run of two arms end to end (`make smoke`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from .builders import benchmark_script, fake_clock
+
+DEVICE = Path(__file__).resolve().parents[1] / "benchmarks" / "device"
+
+
+@pytest.fixture(scope="module")
+def fs() -> ModuleType:
+    return benchmark_script("from_scratch")
+
+
+def arm_ledger(arm: str, ndcg: dict[int, float], variants: tuple[str, ...] | None = None) -> dict:
+    """An arm's ledger as run_arm writes it: pre-training, coverage, zero-shot and scored seeds of each variant."""
+    def entry(result, seconds=1.0):
+        return {"key": "k", "seconds": seconds, "result": result, "hardware": "CPU here"}
+
+    done = {"init_weights": entry("abc"), "pretrain": entry("out/x", 100.0), "pretrain_weights": entry("def"),
+            "pretraining_record": entry({"steps": 500, "seconds_per_step": 0.2, "tokens_seen": 500 * 128 * 256}),
+            "coverage": entry({"10": 0.1, "20": 0.2, "50": 0.3, "100": 0.4}),
+            "coverage_lm_head": entry({"10": 0.5, "20": 0.6, "50": 0.7, "100": 0.8})}
+    for variant in variants or (arm,):
+        offset = 0.05 if variant.endswith("hybrid") else 0.0
+        done[f"zeroshot_{variant}"] = entry({"ndcg_at_10": 0.1 + offset, "mrr_at_10": 0.09, "recall_at_100": 0.3})
+        for seed, value in ndcg.items():
+            done[f"finetune_{variant}_s{seed}"] = entry({"stages": {}}, 20.0)
+            done[f"evaluate_{variant}_s{seed}"] = entry({"ndcg_at_10": value + offset, "mrr_at_10": value - 0.01,
+                                                         "recall_at_100": 0.8, "queries": 200})
+    return done
+
+
+def test_results_json_names_every_arm_with_its_seeds(fs, tmp_path):
+    """from_scratch.json holds arms by name (mlm, retromae, dupmae, ...), each with `seeds` [{seed, ndcg@10, ...}],
+    its zero-shot scores, coverage and tokens; DupMAE's hybrid sits beside its [CLS]; an arm not run is absent."""
+    ledger = tmp_path / "from_scratch_ledger"
+    ledger.mkdir()
+    fs.write_json(ledger / "mlm.phases.json", arm_ledger("mlm", {42: 0.30, 43: 0.32, 44: 0.31}))
+    fs.write_json(ledger / "retromae.phases.json", arm_ledger("retromae", {42: 0.40, 43: 0.41, 44: 0.42}))
+    fs.write_json(ledger / "dupmae.phases.json", arm_ledger("dupmae", {42: 0.35, 43: 0.36}, fs.VARIANTS["dupmae"]))
+    _, cfg = fs.settings(fs.parse_args(["--seeds", "42,43,44"]))
+    payload = fs.report(tmp_path, ledger, cfg, {"preset": "gpu", "command": "c", "date": "d"})
+    saved = json.loads((tmp_path / "from_scratch.json").read_text(encoding="utf-8"))
+    assert list(saved["arms"]) == ["mlm", "retromae", "dupmae"] and set(saved["arms"]) <= set(fs.ARMS)
+    mlm = saved["arms"]["mlm"]
+    assert [s["seed"] for s in mlm["seeds"]] == [42, 43, 44]
+    assert set(mlm["seeds"][0]) >= {"seed", "ndcg@10", "mrr@10", "recall@100"}
+    assert mlm["ndcg@10"] == pytest.approx(0.31) and mlm["ndcg@10_std"] == pytest.approx(0.01)
+    assert mlm["zero_shot"]["ndcg@10"] == pytest.approx(0.1) and mlm["pretraining"]["tokens_seen"] == 500 * 128 * 256
+    assert mlm["coverage_lm_head"]["10"] == 0.5 and mlm["init_weights"] == "abc"
+    dupmae = saved["arms"]["dupmae"]
+    assert [s["seed"] for s in dupmae["seeds"]] == [42, 43] and dupmae["label"] == "DupMAE [CLS]"
+    assert dupmae["hybrid"]["ndcg@10"] == pytest.approx(0.405) and dupmae["hybrid"]["zero_shot"]["ndcg@10"] == pytest.approx(0.15)
+    # vs MLM only: seed by seed, and the issue's bar (more than twice the larger seed std)
+    retromae = next(d for d in saved["versus_mlm"] if d["label"] == fs.LABELS["retromae"])
+    assert retromae["ndcg@10_diff_by_seed"] == pytest.approx({"42": 0.10, "43": 0.09, "44": 0.11})
+    assert retromae["beats_mlm_by_2x_spread"] is True and retromae["zero_shot_ndcg@10_diff"] == pytest.approx(0)
+    table = payload["table_markdown"]
+    assert "DupMAE [CLS] (2 of 3 seeds)" in table and "DupMAE hybrid" in table and "prove nothing" not in table
+    assert "1,000,000 steps x 256 x L 512" in table and "500 steps x 128 sequences x L 256" in table
+    assert (tmp_path / "from_scratch_ndcg.png").stat().st_size > 0
+
+
+def test_a_tiny_report_says_it_proves_nothing(fs, tmp_path):
+    ledger = tmp_path / "from_scratch_ledger"
+    ledger.mkdir()
+    fs.write_json(ledger / "mlm.phases.json", arm_ledger("mlm", {42: 0.3}))
+    _, cfg = fs.settings(fs.parse_args(["--tiny"]))
+    payload = fs.report(tmp_path, ledger, cfg, {"preset": "tiny", "command": "c", "date": "d"})
+    assert payload["note"] == fs.TINY_NOTE and payload["table_markdown"].startswith(f"**{fs.TINY_NOTE}**")
+    assert payload["versus_mlm"] == []
+
+
+def test_steps_from_the_probe_fit_the_slowest_arm(fs, tmp_path):
+    probe = tmp_path / "probe.json"
+    fs.write_json(probe, {"hardware": "GPU", "arms": {"mlm": {"seconds_per_step": 0.1},
+                                                      "seed": {"seconds_per_step": 0.27}}})
+    steps, how = fs.steps_from_probe(probe, 200)
+    assert steps == 740 and how["slowest_seconds_per_step"] == 0.27  # 200 / 0.27 = 740.7, down to a multiple of 10
+    assert fs.steps_from_probe(probe, 1)[0] == 10
+    assert fs.parse_groups("mlm,retromae/dupmae,bow,seed", ["mlm", "seed"]) == [["mlm"], ["seed"]]
+
+
+def test_arm_flags_are_identical_but_for_the_method(fs, tmp_path):
+    """Every arm gets the same init, corpus, steps, batch, L, schedule and seed; mlm is the encoder's MLM alone; the
+    tiny DupMAE projects [CLS] to at most the hidden size; the flags are `retromae pretrain` options."""
+    _, cfg = fs.settings(fs.parse_args([]))
+    flags = {arm: fs.pretrain_args(arm, tmp_path / "init", tmp_path / "corpus", cfg, 100) for arm in fs.ARMS}
+
+    def shared(args: list[str]) -> list[str]:
+        start = args.index("--model")
+        return args[start:]
+
+    assert len({tuple(shared(f)) for f in flags.values()}) == 1
+    assert "--packing" in flags["mlm"] and "--bf16" in flags["mlm"]
+    assert json.loads(flags["mlm"][flags["mlm"].index("--method_options") + 1]) == {"bow_loss_weight": 0.0}
+    assert "enhanced" in flags["retromae"]
+    _, tiny = fs.settings(fs.parse_args(["--tiny"]))
+    dupmae = fs.pretrain_args("dupmae", tmp_path, tmp_path, tiny, 3)
+    assert json.loads(dupmae[dupmae.index("--method_options") + 1])["dense_dim"] == fs.SIZES["tiny"]["hidden_size"]
+    from retromae.trainers.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+
+
+def test_phases_run_side_by_side_keep_their_own_seconds_and_every_entry(fs, tmp_path, monkeypatch):
+    """Seeds fine-tuned side by side share their arm's ledger (`common.Phases`): each thread's nested phase (a
+    pre-training made inside a fine-tune) keeps its own seconds, and the ledger file holds every thread's entry."""
+    work = fake_clock(monkeypatch)  # one clock per thread
+    phases, seeds = fs.Phases(tmp_path, "arm"), (42, 43, 44, 45)
+    together = threading.Barrier(len(seeds), timeout=60)  # every fine-tune is running when the pre-trainings start
+
+    def pretrain(seed: int) -> str:
+        together.wait()
+        return work(10, f"ckpt{seed}")
+
+    def one_seed(seed: int) -> str:
+        return phases.run(f"finetune_s{seed}", "k",
+                          lambda: work(2, "") + phases.run(f"pretrain_s{seed}", "k", lambda: pretrain(seed)))
+
+    with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
+        assert list(pool.map(one_seed, seeds)) == [f"ckpt{seed}" for seed in seeds]
+    # per thread as in one: the fine-tune's clock runs from 0 to 15, the pre-training's inside it from 3 to 14
+    expected = {name: value for s in seeds for name, value in ((f"finetune_s{s}", 4.0), (f"pretrain_s{s}", 11.0))}
+    assert phases.seconds() == expected
+    assert fs.Phases(tmp_path, "arm").seconds() == expected  # read back from disk: no thread's write was lost
+
+
+def test_settings_keys_hold_on_another_machine(fs):
+    here = [str(fs.ROOT / "out" / "x"), str(fs.common.DATA / "scifact")]
+    assert fs.settings_hash(here) == fs.settings_hash(["<repo>/out/x", "<data>/scifact"])
+
+
+def test_device_scripts_parse_and_their_run_calls_fit(tmp_path):
+    """The device scripts are valid bash; the run calls the prep script prints fit the tool (a command of at most
+    2,000 characters, at most 8 carried paths)."""
+    for script in ("from_scratch.sh", "from_scratch_prep.sh"):
+        assert subprocess.run(["bash", "-n", str(DEVICE / script)], check=False).returncode == 0
+    prep = (DEVICE / "from_scratch_prep.sh").read_text(encoding="utf-8")
+    calls = re.findall(r'run\(command="([^"]+)", carry=\[([^\]]*)\], timeout_s=(\d+)\)', prep)
+    assert len(calls) == 2
+    for command, carry, timeout in calls:
+        assert len(command) <= 2000 and len(carry.split(",")) <= 8 and int(timeout) <= 600
+    arms = [command.split()[-1].split(",") for command, _, _ in calls]
+    assert sorted(a for group in arms for a in group) == sorted(["mlm", "retromae", "dupmae", "bow", "seed"])
+
+
+def test_the_reported_metrics_come_from_the_evaluate_summary(fs, tmp_path):
+    summary = tmp_path / "summary.json"
+    fs.write_json(summary, {"model": "m", "search": "exact", "results": [
+        {"task": "t", "split": "dev", "queries": 20, "ndcg_at_10": 0.5, "mrr_at_10": 0.4, "recall_at_100": 0.9,
+         "recall_at_1000": 1.0, "main_score": 0.5}]})
+    assert fs.scores(summary) == {"ndcg_at_10": 0.5, "mrr_at_10": 0.4, "recall_at_100": 0.9, "queries": 20}
+
+
+@pytest.mark.experiment
+def test_tiny_two_arms_end_to_end(fs, shared_data, tmp_path):
+    """--tiny for mlm and dupmae: random init, pre-training (3 steps), coverage, zero-shot, fine-tuning of every
+    seed and variant, evaluation; then --report-only rebuilds the same table from the ledger. Proves the plumbing."""
+    out = tmp_path / "fs"
+    common = ["--tiny", "--output-dir", str(out)]
+    assert fs.main([*common, "--arms", "mlm,dupmae"]) == 0
+    saved = json.loads((out / "from_scratch.json").read_text(encoding="utf-8"))
+    assert list(saved["arms"]) == ["mlm", "dupmae"] and "prove nothing" in saved["table_markdown"]
+    for arm in ("mlm", "dupmae"):
+        rec = saved["arms"][arm]
+        assert [s["seed"] for s in rec["seeds"]] == [42, 43]
+        assert all(0 <= s["ndcg@10"] <= 1 for s in rec["seeds"]) and rec["zero_shot"] is not None
+        assert rec["pretraining"]["steps"] == 3 and rec["pretraining"]["tokens_seen"] > 0
+        assert set(rec["coverage"]) == set(rec["coverage_lm_head"]) == {"10", "20", "50", "100"}
+    assert [s["seed"] for s in saved["arms"]["dupmae"]["hybrid"]["seeds"]] == [42, 43]
+    assert saved["arms"]["mlm"]["init_weights"] == saved["arms"]["dupmae"]["init_weights"]  # one random init
+    table = saved["table_markdown"]
+    assert fs.main([*common, "--report-only"]) == 0
+    again = json.loads((out / "from_scratch.json").read_text(encoding="utf-8"))
+    assert again["arms"] == saved["arms"] and table.split("Report:")[0] == again["table_markdown"].split("Report:")[0]
