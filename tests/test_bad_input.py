@@ -80,6 +80,10 @@ BAD_TRAINING_FLAGS = [
     (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps 0: give a positive integer"),
     (["--learning-rate", "-0.001"], "--learning-rate -0.001: give a learning rate >= 0"),
     (["--fp16", "true", "--bf16", "true"], "--fp16 and --bf16 are both true; keep one"),
+    (["--max-steps", "-1", "--num-train-epochs", "0"], "--num-train-epochs 0.0: give a positive number of epochs"),
+    # refused by TrainingArguments itself: its message, in one line
+    (["--logging-steps", "0"], "requires non-zero --logging_steps"),
+    (["--warmup-steps", "-1"], "Expected value warmup_steps >= 0"),
 ]
 
 

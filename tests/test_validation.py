@@ -135,10 +135,79 @@ def test_bad_folder_refused_before_training(tiny_bert, corpus, tmp_path, capsys,
     assert not out.exists(), "refused before the output folder is touched"
 
 
-@pytest.mark.parametrize("flags", [["--eval-max-queries", "0"], ["--load-best-model-at-end", "true"],
-                                   ["--metric-for-best-model", "ndcg@10"]])
-def test_unsupported_options_refused(tiny_bert, corpus, beir_folder, tmp_path, capsys, flags):
+BEST = ("--eval-strategy", "steps", "--eval-steps", "1", "--save-steps", "1", "--save-total-limit", "2",
+        "--metric-for-best-model", "ndcg@10", "--load-best-model-at-end", "true")
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--eval-max-queries", "0"], "--eval-max-queries 0"),
+    (["--load-best-model-at-end", "true"], "--load-best-model-at-end requires the save and eval strategy to match"),
+    (["--metric-for-best-model", "ndcg@10"], "--metric-for-best-model ndcg@10 compares the Trainer's evaluations"),
+    (["--eval-strategy", "steps", "--eval-steps", "2", "--load-best-model-at-end", "true"],
+     "--metric-for-best-model loss: the retrieval validation logs ndcg@10, mrr@10, recall@100"),
+    ([*BEST[:6], "--metric-for-best-model", "coverage@10"], "--metric-for-best-model coverage@10: the retrieval"),
+    ([*BEST[:6], "--save-total-limit", "1", *BEST[8:]], "use --save-total-limit 2 or more"),
+    (["--eval-strategy", "steps", "--eval-steps", "3", "--save-steps", "2", *BEST[8:]],
+     "multiple of the evaluation steps"),
+])
+def test_unsupported_options_refused(tiny_bert, corpus, beir_folder, tmp_path, capsys, flags, expected):
     out = tmp_path / "run"
     assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(beir_folder), *flags)) == 2
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and flags[0] in error and not out.exists()
+    assert len(error.splitlines()) == 1 and expected in error and not out.exists(), error
+
+
+def test_best_model_needs_the_validation_folder(tiny_bert, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, *BEST)) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and not out.exists()
+    assert "--load-best-model-at-end" in error and "--eval-beir-folder" in error
+
+
+def scripted_ndcg(monkeypatch, values: list[float]) -> None:
+    """Make each retrieval validation return the next of `values` as its NDCG@10 (the others fixed)."""
+    scores = iter(values)
+    monkeypatch.setattr(validation, "evaluate_retrieval",
+                        lambda *args, **kwargs: {"ndcg@10": next(scores), "mrr@10": 0.5, "recall@100": 0.5})
+
+
+def test_load_best_model_at_end_saves_and_exports_the_best_checkpoint(tiny_bert, corpus, beir_folder, tmp_path,
+                                                                      monkeypatch, capsys):
+    plain, out = tmp_path / "plain", tmp_path / "best"
+    assert main(pretrain_args(tiny_bert, corpus, plain, "--no-export", "true")) == 0
+    scripted_ndcg(monkeypatch, [0.2, 0.5, 0.3, 0.4])
+    assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(beir_folder), *BEST)) == 0
+    summary = capsys.readouterr().out
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["best_global_step"] == 2 and state["best_metric"] == 0.5, "greater is better for ndcg@10"
+    assert state["best_model_checkpoint"] == str(out / "checkpoint-2")
+    assert [e["step"] for e in state["log_history"] if "eval_ndcg@10" in e] == [1, 2, 3, 4]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"], "the best is kept"
+    assert f"best checkpoint: step 2, ndcg@10 0.5000 ({out / 'checkpoint-2'}); the final save and export" in summary
+    best, last, final = (load_file(str(out / name)) for name in
+                         ("checkpoint-2/model.safetensors", "checkpoint-4/model.safetensors", "model.safetensors"))
+    assert all(torch.equal(best[k], final[k]) for k in best) and not all(torch.equal(last[k], final[k]) for k in last)
+    exported = load_file(str(out / "encoder" / "model.safetensors"))
+    assert all(torch.equal(value, best[f"bert.{k}"]) for k, value in exported.items() if f"bert.{k}" in best)
+    assert any(f"bert.{k}" in best for k in exported)
+    expected = load_file(str(plain / "checkpoint-4" / "model.safetensors"))  # the evaluations leave training alone
+    assert all(torch.equal(expected[k], last[k]) for k in expected)
+    # resuming from the best checkpoint continues the run exactly and still ends on the best weights
+    resumed = tmp_path / "resumed"
+    scripted_ndcg(monkeypatch, [0.3, 0.4])
+    assert main(pretrain_args(tiny_bert, corpus, resumed, "--eval-beir-folder", str(beir_folder), *BEST,
+                              "--no-export", "true", "--resume-from-checkpoint", str(out / "checkpoint-2"))) == 0
+    again = load_file(str(resumed / "model.safetensors"))
+    assert all(torch.equal(best[k], again[k]) for k in best)
+    state = json.loads((resumed / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["best_global_step"] == 2
+    resumed_last = load_file(str(resumed / "checkpoint-4" / "model.safetensors"))
+    assert all(torch.equal(last[k], resumed_last[k]) for k in last)
+    # resuming the finished run (its last checkpoint) trains nothing and saves the best weights too
+    finished = tmp_path / "finished"
+    assert main(pretrain_args(tiny_bert, corpus, finished, "--eval-beir-folder", str(beir_folder), *BEST,
+                              "--no-export", "true", "--resume-from-checkpoint", str(out / "checkpoint-4"))) == 0
+    again = load_file(str(finished / "model.safetensors"))
+    assert all(torch.equal(best[k], again[k]) for k in best)
+    assert "best checkpoint: step 2, ndcg@10 0.5000" in capsys.readouterr().out

@@ -21,6 +21,7 @@ from sentence_transformers import SentenceTransformer
 from transformers import (
     AutoConfig,
     HfArgumentParser,
+    IntervalStrategy,
     TrainingArguments,
     set_seed,
 )
@@ -48,7 +49,7 @@ from .trainer import (
     last_complete_checkpoint,
     remove_previous_run,
 )
-from .validation import RetrievalValidationCallback, plot_validation, validation_summary
+from .validation import RetrievalValidationCallback, metric_names, plot_validation, validation_summary
 
 logger = logging.getLogger("retromae")
 
@@ -148,7 +149,9 @@ class ValidationArguments:
                   "this BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) every --eval-steps steps (default: "
                   "--logging-steps) and at the last step; logs eval_ndcg@10, eval_mrr@10 and eval_recall@100 beside "
                   "the losses and plots them in OUTPUT_DIR/validation.png. Encoding batch: "
-                  "--per-device-eval-batch-size"},
+                  "--per-device-eval-batch-size. With --eval-strategy steps the Trainer's evaluations run it, so "
+                  "--metric-for-best-model ndcg@10 --load-best-model-at-end make the final save and export the best "
+                  "checkpoint's"},
     )
     eval_split: str = field(default="dev", metadata={"help": "--eval-beir-folder: the qrels split (qrels/SPLIT.tsv)"})
     eval_max_queries: int = field(
@@ -234,10 +237,6 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
         parse(pretrain_parser(), argv)
     given = {**file_values, **given_options(pretrain_parser(), flags)}
-    for name in ("load_best_model_at_end", "metric_for_best_model"):  # the checkpoints track no best model yet
-        if given.get(name):
-            raise UserError(f"--{name.replace('_', '-')} is not supported by retromae pretrain yet; drop it: the "
-                            "final save and export are the last step's (compare eval_ndcg@10 in trainer_state.json)")
     demo = not {"corpus", "pairs"} & given.keys() and "--config" not in argv
     defaults = DEMO_DEFAULTS if demo else {}
     output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
@@ -249,9 +248,38 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     elif resume:
         logger.warning("%s records no run settings (written by an older retromae): the flags given now apply", resume)
     parser = pretrain_parser()
-    model, method_settings, data, run, training, recipe, validation = parse(parser, argv, defaults)
+    try:
+        model, method_settings, data, run, training, recipe, validation = parse(parser, argv, defaults)
+    except ValueError as error:  # TrainingArguments' own checks of --load-best-model-at-end, in one line
+        if "load_best_model_at_end" not in str(error):
+            raise
+        raise UserError(" ".join(str(error).replace("_", "-").split())) from None
+    check_best_model_options(training, validation, model.method)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
     return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation)
+
+
+def check_best_model_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
+    """Refuse, in one line, best-model options the run cannot honour: `--metric-for-best-model` (which
+    `--load-best-model-at-end` defaults to `loss`) must name a retrieval validation metric, which needs
+    `--eval-beir-folder` and the Trainer's evaluations (`--eval-strategy steps`); `--save-total-limit 1` would make
+    the Trainer delete every other checkpoint in OUTPUT_DIR at the end, other runs' included."""
+    metric = training.metric_for_best_model
+    if metric is None:
+        return
+    flag = "--load-best-model-at-end" if training.load_best_model_at_end else f"--metric-for-best-model {metric}"
+    if not validation.eval_beir_folder:
+        raise UserError(f"{flag} selects the checkpoint with the best retrieval validation metric: add "
+                        "--eval-beir-folder FOLDER (a BEIR folder) and --metric-for-best-model ndcg@10")
+    names = metric_names(validation.eval_coverage, hybrid=method == "dupmae")
+    if metric.removeprefix("eval_") not in names:
+        raise UserError(f"--metric-for-best-model {metric}: the retrieval validation logs {', '.join(names)}; "
+                        "choose one of them (e.g. ndcg@10)")
+    if training.eval_strategy == "no":
+        raise UserError(f"{flag} compares the Trainer's evaluations: add --eval-strategy steps (with --save-steps a "
+                        "multiple of --eval-steps)")
+    if training.save_total_limit == 1:
+        raise UserError(f"{flag} keeps the best checkpoint beside the newest: use --save-total-limit 2 or more")
 
 
 def _field_default(dataclass_type: type, name: str) -> Any:
@@ -441,6 +469,8 @@ def pretrain(argv: list[str]) -> int:
     if write_export:
         check_export_target(export_dir, overwrite_export, run)
     validation = validation_callback(run) if finished is None else None  # a bad folder is refused before training
+    if finished is not None:  # nothing to train or evaluate: the Trainer would want an evaluation set
+        args.eval_strategy = IntervalStrategy.NO
 
     with folder_lock(args.output_dir, enabled=args.should_save):
         prepare_output_dir(args.output_dir, run.run, run.resume, args.should_save)
@@ -526,6 +556,18 @@ def final_save_done(output_dir: str, step: int) -> bool:
     return (Path(output_dir) / "config.json").is_file() and info.get("global_step") == step
 
 
+def best_summary(trainer: RetroMAETrainer) -> str | None:
+    """The summary line of the best checkpoint (`--metric-for-best-model`), or None when none was selected."""
+    state, args = trainer.state, trainer.args
+    if args.metric_for_best_model is None or state.best_global_step is None or state.best_metric is None:
+        return None
+    name = args.metric_for_best_model.removeprefix("eval_")
+    where = ("; the final save and export are its weights" if args.load_best_model_at_end
+             else "; the final save is the last step's (--load-best-model-at-end loads the best)")
+    return (f"  best checkpoint: step {state.best_global_step}, {name} {state.best_metric:.4f} "
+            f"({state.best_model_checkpoint}){where}")
+
+
 def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float,
                   finished_checkpoint: str | None = None) -> None:
     """Where everything is, the first and last losses and an example encoding; `finished_checkpoint`: the run had
@@ -543,9 +585,8 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
         f"  losses ({window}): {losses}",
         f"  pre-training checkpoint (decoder included): {output_dir}",
     ]
-    validated = validation_summary(trainer.state.log_history)
-    if validated:
-        lines.insert(3, validated)
+    validated = [line for line in (validation_summary(trainer.state.log_history), best_summary(trainer)) if line]
+    lines[3:3] = validated
     if export_dir:
         # our own export, just written; DupMAE's carries its hybrid module as remote code
         encoder = SentenceTransformer(export_dir, trust_remote_code=True)
@@ -561,7 +602,8 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
 
 __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
-    "RunArguments", "ValidationArguments", "attn_implementation_for", "check_export_target", "check_folder_option",
+    "RunArguments", "ValidationArguments", "attn_implementation_for", "best_summary", "check_best_model_options",
+    "check_export_target", "check_folder_option",
     "check_model_and_tokenizer", "export_target", "final_save_done", "load_pretraining_model", "prepare_output_dir",
     "pretrain", "pretrain_arguments", "pretrain_parser",
     "print_summary", "resolve_resume", "train_model", "validation_callback",

@@ -16,12 +16,15 @@
 - every save is atomic: `checkpoint-N` is built in a hidden sibling (`core.folders.atomic_folder`) and renamed when
   complete; the final save is built in `OUTPUT_DIR/.retromae-final` and moved into the root with `config.json`
   last. Each checkpoint also records the run's settings and id (`retromae_resume.json`, see `resume.py`);
-  rotation (`save_total_limit`) deletes only checkpoints with this run's id; resuming the newest checkpoint
+  rotation (`save_total_limit`) deletes only checkpoints with this run's id, never the newest or the best
+  (`--metric-for-best-model`, recorded as the Trainer does); resuming the newest checkpoint
   (`checkpoint_to_resume`) refuses a folder with checkpoints of several runs, and resuming a finished run
   (`finished_step`) loads it and trains nothing;
 - callbacks a method needs (BoW's weight schedule) are registered automatically, and the last step is always
   logged (`LogLastStepCallback`); a callback with a `pop_logs()` method adds what it returns to the next log entry
-  (`validation.RetrievalValidationCallback`'s retrieval metrics);
+  (`validation.RetrievalValidationCallback`'s retrieval metrics). With that callback, `evaluate()` is its retrieval
+  validation, so `--eval-strategy steps --metric-for-best-model ndcg@10 --load-best-model-at-end` selects, keeps and
+  loads the best checkpoint at the end as for any Trainer;
 - the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
   the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
   `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
@@ -63,6 +66,7 @@ from .recipe import (
 )
 from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of
 from .schedules import schedule_callbacks
+from .validation import RetrievalValidationCallback
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +242,12 @@ class RetroMAETrainer(Trainer):
 
     def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
                  recipe: RecipeArguments | None = None, **kwargs):
+        validation = next((c for c in kwargs.get("callbacks") or [] if isinstance(c, RetrievalValidationCallback)),
+                          None)
+        if validation is not None and kwargs.get("eval_dataset") is None:
+            kwargs["eval_dataset"] = validation.data  # the evaluation set is the BEIR split (`evaluate`)
         super().__init__(*args, **kwargs)
+        self.validation = validation
         self.recipe = recipe or RecipeArguments()
         self.head_warmup = None
         if self.recipe.head_warmup_steps > 0:
@@ -285,6 +294,29 @@ class RetroMAETrainer(Trainer):
     def evaluation_loop(self, *args, **kwargs):
         self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
         return super().evaluation_loop(*args, **kwargs)
+
+    # ---- retrieval validation as the Trainer's evaluation ----------------------------------------------------
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """With a `RetrievalValidationCallback` and no other `eval_dataset`: its retrieval metrics (`eval_ndcg@10`,
+        ...), computed on the main process and given to every process, logged as their own entry; empty when the
+        evaluation failed (warned). So `--eval-strategy steps` and `--metric-for-best-model ndcg@10` work as for any
+        Trainer. Otherwise the Trainer's evaluation (the masked-LM losses of `eval_dataset`)."""
+        if self.validation is None or eval_dataset is not None:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        model = self.accelerator.unwrap_model(self.model)
+        metrics = self.validation.evaluate_model(self.args, self.state, model, self.processing_class)
+        if self.args.world_size > 1:  # every process compares the best metric and saves alike
+            metrics = broadcast_object_list([metrics], from_process=0)[0]
+        if metrics:
+            self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial) -> bool:
+        if self.validation is not None and not metrics:  # a failed retrieval validation (warned) is no best
+            return False
+        return super()._determine_best_metric(metrics, trial)
 
     # ---- continued-pre-training recipe ------------------------------------------------------------------------
 
@@ -368,11 +400,16 @@ class RetroMAETrainer(Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint (model, optimizer, scheduler, RNG states, trainer state, our files), written into
         a temporary sibling and renamed to `checkpoint-N` only when complete; then this run's older checkpoints are
-        rotated. Pre-training selects no best model, so the Trainer's best-checkpoint bookkeeping is left out."""
+        rotated. As the Trainer's, it records the best checkpoint so far (`state.best_model_checkpoint`, with
+        `--metric-for-best-model`), which rotation keeps."""
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
         run_dir = Path(self._get_output_dir(trial=trial))
         target = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.state.best_global_step:
+            best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
+            if best == target or best.is_dir():  # recorded before the trainer state is written, as the Trainer does
+                self.state.best_model_checkpoint = str(best)
         with self._atomic_save(target) as build:
             self.save_model(str(build), _internal_call=True)
             self._save_run_files(build)
@@ -419,13 +456,16 @@ class RetroMAETrainer(Trainer):
         return path
 
     def _rotate_own_checkpoints(self, run_dir: Path) -> None:
-        """Keep at most `save_total_limit` checkpoints of this run (same `run_id`), the newest always; checkpoints
-        that another run left in the folder are never deleted."""
+        """Keep at most `save_total_limit` checkpoints of this run (same `run_id`), the newest and the best
+        (`state.best_model_checkpoint`) always, as the Trainer does; checkpoints that another run left in the folder
+        are never deleted."""
         limit = self.args.save_total_limit
         if not limit or limit <= 0:
             return
         own = [p for p in list_checkpoints(run_dir) if run_id_of(p) == self.run_settings.get("run_id")]
-        for checkpoint in own[: max(len(own) - limit, 0)]:
+        best = self.state.best_model_checkpoint
+        deletable = [p for p in own[:-1] if best is None or p.resolve() != Path(best).resolve()]  # oldest first
+        for checkpoint in deletable[: max(len(own) - max(limit, len(own) - len(deletable)), 0)]:
             logger.info("Deleting older checkpoint %s (save_total_limit=%d)", checkpoint, limit)
             shutil.rmtree(checkpoint, ignore_errors=True)
 
@@ -475,6 +515,9 @@ class RetroMAETrainer(Trainer):
         """Load a finished run's checkpoint (weights and trainer state) instead of training past its last step."""
         self._load_from_checkpoint(checkpoint)
         self.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and Path(best).is_dir():
+            self._load_best_model()  # as the run's own end did: its final save and export are the best's
         logger.warning("%s is the last step (%d) of its run: the run is finished, nothing to train", checkpoint,
                        self.state.global_step)
         return TrainOutput(self.state.global_step, 0.0, {})  # as Trainer reports a call that trained no step

@@ -11,6 +11,10 @@ with `eval_coverage@k` when asked) reach the progress bar, `trainer_state.json`'
 `report_to` integration like the loss terms do. Why not `on_log`: the Trainer appends a copy of the logs to
 `log_history`, and calls the integrations, before later callbacks see them.
 
+With `--eval-strategy steps` (or `epoch`) the Trainer's own evaluations run it instead (`RetroMAETrainer.evaluate`
+returns the `eval_*` metrics and logs them as an entry of their own, as the Trainer does), so
+`--metric-for-best-model ndcg@10 --load-best-model-at-end` selects the best checkpoint as for any Trainer.
+
 The representation is what the sentence-transformers export encodes (`sentence_vectors`): the last-layer [CLS]
 state of the encoder (`model.bert`), unit-normalised for a model trained with cosine similarity (SentMAE's default);
 for DupMAE its hybrid [W h ; sparse mu] (with the config's fixed projection W, as before fine-tuning), and its [CLS]
@@ -56,7 +60,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "METRICS", "RetrievalValidationCallback", "RunningTopK", "ValidationSet", "evaluate_retrieval", "exact_search",
-    "load_validation_set", "plot_validation", "retrieval_metrics", "sentence_vectors", "validation_summary",
+    "load_validation_set", "metric_names", "plot_validation", "retrieval_metrics", "sentence_vectors",
+    "validation_summary",
 ]
 
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
@@ -308,13 +313,21 @@ class RetrievalValidationCallback(TrainerCallback):
         return int(self.eval_steps or (state.eval_steps if args.eval_steps else state.logging_steps) or 1)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if args.eval_strategy != "no":  # the Trainer's own evaluations run it (`RetroMAETrainer.evaluate`)
+            return control
         last = state.global_step >= state.max_steps > 0
         if state.global_step % self._every(args, state) and not last:
             return control
         control.should_log = True  # on every process: the Trainer's logging gathers across processes
-        if state.is_world_process_zero:
-            self._pending = self._evaluate(args, state, model, self.tokenizer or processing_class)
+        self._pending = self.evaluate_model(args, state, model, processing_class)
         return control
+
+    def evaluate_model(self, args, state, model: nn.Module, processing_class=None) -> dict[str, float]:
+        """The metrics (`eval_` + name -> value) of `model` now, on the main process; empty on the others and when
+        the evaluation failed (warned)."""
+        if not state.is_world_process_zero:
+            return {}
+        return self._evaluate(args, state, model, self.tokenizer or processing_class)
 
     def _evaluate(self, args, state, model: nn.Module, tokenizer) -> dict[str, float]:
         try:
@@ -332,6 +345,12 @@ class RetrievalValidationCallback(TrainerCallback):
         """The metrics of the last evaluation not logged yet (`eval_` + name -> value); empty when none."""
         pending, self._pending = self._pending, {}
         return pending
+
+
+def metric_names(coverage: bool = False, hybrid: bool = False) -> list[str]:
+    """The names (without `eval_`) an evaluation logs: `--metric-for-best-model` takes one of them."""
+    names = [*METRICS, *(f"cls_{name}" for name in METRICS if hybrid)]
+    return names + [f"coverage@{k}" for k in DEFAULT_KS] if coverage else names
 
 
 # ---- after the run --------------------------------------------------------------------------------------------------

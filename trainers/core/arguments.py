@@ -109,7 +109,12 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     if any(issubclass(kind, TrainingArguments) for kind in getattr(parser, "dataclass_types", ())):
         # on the raw values: TrainingArguments.__post_init__ itself refuses some (--bf16) with a long traceback
         check_training_arguments(parser.parse_known_args(argv)[0])
-    *parsed, unknown_flags = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    try:
+        *parsed, unknown_flags = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    except UserError:
+        raise
+    except ValueError as error:  # an options dataclass's own check (TrainingArguments.__post_init__): the input's
+        raise UserError(f"{' '.join(str(error).split())} (see {parser.prog} --help)") from error
     if unknown_flags:
         raise UserError(f"unknown option(s): {' '.join(unknown_flags)} (see {parser.prog} --help for the options)")
     return tuple(parsed)
@@ -130,6 +135,9 @@ def check_training_arguments(args: Any) -> None:
     if max_steps == 0 or max_steps < -1:
         raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "
                         "(-1, the default) to train for --num-train-epochs")
+    epochs = getattr(args, "num_train_epochs", 1.0)
+    if max_steps == -1 and epochs <= 0:
+        raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if getattr(args, name, 1) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: give a positive integer")
