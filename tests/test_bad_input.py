@@ -201,3 +201,17 @@ def test_a_model_folder_without_a_tokenizer_is_refused(tiny_bert, corpus, tmp_pa
     err = one_line_error(capsys, "pretrain")
     assert f"{folder} has no tokenizer files" in err and "copy the model's tokenizer files into it" in err
     assert "--tokenizer" in err
+
+
+# ---- a model or tokenizer that is not there --------------------------------------------------------------------------
+
+
+def test_a_missing_model_or_tokenizer_is_one_line(corpus, tmp_path, capsys):
+    """A Hub id that cannot be read (offline here) and a tokenizer path that does not exist: one line each."""
+    assert cli.main(["coverage", "--model", "no-such-model", "--corpus", str(corpus),
+                     "--output-dir", str(tmp_path / "cov")]) == 2
+    assert "coverage: cannot read a model config from no-such-model" in one_line_error(capsys, "coverage")
+    missing = tmp_path / "no-tokenizer"
+    assert cli.main(["pretrain", "--corpus", str(corpus), "--output-dir", str(tmp_path / "out"),
+                     "--tokenizer", str(missing)]) == 2
+    assert f"tokenizer folder {missing} does not exist" in one_line_error(capsys, "pretrain")

@@ -43,7 +43,7 @@ from transformers import (
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from .errors import UserError
+from .errors import UserError, one_line_message
 from .folders import check_model_folder, is_local_path
 from .io import read_json_or_empty, write_json_atomic
 
@@ -124,6 +124,8 @@ def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrain
         CheckpointError: no tokenizer can be read, or `path_or_id` has no tokenizer vocabulary (transformers then
             makes up one of only the special tokens, which turns every word into [UNK]).
     """
+    if is_local_path(path_or_id) and not Path(path_or_id).expanduser().exists():
+        raise CheckpointError(f"tokenizer folder {path_or_id} does not exist{hint}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False)
     except (OSError, ValueError) as error:  # a Hub id while offline, a folder without tokenizer files
@@ -184,7 +186,12 @@ def load_bert_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") 
     """
     path = str(path_or_id)
     check_model_folder(path, purpose=purpose, tokenizer=False)
-    model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")
+    try:
+        model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")
+    except OSError as error:  # a Hub id that is misspelt, or unreachable (offline, no network)
+        reason = one_line_message(error).rstrip(".")
+        raise CheckpointError(f"{purpose}: cannot read a model config from {path}: {reason}; give a local model "
+                              "folder, or a Hub id that exists (and the network)") from None
     if model_type == "bert":
         encoder, info = AutoModel.from_pretrained(path, add_pooling_layer=False, output_loading_info=True)
     elif model_type in CONFIG_MAPPING:
