@@ -24,9 +24,10 @@ demo: setup
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
-# End-to-end smoke runs of the experiment scripts (minutes; outside `make test`'s 10-minute budget).
+# End-to-end smoke runs of the experiment scripts and the longest checks (minutes; outside `make test`'s 10-minute
+# budget).
 smoke: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m experiment
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "experiment or long"
 
 lint: setup
 	$(BIN)/ruff check modeling trainers tests benchmarks

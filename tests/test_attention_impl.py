@@ -206,7 +206,7 @@ def test_pretrain_cli_trains_on_the_chosen_implementation_and_may_change_it_on_r
     assert loaded[-1].config._attn_implementation == "sdpa"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_flex_attention_encoder_gives_the_sdpa_losses():
     """flex_attention compiles its kernel (about a minute on CPU) and has no CPU backward: losses only."""
     model = build("retromae")
@@ -268,7 +268,7 @@ def test_mask_samplers_run_eagerly_inside_a_compiled_function():
     assert all(torch.equal(a, b) for a, b in zip(compiled, expected, strict=True))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("method", list(METHODS))
 def test_compiled_model_gives_the_eager_losses_and_gradients(method):
     """dynamo + AOT autograd (`aot_eager`: the graph capture, where a custom forward breaks; about 30 s each)."""
@@ -278,7 +278,7 @@ def test_compiled_model_gives_the_eager_losses_and_gradients(method):
         assert torch.allclose(compiled_grads[name], grad, atol=1e-6), name
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_inductor_compiled_retromae_gives_the_eager_losses_and_gradients():
     """The default backend (inductor, C++ code generation on CPU: about 2.5 minutes on 2 cores with a cold cache)."""
     eager, compiled, eager_grads, compiled_grads = compiled_and_eager(build("retromae"), masked_batch(), "inductor")
@@ -287,7 +287,7 @@ def test_inductor_compiled_retromae_gives_the_eager_losses_and_gradients():
         assert torch.allclose(compiled_grads[name], grad, atol=1e-5, rtol=1e-4), name
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_pretrain_cli_torch_compile_logs_the_eager_losses(tiny_bert, corpus, tmp_path):
     """transformers' `--torch-compile` (here `--torch-compile-backend aot_eager`, which implies it) trains our
     models; with aot_eager even dropout draws as in eager mode, so the logged losses are identical."""

@@ -66,7 +66,6 @@ from .recipe import (
 )
 from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of
 from .schedules import schedule_callbacks
-from .validation import RetrievalValidationCallback
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +241,9 @@ class RetroMAETrainer(Trainer):
 
     def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
                  recipe: RecipeArguments | None = None, **kwargs):
-        validation = next((c for c in kwargs.get("callbacks") or [] if isinstance(c, RetrievalValidationCallback)),
+        # a callback that can score the model (`validation.RetrievalValidationCallback`; not imported: it sits a
+        # layer above the trainer, beside the coverage diagnostic it reuses)
+        validation = next((c for c in kwargs.get("callbacks") or [] if callable(getattr(c, "evaluate_model", None))),
                           None)
         if validation is not None and kwargs.get("eval_dataset") is None:
             kwargs["eval_dataset"] = validation.data  # the evaluation set is the BEIR split (`evaluate`)
