@@ -466,7 +466,7 @@ class RetroMAETrainer(Trainer):
         own = [p for p in list_checkpoints(run_dir) if run_id_of(p) == self.run_settings.get("run_id")]
         best = self.state.best_model_checkpoint
         deletable = [p for p in own[:-1] if best is None or p.resolve() != Path(best).resolve()]  # oldest first
-        for checkpoint in deletable[: max(len(own) - max(limit, len(own) - len(deletable)), 0)]:
+        for checkpoint in deletable[: max(len(own) - limit, 0)]:  # the slice keeps the newest and the best
             logger.info("Deleting older checkpoint %s (save_total_limit=%d)", checkpoint, limit)
             shutil.rmtree(checkpoint, ignore_errors=True)
 
