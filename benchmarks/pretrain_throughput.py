@@ -63,7 +63,6 @@ import contextlib
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -85,6 +84,8 @@ from common import (
     log,
     median_or_none,
     other_processes_cpu_share,
+    peak_rss_bytes,
+    reset_peak_rss,
 )
 
 VARIANTS = ("hf_mlm", "enhanced", "basic", "dupmae", "bow", "seed")
@@ -529,36 +530,6 @@ def memory_probe_main(args) -> None:
         "variant": variant, "before_bytes": before, "peak_bytes": peak, "growth_bytes": peak - before,
         "parameters": sum(p.numel() for p in model.parameters()), "method": method,
     }))
-
-
-def _proc_status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise OSError(f"{field} not in /proc/self/status")
-
-
-def reset_peak_rss() -> tuple[int, str]:
-    """Current RSS in bytes, after resetting the kernel's peak-RSS mark where possible; and the method used.
-
-    Linux: writing 5 to /proc/self/clear_refs resets VmHWM to the current RSS, and VmHWM is read afterwards.
-    ``ru_maxrss`` is not used there: it also counts the parent's RSS at the fork that started this process.
-    """
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return 1024 * _proc_status_kib("VmRSS"), "peak RSS (/proc/self/status VmHWM, reset via clear_refs) minus RSS before the steps"
-    except OSError:
-        import psutil
-
-        return psutil.Process().memory_info().rss, "resource.getrusage ru_maxrss (lifetime peak RSS) minus RSS before the steps"
-
-
-def peak_rss_bytes() -> int:
-    try:
-        return 1024 * _proc_status_kib("VmHWM")
-    except OSError:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def measure_memory(size: str, length: int, source: BatchSource, tokenizer, args, workdir: Path) -> dict[str, Any]:

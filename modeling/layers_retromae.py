@@ -6,6 +6,11 @@
 - `two_stream_layer_forward` / `TwoStreamBertLayer`: one BertLayer with queries from one stream and keys/values from
   another, through transformers' attention interface and gradient checkpointing; every decoder layer runs through
   it, on `decoder_attn_implementation` (the encoder's implementation when it takes a dense mask, else sdpa).
+- Long inputs: of what grows as B x L x L in the decoders, only the bool visibility matrix (1 byte per entry) exists
+  whole (on accelerators also the sampler's int32 keys, one draw). The samplers select, and on the CPU draw, their
+  keys in chunks of query rows (`SAMPLER_CHUNK_ELEMENTS`, the same masks as unchunked), and a large per-row mask is
+  attended in chunks of query rows (`ATTENTION_CHUNK_ELEMENTS`), so the float mask sdpa makes of it, or eager's
+  scores, exist for one chunk at a time (benchmarks/results/long_inputs_memory.md).
 - `random_row_mask`: an exact-count random subset of positions per row, vectorized.
 - `bag_of_words_targets` / `bag_of_words_loss`: the BoW objective shared by BoW prediction and DupMAE.
 """
@@ -13,6 +18,7 @@
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import BertLayer, eager_attention_forward
 
@@ -169,38 +175,69 @@ def _random_keys(leading_shape: tuple[int, ...], num_keys: int, device: torch.de
     return raw.view(torch.int32)[..., :num_keys].bitwise_and_(_KEY_MASK)
 
 
+# Query rows are sampled in chunks of at most this many keys (fewer rows per chunk for longer rows), so the samplers'
+# int32 keys and their topk / sort results, 4-16 bytes per (row, column), never exist for the whole (B, L, L) at once:
+# only the bool result does. The draws are the same (CPU: one serial generator, row after row; accelerators: one draw
+# of all keys, only the selection is chunked), so the sampled masks are identical to an unchunked sampler's.
+SAMPLER_CHUNK_ELEMENTS = 1 << 22
+
+
+def _rows_per_chunk(row_elements: int) -> int:
+    return max(1, SAMPLER_CHUNK_ELEMENTS // max(row_elements, 1))
+
+
 def _row_subsets_by_topk(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
     """CPU sampler: per sequence, the `n_visible` smallest of fresh keys over its real rows x real columns.
 
     `topk(sorted=False)` is a linear-time selection per row (no full sort), and keys are drawn for real positions
-    only; padding rows choose nothing.
+    only; padding rows choose nothing. Rows are drawn and selected in chunks (`SAMPLER_CHUNK_ELEMENTS`): the CPU
+    generator fills them one after the other, the same numbers as one draw for all rows.
     """
     batch_size, seq_len = real.shape
     chosen = torch.zeros(batch_size, seq_len, seq_len, dtype=torch.bool, device=real.device)
-    if bool(real.all()):  # no padding (packed text): one selection over the whole batch, same count everywhere
-        keys = _random_keys((batch_size, seq_len), seq_len, real.device)  # (B, Lq, Lk)
-        picked = keys.topk(int(n_visible[0]), dim=-1, largest=False, sorted=False).indices  # (B, Lq, count)
-        return chosen.scatter_(-1, picked, torch.ones((), dtype=torch.bool).expand(picked.shape))
+    true = torch.ones((), dtype=torch.bool, device=real.device)
+    if bool(real.all()):  # no padding (packed text): every row of the batch selects the same count
+        count = int(n_visible[0])
+        rows = chosen.view(batch_size * seq_len, seq_len)  # (B * Lq, Lk), rows in the order they are drawn
+        step = _rows_per_chunk(seq_len)
+        for start in range(0, rows.shape[0], step):
+            keys = _random_keys((min(step, rows.shape[0] - start),), seq_len, real.device)  # (n_rows, Lk)
+            picked = keys.topk(count, dim=-1, largest=False, sorted=False).indices  # (n_rows, count)
+            rows[start : start + step].scatter_(-1, picked, true.expand(picked.shape))
+        return chosen
     for b, count in enumerate(n_visible.tolist()):
         columns = real[b].nonzero().squeeze(1)  # (n,)
         n = columns.numel()
         if n == 0:
             continue
-        picked = _random_keys((n,), n, real.device).topk(count, dim=-1, largest=False, sorted=False).indices  # (n, count)
-        if bool(real[b, :n].all()):  # real tokens first (right padding): write into the (n, n) corner in place
-            chosen[b, :n, :n].scatter_(-1, picked, torch.ones((), dtype=torch.bool).expand(picked.shape))
-        else:
-            chosen[b, columns[:, None], columns[picked]] = True
+        right_padded = bool(real[b, :n].all())  # real tokens first: write into the (n, n) corner in place
+        step = _rows_per_chunk(n)
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            keys = _random_keys((stop - start,), n, real.device)  # (n_rows, n)
+            picked = keys.topk(count, dim=-1, largest=False, sorted=False).indices  # (n_rows, count)
+            if right_padded:
+                chosen[b, start:stop, :n].scatter_(-1, picked, true.expand(picked.shape))
+            else:
+                chosen[b, columns[start:stop, None], columns[picked]] = True
     return chosen
 
 
 def _row_subsets_by_sort(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
-    """Accelerator sampler: one batched sort of the keys, no host sync; padding rows choose nothing."""
+    """Accelerator sampler: one draw of all keys, batched sorts over chunks of query rows, no host sync; padding
+    rows choose nothing. The keys (int32, 4 bytes per (row, column)) are drawn at once, as the counter-based
+    generator would give other numbers to chunked draws; the sort's values and indices (12 bytes) exist per chunk."""
     batch_size, seq_len = real.shape
     keys = _random_keys((batch_size, seq_len), seq_len, real.device)  # (B, Lq, Lk)
     keys.bitwise_or_(torch.where(real, 0, _PADDING_KEY_BIT).to(torch.int32)[:, None, :])
-    cutoff = keys.sort(-1).values.gather(-1, (n_visible - 1)[:, None, None].expand(-1, seq_len, 1))  # (B, Lq, 1)
-    return (keys <= cutoff) & real[:, :, None]
+    chosen = torch.empty(batch_size, seq_len, seq_len, dtype=torch.bool, device=real.device)
+    index = (n_visible - 1)[:, None, None]  # (B, 1, 1)
+    step = _rows_per_chunk(batch_size * seq_len)
+    for start in range(0, seq_len, step):
+        part = keys[:, start : start + step]  # (B, n_rows, Lk)
+        cutoff = part.sort(-1).values.gather(-1, index.expand(-1, part.shape[1], 1))  # (B, n_rows, 1)
+        chosen[:, start : start + step] = (part <= cutoff) & real[:, start : start + step, None]
+    return chosen
 
 
 def random_row_subsets(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
@@ -363,8 +400,10 @@ def reference_visibility_mask(
     taken = torch.zeros_like(taken_in_order).scatter_(-1, order, taken_in_order)  # (B, P, W) by word id
     hidden_pool = taken.gather(-1, word_of_token[:, None, :].expand(-1, pool, -1)) & maskable[:, None, :]  # (B, P, L)
     pick = torch.randint(0, 2**62, (batch_size, seq_len), device=device) % pool_sizes[:, None]  # (B, L)
-    hidden = hidden_pool.gather(1, pick[..., None].expand(-1, -1, seq_len))  # (B, Lq, Lk)
-    visible = real[:, None, :] & ~hidden & real[:, :, None]
+    # the one (B, Lq, Lk) tensor here, bool, updated in place: visible = real columns & not hidden & real rows
+    visible = hidden_pool.gather(1, pick[..., None].expand(-1, -1, seq_len)).logical_not_()  # (B, Lq, Lk)
+    visible &= real[:, None, :]
+    visible &= real[:, :, None]
     visible.diagonal(dim1=1, dim2=2).fill_(False)
     visible[:, 1:, 0] |= ~real[:, 1:]  # padding rows see position 0
     visible[:, 0, 0] |= ~visible[:, 0].any(-1)  # a 1-token sequence's row 0 looks at position 0
@@ -388,11 +427,23 @@ def attention_bias(visible: torch.Tensor, attn_implementation: str | None, dtype
     """The mask form an attention implementation expects, from a bool `visible` (True = may attend).
 
     `eager` adds the mask to the scores, so it gets 0 / finfo.min of `dtype`; `sdpa` takes the bool mask as is (as
-    transformers' own `sdpa_mask` / `eager_mask` build them for BertModel).
+    transformers' own `sdpa_mask` / `eager_mask` build them for BertModel). torch's sdpa turns a bool mask into a
+    float one of the query's dtype itself and keeps it for the backward pass, so for a per-row mask both are as
+    large as the scores of one head: `two_stream_layer_forward` hands them over in chunks of query rows.
     """
     if attn_implementation == "eager":
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
+        return torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=visible.device).masked_fill_(visible, 0.0)
     return visible
+
+
+# A per-row visibility mask (B, 1, Lq, Lk) of more than this many elements is attended over chunks of query rows of at
+# most this many mask elements each, every chunk recomputed in the backward pass (activation checkpointing): the float
+# mask torch's sdpa makes of the bool one (and, on eager or sdpa's math path, the (B, heads, rows, Lk) scores and
+# probabilities) then exist for one chunk at a time instead of being kept for the whole L x L until the backward.
+# The query rows are independent, so each chunk's output is the unchunked one; the key/value gradients are summed
+# over the chunks (other rounding), and attention dropout draws per chunk. 2**24 elements: L = 512 up to batch 64 and
+# L = 2048 up to batch 4 run unchunked, exactly as before.
+ATTENTION_CHUNK_ELEMENTS = 1 << 24
 
 
 def two_stream_layer_forward(
@@ -403,7 +454,8 @@ def two_stream_layer_forward(
     The residual connection runs on the query stream (RetroMAE eq. 5); parameter names stay BertLayer's, so BERT
     weights load into the decoder. Equals `layer(x, mask)` when both streams are `x`. Attention goes through
     transformers' attention interface, keyed by `decoder_attn_implementation(config._attn_implementation)`: the
-    encoder's implementation when it takes a dense mask, else sdpa.
+    encoder's implementation when it takes a dense mask, else sdpa. A per-row mask larger than
+    `ATTENTION_CHUNK_ELEMENTS` is attended in chunks of query rows, each recomputed in the backward pass.
 
     Args:
         layer: a `transformers` BertLayer.
@@ -426,15 +478,22 @@ def two_stream_layer_forward(
     v = split_heads(attention.value(content_stream))
     implementation = decoder_attn_implementation(attention.config._attn_implementation)
     attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-    context, _ = attention_function(
-        attention,
-        q,
-        k,
-        v,
-        attention_bias(visible, implementation, query_stream.dtype),
-        dropout=attention.dropout.p if layer.training else 0.0,
-        scaling=attention.scaling,
-    )  # (B, Lq, heads, d)
+    dropout = attention.dropout.p if layer.training else 0.0
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        bias = attention_bias(visible, implementation, query_stream.dtype)
+        return attention_function(attention, q, k, v, bias, dropout=dropout, scaling=attention.scaling)[0]
+
+    rows = max(1, ATTENTION_CHUNK_ELEMENTS // (batch_size * k.shape[2]))  # query rows per chunk
+    if visible.shape[-2] == 1 or rows >= q_len:
+        context = attend(q, k, v, visible)  # (B, Lq, heads, d)
+    else:
+        recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        parts = []
+        for start in range(0, q_len, rows):
+            chunk = (q[:, :, start : start + rows], k, v, visible[:, :, start : start + rows])
+            parts.append(checkpoint(attend, *chunk, use_reentrant=False) if recompute else attend(*chunk))
+        context = torch.cat(parts, dim=1)  # (B, Lq, heads, d)
     context = context.reshape(batch_size, q_len, -1)
     return layer.feed_forward_chunk(layer.attention.output(context, query_stream))
 

@@ -11,7 +11,7 @@ from transformers import initialization as init
 
 from .configuration_bow import BoWConfig
 from .layers_retromae import bag_of_words_loss, bag_of_words_targets
-from .pretraining_base import BertPretrainingBase, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import AnyEncoderModel, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
 def bow_weight_factor(progress: float, schedule: str, final: float) -> float:
@@ -34,6 +34,12 @@ class BoWModel(ClsEncoderModel):
     config_class = BoWConfig
 
 
+class BoWAnyEncoderModel(AnyEncoderModel):
+    """The BoW encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
+
+    config_class = BoWConfig
+
+
 class BoWForPretraining(BertPretrainingBase):
     """BoW-prediction pre-training model (`AutoModelForPreTraining`): encoder MLM + Bag-of-Word prediction.
 
@@ -49,6 +55,7 @@ class BoWForPretraining(BertPretrainingBase):
 
     config_class = BoWConfig
     encoder_class = BoWModel
+    any_encoder_class = BoWAnyEncoderModel
     head_prefixes = ()
 
     def __init__(self, config: BoWConfig):
@@ -89,6 +96,7 @@ class BoWForPretraining(BertPretrainingBase):
 
 BoWConfig.register_for_auto_class()
 BoWModel.register_for_auto_class("AutoModel")
+BoWAnyEncoderModel.register_for_auto_class("AutoModel")
 BoWForPretraining.register_for_auto_class("AutoModelForPreTraining")
 
-__all__ = ["BoWForPretraining", "BoWModel", "bag_of_words_loss", "bag_of_words_targets", "bow_weight_factor"]
+__all__ = ["BoWAnyEncoderModel", "BoWForPretraining", "BoWModel", "bag_of_words_loss", "bag_of_words_targets", "bow_weight_factor"]

@@ -12,6 +12,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.models.bert.modeling_bert import BertOnlyMLMHead
 
+from .backbones import BertBackbone
 from .configuration_dupmae import DupMAEConfig
 from .layers_dupmae import (
     dense_and_ot_parts,
@@ -24,7 +25,7 @@ from .layers_dupmae import (
 )
 from .layers_retromae import bag_of_words_loss, bag_of_words_targets
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
-from .pretraining_base import IGNORE_INDEX, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBatch
 
 
 @dataclass
@@ -46,9 +47,9 @@ class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
 
 
 def mlm_head_parts(head: BertOnlyMLMHead) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The MLM head as (transform, output weight, output bias), the form the OT functions of `layers_dupmae` take."""
-    predictions = head.predictions
-    return predictions.transform, predictions.decoder.weight, predictions.decoder.bias
+    """A BERT MLM head as (transform, output weight, output bias), the form the OT functions of `layers_dupmae`
+    take (`BertPretrainingBase.head_parts` gives it for any base)."""
+    return BertBackbone.head_parts(head)
 
 
 def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normalization: str) -> torch.Tensor:
@@ -67,12 +68,12 @@ def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normali
     raise ValueError(f"bow_normalization={normalization!r} is not supported; choose 'unique' or 'all_tokens'")
 
 
-class DupMAEModel(ClsEncoderModel):
-    """The DupMAE encoder (`AutoModel`): a plain BERT (same parameter names) plus what the representation needs:
-    the tied MLM head `cls` (for mu) and `dense_proj` Linear(hidden_size -> dense_dim) (eq. 10).
+class DupMAERepresentationMixin:
+    """What a DupMAE encoder (`AutoModel`) adds to the base: the tied MLM head (for mu) and `dense_proj`
+    Linear(hidden_size -> dense_dim) (eq. 10), and the representation in `forward`.
 
-    Loads a `DupMAEForPretraining` checkpoint (`bert.*` prefix stripped, `cls.*` shared); `dense_proj.*` is newly
-    initialised there, because the paper learns W^cls during fine-tuning. The fresh projection is a random
+    Loads a `DupMAEForPretraining` checkpoint (the encoder prefix stripped, the MLM head shared); `dense_proj.*` is
+    newly initialised there, because the paper learns W^cls during fine-tuning. The fresh projection is a random
     Johnson-Lindenstrauss map (normal, std 1/sqrt(dense_dim), zero bias), so before fine-tuning the dense score
     (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d (BERT's std 0.02 would scale it by dense_dim * 4e-4).
     It is drawn from `config.dense_proj_seed`, not the global RNG (`initial_dense_projection`): every load of a
@@ -85,19 +86,20 @@ class DupMAEModel(ClsEncoderModel):
 
     config_class = DupMAEConfig
     quiet_missing_keys = (*ClsEncoderModel.quiet_missing_keys, r"^dense_proj\.")  # from the config's seed
-    _head_tied_weights_keys = {
-        "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
-        "cls.predictions.decoder.bias": "cls.predictions.bias",
-    }
 
-    def __init__(self, config: DupMAEConfig, add_pooling_layer: bool = False):
-        super().__init__(config, add_pooling_layer=add_pooling_layer)  # runs BertModel's post_init: no head yet
-        self.cls = None
+    def build_representation(self, config: DupMAEConfig, head_name: str, head_factory, tied_keys: dict) -> None:
+        """The MLM head under `head_name` (with `tied_keys`) unless the representation is "cls", and `dense_proj`
+        for "hybrid"."""
+        self.head_name = head_name
+        setattr(self, head_name, None)
         if config.representation != "cls":
-            self.cls = BertOnlyMLMHead(config)
-            self._tied_weights_keys = dict(self._head_tied_weights_keys)  # the head's decoder is the word embeddings
+            setattr(self, head_name, head_factory(config))
+            self._tied_weights_keys = dict(tied_keys)  # the head's output layer is the word embeddings
         self.dense_proj = nn.Linear(config.hidden_size, config.dense_dim) if config.representation == "hybrid" else None
-        self.post_init()
+
+    def ot_head_parts(self):
+        """The MLM head as (transform, weight, bias), or None without one."""
+        raise NotImplementedError
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -110,13 +112,6 @@ class DupMAEModel(ClsEncoderModel):
             return
         super()._init_weights(module)
 
-    def get_output_embeddings(self):
-        return self.cls.predictions.decoder if self.cls is not None else None
-
-    def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
-
     def forward(
         self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, **kwargs
     ) -> DupMAEModelOutput:
@@ -124,7 +119,7 @@ class DupMAEModel(ClsEncoderModel):
         Args:
             input_ids: `(batch_size, seq_len)` the unmasked input, `[CLS] text [SEP]` with right padding.
             attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
-            **kwargs: `BertModel.forward`'s other inputs (`token_type_ids`, ...).
+            **kwargs: the base model's other inputs (`token_type_ids`, ...).
         """
         output = super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = output.last_hidden_state  # (B, L, H)
@@ -134,9 +129,9 @@ class DupMAEModel(ClsEncoderModel):
             if attention_mask is None:
                 attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
             keep = ordinary_token_mask(input_ids, attention_mask, config.special_token_ids)  # (B, L)
-        ot_head = None if self.cls is None else mlm_head_parts(self.cls)
         dense, mu = dense_and_ot_parts(
-            hidden, keep, config.representation, self.dense_proj, ot_head, config.ot_activation, config.loss_chunk_size
+            hidden, keep, config.representation, self.dense_proj, self.ot_head_parts(), config.ot_activation,
+            config.loss_chunk_size,
         )
         return DupMAEModelOutput(
             last_hidden_state=hidden,
@@ -163,6 +158,45 @@ class DupMAEModel(ClsEncoderModel):
         return hybrid_embedding(output.dense_embedding, sparse)
 
 
+class DupMAEModel(DupMAERepresentationMixin, ClsEncoderModel):
+    """The DupMAE encoder (`AutoModel`) on a BERT base: a plain BERT (same parameter names) plus `cls` (the tied
+    MLM head) and `dense_proj` (`DupMAERepresentationMixin`)."""
+
+    def __init__(self, config: DupMAEConfig, add_pooling_layer: bool = False):
+        super().__init__(config, add_pooling_layer=add_pooling_layer)  # runs BertModel's post_init: no head yet
+        self.build_representation(config, "cls", BertOnlyMLMHead, BertBackbone.tied_weights_keys(""))
+        self.post_init()
+
+    def ot_head_parts(self):
+        return None if self.cls is None else BertBackbone.head_parts(self.cls)
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder if self.cls is not None else None
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+
+class DupMAEAnyEncoderModel(DupMAERepresentationMixin, AnyEncoderModel):
+    """The DupMAE encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base: the base under its pre-training
+    name plus its MLM head under the pre-training model's name (`lm_head`) and `dense_proj`."""
+
+    def build_heads(self, config: DupMAEConfig) -> None:
+        backbone = self.backbone
+        self.build_representation(
+            config, backbone.head_name, backbone.build_head, backbone.tied_weights_keys(f"{backbone.prefix}.")
+        )
+
+    def ot_head_parts(self):
+        head = getattr(self, self.head_name)
+        return None if head is None else self.backbone.head_parts(head)
+
+    def get_output_embeddings(self):
+        head = getattr(self, self.head_name)
+        return None if head is None else self.backbone.output_embeddings(head)
+
+
 class DupMAEForPretraining(RetroMAEForPretraining):
     """DupMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + [CLS] decoding (RetroMAE's decoder) +
     OT decoding (bag-of-words prediction from the max-pooled vocabulary logits of the ordinary tokens).
@@ -182,6 +216,7 @@ class DupMAEForPretraining(RetroMAEForPretraining):
 
     config_class = DupMAEConfig
     encoder_class = DupMAEModel
+    any_encoder_class = DupMAEAnyEncoderModel
     head_prefixes = ("decoder.",)
 
     def build_decoder(self, config: DupMAEConfig) -> RetroMAEDecoder | None:
@@ -191,7 +226,7 @@ class DupMAEForPretraining(RetroMAEForPretraining):
 
     def ot_embedding(self, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """mu `(batch_size, vocab_size)` pooled over the positions `keep` `(batch_size, seq_len)` of `hidden`."""
-        return ot_vector(hidden, keep, *mlm_head_parts(self.cls), self.config.loss_chunk_size)
+        return ot_vector(hidden, keep, *self.head_parts(), self.config.loss_chunk_size)
 
     def method_losses(
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
@@ -212,9 +247,11 @@ class DupMAEForPretraining(RetroMAEForPretraining):
 
 DupMAEConfig.register_for_auto_class()
 DupMAEModel.register_for_auto_class("AutoModel")
+DupMAEAnyEncoderModel.register_for_auto_class("AutoModel")
 DupMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
 
 __all__ = [
+    "DupMAEAnyEncoderModel",
     "DupMAEForPretraining",
     "DupMAEModel",
     "DupMAEModelOutput",

@@ -6,6 +6,7 @@ Hub remote code: torch/transformers only, relative imports for our own files.
 import torch
 from torch import nn
 
+from .backbones import DecoderEmbeddings, decoder_position_table
 from .configuration_retromae import RetroMAEConfig
 from .layers_retromae import (
     TwoStreamBertLayer,
@@ -14,11 +15,17 @@ from .layers_retromae import (
     reference_target_positions,
     reference_visibility_mask,
 )
-from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
 class RetroMAEModel(ClsEncoderModel):
     """The RetroMAE encoder (`AutoModel`): a plain BERT; `pooler_output` is the [CLS] sentence embedding."""
+
+    config_class = RetroMAEConfig
+
+
+class RetroMAEAnyEncoderModel(AnyEncoderModel):
+    """The RetroMAE encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
 
     config_class = RetroMAEConfig
 
@@ -30,6 +37,9 @@ class RetroMAEDecoder(nn.Module):
     unmasked input, a fresh per-row visibility matrix each step, loss on every real token. Basic decoding: input
     [h, e(x~) + p] with `decoder_mask_ratio` of the tokens replaced by [MASK], ordinary self-attention through
     `num_decoder_layers` layers, loss on the masked tokens only.
+
+    p_i is the encoder's position table at the base's position ids; a base without one (ModernBERT, rotary) gets
+    `position_embeddings`, a table of the decoder's own that learns p_i (`backbones.DecoderEmbeddings`).
     """
 
     def __init__(self, config: RetroMAEConfig):
@@ -38,10 +48,11 @@ class RetroMAEDecoder(nn.Module):
         # BertLayer parameter names, so BERT weights load; a GradientCheckpointingLayer; attention on the decoder's
         # own implementation (`decoder_attn_implementation`), whatever the encoder's
         self.layers = nn.ModuleList([TwoStreamBertLayer(config) for _ in range(config.num_decoder_layers)])
+        self.position_embeddings = decoder_position_table(config)
 
     def forward(
         self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor,
-        decoder_labels: torch.Tensor, embeddings: nn.Module, word_starts: torch.Tensor | None = None,
+        decoder_labels: torch.Tensor, embeddings: DecoderEmbeddings, word_starts: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns decoder states `(B, L, H)` and the labels they are scored against `(B, L)`.
 
@@ -72,11 +83,10 @@ class RetroMAEDecoder(nn.Module):
         batch_size, seq_len = original_ids.shape
         h_rows = h[:, None, :].expand(batch_size, seq_len, h.shape[-1])  # (B, L, H)
         if self.config.query_stream == "position":
-            positions = embeddings.position_embeddings(embeddings.position_ids[:, :seq_len])  # (1, L, H)
-            query_stream = h_rows + positions  # h + p_i (paper eq. 4)
+            query_stream = h_rows + embeddings.positions(seq_len)  # h + p_i (paper eq. 4)
         else:
-            query_stream = embeddings(inputs_embeds=h_rows)  # LayerNorm(h + p_i + t_0), dropout
-        content = embeddings(input_ids=original_ids)  # (B, L, H): e(x_i) + p_i over the unmasked input
+            query_stream = embeddings.query(h_rows)  # BERT: LayerNorm(h + p_i + t_0), dropout
+        content = embeddings.tokens(original_ids)  # (B, L, H): e(x_i) + p_i over the unmasked input
         content_stream = torch.cat([h[:, None, :], content[:, 1:]], dim=1)  # position 0 carries h
         visible = self._visibility(attention_mask, word_starts)  # (B, 1, L, L)
         return self.layers[0](query_stream, content_stream, visible)
@@ -86,7 +96,7 @@ class RetroMAEDecoder(nn.Module):
             raise ValueError("decoding='basic' needs config.mask_token_id (set it from tokenizer.mask_token_id)")
         targets = random_row_mask(decoder_labels != IGNORE_INDEX, self.config.decoder_mask_ratio)  # (B, L)
         decoder_ids = original_ids.masked_fill(targets, self.config.mask_token_id)
-        hidden = torch.cat([h[:, None, :], embeddings(input_ids=decoder_ids)[:, 1:]], dim=1)  # (B, L, H)
+        hidden = torch.cat([h[:, None, :], embeddings.tokens(decoder_ids)[:, 1:]], dim=1)  # (B, L, H)
         visible = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L): ordinary self-attention over real tokens
         for layer in self.layers:
             hidden = layer(hidden, hidden, visible)
@@ -97,7 +107,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
     """RetroMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + decoder reconstruction.
 
     Keys: `bert.*` (encoder), `cls.*` (MLM head, shared by encoder and decoder, tied to the word embeddings),
-    `decoder.*` (the new decoder layers).
+    `decoder.*` (the new decoder layers); on other bases the base's names (`backbones`).
 
     `forward` takes the shared inputs (`BertPretrainingBase.forward`) and `decoder_word_starts`: `(batch_size,
     seq_len)`, 1 where a token begins a word (the collator's `word_starts`), read only with
@@ -106,6 +116,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
 
     config_class = RetroMAEConfig
     encoder_class = RetroMAEModel
+    any_encoder_class = RetroMAEAnyEncoderModel
     head_prefixes = ("decoder.",)
     method_input_names = ("decoder_word_starts",)
     # every implementation BERT offers is accepted (`_supports_*` of BertPreTrainedModel): it is the encoder's; the
@@ -126,7 +137,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
         """`decoder_loss`: the decoder rebuilds the unmasked input from h (every real non-special token with
         enhanced decoding, the masked ones with basic decoding)."""
         decoder_hidden, targets = self.decoder(
-            sentence_embedding, batch.original_ids, batch.attention_mask, batch.decoder_labels, self.bert.embeddings,
+            sentence_embedding, batch.original_ids, batch.attention_mask, batch.decoder_labels, self.decoder_embeddings(),
             batch.method_inputs.get("decoder_word_starts"),
         )
         return {"decoder_loss": self.mlm_loss(decoder_hidden, targets)}
@@ -137,6 +148,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
 
 RetroMAEConfig.register_for_auto_class()
 RetroMAEModel.register_for_auto_class("AutoModel")
+RetroMAEAnyEncoderModel.register_for_auto_class("AutoModel")
 RetroMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
 
-__all__ = ["RetroMAEDecoder", "RetroMAEForPretraining", "RetroMAEModel"]
+__all__ = ["RetroMAEAnyEncoderModel", "RetroMAEDecoder", "RetroMAEForPretraining", "RetroMAEModel"]

@@ -10,7 +10,9 @@ positions 1..n and -100 at [CLS]/[SEP]/padding. The decoder input is the sequenc
     input:        h        e(x_1)    e(x_2)   ...   e(x_{n-1})
     target:       x_1      x_2       x_3      ...   x_n
 
-(e = the encoder's embedding module: tied word + position + token-type embeddings, LayerNorm, dropout; h enters raw.)
+(e = the encoder's embedding module: tied word + position + token-type embeddings, LayerNorm, dropout; h enters raw.
+On a base without a position table (ModernBERT) e adds a position table of the decoder's own: the window mask alone
+does not order the tokens inside the window.)
 In every layer, row j attends to column 0 (h) and to columns j-k+1 ... j (k = `attention_window`); padding columns
 are never visible. With one layer, x_t is predicted from h and exactly x_{t-k} ... x_{t-1} (paper eq. 9). The window
 is an attention span per layer, as in the reference code (its `buffered_future_mask` is applied in each of the
@@ -35,9 +37,10 @@ takes here; the attention span over tokens is the same.
 import torch
 from torch import nn
 
+from .backbones import DecoderEmbeddings, decoder_position_table
 from .configuration_seed import SEEDConfig
 from .layers_retromae import TwoStreamBertLayer
-from .pretraining_base import IGNORE_INDEX, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
 
 
 def windowed_causal_visibility(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
@@ -59,9 +62,9 @@ def windowed_causal_visibility(attention_mask: torch.Tensor, window: int) -> tor
         raise ValueError(f"attention_window={window} must be >= 1")
     real = attention_mask.bool()  # (B, L)
     seq_len = real.shape[1]
-    positions = torch.arange(seq_len, device=real.device)
-    offset = positions[:, None] - positions[None, :]  # (Lq, Lk): query - key
-    band = (offset >= 0) & (offset < window)  # (Lq, Lk): keys j-k+1 ... j
+    # (Lq, Lk) keys j-k+1 ... j, built in bool: an int64 query-key offset matrix would be 8 bytes per pair
+    ones = torch.ones(seq_len, seq_len, dtype=torch.bool, device=real.device)
+    band = ones.tril() & ~ones.tril(-window)
     band[:, 0] = True  # the sentence embedding h
     visible = band[None] & real[:, None, :]  # (B, Lq, Lk)
     visible[:, :, 0] = True
@@ -88,6 +91,12 @@ class SEEDEncoderModel(ClsEncoderModel):
     config_class = SEEDConfig
 
 
+class SEEDAnyEncoderModel(AnyEncoderModel):
+    """The SEED-Encoder encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
+
+    config_class = SEEDConfig
+
+
 class SEEDDecoder(nn.Module):
     """SEED-Encoder's weak decoder: `num_decoder_layers` BertLayers with windowed causal self-attention over
     [h, e(x_1), ..., e(x_{L-1})] (see the module docstring)."""
@@ -99,21 +108,23 @@ class SEEDDecoder(nn.Module):
         self.layers = nn.ModuleList(
             [TwoStreamBertLayer(config, layer_idx=i) for i in range(config.num_decoder_layers)]
         )
+        self.position_embeddings = decoder_position_table(config)
 
     def forward(
-        self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor, embeddings: nn.Module
+        self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor,
+        embeddings: DecoderEmbeddings,
     ) -> torch.Tensor:
         """
         Args:
             sentence_embedding: `(batch_size, hidden_size)` h.
             original_ids: `(batch_size, seq_len)` the unmasked input, [CLS] at position 0.
             attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
-            embeddings: the encoder's embedding module (tied input embeddings).
+            embeddings: the encoder's embeddings (tied input embeddings) with the decoder's positions.
 
         Returns:
             `(batch_size, seq_len, hidden_size)`; position j predicts the token at position j + 1.
         """
-        tokens = embeddings(input_ids=original_ids)  # (B, L, H)
+        tokens = embeddings.tokens(original_ids)  # (B, L, H)
         hidden = torch.cat([sentence_embedding[:, None, :].to(tokens.dtype), tokens[:, 1:]], dim=1)  # h replaces [CLS]
         first_visible = windowed_causal_visibility(attention_mask, self.config.attention_window)  # (B, 1, L, L)
         # "total": the later layers see only their own position and h, so the whole stack sees k tokens back
@@ -135,6 +146,7 @@ class SEEDEncoderForPretraining(BertPretrainingBase):
 
     config_class = SEEDConfig
     encoder_class = SEEDEncoderModel
+    any_encoder_class = SEEDAnyEncoderModel
     head_prefixes = ("decoder.",)
 
     def __init__(self, config: SEEDConfig):
@@ -146,8 +158,9 @@ class SEEDEncoderForPretraining(BertPretrainingBase):
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: PretrainingBatch
     ) -> dict[str, torch.Tensor]:
         """`decoder_loss`: every label of `decoder_labels` predicted from h and the k tokens before it."""
-        embeddings = self.bert.embeddings
-        decoder_hidden = self.decoder(sentence_embedding, batch.original_ids, batch.attention_mask, embeddings)
+        decoder_hidden = self.decoder(
+            sentence_embedding, batch.original_ids, batch.attention_mask, self.decoder_embeddings()
+        )
         return {"decoder_loss": self.mlm_loss(decoder_hidden, next_token_targets(batch.decoder_labels))}
 
     def loss_weights(self) -> dict[str, float | torch.Tensor]:
@@ -156,9 +169,11 @@ class SEEDEncoderForPretraining(BertPretrainingBase):
 
 SEEDConfig.register_for_auto_class()
 SEEDEncoderModel.register_for_auto_class("AutoModel")
+SEEDAnyEncoderModel.register_for_auto_class("AutoModel")
 SEEDEncoderForPretraining.register_for_auto_class("AutoModelForPreTraining")
 
 __all__ = [
+    "SEEDAnyEncoderModel",
     "SEEDDecoder",
     "SEEDEncoderForPretraining",
     "SEEDEncoderModel",

@@ -15,7 +15,7 @@ from torch import distributed as dist
 
 from .configuration_sentmae import SentMAEConfig
 from .modeling_retromae import RetroMAEForPretraining
-from .pretraining_base import ClsEncoderModel, PretrainingBatch
+from .pretraining_base import AnyEncoderModel, ClsEncoderModel, PretrainingBatch
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,12 @@ PAIRED_INPUTS = ("input_ids", "attention_mask", "encoder_labels", "decoder_label
 
 class SentMAEModel(ClsEncoderModel):
     """The SentMAE encoder (`AutoModel`): a plain BERT; `pooler_output` is the [CLS] sentence embedding."""
+
+    config_class = SentMAEConfig
+
+
+class SentMAEAnyEncoderModel(AnyEncoderModel):
+    """The SentMAE encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
 
     config_class = SentMAEConfig
 
@@ -141,6 +147,7 @@ class SentMAEForPretraining(RetroMAEForPretraining):
 
     config_class = SentMAEConfig
     encoder_class = SentMAEModel
+    any_encoder_class = SentMAEAnyEncoderModel
     # model types of checkpoints whose weights continue into this model (stage 1 -> stage 2)
     continues_from = ("retromae",)
     method_input_names = tuple(POSITIVE_PREFIX + name for name in PAIRED_INPUTS)
@@ -211,9 +218,11 @@ def _concat_pairs(anchors: tuple, positives: tuple) -> tuple:
 
 SentMAEConfig.register_for_auto_class()
 SentMAEModel.register_for_auto_class("AutoModel")
+SentMAEAnyEncoderModel.register_for_auto_class("AutoModel")
 SentMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
 
 __all__ = [
+    "SentMAEAnyEncoderModel",
     "SentMAEForPretraining",
     "SentMAEModel",
     "gather_across_processes",

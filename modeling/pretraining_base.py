@@ -1,5 +1,6 @@
-"""What every pre-training model shares: a BERT encoder, its tied MLM head, masked-position MLM loss, and the
-checkpoint format (remote code with `auto_map` for AutoConfig / AutoModel / AutoModelForPreTraining).
+"""What every pre-training model shares: an encoder of a supported family (BERT, RoBERTa, XLM-R, ModernBERT; the
+family's adapter is in `backbones`), its tied MLM head, masked-position MLM loss, and the checkpoint format (remote
+code with `auto_map` for AutoConfig / AutoModel / AutoModelForPreTraining).
 
 Hub remote code: torch/transformers only, relative imports for our own files.
 """
@@ -12,20 +13,37 @@ from functools import cached_property
 from typing import Any
 
 import torch
-from transformers import BertConfig, BertModel
-from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
-from transformers.models.bert.modeling_bert import BertOnlyMLMHead, BertPreTrainedModel
+from torch.nn import functional as F
+from transformers import AutoConfig, BertConfig, BertModel
+from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelOutputWithPoolingAndCrossAttentions
+from transformers.models.bert.modeling_bert import BertPreTrainedModel
 from transformers.utils import ModelOutput
 
+from .backbones import (
+    BACKBONES,
+    SUPPORTED_ENCODER_TYPES,
+    BertBackbone,
+    DecoderEmbeddings,
+    HeadParts,
+    backbone_for,
+    backbone_of,
+    encoder_type_of,
+)
 from .layers_retromae import IGNORE_INDEX, linear_cross_entropy
 
 logger = logging.getLogger(__name__)
 
-# model_type of every checkpoint with BERT's layout (`bert.*` encoder, BERT position ids): plain BERT and ours.
-# RoBERTa / XLM-R offset their position ids by padding_idx + 1, so their weights would load but encode wrongly.
-BERT_LAYOUT_MODEL_TYPES = ("bert", "retromae", "dupmae", "bow_prediction", "seed_encoder", "sentmae")
-# BERT weights no model here uses: the pooler (our sentence embedding is the [CLS] state) and the NSP head
+# base weights no model here uses: the pooler (our sentence embedding is the [CLS] state) and BERT's NSP head
 UNUSED_BERT_KEYS = (r"(^|\.)pooler\.", r"^cls\.seq_relationship\.")
+# config keys that describe a file, not the architecture
+CONFIG_META_KEYS = {"model_type", "architectures", "auto_map", "transformers_version"}
+# a base config's fields under the names of BERT's that our decoders (BertLayers) read
+BERT_FIELD_ALIASES = {
+    "hidden_act": "hidden_activation",
+    "layer_norm_eps": "norm_eps",
+    "hidden_dropout_prob": "mlp_dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+}
 
 
 class _HoldLoadReport(logging.Filter):
@@ -111,9 +129,10 @@ class PretrainingOutput(ModelOutput):
 
 
 class ClsEncoderModel(QuietLoadReportMixin, BertModel):
-    """A plain `BertModel` (same parameter names, no pooler) whose `pooler_output` is the last-layer [CLS] state,
-    the sentence embedding of the CLS-based methods. Loads a pre-training checkpoint by stripping the `bert.` prefix;
-    the checkpoint's heads (`cls.*`, `decoder.*`) and BERT's pooler are left out without a load-report table."""
+    """The `AutoModel` of a BERT-based checkpoint: a plain `BertModel` (same parameter names, no pooler) whose
+    `pooler_output` is the last-layer [CLS] state, the sentence embedding of the CLS-based methods. Loads a
+    pre-training checkpoint by stripping the `bert.` prefix; the checkpoint's heads (`cls.*`, `decoder.*`) and
+    BERT's pooler are left out without a load-report table."""
 
     quiet_missing_keys = UNUSED_BERT_KEYS  # a pooler asked for with add_pooling_layer=True: its output is replaced
     quiet_unexpected_keys = (*UNUSED_BERT_KEYS, r"^cls\.", r"^decoder\.")
@@ -128,9 +147,62 @@ class ClsEncoderModel(QuietLoadReportMixin, BertModel):
         return output
 
 
-class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
-    """Encoder `bert` + MLM head `cls`, named as in `BertForMaskedLM` so BERT checkpoints load unchanged, and the
-    forward pass every method shares.
+class BaseInitMixin:
+    """`_init_weights` of the model's base family: on another base than BERT its own (its head's bias, RoBERTa's
+    position-id buffers, ModernBERT's rotary frequencies and truncated normals), through the encoder the model
+    holds (`self.backbone`); BERT's is the inherited one."""
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        encoder = getattr(self, self.backbone.prefix, None) if hasattr(self, "backbone") else None
+        if encoder is None or self.backbone is BertBackbone:
+            super()._init_weights(module)
+        else:
+            encoder._init_weights(module)
+
+
+class AnyEncoderModel(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
+    """The `AutoModel` of a checkpoint on a RoBERTa, XLM-R or ModernBERT base: the base's own model under its
+    pre-training name (`roberta`, `model`), so the pre-training checkpoint's keys load as they are; `pooler_output`
+    is the last-layer first-token state (<s> / [CLS]). Each method subclasses it with its `config_class`. (A BERT
+    base keeps `ClsEncoderModel`, whose unprefixed names checkpoints already in use have.)"""
+
+    quiet_missing_keys = UNUSED_BERT_KEYS
+    quiet_unexpected_keys = (*UNUSED_BERT_KEYS, r"^cls\.", r"^lm_head\.", r"^decoder\.")
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.backbone = backbone_of(config)
+        self.base_model_prefix = self.backbone.prefix
+        setattr(self, self.backbone.prefix, self.backbone.build_encoder(config))
+        self.build_heads(config)
+        self.post_init()
+
+    def build_heads(self, config) -> None:
+        """Modules a method's encoder adds on top of the base (DupMAE's), built before `post_init`."""
+
+    def get_input_embeddings(self):
+        return self.backbone.word_embeddings(self.base_model)
+
+    def forward(
+        self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None, **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        if self.backbone.takes_token_type_ids:
+            kwargs["token_type_ids"] = token_type_ids
+        output = self.base_model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=output.last_hidden_state,
+            pooler_output=output.last_hidden_state[:, 0],  # (batch_size, hidden_size)
+            hidden_states=output.hidden_states,
+            attentions=output.attentions,
+        )
+
+
+class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
+    """Encoder + MLM head named as in the base's `*ForMaskedLM` (BERT: `bert` + `cls`; RoBERTa / XLM-R: `roberta`
+    + `lm_head`; ModernBERT: `model` + `lm_head`, see `backbones`), so the base's checkpoints load unchanged, and the
+    forward pass every method shares. `self.backbone` is the family's adapter (`config.encoder_type`).
 
     `forward` encodes the masked input, takes the [CLS] state as the sentence embedding, scores the encoder's MLM
     loss and hands the rest to the method: subclasses implement `method_losses` (their decoder / bag-of-words /
@@ -148,27 +220,45 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     }
-    encoder_class: type = ClsEncoderModel
+    encoder_class: type = ClsEncoderModel  # the `AutoModel` on a BERT base
+    any_encoder_class: type = AnyEncoderModel  # the `AutoModel` on any other base
     # state-dict prefixes of the method's own new modules (reported as missing when starting from plain BERT)
     head_prefixes: tuple[str, ...] = ()
     # new when starting from BERT (no load-report table): the decoders, and the MLM head of a bare BertModel
     # (`from_encoder_checkpoint` logs what was initialised); BERT's pooler and NSP head are left out
-    quiet_missing_keys = (r"^decoder\.", r"^cls\.predictions\.")
-    quiet_unexpected_keys = UNUSED_BERT_KEYS
+    quiet_missing_keys = (r"^decoder\.", r"^cls\.predictions\.", r"^lm_head\.")
+    quiet_unexpected_keys = (*UNUSED_BERT_KEYS, *(k for b in BACKBONES for k in b.base_head_keys))
     # the method's own batch keys, beyond the five every method takes
     method_input_names: tuple[str, ...] = ()
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.cls = BertOnlyMLMHead(config)
+        self.backbone = backbone_of(config)
+        if self.backbone is not BertBackbone:  # instance attributes: transformers reads them from the model
+            self.base_model_prefix = self.backbone.prefix
+            self._tied_weights_keys = self.backbone.tied_weights_keys(f"{self.backbone.prefix}.")
+        setattr(self, self.backbone.prefix, self.backbone.build_encoder(config))
+        setattr(self, self.backbone.head_name, self.backbone.build_head(config))
+
+    @property
+    def mlm_head(self) -> torch.nn.Module:
+        return getattr(self, self.backbone.head_name)
+
+    def head_parts(self) -> HeadParts:
+        """The tied MLM head as (transform, output weight, output bias)."""
+        return self.backbone.head_parts(self.mlm_head)
+
+    def decoder_embeddings(self) -> DecoderEmbeddings:
+        """The encoder's embeddings as the decoders take them, with the decoder's own positions where the base has
+        no position table."""
+        own_positions = getattr(getattr(self, "decoder", None), "position_embeddings", None)
+        return DecoderEmbeddings(self.backbone, self.base_model, own_positions)
 
     def get_output_embeddings(self):
-        return self.cls.predictions.decoder
+        return self.backbone.output_embeddings(self.mlm_head)
 
     def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
+        self.backbone.set_output_embeddings(self.mlm_head, new_embeddings)
 
     def encode(
         self,
@@ -177,7 +267,7 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Last-layer hidden states `(batch_size, seq_len, hidden_size)`."""
-        return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        return self.backbone.encode(self.base_model, input_ids, attention_mask, token_type_ids)
 
     def mlm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the tied MLM head, evaluated only where `labels != -100`.
@@ -188,18 +278,19 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         """
         keep = labels.reshape(-1) != IGNORE_INDEX  # (B*L,)
         rows = hidden.reshape(-1, hidden.shape[-1])[keep]  # (n_labels, H)
-        predictions = self.cls.predictions
+        transform, weight, bias = self.head_parts()
         return linear_cross_entropy(
-            predictions.transform(rows),
-            predictions.decoder.weight,
-            predictions.decoder.bias,
+            transform(rows),
+            weight,
+            bias,
             labels.reshape(-1)[keep],
             chunk_size=self.config.loss_chunk_size,
         )
 
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tied MLM head applied to `hidden` `(..., hidden_size)` -> `(..., vocab_size)`."""
-        return self.cls(hidden)
+        transform, weight, bias = self.head_parts()
+        return F.linear(transform(hidden), weight, bias)
 
     # ---- the shared forward pass ------------------------------------------------------------------------------
 
@@ -290,7 +381,7 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         cls = type(self)
         self.config.auto_map = {
             "AutoConfig": cls._class_ref(cls.config_class),
-            "AutoModel": cls._class_ref(cls.encoder_class),
+            "AutoModel": cls._class_ref(cls.encoder_class if self.backbone is BertBackbone else cls.any_encoder_class),
             "AutoModelForPreTraining": cls._class_ref(cls),
         }
         self.config.architectures = [cls.__name__]
@@ -301,37 +392,40 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
     def from_encoder_checkpoint(
         cls, model_name_or_path: str | os.PathLike, attn_implementation: str | None = None, **config_overrides
     ):
-        """Start pre-training from any BERT checkpoint (BertModel, BertForMaskedLM or one of our checkpoints).
+        """Start pre-training from a masked-LM checkpoint of a supported base (`SUPPORTED_ENCODER_TYPES`: BERT,
+        RoBERTa, XLM-R, ModernBERT; the bare model or its `*ForMaskedLM`) or from one of our checkpoints.
 
-        Other architectures (RoBERTa, XLM-R ...: `model_type` not in `BERT_LAYOUT_MODEL_TYPES`) are refused with a
-        `ValueError`, as `retromae pretrain --model` refuses them: their position ids are offset, so their weights
-        would load into BERT's layout and encode wrongly.
-
-        The config keeps the checkpoint's architecture and takes the method's fields from `config_overrides`.
-        Modules absent from the checkpoint are initialised as BERT does (normal(0, initializer_range), zero biases,
-        unit LayerNorms); the MLM output matrix is always the tied word-embedding matrix. With
-        `decoder_init="copy_last_layer"` a fresh decoder starts as a copy of the encoder's last layer.
-        `attn_implementation` is `from_pretrained`'s (None: transformers' default, sdpa): the encoder's; the decoders
-        run on `decoder_attn_implementation` of it.
+        Any other `model_type` is refused with a `ValueError` that lists the supported ones. The config keeps the
+        checkpoint's architecture (the base's own fields, `encoder_type` naming the family) and takes the method's
+        fields from `config_overrides`. Modules absent from the checkpoint (the decoders; the MLM head of a bare
+        model) are initialised as BERT does (normal(0, initializer_range), zero biases, unit LayerNorms); the MLM
+        output matrix is always tied to the word embeddings. With `decoder_init="copy_last_layer"` a fresh decoder
+        starts as a copy of the encoder's last layer (BERT-layout bases only). `attn_implementation` is
+        `from_pretrained`'s (None: transformers' default, sdpa): the encoder's; the decoders run on
+        `decoder_attn_implementation` of it.
         """
-        model_type = BertConfig.get_config_dict(model_name_or_path)[0].get("model_type")
-        if model_type not in (None, *BERT_LAYOUT_MODEL_TYPES):
-            raise ValueError(
-                f"{model_name_or_path} has model_type {model_type!r}; retromae pre-trains BERT-architecture encoders"
-            )
-        base = BertConfig.from_pretrained(model_name_or_path).to_dict()
-        fields = {k: v for k, v in base.items() if k not in {"model_type", "architectures", "auto_map", "transformers_version"}}
+        config_dict = BertConfig.get_config_dict(model_name_or_path)[0]
+        model_type = config_dict.get("model_type") or "bert"
+        method_types = {c.config_class.model_type for c in _pretraining_classes()}
+        if model_type not in (*SUPPORTED_ENCODER_TYPES, *method_types):
+            backbone_for(model_type)  # raises, naming what is supported
+        backbone = backbone_for(model_type if model_type in SUPPORTED_ENCODER_TYPES else encoder_type_of_dict(config_dict))
+        fields = base_config_fields(model_name_or_path, model_type)
         config = cls.config_class(**{**fields, **config_overrides})
         model, info = cls.from_pretrained(
             model_name_or_path, config=config, output_loading_info=True, attn_implementation=attn_implementation
         )
         missing = set(info["missing_keys"])
-        if any(k.startswith("bert.") for k in missing):
+        head_prefix = f"{backbone.head_name}."
+        if any(k.startswith(head_prefix) for k in missing) and backbone.load_base_head(model.mlm_head, model_name_or_path):
+            missing = {k for k in missing if not k.startswith(head_prefix)}
+        encoder_prefix = f"{backbone.prefix}."
+        if any(k.startswith(encoder_prefix) for k in missing):
             raise ValueError(
-                f"{model_name_or_path} is not a BERT checkpoint: encoder weights missing "
-                f"({sorted(k for k in missing if k.startswith('bert.'))[:3]} ...)"
+                f"{model_name_or_path} is not a {backbone.display_name} checkpoint: encoder weights missing "
+                f"({sorted(k for k in missing if k.startswith(encoder_prefix))[:3]} ...)"
             )
-        newly_initialised = sorted({k.split(".")[0] + "." + k.split(".")[1] for k in missing})
+        newly_initialised = sorted({".".join(k.split(".")[:2]) for k in missing})
         if newly_initialised:
             logger.info("Initialised from scratch (absent from %s): %s", model_name_or_path, newly_initialised)
         model.after_encoder_checkpoint_loaded(missing)
@@ -341,10 +435,48 @@ class BertPretrainingBase(QuietLoadReportMixin, BertPreTrainedModel):
         """With `config.decoder_init == "copy_last_layer"`, a decoder absent from the checkpoint (`decoder.layers.*`
         of BertLayers) starts as copies of the encoder's last layer (as SimLM does) instead of BERT init."""
         # only a model with a decoder misses `decoder.*` keys, and every such config has `decoder_init`
-        decoder_missing = any(k.startswith("decoder.") for k in missing_keys)
+        decoder_missing = any(k.startswith("decoder.layers.") for k in missing_keys)
         if decoder_missing and self.config.decoder_init == "copy_last_layer":
+            if not self.backbone.has_position_table:
+                raise ValueError(
+                    f"decoder_init='copy_last_layer' copies a BERT-layout layer; a {encoder_type_of(self.config)} "
+                    "encoder's layers have another layout: use decoder_init='bert'"
+                )
             for layer in self.decoder.layers:
-                layer.load_state_dict(self.bert.encoder.layer[-1].state_dict())
+                layer.load_state_dict(self.backbone.last_layer(self.base_model).state_dict())
+
+
+def _pretraining_classes() -> list[type]:
+    """Every pre-training model class defined so far (each method's module registers its own by subclassing)."""
+    found, pending = [], [BertPretrainingBase]
+    while pending:
+        for subclass in pending.pop().__subclasses__():
+            found.append(subclass)
+            pending.append(subclass)
+    return found
+
+
+def encoder_type_of_dict(config_dict: dict) -> str:
+    """`encoder_type` of a config.json of ours ("bert" when written before the field existed)."""
+    return config_dict.get("encoder_type") or "bert"
+
+
+def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str) -> dict[str, Any]:
+    """The architecture fields a method config takes from a checkpoint: a base's full config (its class's defaults
+    filled in) with `encoder_type` and, where the base names them otherwise, BERT's names for the fields our
+    decoders read; one of our checkpoints' fields as they are."""
+    if model_type not in SUPPORTED_ENCODER_TYPES or model_type == "bert":
+        base = BertConfig.from_pretrained(model_name_or_path).to_dict()
+        return {k: v for k, v in base.items() if k not in CONFIG_META_KEYS}
+    base_config = AutoConfig.from_pretrained(model_name_or_path)
+    fields = {k: v for k, v in base_config.to_dict().items() if k not in CONFIG_META_KEYS}
+    for bert_name, base_name in BERT_FIELD_ALIASES.items():
+        if base_name in fields and bert_name not in fields:
+            fields[bert_name] = fields[base_name]
+    if hasattr(base_config, "sliding_window"):  # a ModernBertConfig property its model reads
+        fields["sliding_window"] = base_config.sliding_window
+    fields["encoder_type"] = model_type
+    return fields
 
 
 @dataclass
@@ -375,7 +507,7 @@ class PretrainingBatch:
 
 
 __all__ = [
-    "BERT_LAYOUT_MODEL_TYPES",
+    "AnyEncoderModel",
     "BertPretrainingBase",
     "ClsEncoderModel",
     "IGNORE_INDEX",

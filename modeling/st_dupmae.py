@@ -44,13 +44,18 @@ MODULE_TYPE = "st_dupmae.DupMAEPooling"
 
 
 class _HeadTransform(nn.Module):
-    """BERT's MLM-head transform (dense -> activation -> LayerNorm); names as `BertPredictionHeadTransform`."""
+    """The MLM-head transform (dense -> activation -> LayerNorm); names as BERT's `BertPredictionHeadTransform`.
 
-    def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float):
+    BERT and RoBERTa / XLM-R (`RobertaLMHead`: dense, GELU, layer_norm): both layers with a bias (the defaults).
+    ModernBERT (`ModernBertPredictionHead`): `dense_bias` = its `classifier_bias`, `norm_bias` = its `norm_bias`
+    (both False by default), activation its `classifier_activation`."""
+
+    def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float, dense_bias: bool = True,
+                 norm_bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size, bias=dense_bias)
         self.transform_act_fn = ACT2FN[hidden_act]
-        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps, bias=norm_bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
@@ -87,6 +92,9 @@ class DupMAEPooling(Module):
         ot_activation: ``"none"`` (the paper's mu) or ``"log1p_relu"`` (SPLADE's saturation; `activate_ot`).
         sparse_weight: lambda > 0, the weight of the sparse term of the score (1.0 = the paper).
         hidden_act / layer_norm_eps: the MLM-head transform's activation and LayerNorm epsilon.
+        head_dense_bias / head_norm_bias: whether the transform's dense layer / LayerNorm has a bias (True, as BERT
+            and RoBERTa; ModernBERT's head has none by default). Folders saved before these keys existed load with
+            the defaults.
         chunk_size: logits rows per chunk when computing mu.
     """
 
@@ -103,6 +111,8 @@ class DupMAEPooling(Module):
         "hidden_act",
         "layer_norm_eps",
         "chunk_size",
+        "head_dense_bias",
+        "head_norm_bias",
     ]
     forward_kwargs = {"task"}
 
@@ -120,6 +130,8 @@ class DupMAEPooling(Module):
         hidden_act: str = "gelu",
         layer_norm_eps: float = 1e-12,
         chunk_size: int = 4096,
+        head_dense_bias: bool = True,
+        head_norm_bias: bool = True,
     ):
         super().__init__()
         check_representation(
@@ -139,9 +151,11 @@ class DupMAEPooling(Module):
         self.hidden_act = hidden_act
         self.layer_norm_eps = layer_norm_eps
         self.chunk_size = chunk_size
+        self.head_dense_bias = head_dense_bias
+        self.head_norm_bias = head_norm_bias
         self.dense_proj = nn.Linear(hidden_size, dense_dim) if representation == "hybrid" else None
         if representation != "cls":
-            self.transform = _HeadTransform(hidden_size, hidden_act, layer_norm_eps)
+            self.transform = _HeadTransform(hidden_size, hidden_act, layer_norm_eps, head_dense_bias, head_norm_bias)
             self.decoder_weight = nn.Parameter(torch.empty(vocab_size, hidden_size).normal_(std=0.02))
             self.decoder_bias = nn.Parameter(torch.zeros(vocab_size))
 
@@ -237,11 +251,16 @@ def save_sentence_transformer(model: torch.nn.Module, path: str | Path, **save_k
     return path
 
 
+def is_dupmae_pooling(module: torch.nn.Module) -> bool:
+    """Whether `module` is a `DupMAEPooling` (matched by class name: a model loaded as remote code has its own copy
+    of the class, imported from the model folder's `st_dupmae.py`)."""
+    return type(module).__name__ == DupMAEPooling.__name__
+
+
 def find_dupmae_pooling(model: torch.nn.Module) -> DupMAEPooling:
-    """The `DupMAEPooling` module of a SentenceTransformer (matched by class name: a model loaded as remote code
-    has its own copy of the class)."""
+    """The `DupMAEPooling` module of a SentenceTransformer (`is_dupmae_pooling`)."""
     for module in model.modules():
-        if type(module).__name__ == "DupMAEPooling":
+        if is_dupmae_pooling(module):
             return module
     raise ValueError(
         f"{type(model).__name__} has no DupMAEPooling module; export it with build_dupmae_sentence_transformer"
@@ -285,5 +304,6 @@ __all__ = [
     "DupMAEPooling",
     "decode",
     "find_dupmae_pooling",
+    "is_dupmae_pooling",
     "save_sentence_transformer",
 ]

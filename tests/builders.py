@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -178,7 +179,7 @@ print(json.dumps({
     "config": config.to_dict(),
     "cls": cls.tolist(),
     "losses": {name: value.item() for name, value in out.items() if name.endswith("loss")},
-    "tied": full.cls.predictions.decoder.weight.data_ptr() == full.bert.embeddings.word_embeddings.weight.data_ptr(),
+    "tied": full.get_output_embeddings().weight.data_ptr() == full.get_input_embeddings().weight.data_ptr(),
     "decoder_layers": 0 if decoder is None else len(decoder.layers),
 }))
 """
@@ -297,3 +298,148 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, str], str]:
 
     monkeypatch.setattr(time, "perf_counter", read)
     return work
+
+
+# ---- tiny RoBERTa / XLM-R / ModernBERT bases (no download) ------------------------------------------------------------
+
+# The special tokens of each family, in the order the real tokenizers number them. RoBERTa and XLM-R: <s> <pad> </s>
+# <unk> first (ids 0-3), <mask> last; ModernBERT (GPT-NeoX BPE): all five after the BPE vocabulary, ids
+# [UNK] < [CLS] < [SEP] < [PAD] < [MASK] as in answerdotai/ModernBERT-base (50280-50284).
+BPE_FAMILIES = ("roberta", "xlm-roberta", "modernbert")
+_FIRST_SPECIALS = {"roberta": ["<s>", "<pad>", "</s>", "<unk>"], "xlm-roberta": ["<s>", "<pad>", "</s>", "<unk>"],
+                   "modernbert": []}
+_LAST_SPECIALS = {"roberta": ["<mask>"], "xlm-roberta": ["<mask>"],
+                  "modernbert": ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]}
+# the mask token swallows the space before it ("a <mask> b"), as in the real tokenizers
+_LSTRIP = {"<mask>", "[MASK]"}
+_SPECIAL_MAP = {
+    "roberta": dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", unk_token="<unk>",
+                    pad_token="<pad>", mask_token="<mask>"),
+    "modernbert": dict(cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]", pad_token="[PAD]",
+                       mask_token="[MASK]"),
+}
+_SPECIAL_MAP["xlm-roberta"] = _SPECIAL_MAP["roberta"]
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+
+def _bpe_training_text(corpus_texts: list[str] | None) -> list[str]:
+    """The built-in English text (the tests' sentences, pairs and words, every printable ASCII character) plus
+    `corpus_texts`."""
+    import string
+
+    pairs = [text for pair in PAIRS for text in pair.values()]
+    return [*SENTENCES, *pairs, " ".join(WORDS), "hello world", string.printable.strip(), *(corpus_texts or [])]
+
+
+def tiny_bpe_tokenizer(family: str, corpus_texts: list[str] | None = None, vocab_size: int = 300, *,
+                       model_max_length: int = 128) -> PreTrainedTokenizerFast:
+    """A subword tokenizer of `family` ("roberta", "xlm-roberta", "modernbert") trained in milliseconds on the built-in
+    English text plus `corpus_texts`, wrapped as a transformers `PreTrainedTokenizerFast` (transformers 5: the
+    `TokenizersBackend`; saved with `tokenizer_class` "TokenizersBackend", which `AutoTokenizer` loads back).
+
+    - "roberta": byte-level BPE (`Ġ` marks a leading space) with RobertaProcessing: `<s> A </s>`, pair
+      `<s> A </s></s> B </s>`; ids <s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last.
+    - "xlm-roberta": SentencePiece-like Unigram (NFKC, whitespace split, `▁` metaspace, unknown characters become
+      <unk>) with the same template and ids as "roberta".
+    - "modernbert": GPT-NeoX-style byte-level BPE with `[CLS] A [SEP]`, pair `[CLS] A [SEP] B [SEP]`; [UNK], [CLS],
+      [SEP], [PAD], [MASK] follow the BPE vocabulary (ids `vocab_size - 5` ..).
+
+    The mask token strips the space before it; `word_ids()` gives one word per whitespace-separated word (the
+    pre-tokenizer's split; punctuation is its own word in the byte-level families). No token_type_ids are returned,
+    as by the real tokenizers. `len(tokenizer)` is `vocab_size` for the BPE families and at most `vocab_size` for
+    the Unigram one (its trainer stops when the text has no more pieces).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if family not in BPE_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {BPE_FAMILIES}")
+    first, last = _FIRST_SPECIALS[family], _LAST_SPECIALS[family]
+    if family == "xlm-roberta":
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.NFKC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+        tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size - len(last), special_tokens=first, unk_token="<unk>",
+                                          show_progress=False, max_piece_length=8)
+    else:
+        tokenizer = Tokenizer(models.BPE())
+        if family == "modernbert":
+            tokenizer.normalizer = normalizers.NFC()
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(last), special_tokens=first, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(_bpe_training_text(corpus_texts), trainer)
+    if family == "xlm-roberta":
+        # The Unigram trainer orders pieces of equal score at random and its scores differ in the 11th digit from run
+        # to run; specials first, then score (rounded), then piece makes the ids the same in every build.
+        vocab = json.loads(tokenizer.to_str())["model"]["vocab"]
+        pieces = sorted(((piece, round(score, 4)) for piece, score in vocab[len(first):]), key=lambda p: (-p[1], p[0]))
+        specials = [(piece, score) for piece, score in vocab[: len(first)]]
+        tokenizer.model = models.Unigram([*specials, *pieces], unk_id=first.index("<unk>"))
+    tokenizer.add_special_tokens([AddedToken(token, special=True, lstrip=token in _LSTRIP) for token in last])
+    special = _SPECIAL_MAP[family]
+    cls, sep = special["cls_token"], special["sep_token"]
+    cls_id, sep_id = tokenizer.token_to_id(cls), tokenizer.token_to_id(sep)
+    if family == "roberta":
+        tokenizer.post_processor = processors.RobertaProcessing((sep, sep_id), (cls, cls_id), trim_offsets=True,
+                                                                add_prefix_space=False)
+    elif family == "xlm-roberta":
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} {sep} $B {sep}",
+            special_tokens=[(cls, cls_id), (sep, sep_id)])
+    else:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, cls_id), (sep, sep_id)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=model_max_length,
+                                   model_input_names=["input_ids", "attention_mask"], **special)
+
+
+def save_tiny_masked_lm(folder: Path, family: str, tokenizer, seed: int = 0, headless: bool = False,
+                        **overrides) -> Path:
+    """A tiny random masked LM of `family` (torch seed `seed`) sized for `tokenizer` (a `tiny_bpe_tokenizer`), saved
+    as safetensors with `tokenizer` beside it; returns `folder`.
+
+    RobertaForMaskedLM / XLMRobertaForMaskedLM: hidden 32, 2 layers, 2 heads, intermediate 64, type_vocab_size 1,
+    `max_position_embeddings = model_max_length + pad_token_id + 1` (positions count from pad + 1, so all
+    `model_max_length` positions are usable). ModernBertForMaskedLM: the same sizes with 3 layers (layer 0 global,
+    layers 1-2 local, `global_attn_every_n_layers=3`, `local_attention=16`) and `max_position_embeddings =
+    model_max_length` (RoPE). The special ids in the config (pad/bos/eos, ModernBERT also cls/sep) are the
+    tokenizer's; `vocab_size = len(tokenizer)`. `headless`: the bare RobertaModel (no pooler) / XLMRobertaModel (no
+    pooler) / ModernBertModel, whose keys carry no `lm_head.*` / `head.*` / `decoder.*` and no base prefix.
+    `overrides` replace config fields (e.g. `num_hidden_layers`, `initializer_range`).
+    """
+    import transformers
+
+    if family not in BPE_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {BPE_FAMILIES}")
+    max_len = tokenizer.model_max_length if tokenizer.model_max_length <= 4096 else 128
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                 pad_token_id=tokenizer.pad_token_id)
+    if family == "modernbert":
+        prefix = "ModernBert"
+        kwargs = dict(sizes, num_hidden_layers=3, global_attn_every_n_layers=3, local_attention=16,
+                      max_position_embeddings=max_len, bos_token_id=tokenizer.cls_token_id,
+                      eos_token_id=tokenizer.sep_token_id, cls_token_id=tokenizer.cls_token_id,
+                      sep_token_id=tokenizer.sep_token_id)
+    else:
+        prefix = "Roberta" if family == "roberta" else "XLMRoberta"
+        kwargs = dict(sizes, num_hidden_layers=2, type_vocab_size=1, bos_token_id=tokenizer.bos_token_id,
+                      eos_token_id=tokenizer.eos_token_id,
+                      max_position_embeddings=max_len + tokenizer.pad_token_id + 1)
+    config = getattr(transformers, f"{prefix}Config")(**{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    if not headless:
+        model = getattr(transformers, f"{prefix}ForMaskedLM")(config)
+    elif family == "modernbert":
+        model = transformers.ModernBertModel(config)
+    else:
+        model = getattr(transformers, f"{prefix}Model")(config, add_pooling_layer=False)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)

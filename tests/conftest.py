@@ -125,3 +125,31 @@ def _run_cli_in_two_processes(args: list[str], port: int, env: dict | None = Non
                "-m", "retromae.trainers.cli", *args]
     return subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1"} | (env or {}), capture_output=True,
                           text=True, timeout=600)
+
+
+def _tiny_family_folder(tmp_path_factory, family: str) -> Path:
+    from .builders import save_tiny_masked_lm, tiny_bpe_tokenizer
+
+    return save_tiny_masked_lm(tmp_path_factory.mktemp(f"tiny-{family}"), family, tiny_bpe_tokenizer(family))
+
+
+@pytest.fixture(scope="module")
+def tiny_roberta(tmp_path_factory) -> Path:
+    """A randomly initialised tiny RobertaForMaskedLM (seed 0) with a tiny byte-level BPE tokenizer beside it
+    (`tiny_bpe_tokenizer("roberta")`: <s> 0, <pad> 1, </s> 2, <unk> 3, <mask> 299; 128 usable positions)."""
+    return _tiny_family_folder(tmp_path_factory, "roberta")
+
+
+@pytest.fixture(scope="module")
+def tiny_xlm_roberta(tmp_path_factory) -> Path:
+    """A randomly initialised tiny XLMRobertaForMaskedLM (seed 0) with a tiny SentencePiece-like Unigram tokenizer
+    beside it (`tiny_bpe_tokenizer("xlm-roberta")`: <s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last)."""
+    return _tiny_family_folder(tmp_path_factory, "xlm-roberta")
+
+
+@pytest.fixture(scope="module")
+def tiny_modernbert(tmp_path_factory) -> Path:
+    """A randomly initialised tiny ModernBertForMaskedLM (seed 0; 3 layers: one global, two local) with a tiny
+    GPT-NeoX-style BPE tokenizer beside it (`tiny_bpe_tokenizer("modernbert")`: [UNK] 295, [CLS] 296, [SEP] 297,
+    [PAD] 298, [MASK] 299)."""
+    return _tiny_family_folder(tmp_path_factory, "modernbert")

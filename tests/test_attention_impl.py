@@ -137,8 +137,8 @@ def test_set_attn_implementation_flex_leaves_the_decoder_on_sdpa(method, monkeyp
     def decoder_states():
         torch.manual_seed(5)
         if method == "seed":
-            return model.decoder(h, ids, attention, model.bert.embeddings)
-        return model.decoder(h, ids, attention, batch["decoder_labels"], model.bert.embeddings)[0]
+            return model.decoder(h, ids, attention, model.decoder_embeddings())
+        return model.decoder(h, ids, attention, batch["decoder_labels"], model.decoder_embeddings())[0]
 
     expected = decoder_states()
     model.set_attn_implementation("flex_attention")

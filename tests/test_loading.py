@@ -5,12 +5,13 @@ import logging
 
 import pytest
 import torch
+from retromae.modeling.backbones import SUPPORTED_ENCODER_TYPES
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
-from retromae.modeling.pretraining_base import BERT_LAYOUT_MODEL_TYPES
-from transformers import BertConfig, BertForPreTraining, BertModel, RobertaConfig, RobertaModel
+from retromae.modeling.pretraining_base import _pretraining_classes
+from transformers import BertConfig, BertForPreTraining, BertModel, GPT2Config
 from transformers.utils import logging as transformers_logging
 
 from .builders import masked_batch, tiny_bert_kwargs, tiny_pretraining_config
@@ -99,17 +100,20 @@ def test_a_load_that_lost_encoder_weights_still_shows_the_report(tmp_path, trans
     assert [m for m in transformers_warnings if "LOAD REPORT" in m and "bert.encoder.layer" in m]
 
 
-def test_roberta_checkpoint_is_refused_as_the_cli_refuses_it(tmp_path):
-    config = RobertaConfig(**tiny_bert_kwargs(max_position_embeddings=130))
-    RobertaModel(config, add_pooling_layer=False).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="has model_type 'roberta'; retromae pre-trains BERT-architecture encoders"):
+def test_an_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path):
+    GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not a supported encoder; retromae pre-trains bert, "
+                                         "roberta, xlm-roberta, modernbert"):
         RetroMAEForPretraining.from_encoder_checkpoint(tmp_path)
 
 
-def test_every_method_checkpoint_counts_as_bert_layout():
+def test_every_method_checkpoint_is_recognised_as_ours():
+    """The method types `from_encoder_checkpoint` accepts are derived from the model classes, not kept by hand."""
     from retromae.trainers.methods import METHODS
 
-    assert {m.model_class.config_class.model_type for m in METHODS.values()} <= set(BERT_LAYOUT_MODEL_TYPES)
+    known = {c.config_class.model_type for c in _pretraining_classes()}
+    assert {m.model_class.config_class.model_type for m in METHODS.values()} <= known
+    assert known.isdisjoint(SUPPORTED_ENCODER_TYPES)
 
 
 def test_a_failed_load_still_shows_the_report_it_refers_to(tmp_path, transformers_warnings):

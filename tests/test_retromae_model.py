@@ -320,7 +320,7 @@ def test_enhanced_decoder_matches_a_direct_computation_of_eq_4_to_6():
     ids = torch.where(batch["encoder_labels"] != -100, batch["encoder_labels"], batch["input_ids"])
     h = model.bert(batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
     torch.manual_seed(1)
-    ours = model.decoder(h, ids, batch["attention_mask"], batch["decoder_labels"], model.bert.embeddings)[0]
+    ours = model.decoder(h, ids, batch["attention_mask"], batch["decoder_labels"], model.decoder_embeddings())[0]
     torch.manual_seed(1)
     visible = enhanced_visibility_mask(batch["attention_mask"], 0.5)[:, 0]  # same draw
     emb = model.bert.embeddings

@@ -85,7 +85,7 @@ def test_next_token_targets_by_hand():
 
 def _decoder_states(model, h, ids, attention):
     with torch.no_grad():
-        return model.decoder(h, ids, attention, model.bert.embeddings)
+        return model.decoder(h, ids, attention, model.decoder_embeddings())
 
 
 @pytest.mark.parametrize(("layers", "window"), [(1, 2), (3, 2), (2, 3)])
@@ -157,7 +157,7 @@ def test_decoder_loss_is_the_mean_over_every_real_non_special_token():
         out = model(**batch)
         h = out.sentence_embedding
         original = torch.where(batch["encoder_labels"] != -100, batch["encoder_labels"], batch["input_ids"])
-        states = model.decoder(h, original, batch["attention_mask"], model.bert.embeddings)
+        states = model.decoder(h, original, batch["attention_mask"], model.decoder_embeddings())
         logits = model.cls(states)  # (B, L, V)
     targets = next_token_targets(batch["decoder_labels"])
     assert (targets != -100).sum() == (batch["decoder_labels"] != -100).sum()  # each token predicted once

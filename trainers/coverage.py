@@ -15,8 +15,9 @@ Choices, documented:
   all-MiniLM-L6-v2 have no MLM head), so every model is measured the same way. ``"lm_head"`` is the prose of §3.2 and
   §5.2 ("projecting dense representations to the vocabulary space via the BERT language model heads"): the trained
   MLM head (dense + GELU + LayerNorm, then Eᵀ + bias). Our BoW / DupMAE losses train h through that head, so only
-  ``"lm_head"`` sees what they taught; it needs a checkpoint that carries the head (`cls.predictions.*`: our
-  pre-training checkpoints, BertForMaskedLM / BertForPreTraining folders).
+  ``"lm_head"`` sees what they taught; it needs a checkpoint that carries the head (BERT's `cls.predictions.*`,
+  RoBERTa / XLM-R / ModernBERT's `lm_head.*` or `head.*`: our pre-training checkpoints, the bases' *ForMaskedLM
+  folders).
 - Denominator: k, the share of the top-k tokens that occur in the input (the paper's prose: "the ratio of the above
   tokens appearing in the tokenized input token set"). Algorithm 1's "/ Numbers of T" is ambiguous between T_topk
   and T; dividing by |T| would make the value grow with k for any model.
@@ -83,23 +84,33 @@ def _hits_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) 
 
 
 def _encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
-    """The encoder whose last-layer [CLS] state is the representation: a module as given (or its `bert` encoder,
-    e.g. of a `*ForPretraining` model), else `core.checkpoints.load_bert_encoder` of the folder or Hub id."""
+    """The encoder whose last-layer [CLS] state is the representation: a module as given (or its `base_model`, e.g.
+    the `bert` / `roberta` / `model` encoder of a `*ForPretraining` model), else `core.checkpoints.load_bert_encoder`
+    of the folder or Hub id (any supported base, or one of our checkpoints on it)."""
     if not isinstance(model_or_path, nn.Module):
         return load_bert_encoder(model_or_path, purpose="coverage")
-    encoder = getattr(model_or_path, "bert", model_or_path)
+    encoder = getattr(model_or_path, "base_model", model_or_path)
     if not hasattr(encoder, "get_input_embeddings"):
         raise TypeError(f"{type(model_or_path).__name__} is not a transformers encoder (no get_input_embeddings)")
     return encoder
 
 
-def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
-    """The trained MLM head of a module (`cls`) or of a checkpoint (`core.checkpoints.load_mlm_head`)."""
+def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The trained MLM head, hidden states -> vocabulary logits, of a module (a pre-training model's `head_parts`, or
+    the `cls` of a `BertForMaskedLM`) or of a checkpoint (`core.checkpoints.load_mlm_head`, any supported base)."""
     if not isinstance(model_or_path, nn.Module):
         return load_mlm_head(model_or_path, hint=LM_HEAD_HINT)
-    head = getattr(model_or_path, "cls", None)
+    model = model_or_path
+    if callable(getattr(model, "head_parts", None)):
+        def project(h: torch.Tensor) -> torch.Tensor:
+            model.mlm_head.to(h.device)  # the encoder alone was moved to the run's device
+            transform, weight, bias = model.head_parts()
+            return nn.functional.linear(transform(h.to(weight.dtype)), weight, bias)
+
+        return project
+    head = getattr(model, "cls", None)
     if head is None:
-        raise CoverageError(f"{type(model_or_path).__name__} has no MLM head (`cls`){LM_HEAD_HINT}")
+        raise CoverageError(f"{type(model).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
     return head
 
 
@@ -109,7 +120,10 @@ def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[
         embedding_matrix = encoder.get_input_embeddings().weight
         return lambda h: h.float() @ embedding_matrix.float().t()  # h · Eᵀ
     if projection == "lm_head":
-        head = _lm_head(model_or_path).eval()
+        head = _lm_head(model_or_path)
+        if not isinstance(head, nn.Module):  # a pre-training model's own head
+            return lambda h: head(h).float()
+        head = head.eval()
         return lambda h: head.to(h.device)(h.to(next(head.parameters()).dtype)).float()
     raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
 

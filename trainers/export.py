@@ -24,13 +24,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from huggingface_hub import ModelCard
-from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel
+from retromae.modeling.backbones import backbone_of
+from retromae.modeling.modeling_dupmae import DupMAEAnyEncoderModel, DupMAEForPretraining, DupMAEModel
 from retromae.modeling.pretraining_base import BertPretrainingBase
 from sentence_transformers import SentenceTransformer
 from transformers import PreTrainedTokenizerBase
 
 from .core.arguments import start_command
-from .core.checkpoints import load_sentence_transformer, load_tokenizer, needs_remote_code, read_state_dict
+from .core.checkpoints import (
+    encoder_type_of_config,
+    load_sentence_transformer,
+    load_tokenizer,
+    needs_remote_code,
+    read_state_dict,
+)
 from .core.folders import atomic_folder, check_destination, check_model_folder, public_name
 from .core.io import read_json_or_empty
 from .export_cls import ExportError, ExportRequest, write_cls_encoder
@@ -41,6 +48,17 @@ logger = logging.getLogger(__name__)
 
 RUN_INFO_FILE = "retromae_run.json"
 EXPECTS = "export expects the output of `retromae pretrain` (a checkpoint-N folder or the output dir)"
+
+
+# the registry's DupMAE entry (its model class names DupMAE's checkpoints)
+DUPMAE: Method = get_method("dupmae")
+
+
+def is_pretraining_checkpoint_of(config: dict[str, Any], method: Method) -> bool:
+    """Whether a config.json is a `retromae pretrain` checkpoint of `method` (its `model_type` is the method's and
+    its architecture the method's pre-training class, not the method's encoder saved on its own), by the registry."""
+    model_type = method.model_class.config_class.model_type
+    return config.get("model_type") == model_type and method.model_class.__name__ in (config.get("architectures") or [])
 
 
 # ---- public API ----------------------------------------------------------------------------------------------------
@@ -149,7 +167,7 @@ def export_request(request: ExportRequest, output_dir: Path, *, overwrite: bool)
 
 
 def build_dupmae_sentence_transformer(
-    encoder: str | os.PathLike | DupMAEModel | DupMAEForPretraining,
+    encoder: str | os.PathLike | DupMAEModel | DupMAEAnyEncoderModel | DupMAEForPretraining,
     tokenizer: PreTrainedTokenizerBase | None,
     output_dir: str | os.PathLike,
     *,
@@ -161,8 +179,9 @@ def build_dupmae_sentence_transformer(
     """Export a DupMAE encoder as a sentence-transformers folder and load it back.
 
     Args:
-        encoder: a `DupMAEForPretraining` / `DupMAEModel` instance, or the folder of either (a `retromae pretrain`
-            checkpoint, or a saved `DupMAEModel`, e.g. after fine-tuning W^cls).
+        encoder: a `DupMAEForPretraining` / `DupMAEModel` / `DupMAEAnyEncoderModel` (RoBERTa, XLM-R, ModernBERT
+            base) instance, or the folder of either (a `retromae pretrain` checkpoint, or a saved encoder, e.g.
+            after fine-tuning W^cls).
         tokenizer: its tokenizer; None = read it from the `encoder` folder.
         output_dir: the folder to create (built in a temporary sibling, renamed into place).
         max_seq_length: the Transformer's maximum length (default 512, capped by the position embeddings).
@@ -184,28 +203,35 @@ def build_dupmae_sentence_transformer(
     if isinstance(encoder, str | os.PathLike):
         folder = Path(encoder)
         check_model_folder(folder, purpose="export", tokenizer=tokenizer is None)
-        architectures = read_json_or_empty(folder / "config.json").get("architectures") or []
-        if "DupMAEForPretraining" in architectures and tokenizer is None and not representation and not max_seq_length:
+        folder_config = read_json_or_empty(folder / "config.json")
+        if (is_pretraining_checkpoint_of(folder_config, DUPMAE) and tokenizer is None and not representation
+                and not max_seq_length):
             # a `retromae pretrain` checkpoint as is: the generic exporter (run info, model card) does it
             export_sentence_transformer(folder, output_dir, overwrite=overwrite, model_name=model_name)
             return load_dupmae_sentence_transformer(output_dir)
         tokenizer = tokenizer or load_tokenizer(folder)
-        encoder = DupMAEModel.from_pretrained(str(folder))
+        encoder_class = DupMAEModel if encoder_type_of_config(folder_config) == "bert" else DupMAEAnyEncoderModel
+        encoder = encoder_class.from_pretrained(str(folder))
     if tokenizer is None:
         raise ExportError("pass the tokenizer of an in-memory encoder")
-    if isinstance(encoder, DupMAEForPretraining):
+    if isinstance(encoder, DupMAEForPretraining | DupMAEAnyEncoderModel):
+        # the encoder under its pre-training prefix already (`bert.` / `roberta.` / `model.`)
         config, state = encoder.config.to_dict(), dict(encoder.state_dict())
     elif isinstance(encoder, DupMAEModel):
         config = encoder.config.to_dict()
+        prefix = backbone_of(encoder.config).prefix  # a BERT base: its unprefixed BertModel names
         state = {
-            (f"bert.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
+            (f"{prefix}.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
             for k, v in encoder.state_dict().items()
         }
     else:
-        raise TypeError(f"expected a DupMAEModel, DupMAEForPretraining or a folder, got {type(encoder).__name__}")
+        raise TypeError(
+            "expected a DupMAEModel, DupMAEAnyEncoderModel, DupMAEForPretraining or a folder, "
+            f"got {type(encoder).__name__}"
+        )
     config.update(representation)
     request = ExportRequest(
-        method=get_method("dupmae"),
+        method=DUPMAE,
         config=config,
         state_dict=state,
         tokenizer=tokenizer,
@@ -371,6 +397,7 @@ def export_command(argv: list[str]) -> int:
 
 
 __all__ = [
+    "DUPMAE",
     "ExportArguments",
     "ExportError",
     "ExportRequest",
@@ -380,6 +407,7 @@ __all__ = [
     "export_from_model",
     "export_request",
     "export_sentence_transformer",
+    "is_pretraining_checkpoint_of",
     "load_as_sentence_transformer",
     "method_of",
     "pretraining_method",

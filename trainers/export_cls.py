@@ -7,12 +7,14 @@ checkpoint, the temporary sibling folder, the atomic rename, overwrite).
 Layout decision: the CLS exporter writes the **legacy sentence-transformers layout** by hand instead of calling
 sentence-transformers 6.2's `SentenceTransformer.save`::
 
-    config.json, model.safetensors      plain BertModel: model_type "bert", no pooler, no auto_map
+    config.json, model.safetensors      the base's plain model: model_type "bert" / "roberta" / "xlm-roberta" /
+                                        "modernbert", no pooler, no auto_map (loads without remote code)
     tokenizer files                     the checkpoint's tokenizer
     modules.json                        sentence_transformers.models.Transformer -> .Pooling (-> .Normalize for
                                         cosine)
     sentence_bert_config.json           {"max_seq_length": N, "do_lower_case": false,
-                                         "model_args": {"add_pooling_layer": false}}
+                                         "model_args": {"add_pooling_layer": false}} (the last only for a
+                                         family whose model has a pooler: not ModernBERT)
     1_Pooling/config.json               word_embedding_dimension + pooling_mode_cls_token: true (or mean_tokens)
     config_sentence_transformers.json   {"similarity_fn_name": "dot", "prompts": {"query": "", "document": ""}, ...}
     README.md                           model card (model_cards/pretrained_encoder.md)
@@ -35,7 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .core.cards import MethodDescription, render_pretrained_card
-from .core.checkpoints import POOLING_SIMILARITY, bert_encoder_from_state_dict
+from .core.checkpoints import POOLING_SIMILARITY, encoder_from_state_dict, encoder_kwargs, usable_positions
 from .core.errors import UserError
 from .core.io import write_json_atomic
 from .core.versions import library_versions
@@ -83,20 +85,22 @@ class ExportRequest:
         return "cosine" if self.config.get("similarity") == "cos" else POOLING_SIMILARITY[self.pooling]
 
     def max_seq_length(self) -> int:
-        """The recorded training length (default 512), capped by the position embeddings."""
+        """The recorded training length (default 512), capped by the positions the encoder can use
+        (`usable_positions`: RoBERTa / XLM-R `max_position_embeddings - pad_token_id - 1`)."""
         recorded = (self.run_info or {}).get("max_seq_length")
-        return min(int(recorded) if recorded else DEFAULT_MAX_SEQ_LENGTH, self.config["max_position_embeddings"])
+        return min(int(recorded) if recorded else DEFAULT_MAX_SEQ_LENGTH, usable_positions(self.config))
 
 
 Exporter = Callable[[ExportRequest, Path], None]
 
 
 def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
-    """Exporter of the CLS methods: plain BERT + Pooling (CLS unless the request says mean), + Normalize for cosine
-    (legacy sentence-transformers layout).
+    """Exporter of the CLS methods: the base's plain model (BERT, RoBERTa, XLM-R or ModernBERT, as the checkpoint's
+    `encoder_type`) + Pooling (CLS unless the request says mean), + Normalize for cosine (legacy sentence-transformers
+    layout).
 
     Weights are written in float32 (a bf16/fp16 checkpoint is upcast, which is exact)."""
-    encoder = bert_encoder_from_state_dict(request.config, request.state_dict)
+    encoder = encoder_from_state_dict(request.config, request.state_dict)
     encoder.save_pretrained(build_dir)
     request.tokenizer.save_pretrained(build_dir)
 
@@ -110,11 +114,11 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
     if similarity == "cosine":  # unit vectors: cosine is then also the dot product a faiss inner-product index uses
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     write_json_atomic(build_dir / "modules.json", modules)
-    write_json_atomic(
-        build_dir / "sentence_bert_config.json",
-        # add_pooling_layer=False: the export has no pooler weights (CLS pooling never uses them)
-        {"max_seq_length": max_seq_length, "do_lower_case": False, "model_args": {"add_pooling_layer": False}},
-    )
+    transformer_config: dict = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    model_args = encoder_kwargs(encoder.config.model_type)
+    if model_args:  # add_pooling_layer=False: the export has no pooler weights (CLS pooling never uses them)
+        transformer_config["model_args"] = model_args
+    write_json_atomic(build_dir / "sentence_bert_config.json", transformer_config)
     (build_dir / "1_Pooling").mkdir()
     write_json_atomic(
         build_dir / "1_Pooling" / "config.json",

@@ -1,8 +1,10 @@
-"""Export DupMAE as a sentence-transformers model: `Transformer` (plain BERT) + `DupMAEPooling` (remote code).
+"""Export DupMAE as a sentence-transformers model: `Transformer` (the base's plain model: BERT, RoBERTa, XLM-R or
+ModernBERT) + `DupMAEPooling` (remote code).
 
 Layout of an exported folder::
 
-    config.json, model.safetensors      plain BertModel: model_type "bert", no pooler, no auto_map
+    config.json, model.safetensors      the base's plain model: model_type "bert" / "roberta" / "xlm-roberta" /
+                                        "modernbert", no pooler, no auto_map
     tokenizer files, sentence_bert_config.json
     modules.json                        [Transformer, "st_dupmae.DupMAEPooling" in 1_DupMAEPooling/]
     st_dupmae.py, layers_dupmae.py      the module's code, at the ROOT (so `trust_remote_code=True` finds it)
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from retromae.modeling.backbones import ModernBertBackbone, backbone_for
 from retromae.modeling.layers_dupmae import initial_dense_projection
 from retromae.modeling.st_dupmae import (
     DupMAEPooling,
@@ -44,7 +47,13 @@ from sentence_transformers.sentence_transformer.modules import Transformer
 from transformers import PreTrainedTokenizerBase
 
 from .core.cards import render_pretrained_card
-from .core.checkpoints import bert_encoder_from_state_dict, save_without_pooler
+from .core.checkpoints import (
+    encoder_from_state_dict,
+    encoder_kwargs,
+    encoder_type_of_config,
+    mlm_head_state,
+    save_without_pooler,
+)
 from .export_cls import ExportError, ExportRequest
 
 logger = logging.getLogger(__name__)
@@ -75,6 +84,71 @@ Johnson-Lindenstrauss map drawn from the checkpoint config's `dense_proj_seed`, 
 """
 
 
+def head_transform_options(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`DupMAEPooling`'s MLM-head transform settings for the checkpoint's family: BERT's `hidden_act` and
+    `layer_norm_eps`; RoBERTa / XLM-R: GELU (`RobertaLMHead` always applies it) and `layer_norm_eps`; ModernBERT:
+    `classifier_activation`, `norm_eps`, and its head's biases (`classifier_bias`, `norm_bias`)."""
+    backbone = backbone_for(encoder_type_of_config(config))
+    if backbone is ModernBertBackbone:
+        return {
+            "hidden_act": config.get("classifier_activation", "gelu"),
+            "layer_norm_eps": config.get("norm_eps", 1e-5),
+            "head_dense_bias": bool(config.get("classifier_bias", False)),
+            "head_norm_bias": bool(config.get("norm_bias", False)),
+        }
+    hidden_act = config.get("hidden_act", "gelu") if backbone.head_name == "cls" else "gelu"
+    return {"hidden_act": hidden_act, "layer_norm_eps": config.get("layer_norm_eps", 1e-12)}
+
+
+def _bert_head_weights(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BERT's `cls.predictions.*` (+ the tied word embeddings) under `DupMAEPooling`'s names."""
+    head = "cls.predictions."
+    word_embeddings = next(
+        (
+            state_dict[k]
+            for k in ("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
+            if k in state_dict
+        ),
+        None,
+    )
+    decoder_weight = state_dict.get(head + "decoder.weight", word_embeddings)  # tied: often stored once
+    missing = [k for k in (head + "transform.dense.weight", head + "bias") if k not in state_dict]
+    if decoder_weight is None or missing:
+        raise ExportError(
+            f"the weights have no MLM head for the OT representation (missing {missing or ['word embeddings']})"
+        )
+    weights = {k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head + "transform.")}
+    weights["decoder_weight"] = decoder_weight
+    weights["decoder_bias"] = state_dict[head + "bias"]
+    return weights
+
+
+def _family_head_weights(backbone: type, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A RoBERTa / XLM-R (`lm_head.dense`, `lm_head.layer_norm`, `lm_head.bias`) or ModernBERT (`lm_head.head.dense`,
+    `lm_head.head.norm`, `lm_head.decoder.bias`) MLM head, its output weight tied to the word embeddings, under
+    `DupMAEPooling`'s names (`transform.dense`, `transform.LayerNorm`, `decoder_weight`, `decoder_bias`)."""
+    head = mlm_head_state(backbone, state_dict)
+    if head is None:
+        raise ExportError(
+            f"the weights have no {backbone.display_name} MLM head for the OT representation "
+            f"({backbone.head_name}.* or the word embeddings missing)"
+        )
+    if backbone is ModernBertBackbone:
+        dense, norm = "head.dense.", "head.norm."
+        decoder_weight = head["decoder.weight"]
+        decoder_bias = head.get("decoder.bias")
+        if decoder_bias is None:  # decoder_bias=False: no bias, i.e. zeros
+            decoder_bias = torch.zeros(decoder_weight.shape[0], dtype=decoder_weight.dtype)
+    else:
+        dense, norm = "dense.", "layer_norm."
+        decoder_weight, decoder_bias = head["decoder.weight"], head["bias"]
+    weights = {f"transform.dense.{k[len(dense):]}": v for k, v in head.items() if k.startswith(dense)}
+    weights.update({f"transform.LayerNorm.{k[len(norm):]}": v for k, v in head.items() if k.startswith(norm)})
+    weights["decoder_weight"] = decoder_weight
+    weights["decoder_bias"] = decoder_bias
+    return weights
+
+
 def build_dupmae_pooling(
     config: Mapping[str, Any],
     state_dict: Mapping[str, torch.Tensor],
@@ -84,13 +158,15 @@ def build_dupmae_pooling(
 
     Args:
         config: a DupMAE config as a dict (`hidden_size`, `vocab_size`, `dense_dim`, `doc_top_k`, ...).
-        state_dict: pre-training (`bert.*`, `cls.*`) or encoder (`embeddings.*`, `cls.*`, `dense_proj.*`) weights.
+        state_dict: pre-training (`bert.*`, `cls.*`; `roberta.*` / `model.*`, `lm_head.*` on other bases) or
+            encoder (`embeddings.*`, `cls.*`, `dense_proj.*`) weights.
         special_token_ids: the tokenizer's special ids (None: fall back to the first/last position rule).
 
     When the weights have no projection W^cls (a pre-training checkpoint: the paper learns it in fine-tuning), it
     starts as `initial_dense_projection` of the config's `dense_proj_seed`, exactly the matrix `DupMAEModel`
     (AutoModel) starts from, so the export and AutoModel give the same dense vectors.
     """
+    backbone = backbone_for(encoder_type_of_config(config))
     pooling = DupMAEPooling(
         hidden_size=config["hidden_size"],
         vocab_size=config["vocab_size"],
@@ -101,30 +177,15 @@ def build_dupmae_pooling(
         representation=config.get("representation", "hybrid"),
         ot_activation=config.get("ot_activation", "none"),
         sparse_weight=config.get("sparse_weight", 1.0),
-        hidden_act=config.get("hidden_act", "gelu"),
-        layer_norm_eps=config.get("layer_norm_eps", 1e-12),
         chunk_size=config.get("loss_chunk_size", 4096),
+        **head_transform_options(config),
     )
     weights: dict[str, torch.Tensor] = {}
     if pooling.has_sparse:
-        head = "cls.predictions."
-        word_embeddings = next(
-            (
-                state_dict[k]
-                for k in ("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
-                if k in state_dict
-            ),
-            None,
-        )
-        decoder_weight = state_dict.get(head + "decoder.weight", word_embeddings)  # tied: often stored once
-        missing = [k for k in (head + "transform.dense.weight", head + "bias") if k not in state_dict]
-        if decoder_weight is None or missing:
-            raise ExportError(
-                f"the weights have no MLM head for the OT representation (missing {missing or ['word embeddings']})"
-            )
-        weights.update({k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head + "transform.")})
-        weights["decoder_weight"] = decoder_weight
-        weights["decoder_bias"] = state_dict[head + "bias"]
+        if backbone.head_name == "cls":
+            weights.update(_bert_head_weights(state_dict))
+        else:
+            weights.update(_family_head_weights(backbone, state_dict))
     if pooling.dense_proj is not None:
         if "dense_proj.weight" in state_dict and tuple(state_dict["dense_proj.weight"].shape) == (
             pooling.dense_dim,
@@ -162,12 +223,13 @@ def assemble_dupmae_sentence_transformer(
     **save_kwargs,
 ) -> Path:
     """Write the sentence-transformers folder into `output_dir` (which may exist and be empty)."""
-    encoder = bert_encoder_from_state_dict(config, encoder_state)
+    encoder = encoder_from_state_dict(config, encoder_state)
     pooling = build_dupmae_pooling(config, encoder_state, tokenizer.all_special_ids)
     with tempfile.TemporaryDirectory(prefix="dupmae-export-") as staging:
         encoder.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        transformer = Transformer(staging, max_seq_length=max_seq_length, model_kwargs={"add_pooling_layer": False})
+        transformer = Transformer(staging, max_seq_length=max_seq_length,
+                                  model_kwargs=encoder_kwargs(encoder.config.model_type))
         model = SentenceTransformer(
             modules=[transformer, pooling],
             similarity_fn_name="dot",

@@ -68,6 +68,7 @@ from typing import Any, Literal
 import torch
 from datasets import Dataset
 from retromae.modeling.configuration_retromae import rename_legacy_keys
+from retromae.modeling.st_dupmae import is_dupmae_pooling
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
@@ -258,7 +259,7 @@ class FinetuneResult:
 def _pooling_description(model: SentenceTransformer) -> str:
     for module in model.modules():
         name = type(module).__name__
-        if name == "DupMAEPooling":
+        if is_dupmae_pooling(module):
             return f"DupMAE hybrid ({getattr(module, 'representation', 'hybrid')})"
         if name == "Pooling":
             config = module.get_config_dict()

@@ -47,6 +47,7 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 import torch
+from retromae.modeling.st_dupmae import is_dupmae_pooling
 
 from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
@@ -82,7 +83,7 @@ class ModelMismatchError(HybridIndexError):
 
 def _pooling(model: Any):
     for module in model.modules():
-        if type(module).__name__ == "DupMAEPooling":
+        if is_dupmae_pooling(module):
             return module
     raise HybridIndexError(
         f"{type(model).__name__} has no DupMAEPooling module: export the encoder with "
@@ -98,6 +99,9 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     BERT-base)."""
     digest = hashlib.blake2b(digest_size=16)
     config = {k: v for k, v in _pooling(model).get_config_dict().items() if k not in QUERY_SIDE_SETTINGS}
+    for key in ("head_dense_bias", "head_norm_bias"):  # added for ModernBERT heads: at their default (True), a
+        if config.get(key, True) is True:  # model hashes as before the keys existed (indexes built then still open)
+            config.pop(key, None)
     digest.update(json.dumps(config, sort_keys=True).encode())
     for name, tensor in model.state_dict().items():
         tensor = tensor.detach().cpu().contiguous().reshape(-1)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from retromae.modeling.backbones import BACKBONES, SUPPORTED_ENCODER_TYPES, backbone_of
 from sentence_transformers import SentenceTransformer
 from transformers import (
     AutoConfig,
@@ -28,7 +29,7 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
 from .core.arguments import configure_logging, parse, split_config
-from .core.checkpoints import default_model_dir, load_tokenizer
+from .core.checkpoints import default_model_dir, load_tokenizer, position_offset, usable_positions
 from .core.errors import UserError
 from .core.folders import TRAINER_CHECKPOINT, check_model_folder, public_name
 from .core.io import read_json_or_empty
@@ -37,6 +38,7 @@ from .core.versions import package_version
 from .data import DataInputs
 from .export import export_from_model
 from .methods import METHODS, Method, MethodArguments, get_method
+from .positions import extend_position_embeddings
 from .recipe import RecipeArguments, suggest_recipe
 from .resume import check_given_options, given_options, new_run_id, read_settings, record_settings
 from .trainer import (
@@ -79,8 +81,9 @@ PRETRAIN_EXAMPLES = """examples:
 class ModelArguments:
     model: str | None = field(
         default=None,
-        metadata={"help": "BERT checkpoint to start from: a local folder or Hub id (BertModel or BertForMaskedLM "
-                  "weights), or a retromae pre-training checkpoint to continue (decoder included). "
+        metadata={"help": "encoder checkpoint to start from: a local folder or Hub id of a BERT, RoBERTa, XLM-R or "
+                  "ModernBERT base (the bare model or its masked-LM weights, e.g. BertForMaskedLM, "
+                  "RobertaForMaskedLM), or a retromae pre-training checkpoint to continue (decoder included). "
                   "A `retromae` checkpoint also continues as SentMAE stage 2 (--method sentmae, decoder included). "
                   f"Default: the bundled all-MiniLM-L6-v2 ({DEFAULT_BASE_MODEL_NAME})."},
     )
@@ -88,6 +91,12 @@ class ModelArguments:
     tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder or id (default: the model's)"})
     base_model_name: str | None = field(
         default=None, metadata={"help": "Hub id of the base model, written to the model card (default: guessed)"}
+    )
+    extend_position_embeddings: int | None = field(
+        default=None,
+        metadata={"help": "grow a BERT / RoBERTa / XLM-R base's learned position table to N usable positions by "
+                  "copying it (as BGE-M3 did), to pre-train at a longer --max-seq-length; not for ModernBERT "
+                  "(rotary positions: it runs at its native length)"},
     )
     attn_implementation: Literal[
         "auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"
@@ -218,7 +227,7 @@ def pretrain_parser() -> RecordingParser:
         (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments,
          ValidationArguments),
         prog="retromae pretrain",
-        description="Pre-train a BERT encoder for retrieval (RetroMAE and friends), then export it for "
+        description="Pre-train an encoder (BERT, RoBERTa, XLM-R, ModernBERT) for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
         "The options you usually need: --model, --corpus, --method, --output-dir, --max-steps, --max-seq-length, "
         "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too. "
@@ -403,8 +412,9 @@ def load_pretraining_model(
     model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None = None
 ):
     """A pre-training checkpoint of the same method continues (decoder included), as does one of a method listed in
-    `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); any BERT checkpoint starts
-    fresh (`from_encoder_checkpoint`, which refuses other architectures). `attn_implementation` (from
+    `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); a BERT, RoBERTa, XLM-R or
+    ModernBERT checkpoint starts fresh (`from_encoder_checkpoint`); any other architecture is refused in one line
+    (`unsupported_model_message`). `attn_implementation` (from
     `attn_implementation_for`; None: transformers' default) is the encoder's."""
     check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
     try:
@@ -421,25 +431,64 @@ def load_pretraining_model(
             )
         config = method.model_class.config_class.from_pretrained(model_ref, **settings)
         return method.model_class.from_pretrained(model_ref, config=config, attn_implementation=attn_implementation)
+    if (model_type or "bert") not in SUPPORTED_ENCODER_TYPES:
+        raise UserError(unsupported_model_message(model_ref, model_type))
     try:
         return method.model_class.from_encoder_checkpoint(
             model_ref, attn_implementation=attn_implementation, **settings
         )
-    except ValueError as error:  # another architecture, or no BERT encoder weights: the --model the user gave
+    except ValueError as error:  # no encoder weights of the family: the --model the user gave
         raise UserError(str(error)) from None
 
 
+def unsupported_model_message(model_ref: str, model_type: str | None) -> str:
+    """The one line that refuses a `--model` of an architecture retromae does not pre-train."""
+    families = ", ".join(backbone.display_name for backbone in BACKBONES)
+    return (f"--model {model_ref} is a {model_type!r} checkpoint; retromae pre-trains {families} masked-LM "
+            f"checkpoints (model_type {', '.join(SUPPORTED_ENCODER_TYPES)}) and its own pre-training checkpoints")
+
+
+# the vocabulary the default `loss_chunk_size` (4096 rows) was sized for: BERT's, fp32 logits chunks of ~500 MB
+LOSS_CHUNK_VOCAB = 30522
+
+
+def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -> None:
+    """Without a `loss_chunk_size` from the user, a vocabulary larger than BERT's (XLM-R: 250,002) gets a default
+    chunk scaled down so that chunk x vocab_size (the fp32 logits of one chunk) stays that of 4096 x 30,522."""
+    field_ = method.config_fields.get("loss_chunk_size")
+    if field_ is None or "loss_chunk_size" in settings:
+        return
+    try:
+        vocab_size = AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("vocab_size")
+    except OSError:  # refused with its own message when the model is loaded
+        return
+    if not isinstance(vocab_size, int) or vocab_size <= LOSS_CHUNK_VOCAB:
+        return
+    chunk = max(1, field_.default * LOSS_CHUNK_VOCAB // vocab_size)
+    settings["loss_chunk_size"] = chunk
+    logger.info("loss_chunk_size %d (default %d scaled to the %d-token vocabulary: %d x %d logits per chunk; set it "
+                "with --method-options '{\"loss_chunk_size\": N}')", chunk, field_.default, vocab_size, chunk,
+                vocab_size)
+
+
 def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str) -> None:
+    """Refuse, in one line, a tokenizer larger than the embedding matrix and a --max-seq-length beyond the encoder's
+    usable positions (`core.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table)."""
     config = model.config
     if len(tokenizer) > config.vocab_size:
         raise UserError(
             f"the tokenizer has {len(tokenizer)} tokens but the model {model_ref} has only {config.vocab_size} "
             "embedding rows; use the tokenizer that belongs to the model (--tokenizer)"
         )
-    if max_seq_length > config.max_position_embeddings:
+    limit, offset = usable_positions(config), position_offset(config)
+    if max_seq_length > limit:
+        where = (f"max_position_embeddings {config.max_position_embeddings} - padding offset {offset}" if offset
+                 else "max_position_embeddings")
+        grow = (" (or grow the table: --extend-position-embeddings N)"
+                if backbone_of(config).has_position_table else "")
         raise UserError(
             f"--max-seq-length {max_seq_length} exceeds the model's position limit "
-            f"({config.max_position_embeddings}, max_position_embeddings in {model_ref}); use a value <= that"
+            f"({limit}, {where} in {model_ref}); use a value <= that{grow}"
         )
     if max_seq_length < 8:
         raise UserError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
@@ -520,10 +569,13 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         contrastive_anchor=run.recipe.contrastive_anchor_weight > 0,
     )
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
+    scale_loss_chunk(settings, method, run.resume or model_ref)
     attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
     model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
     if not run.resume and args.should_log:  # the main process only
         suggest_recipe(model_ref, run.recipe)
+    if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
+        extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
     check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
@@ -604,7 +656,7 @@ __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
     "RunArguments", "ValidationArguments", "attn_implementation_for", "best_summary", "check_best_model_options",
     "check_export_target", "check_folder_option",
-    "check_model_and_tokenizer", "export_target", "final_save_done", "load_pretraining_model", "prepare_output_dir",
+    "check_model_and_tokenizer", "export_target", "scale_loss_chunk", "unsupported_model_message", "final_save_done", "load_pretraining_model", "prepare_output_dir",
     "pretrain", "pretrain_arguments", "pretrain_parser",
     "print_summary", "resolve_resume", "train_model", "validation_callback",
 ]

@@ -5,7 +5,8 @@ BoW/OT parts) start random; trained jointly from step 0 they pull the encoder aw
 linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort Pretrained Features"):
 
 1. head warm-up (`--head-warmup-steps N`): for optimizer steps 1..N the encoder gets no update. "Encoder" is every
-   `bert.*` parameter, embeddings included, and therefore also the MLM output matrix (tied to the word
+   parameter under the base's prefix (`bert.*`; RoBERTa / XLM-R `roberta.*`; ModernBERT `model.*`), embeddings
+   included, and therefore also the MLM output matrix (tied to the word
    embeddings). What trains: the MLM head's transform and output bias, and the method's own modules (`decoder.*`,
    ...). Frozen parameters get no gradient (`requires_grad=False` in a single process; under DDP their gradients
    are dropped before clipping), and AdamW skips parameters without a gradient, weight decay included, so they stay
@@ -13,9 +14,11 @@ linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort 
    resumed from any checkpoint, inside or after the warm-up, continues exactly.
 2. joint training with a smaller encoder learning rate: the encoder's rate is `S = --encoder-lr-scale` times the
    peak rate, on the same schedule; the new parts keep the full rate. `D = --layer-lr-decay` adds layer-wise decay
-   as in ELECTRA / BEiT, counting the head as level L+1: with L encoder layers, `bert.encoder.layer.l`
-   (l = 0..L-1, the state-dict index) gets S * D**(L - l) and `bert.embeddings.*` get S * D**(L + 1). So the top
-   layer gets S * D, each layer below D times less. Other `bert.*` parameters (a pooler) get S.
+   as in ELECTRA / BEiT, counting the head as level L+1: with L encoder layers, layer l (l = 0..L-1, the state-dict
+   index: `bert.encoder.layer.l`, `roberta.encoder.layer.l`, ModernBERT's `model.layers.l`) gets S * D**(L - l)
+   and the embeddings (`bert.embeddings.*`, `roberta.embeddings.*`, `model.embeddings.*`) get S * D**(L + 1). So
+   the top layer gets S * D, each layer below D times less. Other encoder parameters (a pooler, ModernBERT's
+   `model.final_norm`) get S.
 3. contrastive anchoring (`--contrastive-anchor-weight W`): SentMAE's in-batch contrastive loss on the [CLS]
    embeddings (cosine, temperature 0.05, `modeling_sentmae.in_batch_contrastive_loss`) with span positives (two
    disjoint spans of each passage, `contrastive_data.span_pair_training_data`) is added to any method's loss with
@@ -47,10 +50,47 @@ logger = logging.getLogger(__name__)
 
 # the point chosen on held-out SciFact train queries (README, Results); a head warm-up scored 0.002 below it
 SUGGESTED_RECIPE = "--encoder-lr-scale 0.1"
-# a parameter name of the encoder, also inside DDP / torch.compile wrappers
-_ENCODER_NAME = re.compile(r"^(?:module\.|_orig_mod\.)*bert\.")
-_LAYER_NAME = re.compile(r"^(?:module\.|_orig_mod\.)*bert\.encoder\.layer\.(\d+)\.")
-_EMBEDDINGS_NAME = re.compile(r"^(?:module\.|_orig_mod\.)*bert\.embeddings\.")
+# DDP / torch.compile wrappers in front of a parameter name
+_WRAPPERS = r"^(?:module\.|_orig_mod\.)*"
+
+
+@dataclass(frozen=True)
+class EncoderNames:
+    """How a model's encoder parameters are named (also inside DDP / torch.compile wrappers): the base's prefix
+    (`bert`, `roberta`, `model`) and the path of its layer list inside the encoder (`encoder.layer`, ModernBERT's
+    `layers`)."""
+
+    prefix: str = "bert"
+    layers: str = "encoder.layer"
+
+    @property
+    def encoder(self) -> re.Pattern:
+        return re.compile(_WRAPPERS + re.escape(self.prefix) + r"\.")
+
+    @property
+    def layer(self) -> re.Pattern:
+        return re.compile(_WRAPPERS + re.escape(f"{self.prefix}.{self.layers}.") + r"(\d+)\.")
+
+    @property
+    def embeddings(self) -> re.Pattern:
+        return re.compile(_WRAPPERS + re.escape(self.prefix) + r"\.embeddings\.")
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> EncoderNames:
+        """The names of a pre-training model (`BertPretrainingBase`: its `backbone`), also wrapped in DDP or
+        torch.compile; BERT's for a model without a backbone."""
+        while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+            model = getattr(model, "module", None) or model._orig_mod
+        backbone = getattr(model, "backbone", None)
+        if backbone is None:
+            return cls()
+        encoder = model.base_model
+        last = backbone.last_layer(encoder)
+        path = next(name for name, module in encoder.named_modules() if module is last)  # e.g. "encoder.layer.1"
+        return cls(prefix=backbone.prefix, layers=path.rsplit(".", 1)[0])
+
+
+BERT_NAMES = EncoderNames()
 
 
 @dataclass
@@ -59,7 +99,8 @@ class RecipeArguments:
 
     head_warmup_steps: int = field(
         default=0,
-        metadata={"help": "continued pre-training: freeze the encoder (bert.*, embeddings and the tied MLM output "
+        metadata={"help": "continued pre-training: freeze the encoder (bert.* / roberta.* / model.*, embeddings and "
+                  "the tied MLM output "
                   "matrix included) for the first N optimizer steps while the MLM head transform and the method's "
                   "new parts (decoder, BoW parts) learn; 0 = off (paper default)"},
     )
@@ -104,24 +145,28 @@ class RecipeArguments:
         """The options as recorded in `retromae_run.json` (and the model card's training rows)."""
         return asdict(self)
 
-    def lr_scale(self, name: str, num_layers: int) -> float:
-        """The factor on the peak learning rate of parameter `name` (1.0 for everything outside `bert.*`)."""
-        if not _ENCODER_NAME.match(name):
+    def lr_scale(self, name: str, num_layers: int, names: EncoderNames = BERT_NAMES) -> float:
+        """The factor on the peak learning rate of parameter `name` (1.0 for everything outside the encoder, whose
+        parameters are named as `names` says: `EncoderNames.of(model)`)."""
+        if not names.encoder.match(name):
             return 1.0
         scale, decay = self.encoder_lr_scale, self.layer_lr_decay
-        if layer := _LAYER_NAME.match(name):
+        if layer := names.layer.match(name):
             return scale * decay ** (num_layers - int(layer.group(1)))
-        if _EMBEDDINGS_NAME.match(name):
+        if names.embeddings.match(name):
             return scale * decay ** (num_layers + 1)
         return scale
 
     def top_layer_scale(self, num_layers: int) -> float:
-        return self.lr_scale(f"bert.encoder.layer.{num_layers - 1}.", num_layers)
+        """The factor of the top encoder layer (layer L - 1: S * D), whatever the family's names."""
+        return self.encoder_lr_scale * self.layer_lr_decay
 
 
 def encoder_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters the head warm-up freezes: `bert.*` (tied ones, e.g. the MLM output matrix, appear once)."""
-    return [p for name, p in model.named_parameters() if _ENCODER_NAME.match(name)]
+    """The parameters the head warm-up freezes: the encoder's (`bert.*`, `roberta.*`, `model.*`; tied ones, e.g.
+    the MLM output matrix, appear once)."""
+    encoder = EncoderNames.of(model).encoder
+    return [p for name, p in model.named_parameters() if encoder.match(name)]
 
 
 def parameter_groups(model: torch.nn.Module, recipe: RecipeArguments, num_layers: int, learning_rate: float,
@@ -129,8 +174,9 @@ def parameter_groups(model: torch.nn.Module, recipe: RecipeArguments, num_layers
     """Optimizer groups: one per (learning-rate factor, weight decay or not), the full-rate groups first (the
     Trainer logs the first group's rate as `learning_rate`). Every parameter is included, frozen or not."""
     groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}
+    names = EncoderNames.of(model)
     for name, param in model.named_parameters():
-        key = (recipe.lr_scale(name, num_layers), name in decay_names)
+        key = (recipe.lr_scale(name, num_layers, names), name in decay_names)
         groups.setdefault(key, []).append(param)
     ordered = sorted(groups.items(), key=lambda item: (-item[0][0], not item[0][1]))
     return [
@@ -159,7 +205,7 @@ class HeadWarmupCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step < self.steps and state.is_world_process_zero:
-            logger.warning("Head warm-up: the encoder (bert.*, tied MLM output matrix included) is frozen for optimizer "
+            logger.warning("Head warm-up: the encoder (tied MLM output matrix included) is frozen for optimizer "
                         "steps %d-%d; the MLM head transform and the method's new parts train",
                         state.global_step + 1, self.steps)
         if state.max_steps > 0 and self.steps >= state.max_steps and state.is_world_process_zero:
@@ -221,14 +267,20 @@ def _local_folder(model_ref: str) -> Path | None:
     return Path(cached).parent if isinstance(cached, str) else None
 
 
+# the first layer of a trained MLM head, by family: BERT (`BertForMaskedLM`, ours), RoBERTa / XLM-R (`*ForMaskedLM`,
+# ours), ModernBERT (`ModernBertForMaskedLM`'s `head.*`, ours under `lm_head.head.*`)
+MLM_HEAD_TRANSFORMS = ("cls.predictions.transform.", "lm_head.dense.", "head.dense.", "lm_head.head.dense.")
+
+
 def has_mlm_head(model_ref: str) -> bool | None:
-    """Whether the checkpoint `model_ref` holds MLM-head weights (`cls.predictions.transform.*`); None when that
-    cannot be told without loading the weights (`.bin` files, a Hub id not in the local cache)."""
+    """Whether the checkpoint `model_ref` holds MLM-head weights (`MLM_HEAD_TRANSFORMS`: the head's transform of any
+    supported family); None when that cannot be told without loading the weights (`.bin` files, a Hub id not in the
+    local cache)."""
     folder = _local_folder(model_ref)
     if folder is None:
         return None
     names = weight_names(folder)
-    return None if names is None else any(name.startswith("cls.predictions.transform.") for name in names)
+    return None if names is None else any(name.startswith(MLM_HEAD_TRANSFORMS) for name in names)
 
 
 def suggest_recipe(model_ref: str, recipe: RecipeArguments) -> None:
@@ -243,6 +295,6 @@ def suggest_recipe(model_ref: str, recipe: RecipeArguments) -> None:
 
 
 __all__ = [
-    "HeadWarmupCallback", "RecipeArguments", "SUGGESTED_RECIPE", "add_contrastive_anchor", "encoder_parameters",
+    "BERT_NAMES", "EncoderNames", "HeadWarmupCallback", "MLM_HEAD_TRANSFORMS", "RecipeArguments", "SUGGESTED_RECIPE", "add_contrastive_anchor", "encoder_parameters",
     "has_mlm_head", "merge_pairs", "parameter_groups", "suggest_recipe",
 ]

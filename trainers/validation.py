@@ -16,7 +16,7 @@ returns the `eval_*` metrics and logs them as an entry of their own, as the Trai
 `--metric-for-best-model ndcg@10 --load-best-model-at-end` selects the best checkpoint as for any Trainer.
 
 The representation is what the sentence-transformers export encodes (`sentence_vectors`): the last-layer [CLS]
-state of the encoder (`model.bert`), unit-normalised for a model trained with cosine similarity (SentMAE's default);
+state of the encoder (`model.base_model`: `bert`, `roberta` or `model`), unit-normalised for a model trained with cosine similarity (SentMAE's default);
 for DupMAE its hybrid [W h ; sparse mu] (with the config's fixed projection W, as before fine-tuning), and its [CLS]
 part as `eval_cls_*`.
 
@@ -47,7 +47,6 @@ from retromae.modeling.layers_dupmae import (
     ordinary_token_mask,
     sparse_top_k,
 )
-from retromae.modeling.modeling_dupmae import mlm_head_parts
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
@@ -184,25 +183,27 @@ def retrieval_metrics(ranked: Sequence[Sequence[int]], qrels: Sequence[dict[int,
 
 
 def _encoder(model: nn.Module) -> nn.Module:
-    """The BERT encoder of a `*ForPretraining` model (`bert`), or the model itself."""
-    return getattr(model, "bert", model)
+    """The encoder of a `*ForPretraining` model (`base_model`: `bert`, `roberta` or `model`), or the model itself."""
+    return getattr(model, "base_model", model)
 
 
 def _has_hybrid(model: nn.Module) -> bool:
-    """A DupMAE model whose representation is more than its [CLS] part."""
+    """A DupMAE model (with its MLM head, `head_parts`) whose representation is more than its [CLS] part."""
     config = model.config
-    return config.model_type == "dupmae" and config.representation != "cls" and getattr(model, "cls", None) is not None
+    has_head = callable(getattr(model, "head_parts", None))
+    return config.model_type == "dupmae" and config.representation != "cls" and has_head
 
 
 def _dupmae_representation(model: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor,
                            attention_mask: torch.Tensor, task: str) -> torch.Tensor:
     """DupMAE's own representation `(batch_size, dense_dim + vocab_size)` as its encoder (`DupMAEModel`) and export
-    compute it before fine-tuning: [W h ; sqrt(lambda) top-k(mu)], W the config's fixed projection."""
+    compute it before fine-tuning: [W h ; sqrt(lambda) top-k(mu)], W the config's fixed projection; the MLM head is
+    the model's own (`head_parts`, any base)."""
     config = model.config
     weight = initial_dense_projection(config.hidden_size, config.dense_dim, config.dense_proj_seed).to(hidden)
     keep = ordinary_token_mask(input_ids, attention_mask, config.special_token_ids)  # (B, L)
     dense, mu = dense_and_ot_parts(hidden, keep, config.representation, lambda h: h @ weight.T,
-                                   mlm_head_parts(model.cls), config.ot_activation, config.loss_chunk_size)
+                                   model.head_parts(), config.ot_activation, config.loss_chunk_size)
     top_k = config.doc_top_k if task == "document" else config.query_top_k
     return hybrid_embedding(dense, sparse_top_k(mu, top_k, config.sparse_weight)[0])
 

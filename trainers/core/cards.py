@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from transformers import BertConfig
+from retromae.modeling.backbones import backbone_for
+from transformers import CONFIG_MAPPING, BertConfig
 
+from .checkpoints import encoder_type_of_config
 from .folders import FILE_SUFFIXES, is_hub_id, is_local_path, public_name
 from .io import write_json_atomic, write_text_atomic
 
@@ -45,6 +47,8 @@ BERT_FIELDS = frozenset(f.name for f in dataclasses.fields(BertConfig))
 FINETUNING_PAPERS = ("retromae", "dupmae")
 # method-config fields that are implementation knobs, not hyperparameters worth a line in the card
 NOT_HYPERPARAMETERS = frozenset({"loss_chunk_size", "mask_token_id"})
+# what a method config carries about its base besides the base config's own fields
+BASE_META_FIELDS = frozenset({"encoder_type", "sliding_window"})
 BIBTEX_ENTRY = re.compile(r"^@\w+\{(?P<key>[^,\s]+),\n.*?^\}$", re.MULTILINE | re.DOTALL)
 BIBTEX_URL = re.compile(r"^\s*url = \{([^}]*)\}", re.MULTILINE)
 # an absolute path of this machine in prose: `/a/b` (a lone `/name` only as a data or weight file), `~/x`, `C:\x`,
@@ -176,6 +180,7 @@ def render_pretrained_card(
         pooling: "cls" or "mean", for the plain-BERT export.
     """
     run_info = run_info or {}
+    backbone = backbone_for(encoder_type_of_config(config))
     model_name = card_name(model_name)
     base_model = run_info.get("base_model")
     hub_base_model = _hub_id(base_model)
@@ -205,6 +210,9 @@ def render_pretrained_card(
         num_layers=num_layers,
         embedding_dim=embedding_dim,
         hidden_size=config["hidden_size"],
+        architecture=backbone.display_name,
+        model_class=backbone.model_class.__name__,
+        model_type=backbone.model_types[0],
         cls_model=representation is None,
         similarity=similarity,
         pooling=pooling,
@@ -223,10 +231,24 @@ def render_pretrained_card(
     return str(card)
 
 
+def base_architecture_fields(config: Mapping[str, Any]) -> frozenset[str]:
+    """The fields that describe the base rather than the method: BertConfig's, and for a RoBERTa / XLM-R / ModernBERT
+    base (`encoder_type`) every field of its own config class (ModernBERT's norm_eps, layer_types, ...), plus
+    `encoder_type` and `sliding_window` themselves."""
+    encoder_type = config.get("encoder_type") or "bert"
+    base_class = CONFIG_MAPPING[encoder_type] if encoder_type in CONFIG_MAPPING else None  # noqa: SIM401 (lazy: no .get)
+    base_fields = {f.name for f in dataclasses.fields(base_class)} if dataclasses.is_dataclass(base_class) else set()
+    if base_class is not None:
+        base_fields |= set(base_class().to_dict())  # also a config class that is not a dataclass
+    return BERT_FIELDS | base_fields | BASE_META_FIELDS
+
+
 def method_hyperparameters(method: MethodDescription, config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The method config's fields beyond BertConfig (mask ratios, decoding, ...), with their values."""
+    """The method config's fields beyond the base's architecture (`base_architecture_fields`: mask ratios,
+    decoding, ...), with their values."""
     config_class = method.model_class.config_class
-    names = [f.name for f in dataclasses.fields(config_class) if f.name not in BERT_FIELDS]
+    architecture = base_architecture_fields(config)
+    names = [f.name for f in dataclasses.fields(config_class) if f.name not in architecture]
     return [(n, format_value(config[n])) for n in names if n in config and n not in NOT_HYPERPARAMETERS]
 
 

