@@ -30,6 +30,15 @@ def encoder_type_of(config) -> str:
     return getattr(config, "encoder_type", None) or "bert"
 
 
+def encoder_type_of_config(config: dict) -> str:
+    """The base family of a config dict (config.json): a base's own `model_type`, else a method config's
+    `encoder_type` ("bert" when absent, as in every checkpoint written before the field existed)."""
+    model_type = config.get("model_type")
+    if model_type in SUPPORTED_ENCODER_TYPES:
+        return model_type
+    return config.get("encoder_type") or "bert"
+
+
 class BertBackbone:
     """BERT: encoder `bert`, head `cls` (`BertForMaskedLM`'s names); absolute learned positions from 0."""
 
@@ -38,6 +47,8 @@ class BertBackbone:
     prefix = "bert"  # attribute and state-dict prefix of the encoder in the pre-training model
     head_name = "cls"
     model_class: type = BertModel
+    word_embeddings_name = "embeddings.word_embeddings"  # inside the encoder
+    layers_name = "encoder.layer"  # the encoder's list of layers
     has_pooler = True  # the plain model has a pooler (exports pass add_pooling_layer=False)
     has_position_table = True
     takes_token_type_ids = True
@@ -73,7 +84,7 @@ class BertBackbone:
     def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
         """The head's output layer tied to the word embeddings (`encoder_prefix`: "bert." or "" in the encoder)."""
         return {
-            "cls.predictions.decoder.weight": f"{encoder_prefix}embeddings.word_embeddings.weight",
+            "cls.predictions.decoder.weight": f"{encoder_prefix}{cls.word_embeddings_name}.weight",
             "cls.predictions.decoder.bias": "cls.predictions.bias",
         }
 
@@ -88,7 +99,7 @@ class BertBackbone:
 
     @classmethod
     def word_embeddings(cls, encoder: nn.Module) -> nn.Embedding:
-        return encoder.embeddings.word_embeddings
+        return encoder.get_submodule(cls.word_embeddings_name)
 
     @classmethod
     def encode(cls, encoder: nn.Module, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
@@ -98,7 +109,7 @@ class BertBackbone:
 
     @classmethod
     def last_layer(cls, encoder: nn.Module) -> nn.Module:
-        return encoder.encoder.layer[-1]
+        return encoder.get_submodule(cls.layers_name)[-1]
 
     @classmethod
     def position_offset(cls, pad_token_id: int | None) -> int:
@@ -136,7 +147,7 @@ class RobertaBackbone(BertBackbone):
     @classmethod
     def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
         return {
-            "lm_head.decoder.weight": f"{encoder_prefix}embeddings.word_embeddings.weight",
+            "lm_head.decoder.weight": f"{encoder_prefix}{cls.word_embeddings_name}.weight",
             "lm_head.decoder.bias": "lm_head.bias",
         }
 
@@ -170,7 +181,7 @@ class XLMRobertaBackbone(RobertaBackbone):
 
 class ModernBertLMHead(nn.Module):
     """`ModernBertForMaskedLM`'s `head` and `decoder` under one name, `lm_head`: the methods' own decoder is
-    `decoder`. `from_encoder_checkpoint` maps the base's keys (`ModernBertBackbone.checkpoint_key_mapping`)."""
+    `decoder`. `from_encoder_checkpoint` loads the base's head into it (`ModernBertBackbone.load_base_head`)."""
 
     def __init__(self, config):
         super().__init__()
@@ -190,6 +201,8 @@ class ModernBertBackbone(BertBackbone):
     prefix = "model"
     head_name = "lm_head"
     model_class = ModernBertModel
+    word_embeddings_name = "embeddings.tok_embeddings"
+    layers_name = "layers"
     has_pooler = False
     has_position_table = False
     takes_token_type_ids = False
@@ -231,7 +244,7 @@ class ModernBertBackbone(BertBackbone):
 
     @classmethod
     def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
-        return {"lm_head.decoder.weight": f"{encoder_prefix}embeddings.tok_embeddings.weight"}
+        return {"lm_head.decoder.weight": f"{encoder_prefix}{cls.word_embeddings_name}.weight"}
 
     @classmethod
     def set_output_embeddings(cls, head: nn.Module, new_embeddings: nn.Module) -> None:
@@ -242,16 +255,8 @@ class ModernBertBackbone(BertBackbone):
         return head.decoder
 
     @classmethod
-    def word_embeddings(cls, encoder: nn.Module) -> nn.Embedding:
-        return encoder.embeddings.tok_embeddings
-
-    @classmethod
-    def last_layer(cls, encoder: nn.Module) -> nn.Module:
-        return encoder.layers[-1]
-
-    @classmethod
     def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
-        return torch.arange(seq_len, device=encoder.embeddings.tok_embeddings.weight.device)[None, :]
+        return torch.arange(seq_len, device=cls.word_embeddings(encoder).weight.device)[None, :]
 
 
 BACKBONES: tuple[type[BertBackbone], ...] = (BertBackbone, RobertaBackbone, XLMRobertaBackbone, ModernBertBackbone)
@@ -325,4 +330,5 @@ __all__ = [
     "backbone_of",
     "decoder_position_table",
     "encoder_type_of",
+    "encoder_type_of_config",
 ]

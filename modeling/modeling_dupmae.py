@@ -46,10 +46,39 @@ class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
     ot_embedding: torch.Tensor | None = None
 
 
-def mlm_head_parts(head: BertOnlyMLMHead) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """A BERT MLM head as (transform, output weight, output bias), the form the OT functions of `layers_dupmae`
-    take (`BertPretrainingBase.head_parts` gives it for any base)."""
-    return BertBackbone.head_parts(head)
+def representation_parts(
+    config: DupMAEConfig, hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+    dense_proj, ot_head,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dense, mu) of the representation (paper §3.4) from the last-layer states `hidden` `(B, L, H)` of the
+    unmasked input: the dense part through `dense_proj` (a module or function; see `dense_and_ot_parts`) and mu
+    pooled over the ordinary tokens through `ot_head` (transform, weight, bias; None for `representation="cls"`)."""
+    keep = None
+    if config.representation != "cls":
+        if attention_mask is None:
+            attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+        keep = ordinary_token_mask(input_ids, attention_mask, config.special_token_ids)  # (B, L)
+    return dense_and_ot_parts(
+        hidden, keep, config.representation, dense_proj, ot_head, config.ot_activation, config.loss_chunk_size
+    )
+
+
+def hybrid_representation(
+    config: DupMAEConfig, dense: torch.Tensor | None, mu: torch.Tensor | None, task: str = "document"
+) -> torch.Tensor:
+    """[dense ; sparsified mu] `(batch_size, dense_dim + vocab_size)` (fewer columns for "cls"/"ot").
+
+    Documents keep `config.doc_top_k` entries of mu, queries `config.query_top_k` (None = all); the sparse part is
+    scaled by sqrt(`config.sparse_weight`). The dot product of a query's and a document's hybrid embedding is the
+    paper's eq. 12 score (with lambda * the sparse term).
+    """
+    if task not in ("query", "document"):
+        raise ValueError(f"task={task!r} must be 'query' or 'document'")
+    sparse = None
+    if mu is not None:
+        k = config.doc_top_k if task == "document" else config.query_top_k
+        sparse = sparse_top_k(mu, k, config.sparse_weight)[0]
+    return hybrid_embedding(dense, sparse)
 
 
 def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normalization: str) -> torch.Tensor:
@@ -123,15 +152,8 @@ class DupMAERepresentationMixin:
         """
         output = super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         hidden = output.last_hidden_state  # (B, L, H)
-        config = self.config
-        keep = None
-        if config.representation != "cls":
-            if attention_mask is None:
-                attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
-            keep = ordinary_token_mask(input_ids, attention_mask, config.special_token_ids)  # (B, L)
-        dense, mu = dense_and_ot_parts(
-            hidden, keep, config.representation, self.dense_proj, self.ot_head_parts(), config.ot_activation,
-            config.loss_chunk_size,
+        dense, mu = representation_parts(
+            self.config, hidden, input_ids, attention_mask, self.dense_proj, self.ot_head_parts()
         )
         return DupMAEModelOutput(
             last_hidden_state=hidden,
@@ -143,19 +165,8 @@ class DupMAERepresentationMixin:
         )
 
     def hybrid_embedding(self, output: DupMAEModelOutput, task: str = "document") -> torch.Tensor:
-        """[dense ; sparsified mu] `(batch_size, dense_dim + vocab_size)` (fewer columns for "cls"/"ot").
-
-        Documents keep `config.doc_top_k` entries of mu, queries `config.query_top_k` (None = all); the sparse part
-        is scaled by sqrt(`config.sparse_weight`). The dot product of a query's and a document's hybrid embedding is
-        the paper's eq. 12 score (with lambda * the sparse term).
-        """
-        if task not in ("query", "document"):
-            raise ValueError(f"task={task!r} must be 'query' or 'document'")
-        sparse = None
-        if output.ot_embedding is not None:
-            k = self.config.doc_top_k if task == "document" else self.config.query_top_k
-            sparse = sparse_top_k(output.ot_embedding, k, self.config.sparse_weight)[0]
-        return hybrid_embedding(output.dense_embedding, sparse)
+        """The hybrid embedding of `output` for `task` ("query" or "document"): `hybrid_representation`."""
+        return hybrid_representation(self.config, output.dense_embedding, output.ot_embedding, task)
 
 
 class DupMAEModel(DupMAERepresentationMixin, ClsEncoderModel):
@@ -171,11 +182,10 @@ class DupMAEModel(DupMAERepresentationMixin, ClsEncoderModel):
         return None if self.cls is None else BertBackbone.head_parts(self.cls)
 
     def get_output_embeddings(self):
-        return self.cls.predictions.decoder if self.cls is not None else None
+        return None if self.cls is None else BertBackbone.output_embeddings(self.cls)
 
     def set_output_embeddings(self, new_embeddings):
-        self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
+        BertBackbone.set_output_embeddings(self.cls, new_embeddings)
 
 
 class DupMAEAnyEncoderModel(DupMAERepresentationMixin, AnyEncoderModel):
@@ -255,7 +265,8 @@ __all__ = [
     "DupMAEForPretraining",
     "DupMAEModel",
     "DupMAEModelOutput",
-    "mlm_head_parts",
+    "hybrid_representation",
+    "representation_parts",
     "ot_bag_of_words_targets",
     "ot_vector",
     "sparsify_top_k",

@@ -28,6 +28,7 @@ from .backbones import (
     backbone_for,
     backbone_of,
     encoder_type_of,
+    encoder_type_of_config,
 )
 from .layers_retromae import IGNORE_INDEX, linear_cross_entropy
 
@@ -409,7 +410,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         method_types = {c.config_class.model_type for c in _pretraining_classes()}
         if model_type not in (*SUPPORTED_ENCODER_TYPES, *method_types):
             backbone_for(model_type)  # raises, naming what is supported
-        backbone = backbone_for(model_type if model_type in SUPPORTED_ENCODER_TYPES else encoder_type_of_dict(config_dict))
+        backbone = backbone_for(encoder_type_of_config(config_dict))
         fields = base_config_fields(model_name_or_path, model_type)
         config = cls.config_class(**{**fields, **config_overrides})
         model, info = cls.from_pretrained(
@@ -454,11 +455,6 @@ def _pretraining_classes() -> list[type]:
             found.append(subclass)
             pending.append(subclass)
     return found
-
-
-def encoder_type_of_dict(config_dict: dict) -> str:
-    """`encoder_type` of a config.json of ours ("bert" when written before the field existed)."""
-    return config_dict.get("encoder_type") or "bert"
 
 
 def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str) -> dict[str, Any]:

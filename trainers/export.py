@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from huggingface_hub import ModelCard
-from retromae.modeling.backbones import backbone_of
+from retromae.modeling.backbones import backbone_of, encoder_type_of_config
 from retromae.modeling.modeling_dupmae import DupMAEAnyEncoderModel, DupMAEForPretraining, DupMAEModel
 from retromae.modeling.pretraining_base import BertPretrainingBase
 from sentence_transformers import SentenceTransformer
@@ -32,7 +32,6 @@ from transformers import PreTrainedTokenizerBase
 
 from .core.arguments import start_command
 from .core.checkpoints import (
-    encoder_type_of_config,
     load_sentence_transformer,
     load_tokenizer,
     needs_remote_code,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from retromae.modeling.backbones import ModernBertBackbone, backbone_for
+from retromae.modeling.backbones import ModernBertBackbone, backbone_for, encoder_type_of_config
 from retromae.modeling.layers_dupmae import initial_dense_projection
 from retromae.modeling.st_dupmae import (
     DupMAEPooling,
@@ -50,7 +50,6 @@ from .core.cards import render_pretrained_card
 from .core.checkpoints import (
     encoder_from_state_dict,
     encoder_kwargs,
-    encoder_type_of_config,
     mlm_head_state,
     save_without_pooler,
 )

@@ -84,10 +84,7 @@ class EncoderNames:
         backbone = getattr(model, "backbone", None)
         if backbone is None:
             return cls()
-        encoder = model.base_model
-        last = backbone.last_layer(encoder)
-        path = next(name for name, module in encoder.named_modules() if module is last)  # e.g. "encoder.layer.1"
-        return cls(prefix=backbone.prefix, layers=path.rsplit(".", 1)[0])
+        return cls(prefix=backbone.prefix, layers=backbone.layers_name)
 
 
 BERT_NAMES = EncoderNames()

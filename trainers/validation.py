@@ -40,13 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from retromae.modeling.layers_dupmae import (
-    dense_and_ot_parts,
-    hybrid_embedding,
-    initial_dense_projection,
-    ordinary_token_mask,
-    sparse_top_k,
-)
+from retromae.modeling.layers_dupmae import initial_dense_projection
+from retromae.modeling.modeling_dupmae import hybrid_representation, representation_parts
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
@@ -201,11 +196,9 @@ def _dupmae_representation(model: nn.Module, hidden: torch.Tensor, input_ids: to
     the model's own (`head_parts`, any base)."""
     config = model.config
     weight = initial_dense_projection(config.hidden_size, config.dense_dim, config.dense_proj_seed).to(hidden)
-    keep = ordinary_token_mask(input_ids, attention_mask, config.special_token_ids)  # (B, L)
-    dense, mu = dense_and_ot_parts(hidden, keep, config.representation, lambda h: h @ weight.T,
-                                   model.head_parts(), config.ot_activation, config.loss_chunk_size)
-    top_k = config.doc_top_k if task == "document" else config.query_top_k
-    return hybrid_embedding(dense, sparse_top_k(mu, top_k, config.sparse_weight)[0])
+    dense, mu = representation_parts(config, hidden, input_ids, attention_mask, lambda h: h @ weight.T,
+                                     model.head_parts())
+    return hybrid_representation(config, dense, mu, task)
 
 
 def sentence_vectors(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from retromae.modeling.backbones import backbone_for
+from retromae.modeling.backbones import backbone_for, encoder_type_of_config
 from transformers import CONFIG_MAPPING, BertConfig
 
-from .checkpoints import encoder_type_of_config
 from .folders import FILE_SUFFIXES, is_hub_id, is_local_path, public_name
 from .io import write_json_atomic, write_text_atomic
 

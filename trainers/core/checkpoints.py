@@ -33,6 +33,7 @@ from retromae.modeling.backbones import (
     BertBackbone,
     ModernBertBackbone,
     backbone_for,
+    encoder_type_of_config,
 )
 from retromae.modeling.pretraining_base import ClsEncoderModel, QuietLoadReportMixin
 from retromae.modeling.st_dupmae import is_dupmae_pooling
@@ -147,15 +148,6 @@ def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrain
             f"into it, or use the model's tokenizer{hint or ' from elsewhere'}"
         )
     return tokenizer
-
-
-def encoder_type_of_config(config: Mapping[str, Any]) -> str:
-    """The base family (`model_type` of the base) of a config dict: a base's own `model_type`, else the method
-    config's `encoder_type` ("bert" when absent, as in every checkpoint written before the field existed)."""
-    model_type = config.get("model_type")
-    if model_type in SUPPORTED_ENCODER_TYPES:
-        return model_type
-    return config.get("encoder_type") or "bert"
 
 
 def base_config_of(config: Mapping[str, Any]) -> PretrainedConfig:
@@ -355,11 +347,6 @@ def _local_folder(path: str) -> Path:
         raise CheckpointError(f"cannot download {path}: {one_line_message(error)}") from None
 
 
-def _word_embeddings_key(backbone: type[BertBackbone]) -> str:
-    tail = "tok_embeddings" if backbone is ModernBertBackbone else "word_embeddings"
-    return f"embeddings.{tail}.weight"
-
-
 def mlm_head_state(backbone: type[BertBackbone], state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
     """The state dict of the family's MLM head module (`backbone.build_head`) from a checkpoint's weights, the
     tied output weight (and RoBERTa's tied decoder bias) filled in from the word embeddings (bias); None when the
@@ -375,7 +362,7 @@ def mlm_head_state(backbone: type[BertBackbone], state_dict: Mapping[str, torch.
     if transform_key not in weights:
         return None
     if "decoder.weight" not in weights:
-        embedding_key = _word_embeddings_key(backbone)
+        embedding_key = f"{backbone.word_embeddings_name}.weight"
         found = next((state_dict[k] for k in (f"{backbone.prefix}.{embedding_key}", embedding_key) if k in state_dict),
                      None)
         if found is None:
@@ -476,7 +463,6 @@ __all__ = [
     "default_model_dir",
     "encoder_from_state_dict",
     "encoder_kwargs",
-    "encoder_type_of_config",
     "mlm_head_state",
     "new_encoder",
     "position_offset",
