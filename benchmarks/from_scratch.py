@@ -26,7 +26,7 @@ machines join by copying their ledger files in; ``--report-only`` builds ``from_
 Budget. The step count is a flag: ``--steps N``, or ``--steps-from-probe PROBE.json --pretrain-seconds S``
 (the largest seconds per step of the probed arms, co-running as they will run, fits S). ``--probe`` measures that:
 every arm's pre-training for ``--probe-steps`` steps on a slice of the corpus, arms of a group side by side
-(``--groups mlm,retromae/dupmae,bow,seed``: the two GPU sessions of benchmarks/device/from_scratch.sh).
+(``--groups mlm,retromae,bow/dupmae,seed``: the two calls of benchmarks/device/from_scratch.sh).
 
     python benchmarks/from_scratch.py --tiny                          # CPU smoke: proves the plumbing, nothing else
     python benchmarks/from_scratch.py --probe                         # per-step time of every arm (GPU)
@@ -52,7 +52,7 @@ import common  # before torch: environment defaults
 from common import ENWIKI, RESULTS_DIR, ROOT, SCIFACT, Phases, log, read_json, settings_hash, weights_digest, write_json
 
 ARMS = ["mlm", "retromae", "dupmae", "bow", "seed"]
-GROUPS = "mlm,retromae/dupmae,bow,seed"  # the arms run side by side in one GPU call each
+GROUPS = "mlm,retromae,bow/dupmae,seed"  # the arms side by side in each of the two calls of one GPU session
 LABELS = {"mlm": "MLM only", "retromae": "RetroMAE (enhanced)", "dupmae": "DupMAE [CLS]",
           "dupmae_hybrid": "DupMAE hybrid [CLS ; OT]", "bow": "BoW prediction", "seed": "SEED-Encoder"}
 # the fine-tuned variants of an arm: the [CLS] encoder always, DupMAE's hybrid beside it
@@ -64,14 +64,15 @@ SIZES = {"minilm": common.SIZES["minilm"],
 COMMON = dict(init_seed=42, pretrain_seed=42, warmup=0.1, ft_negatives=7, parallel_seeds=1, probe_articles=400,
               workers=0, pretrain_timeout=None, stage_timeout=None)
 PRESETS = {
-    # a lent H100/H200, arms side by side; the step count comes from the first call's probe (--steps / --steps-from-probe)
+    # a lent H100/H200, arms side by side; the step count comes from the first call's probe (--steps / --steps-from-probe);
+    # fine-tuning in bf16 mixed precision (the papers fine-tune in fp16): in fp32, six took 280 s of the first call
     "gpu": dict(COMMON, size="minilm", max_seq_length=256, batch_size=128, pretrain_lr=5e-4, steps=None, bf16=True,
-                enwiki_articles=None, ft_batch_size=32, ft_max_seq_length=256, ft_lr=5e-5, ft_epochs=10,
+                enwiki_articles=None, ft_bf16=True, ft_batch_size=32, ft_max_seq_length=256, ft_lr=5e-5, ft_epochs=10,
                 coverage_docs=1000, seeds="42,43,44", probe_steps=60, parallel_seeds=3, workers=2),
     # CPU smoke run: a tiny model, a few steps, a mini SciFact; proves the plumbing and nothing about the methods
     "tiny": dict(COMMON, size="tiny", max_seq_length=64, batch_size=4, pretrain_lr=5e-4, steps=3, bf16=False,
-                 enwiki_articles=30, ft_batch_size=8, ft_max_seq_length=64, ft_lr=5e-5, ft_epochs=1, ft_negatives=3,
-                 coverage_docs=8, seeds="42,43", probe_steps=3, probe_articles=20),
+                 enwiki_articles=30, ft_bf16=False, ft_batch_size=8, ft_max_seq_length=64, ft_lr=5e-5, ft_epochs=1,
+                 ft_negatives=3, coverage_docs=8, seeds="42,43", probe_steps=3, probe_articles=20),
 }
 TINY_NOTE = ("--tiny smoke run: a tiny model, a few pre-training steps, a mini SciFact. These numbers prove "
              "nothing about the methods.")
@@ -240,7 +241,8 @@ def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: 
             "--num_train_epochs", str(cfg["ft_epochs"]), "--per_device_train_batch_size", str(cfg["ft_batch_size"]),
             "--max_seq_length", str(cfg["ft_max_seq_length"]), "--learning_rate", str(cfg["ft_lr"]),
             "--num_negatives", str(cfg["ft_negatives"]), "--seed", str(seed), "--report_to", "none",
-            "--disable_tqdm", "true", "--work_dir", str(work), "--eval_data", str(data), "--eval_split", "dev"]
+            "--disable_tqdm", "true", "--work_dir", str(work), "--eval_data", str(data), "--eval_split", "dev",
+            *(["--bf16", "true"] if cfg["ft_bf16"] else [])]
     run_cli("finetune", args, logf, cfg["stage_timeout"])
     stages = read_json(output / "retromae_finetune.json")["stages"]
     return {"stages": {s["stage"]: {k: s.get(k) for k in ("steps", "seconds", "examples", "train_loss")}
@@ -498,8 +500,8 @@ def markdown(payload: dict) -> str:
               f"{cfg['init_seed']} (weights {', '.join(init_digests) or '-'}), pre-trained on enwiki-sample + the "
               f"SciFact corpus, packed, L {cfg['max_seq_length']}, batch {cfg['batch_size']}, lr {cfg['pretrain_lr']} "
               f"(warm-up {cfg['warmup']}, linear decay), seed {cfg['pretrain_seed']}{', bf16' if cfg['bf16'] else ''}; "
-              f"fine-tuning (fp32) `retromae finetune --stages {STAGES}` on qrels/train.tsv ({cfg['ft_epochs']} epochs per "
-              f"stage, batch {cfg['ft_batch_size']}, L {cfg['ft_max_seq_length']}, lr {cfg['ft_lr']}, "
+              f"fine-tuning ({'bf16 mixed precision' if cfg['ft_bf16'] else 'fp32'}) `retromae finetune --stages "
+              f"{STAGES}` on qrels/train.tsv ({cfg['ft_epochs']} epochs per stage, batch {cfg['ft_batch_size']}, L {cfg['ft_max_seq_length']}, lr {cfg['ft_lr']}, "
               f"{cfg['ft_negatives']} mined negatives), seeds {cfg['seed_list']} (mean ± sample std); dev scores by "
               f"`retromae evaluate`. Nothing was tuned on dev.",
               f"Machines: {'; '.join(hardware) or '-'}. Arms run by: "

@@ -187,3 +187,24 @@ def test_tiny_two_arms_end_to_end(fs, shared_data, tmp_path):
     assert fs.main([*common, "--report-only"]) == 0
     again = json.loads((out / "from_scratch.json").read_text(encoding="utf-8"))
     assert again["arms"] == saved["arms"] and table.split("Report:")[0] == again["table_markdown"].split("Report:")[0]
+
+
+def test_gpu_preset_fine_tunes_in_bf16_and_the_tiny_one_in_fp32(fs, tmp_path, monkeypatch):
+    """The `retromae finetune` command of the GPU preset carries `--bf16 true` (bf16 mixed precision); the tiny
+    preset's (CPU) does not."""
+    commands = []
+
+    def capture(command, args, log_file, timeout=None, **kwargs):
+        commands.append((command, args))
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(fs, "run_cli", capture)
+    flags = {}
+    for preset in ([], ["--tiny"]):
+        _, cfg = fs.settings(fs.parse_args(preset))
+        with pytest.raises(RuntimeError, match="captured"):
+            fs.finetune(tmp_path / "start", tmp_path / "data", tmp_path / "out", cfg, 42, tmp_path / "log")
+        command, args = commands.pop()
+        assert command == "finetune"
+        flags[bool(preset)] = args[args.index("--bf16") + 1] if "--bf16" in args else None
+    assert flags == {False: "true", True: None}

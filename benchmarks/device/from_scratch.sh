@@ -3,22 +3,23 @@
 # (pre-train, coverage, zero-shot, fine-tune every seed, evaluate). Only metrics come back: the ledger of each arm,
 # the probe, the report and a log, copied to $OUT every 10 s. Prepared by from_scratch_prep.sh (run it first, here).
 #
-#   bash benchmarks/device/from_scratch.sh mlm,retromae          # session A
-#   bash benchmarks/device/from_scratch.sh dupmae,bow,seed       # session B
-#   SMOKE=1 bash benchmarks/device/from_scratch.sh mlm,dupmae    # the same flow on this CPU, --tiny, device versions
+#   DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae,bow   # call 1 of a session
+#   DEADLINE=... bash benchmarks/device/from_scratch.sh dupmae,seed         # call 2, on the still warm machine
+#   SMOKE=1 bash benchmarks/device/from_scratch.sh mlm,retromae,bow         # the same flow on this CPU, --tiny
 #
-# STEPS: a number, or `auto` (default): the steps of the ledger's finished arms (session B continues session A's
-# budget), else the probe's (benchmarks/results/from_scratch_probe.json, run now if absent) for PRETRAIN_SECONDS.
+# STEPS: a number, or `auto` (default): the steps of the ledger's finished arms (call 2 continues call 1's budget),
+# else the probe's (benchmarks/results/from_scratch_probe.json, run now if absent) for PRETRAIN_SECONDS.
 # DEADLINE: seconds from the start after which every arm is stopped, so the last copy and the report still come.
+# An arm stopped by it continues in a later call from its ledger (and, on the same machine, its pre-training).
 set -uo pipefail
 ARMS=${1:?arms, e.g. mlm,retromae}
 STEPS=${STEPS:-auto}
 PRETRAIN_SECONDS=${PRETRAIN_SECONDS:-150}
-PROBE_ARMS=${PROBE_ARMS:-dupmae,bow,seed}  # the binding group: session B's three arms, side by side
+PROBE_ARMS=${PROBE_ARMS:-dupmae,bow,seed}  # the first session's binding group (its probe is committed)
 DEADLINE=${DEADLINE:-$([ "${SMOKE:-0}" = 1 ] && echo 3000 || echo 520)}
 PARALLEL=${PARALLEL:-$([ "${SMOKE:-0}" = 1 ] && echo 2 || echo 6)}  # fine-tunings of one arm side by side
 START=$(date +%s)
-touch /tmp/fs_start  # a probe made by this call is newer (one made in session A is committed for session B)
+touch /tmp/fs_start  # a probe made by this call is newer than this file (a committed one is older)
 left() { local n=$((DEADLINE - ($(date +%s) - START) - ${1:-0})); echo $((n > 30 ? n : 30)); }
 if [ "${SMOKE:-0}" = 1 ]; then  # this machine: the device's package versions (from_scratch_prep.sh SMOKE=1), --tiny
   C=${CARRY:-.dev/fs-smoke}; OUT=${OUT:-/tmp/fs_smoke_out}; SITE=/tmp/fs_smoke_site; SHIM=/tmp/fs_smoke_shim
@@ -93,7 +94,7 @@ save() {
     --format=csv,noheader >> "$OUT/gpu.csv"
 }
 
-# the step budget: the ledger's (session B), else the probe's
+# the step budget: the ledger's (call 2), else the probe's
 if [ "$STEPS" = auto ]; then
   STEPS=$("${PY[@]}" -c "
 import json, pathlib

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,7 @@ def encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, 
 bert_encoder_from_state_dict = encoder_from_state_dict  # the name from before other families were supported
 
 
+@cache  # made once per base class, not at every load
 def _quiet_encoder_class(model_class: type) -> type:
     """`model_class` whose `from_pretrained` of a pre-training checkpoint (encoder under the base's prefix) shows no
     load-report table for the heads it leaves out."""
