@@ -125,7 +125,6 @@ done
 while [ -n "$(jobs -rp)" ]; do sleep 10; save; done  # (no bare `wait`: it would wait for tee's pipe too)
 save
 "${PY[@]}" benchmarks/from_scratch.py --report-only "${PRESET[@]}" > /dev/null 2>&1
-cp "$RESULTS/from_scratch.json" "$OUT/" 2>/dev/null  # at most 8 files come back: the table is in its JSON
 for a in ${ARMS//,/ }; do echo "== $a"; tail -4 "/tmp/fs_$a.log"; done
-cat "$RESULTS/from_scratch.md" 2>/dev/null
+cat "$RESULTS/from_scratch.md" 2>/dev/null  # the table, into log.txt (at most 8 files come back: 5 ledgers and 3 logs)
 echo "done in $(( $(date +%s) - START )) s"
