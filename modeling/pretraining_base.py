@@ -214,13 +214,10 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     gradient accumulation itself.
     """
 
-    base_model_prefix = "bert"
+    base_model_prefix = BertBackbone.prefix  # BERT's; another base sets its own on the instance (`__init__`)
     accepts_loss_kwargs = False
     supports_gradient_checkpointing = True
-    _tied_weights_keys = {
-        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-        "cls.predictions.decoder.bias": "cls.predictions.bias",
-    }
+    _tied_weights_keys = BertBackbone.tied_weights_keys(f"{BertBackbone.prefix}.")
     encoder_class: type = ClsEncoderModel  # the `AutoModel` on a BERT base
     any_encoder_class: type = AnyEncoderModel  # the `AutoModel` on any other base
     # state-dict prefixes of the method's own new modules (reported as missing when starting from plain BERT)

@@ -53,29 +53,28 @@ def _batch(tokenizer, max_length: int = 128):
     return tokenizer(TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
 
 
-@pytest.fixture(scope="module")
-def retromae_checkpoints(request, tmp_path_factory) -> dict[str, tuple[RetroMAEForPretraining, Path]]:
-    """family -> (RetroMAEForPretraining on the tiny base, its saved checkpoint folder)."""
+def _checkpoints(request, tmp_path_factory, name: str, build) -> dict:
+    """family -> (`build(base)` on the tiny base, in eval mode, seeded alike; its saved checkpoint folder)."""
     out = {}
     for family in FAMILIES:
         base = _base(request, family)
         torch.manual_seed(0)
-        model = RetroMAEForPretraining.from_encoder_checkpoint(base).eval()
-        folder = _save(model, load_tokenizer(base), tmp_path_factory.mktemp(f"retromae-{family}") / "checkpoint-5")
+        model = build(base).eval()
+        folder = _save(model, load_tokenizer(base), tmp_path_factory.mktemp(f"{name}-{family}") / "checkpoint-5")
         out[family] = (model, folder)
     return out
+
+
+@pytest.fixture(scope="module")
+def retromae_checkpoints(request, tmp_path_factory) -> dict[str, tuple[RetroMAEForPretraining, Path]]:
+    """family -> (RetroMAEForPretraining on the tiny base, its saved checkpoint folder)."""
+    return _checkpoints(request, tmp_path_factory, "retromae", RetroMAEForPretraining.from_encoder_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def dupmae_checkpoints(request, tmp_path_factory) -> dict[str, tuple[DupMAEForPretraining, Path]]:
-    out = {}
-    for family in FAMILIES:
-        base = _base(request, family)
-        torch.manual_seed(0)
-        model = DupMAEForPretraining.from_encoder_checkpoint(base, dense_dim=16, doc_top_k=20, query_top_k=40).eval()
-        folder = _save(model, load_tokenizer(base), tmp_path_factory.mktemp(f"dupmae-{family}") / "checkpoint-5")
-        out[family] = (model, folder)
-    return out
+    return _checkpoints(request, tmp_path_factory, "dupmae", lambda base: DupMAEForPretraining.from_encoder_checkpoint(
+        base, dense_dim=16, doc_top_k=20, query_top_k=40))
 
 
 def _assert_plain_base_folder(folder: Path, family: str) -> None:

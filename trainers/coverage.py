@@ -96,22 +96,25 @@ def _encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
 
 
 def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The trained MLM head, hidden states -> vocabulary logits, of a module (a pre-training model's `head_parts`, or
-    the `cls` of a `BertForMaskedLM`) or of a checkpoint (`core.checkpoints.load_mlm_head`, any supported base)."""
-    if not isinstance(model_or_path, nn.Module):
-        return load_mlm_head(model_or_path, hint=LM_HEAD_HINT)
-    model = model_or_path
-    if callable(getattr(model, "head_parts", None)):
+    """The trained MLM head as h (B, H) -> float32 vocabulary scores (B, V): a pre-training model's `head_parts`, the
+    `cls` of a `BertForMaskedLM`, or a checkpoint's head (`core.checkpoints.load_mlm_head`, any supported base)."""
+    if isinstance(model_or_path, nn.Module) and callable(getattr(model_or_path, "head_parts", None)):
+        model = model_or_path
+
         def project(h: torch.Tensor) -> torch.Tensor:
             model.mlm_head.to(h.device)  # the encoder alone was moved to the run's device
             transform, weight, bias = model.head_parts()
-            return nn.functional.linear(transform(h.to(weight.dtype)), weight, bias)
+            return nn.functional.linear(transform(h.to(weight.dtype)), weight, bias).float()
 
         return project
-    head = getattr(model, "cls", None)
-    if head is None:
-        raise CoverageError(f"{type(model).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
-    return head
+    if isinstance(model_or_path, nn.Module):
+        head = getattr(model_or_path, "cls", None)
+        if head is None:
+            raise CoverageError(f"{type(model_or_path).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
+    else:
+        head = load_mlm_head(model_or_path, hint=LM_HEAD_HINT)
+    head = head.eval()
+    return lambda h: head.to(h.device)(h.to(next(head.parameters()).dtype)).float()
 
 
 def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -120,11 +123,7 @@ def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[
         embedding_matrix = encoder.get_input_embeddings().weight
         return lambda h: h.float() @ embedding_matrix.float().t()  # h · Eᵀ
     if projection == "lm_head":
-        head = _lm_head(model_or_path)
-        if not isinstance(head, nn.Module):  # a pre-training model's own head
-            return lambda h: head(h).float()
-        head = head.eval()
-        return lambda h: head.to(h.device)(h.to(next(head.parameters()).dtype)).float()
+        return _lm_head(model_or_path)
     raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
 
 

@@ -167,14 +167,6 @@ def _config_fields(config_class: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(config_class)) - {"architectures", "transformers_version"}
 
 
-def new_encoder(config: PretrainedConfig) -> nn.Module:
-    """The base's plain model for a base config (`base_config_of`), without a pooler where the family has one."""
-    backbone = backbone_for(config.model_type)
-    if backbone.has_pooler:
-        return backbone.model_class(config, add_pooling_layer=False)
-    return backbone.model_class(config)
-
-
 def encoder_kwargs(model_type: str | None) -> dict[str, Any]:
     """`model_kwargs` / `from_pretrained` keywords that build a base's plain model without its pooler: only for a
     family whose model has one (ModernBertModel takes no `add_pooling_layer`)."""
@@ -212,9 +204,10 @@ def encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, 
         CheckpointError: the encoder weights do not match the config (missing, unexpected or mis-shaped).
     """
     base_config = base_config_of(config)
+    backbone = backbone_for(base_config.model_type)
     if prefix is None:
-        prefix = f"{backbone_for(base_config.model_type).prefix}."
-    encoder = new_encoder(base_config)
+        prefix = f"{backbone.prefix}."
+    encoder = backbone.build_encoder(base_config)
     weights = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     expected = set(encoder.state_dict())
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
@@ -466,7 +459,6 @@ __all__ = [
     "encoder_from_state_dict",
     "encoder_kwargs",
     "mlm_head_state",
-    "new_encoder",
     "position_offset",
     "usable_positions",
     "is_dupmae_model",
