@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import errno
+import resource
+import signal
+import subprocess
+import sys
 
 import pytest
 from retromae.trainers import cli
@@ -96,10 +100,11 @@ def test_renamed_finetune_loss_weights_still_read_with_a_warning(monkeypatch, ca
     ("command", "error", "expected"),
     [
         ("pretrain", OSError(errno.ENOSPC, "No space left on device", "out/checkpoint-6/model.safetensors"),
-         "no space left on device while writing out/checkpoint-6/model.safetensors; free space, then continue with "
-         "--resume-from-checkpoint last"),
+         "no space left on device while writing out/checkpoint-6/model.safetensors; free space, then run the command "
+         "again with --resume-from-checkpoint last if it saved a checkpoint"),
         ("finetune", OSError(errno.EDQUOT, "Disk quota exceeded"),
-         "disk quota exceeded while writing; free space, then continue with --resume-from-checkpoint last"),
+         "disk quota exceeded while writing; free space, then run the command again with --resume-from-checkpoint "
+         "last if it saved a checkpoint"),
         ("export", OSError(errno.ENOSPC, "No space left on device", "out/model.safetensors"),
          "no space left on device while writing out/model.safetensors; free space, then run the command again"),
     ],
@@ -128,6 +133,34 @@ def test_a_full_disk_behind_another_error_is_recognised(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_command", lambda name: _command_raising(text_only))
     assert cli.main(["pretrain"]) == 2
     assert capsys.readouterr().err.startswith("retromae pretrain: error: no space left on device while writing; ")
+
+
+def test_a_write_that_torch_save_loses_the_errno_of_is_one_line_and_the_run_starts_again(tiny_bert, corpus, tmp_path):
+    """torch.save writes through a C++ stream: a refused write raises a RuntimeError ("unexpected pos") without its
+    errno, which HEAD printed as a traceback. A real refusal here: a file-size limit above the model's size and below
+    its optimizer state's, so the checkpoint's optimizer.pt is what fails."""
+    limit = int((tiny_bert / "model.safetensors").stat().st_size * 1.5)
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails (EFBIG) instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    command = [sys.executable, "-m", "retromae.trainers.cli", "pretrain", "--model", str(tiny_bert), "--corpus",
+               str(corpus), "--output-dir", "out", "--max-seq-length", "32", "--per-device-train-batch-size", "2",
+               "--max-steps", "2", "--save-steps", "2", "--use-cpu", "true", "--disable-tqdm", "true",
+               "--no-export", "true"]
+    refused = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             preexec_fn=limit_file_size)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("retromae pretrain: error: torch.save could not write a file ([enforce fail"), line
+    assert line.endswith("free space, then run the command again with --resume-from-checkpoint last if it saved a "
+                         "checkpoint"), line
+    assert not list(tmp_path.glob("out/*checkpoint-2*")), "no half-written checkpoint, no build folder"
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "out" / "checkpoint-2" / "optimizer.pt").is_file()
 
 
 def test_other_os_errors_and_debug_keep_the_traceback(monkeypatch):

@@ -1,8 +1,9 @@
 """The `retromae` command line: the table of commands and `main()`. Each command is a driver's function
 `(argv) -> exit status`, imported only when the command runs (`retromae pretrain` lives in `pretrain.py`, ...).
 
-A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) and a full disk
-(ENOSPC, EDQUOT) are printed as one line with exit status 2; any other exception is a bug and keeps its traceback
+A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) and a write
+that the disk refused (ENOSPC, EDQUOT, EFBIG, or torch.save's write failure) are printed as one line with exit
+status 2; any other exception is a bug and keeps its traceback
 (`RETROMAE_DEBUG=1` shows it for those too).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -34,8 +36,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# what a full disk (or a used-up quota) raises, as the line names it; the commands that resume from a checkpoint
-DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+# what a full disk, a used-up quota or a file-size limit raises, as the line names it
+DISK_FULL = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for the file system or the file-size limit (ulimit -f)",
+}
+# torch.save writes through a C++ stream that loses the errno: these are its texts for a refused write
+TORCH_WRITE_FAILED = re.compile(r"PytorchStreamWriter failed writing|inline_container\.cc.*unexpected pos|iostream error")
+# the commands that resume from a checkpoint
 RESUMABLE = frozenset({"pretrain", "finetune"})
 
 
@@ -68,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def disk_full_message(error: BaseException, command: str) -> str | None:
-    """One line for a disk that filled up (ENOSPC, EDQUOT) while `command` wrote, or None for any other error.
+    """One line for a write the disk refused (`DISK_FULL`) while `command` ran, or None for any other error.
 
-    The error or one it was raised from must be an `OSError` with that errno, or carry the system's text for it
-    (safetensors reports a Rust I/O error as text). Checkpoints are written atomically, so `pretrain` and `finetune`
-    continue from their last complete one.
+    The error or one it was raised from must be an `OSError` with such an errno, carry the system's text for it
+    (safetensors reports a Rust I/O error as text), or be torch.save's write failure, which names no cause.
+    Checkpoints are written atomically, so `pretrain` and `finetune` continue from their last complete one.
     """
+    then = "run the command again"
+    if command in RESUMABLE:
+        then += " with --resume-from-checkpoint last if it saved a checkpoint"
     seen: set[int] = set()
     while error is not None and id(error) not in seen:  # the error, then what it was raised from
         seen.add(id(error))
@@ -81,8 +93,10 @@ def disk_full_message(error: BaseException, command: str) -> str | None:
         code = code or next((c for c in DISK_FULL if os.strerror(c) in str(error)), None)
         if code in DISK_FULL:
             name = getattr(error, "filename", None)
-            then = "continue with --resume-from-checkpoint last" if command in RESUMABLE else "run the command again"
             return f"{DISK_FULL[code]} while writing{f' {name}' if name else ''}; free space, then {then}"
+        if TORCH_WRITE_FAILED.search(str(error)):
+            return (f"torch.save could not write a file ({one_line_message(error)}): most likely the disk is full or "
+                    f"a file-size limit was reached; free space, then {then}")
         error = error.__cause__ or error.__context__
     return None
 
