@@ -10,7 +10,7 @@ is built from it directly and follows its `_attn_implementation`.
 Hub remote code: torch/transformers only, relative imports for our own files.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -53,9 +53,15 @@ class BertBackbone:
     has_position_table = True
     takes_token_type_ids = True
 
-    # the base checkpoint's head keys that our names do not match (the pre-training model loads them through
-    # `load_base_head`): quiet in the load report
-    base_head_keys: tuple[str, ...] = ()
+    # the MLM head's state-dict names (`build_head`): its transform's dense and norm layers, its output layer, and
+    # the head's own output bias tied to the output layer's (None: the output layer's bias only)
+    head_dense = "predictions.transform.dense."
+    head_norm = "predictions.transform.LayerNorm."
+    head_decoder = "predictions.decoder."
+    head_bias: str | None = "predictions.bias"
+    # the prefixes of a base masked-LM checkpoint's head where they are not `{head_name}.` (it loads through
+    # `load_base_head`); quiet in the load report
+    base_head_prefixes: tuple[str, ...] = ()
 
     @classmethod
     def prepare_config(cls, config) -> None:
@@ -66,6 +72,39 @@ class BertBackbone:
         """Loads the base checkpoint's MLM head into `head` where our names differ from the base's; False when
         the names match (the head loaded with the encoder) or the checkpoint has none."""
         return False
+
+    @classmethod
+    def head_state(cls, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """The state dict of `build_head`'s module from a checkpoint's weights (`{head_name}.*`, else the base's
+        own `base_head_prefixes`), the tied output weight filled in from the word embeddings (at `{prefix}.` or at
+        the top, as an encoder checkpoint holds them) and the tied biases from each other; None when the weights
+        hold no trained head."""
+        head_prefix = f"{cls.head_name}."
+        weights = {k[len(head_prefix):]: v for k, v in state_dict.items() if k.startswith(head_prefix)}
+        if not weights and cls.base_head_prefixes:
+            weights = {k: v for k, v in state_dict.items() if k.startswith(cls.base_head_prefixes)}
+        if f"{cls.head_dense}weight" not in weights:
+            return None
+        decoder_weight, decoder_bias = f"{cls.head_decoder}weight", f"{cls.head_decoder}bias"
+        if decoder_weight not in weights:
+            embeddings = f"{cls.word_embeddings_name}.weight"
+            found = next((state_dict[k] for k in (f"{cls.prefix}.{embeddings}", embeddings) if k in state_dict), None)
+            if found is None:
+                return None
+            weights[decoder_weight] = found
+        if cls.head_bias is not None:
+            bias = weights.get(cls.head_bias, weights.get(decoder_bias))
+            if bias is None:
+                return None
+            weights.setdefault(cls.head_bias, bias)
+            weights.setdefault(decoder_bias, bias)
+        return weights
+
+    @classmethod
+    def head_options(cls, config: Mapping) -> dict:
+        """The MLM-head transform's activation and norm epsilon (and, where a family sets them, its biases) from a
+        config dict, as `DupMAEPooling` takes them."""
+        return {"hidden_act": config.get("hidden_act", "gelu"), "layer_norm_eps": config.get("layer_norm_eps", 1e-12)}
 
     @classmethod
     def build_encoder(cls, config) -> nn.Module:
@@ -132,6 +171,14 @@ class RobertaBackbone(BertBackbone):
     head_name = "lm_head"
     model_class = RobertaModel
     head_class: type = RobertaLMHead
+    head_dense = "dense."
+    head_norm = "layer_norm."
+    head_decoder = "decoder."
+    head_bias = "bias"
+
+    @classmethod
+    def head_options(cls, config: Mapping) -> dict:
+        return {"hidden_act": "gelu", "layer_norm_eps": config.get("layer_norm_eps", 1e-12)}  # RobertaLMHead: GELU
 
     @classmethod
     def build_head(cls, config) -> nn.Module:
@@ -206,19 +253,32 @@ class ModernBertBackbone(BertBackbone):
     has_pooler = False
     has_position_table = False
     takes_token_type_ids = False
-    base_head_keys = (r"^head\.", r"^decoder\.(weight|bias)$")
+    head_dense = "head.dense."
+    head_norm = "head.norm."
+    head_decoder = "decoder."
+    head_bias = None
+    base_head_prefixes = ("head.", "decoder.weight", "decoder.bias")  # not `decoder.`: the methods' decoders
 
     @classmethod
     def load_base_head(cls, head: nn.Module, model_name_or_path) -> bool:
         # ModernBertForMaskedLM's `head` and `decoder` are `lm_head.head` / `lm_head.decoder` here (`decoder` is
         # the methods' own); the base's class loads them under its names
         base, info = ModernBertForMaskedLM.from_pretrained(model_name_or_path, output_loading_info=True)
-        if any(k.startswith(("head.", "decoder.")) for k in info["missing_keys"]):
+        if any(k.startswith(cls.base_head_prefixes) for k in info["missing_keys"]):
             return False
-        head.head.load_state_dict(base.head.state_dict())
-        if base.decoder.bias is not None:
-            head.decoder.bias.data.copy_(base.decoder.bias.data)
+        state = cls.head_state(base.state_dict())
+        state[f"{cls.head_decoder}weight"] = head.decoder.weight  # tied to the word embeddings, loaded with them
+        head.load_state_dict(state)
         return True
+
+    @classmethod
+    def head_options(cls, config: Mapping) -> dict:
+        return {
+            "hidden_act": config.get("classifier_activation", "gelu"),
+            "layer_norm_eps": config.get("norm_eps", 1e-5),
+            "head_dense_bias": bool(config.get("classifier_bias", False)),
+            "head_norm_bias": bool(config.get("norm_bias", False)),
+        }
 
     @classmethod
     def prepare_config(cls, config) -> None:

@@ -225,7 +225,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     # new when starting from BERT (no load-report table): the decoders, and the MLM head of a bare BertModel
     # (`from_encoder_checkpoint` logs what was initialised); BERT's pooler and NSP head are left out
     quiet_missing_keys = (r"^decoder\.", r"^cls\.predictions\.", r"^lm_head\.")
-    quiet_unexpected_keys = (*UNUSED_BERT_KEYS, *(k for b in BACKBONES for k in b.base_head_keys))
+    quiet_unexpected_keys = (*UNUSED_BERT_KEYS, *(f"^{re.escape(k)}" for b in BACKBONES for k in b.base_head_prefixes))
     # the method's own batch keys, beyond the five every method takes
     method_input_names: tuple[str, ...] = ()
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from retromae.modeling.backbones import ModernBertBackbone, backbone_for, encoder_type_of_config
+from retromae.modeling.backbones import BertBackbone, backbone_for, encoder_type_of_config
 from retromae.modeling.layers_dupmae import initial_dense_projection
 from retromae.modeling.st_dupmae import (
     DupMAEPooling,
@@ -50,7 +50,6 @@ from .core.cards import render_pretrained_card
 from .core.checkpoints import (
     encoder_from_state_dict,
     encoder_kwargs,
-    mlm_head_state,
     save_without_pooler,
 )
 from .export_cls import ExportError, ExportRequest
@@ -83,68 +82,23 @@ Johnson-Lindenstrauss map drawn from the checkpoint config's `dense_proj_seed`, 
 """
 
 
-def head_transform_options(config: Mapping[str, Any]) -> dict[str, Any]:
-    """`DupMAEPooling`'s MLM-head transform settings for the checkpoint's family: BERT's `hidden_act` and
-    `layer_norm_eps`; RoBERTa / XLM-R: GELU (`RobertaLMHead` always applies it) and `layer_norm_eps`; ModernBERT:
-    `classifier_activation`, `norm_eps`, and its head's biases (`classifier_bias`, `norm_bias`)."""
-    backbone = backbone_for(encoder_type_of_config(config))
-    if backbone is ModernBertBackbone:
-        return {
-            "hidden_act": config.get("classifier_activation", "gelu"),
-            "layer_norm_eps": config.get("norm_eps", 1e-5),
-            "head_dense_bias": bool(config.get("classifier_bias", False)),
-            "head_norm_bias": bool(config.get("norm_bias", False)),
-        }
-    hidden_act = config.get("hidden_act", "gelu") if backbone.head_name == "cls" else "gelu"
-    return {"hidden_act": hidden_act, "layer_norm_eps": config.get("layer_norm_eps", 1e-12)}
-
-
-def _bert_head_weights(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """BERT's `cls.predictions.*` (+ the tied word embeddings) under `DupMAEPooling`'s names."""
-    head = "cls.predictions."
-    word_embeddings = next(
-        (
-            state_dict[k]
-            for k in ("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight")
-            if k in state_dict
-        ),
-        None,
-    )
-    decoder_weight = state_dict.get(head + "decoder.weight", word_embeddings)  # tied: often stored once
-    missing = [k for k in (head + "transform.dense.weight", head + "bias") if k not in state_dict]
-    if decoder_weight is None or missing:
-        raise ExportError(
-            f"the weights have no MLM head for the OT representation (missing {missing or ['word embeddings']})"
-        )
-    weights = {k[len(head) :]: v for k, v in state_dict.items() if k.startswith(head + "transform.")}
-    weights["decoder_weight"] = decoder_weight
-    weights["decoder_bias"] = state_dict[head + "bias"]
-    return weights
-
-
-def _family_head_weights(backbone: type, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A RoBERTa / XLM-R (`lm_head.dense`, `lm_head.layer_norm`, `lm_head.bias`) or ModernBERT (`lm_head.head.dense`,
-    `lm_head.head.norm`, `lm_head.decoder.bias`) MLM head, its output weight tied to the word embeddings, under
-    `DupMAEPooling`'s names (`transform.dense`, `transform.LayerNorm`, `decoder_weight`, `decoder_bias`)."""
-    head = mlm_head_state(backbone, state_dict)
+def _head_weights(backbone: type[BertBackbone], state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's MLM head (`backbone.head_state`) under `DupMAEPooling`'s names (`transform.dense.*`,
+    `transform.LayerNorm.*`, `decoder_weight`, `decoder_bias`)."""
+    head = backbone.head_state(state_dict)
     if head is None:
         raise ExportError(
             f"the weights have no {backbone.display_name} MLM head for the OT representation "
             f"({backbone.head_name}.* or the word embeddings missing)"
         )
-    if backbone is ModernBertBackbone:
-        dense, norm = "head.dense.", "head.norm."
-        decoder_weight = head["decoder.weight"]
-        decoder_bias = head.get("decoder.bias")
-        if decoder_bias is None:  # decoder_bias=False: no bias, i.e. zeros
-            decoder_bias = torch.zeros(decoder_weight.shape[0], dtype=decoder_weight.dtype)
-    else:
-        dense, norm = "dense.", "layer_norm."
-        decoder_weight, decoder_bias = head["decoder.weight"], head["bias"]
-    weights = {f"transform.dense.{k[len(dense):]}": v for k, v in head.items() if k.startswith(dense)}
-    weights.update({f"transform.LayerNorm.{k[len(norm):]}": v for k, v in head.items() if k.startswith(norm)})
-    weights["decoder_weight"] = decoder_weight
-    weights["decoder_bias"] = decoder_bias
+    weights = {}
+    for ours, theirs in (("transform.dense.", backbone.head_dense), ("transform.LayerNorm.", backbone.head_norm)):
+        weights.update({ours + k[len(theirs):]: v for k, v in head.items() if k.startswith(theirs)})
+    weights["decoder_weight"] = head[f"{backbone.head_decoder}weight"]
+    bias = head.get(backbone.head_bias or f"{backbone.head_decoder}bias")
+    if bias is None:  # ModernBERT's decoder_bias=False: no bias, i.e. zeros
+        bias = torch.zeros(weights["decoder_weight"].shape[0], dtype=weights["decoder_weight"].dtype)
+    weights["decoder_bias"] = bias
     return weights
 
 
@@ -177,14 +131,11 @@ def build_dupmae_pooling(
         ot_activation=config.get("ot_activation", "none"),
         sparse_weight=config.get("sparse_weight", 1.0),
         chunk_size=config.get("loss_chunk_size", 4096),
-        **head_transform_options(config),
+        **backbone.head_options(config),
     )
     weights: dict[str, torch.Tensor] = {}
     if pooling.has_sparse:
-        if backbone.head_name == "cls":
-            weights.update(_bert_head_weights(state_dict))
-        else:
-            weights.update(_family_head_weights(backbone, state_dict))
+        weights.update(_head_weights(backbone, state_dict))
     if pooling.dense_proj is not None:
         if "dense_proj.weight" in state_dict and tuple(state_dict["dense_proj.weight"].shape) == (
             pooling.dense_dim,

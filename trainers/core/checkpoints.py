@@ -32,7 +32,6 @@ from huggingface_hub import snapshot_download
 from retromae.modeling.backbones import (
     SUPPORTED_ENCODER_TYPES,
     BertBackbone,
-    ModernBertBackbone,
     backbone_for,
     encoder_type_of_config,
 )
@@ -322,7 +321,7 @@ def load_mlm_head(path_or_id: str | os.PathLike, *, hint: str = "") -> nn.Module
     state_dict = read_state_dict(_local_folder(path))
     base_config = base_config_of(config)
     head = backbone.build_head(base_config)
-    weights = mlm_head_state(backbone, state_dict)
+    weights = backbone.head_state(state_dict)
     if weights is None:
         raise CheckpointError(f"{path_or_id} has no trained MLM head ({backbone.head_name}.* not in its weights){hint}")
     try:
@@ -340,36 +339,6 @@ def _local_folder(path: str) -> Path:
         return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors"]))
     except Exception as error:  # offline, unknown id
         raise CheckpointError(f"cannot download {path}: {one_line_message(error)}") from None
-
-
-def mlm_head_state(backbone: type[BertBackbone], state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """The state dict of the family's MLM head module (`backbone.build_head`) from a checkpoint's weights, the
-    tied output weight (and RoBERTa's tied decoder bias) filled in from the word embeddings (bias); None when the
-    weights hold no trained head. Accepts our pre-training / DupMAE encoder checkpoints (`{head_name}.*`) and the
-    bases' masked-LM checkpoints (ModernBertForMaskedLM's `head.*` / `decoder.*`).
-
-    Not for BERT (`BertForMaskedLM` loads that one)."""
-    head_prefix = f"{backbone.head_name}."
-    weights = {k[len(head_prefix):]: v for k, v in state_dict.items() if k.startswith(head_prefix)}
-    if backbone is ModernBertBackbone and not weights:  # a base ModernBertForMaskedLM: `head.*`, `decoder.*`
-        weights = {k: v for k, v in state_dict.items() if k.startswith(("head.", "decoder."))}
-    transform_key = "head.dense.weight" if backbone is ModernBertBackbone else "dense.weight"
-    if transform_key not in weights:
-        return None
-    if "decoder.weight" not in weights:
-        embedding_key = f"{backbone.word_embeddings_name}.weight"
-        found = next((state_dict[k] for k in (f"{backbone.prefix}.{embedding_key}", embedding_key) if k in state_dict),
-                     None)
-        if found is None:
-            return None
-        weights["decoder.weight"] = found
-    if backbone is not ModernBertBackbone:  # RobertaLMHead: `bias` is the decoder's bias
-        if "bias" not in weights and "decoder.bias" in weights:
-            weights["bias"] = weights["decoder.bias"]
-        if "bias" not in weights:
-            return None
-        weights.setdefault("decoder.bias", weights["bias"])
-    return weights
 
 
 def needs_remote_code(folder: str | os.PathLike) -> bool:
@@ -458,7 +427,6 @@ __all__ = [
     "default_model_dir",
     "encoder_from_state_dict",
     "encoder_kwargs",
-    "mlm_head_state",
     "position_offset",
     "usable_positions",
     "is_dupmae_model",
