@@ -135,7 +135,7 @@ def test_a_full_disk_behind_another_error_is_recognised(monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("retromae pretrain: error: no space left on device while writing; ")
 
 
-def test_a_write_that_torch_save_loses_the_errno_of_is_one_line_and_the_run_starts_again(tiny_bert, corpus, tmp_path):
+def test_a_write_that_torch_save_loses_the_errno_of_is_one_line(tiny_bert, corpus, tmp_path):
     """torch.save writes through a C++ stream: a refused write raises a RuntimeError ("unexpected pos") without its
     errno, which HEAD printed as a traceback. A real refusal here: a file-size limit above the model's size and below
     its optimizer state's, so the checkpoint's optimizer.pt is what fails."""
@@ -158,9 +158,6 @@ def test_a_write_that_torch_save_loses_the_errno_of_is_one_line_and_the_run_star
     assert line.endswith("free space, then run the command again with --resume-from-checkpoint last if it saved a "
                          "checkpoint"), line
     assert not list(tmp_path.glob("out/*checkpoint-2*")), "no half-written checkpoint, no build folder"
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert (tmp_path / "out" / "checkpoint-2" / "optimizer.pt").is_file()
 
 
 def test_other_os_errors_and_debug_keep_the_traceback(monkeypatch):

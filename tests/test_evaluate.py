@@ -298,7 +298,7 @@ def _read_scifact_dev_directly(folder):
     return corpus, {q: queries[q] for q in qrels}, qrels
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_minilm_scifact_dev_equals_mteb(minilm_dir, shared_data, tmp_path, encode_once):
     """all-MiniLM-L6-v2 as shipped (mean pooling + Normalize, cosine) on SciFact dev (all 200 queries, a 1/5 corpus):
     `retromae evaluate` == `mteb.evaluate(SentenceTransformer(minilm), <local SciFact dev task>)` == NDCG@10 by hand.

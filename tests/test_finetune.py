@@ -331,6 +331,7 @@ dist.destroy_process_group()  # exiting with a live gloo group can abort a rank 
 """
 
 
+@pytest.mark.long
 def test_ddp_contrastive_loss_uses_the_global_batch(tmp_path):
     """Under DDP (2 processes, gloo) each rank's in-batch negatives are all 8 documents of the global batch, with its
     own queries at the global-rank offset: the mean of the ranks' losses equals the single-process loss over the

@@ -153,7 +153,7 @@ def test_bad_recipe_values_get_one_line(flag, value, expected, tiny_bert, corpus
     assert expected in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_head_warmup_under_two_process_ddp(run_cli_in_two_processes, tiny_bert, corpus, tmp_path):
     """Under DDP the frozen set must not change after wrapping: the encoder's gradients are dropped instead."""
 

@@ -43,6 +43,7 @@ def retromae_script() -> str:
     return str(Path(sys.executable).parent / "retromae")
 
 
+@pytest.mark.long
 def test_readme_resume_line_after_sigkill_restores_the_run(tiny_bert, corpus, tmp_path):
     assert README_RESUME_LINE in README.read_text(encoding="utf-8"), "the README's resume line changed"
     out = tmp_path / "out" / "retromae"

@@ -420,7 +420,7 @@ def test_bad_stage2_input_gets_one_clear_line(tiny_bert, corpus, pairs_file, tmp
     assert expected in err.replace(str(tmp_path) + os.sep, "") and "Traceback" not in err
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_stage2_two_process_ddp_on_cpu(run_cli_in_two_processes, stage1_checkpoint, corpus, tmp_path):
 
     out = tmp_path / "ddp"
