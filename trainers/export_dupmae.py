@@ -17,12 +17,7 @@ Load it with `SentenceTransformer(path, trust_remote_code=True)`; `encode_query`
 `encode_document` its top-k, and `similarity` (dot) is the paper's eq. 12 score. The folder needs
 sentence-transformers >= 6 (the module subclasses `sentence_transformers.base.modules.Module`).
 
-Re-saving: sentence-transformers 6.2 copies a remote-code module's file into the module's subfolder, not the root,
-so a folder written by a plain `model.save(path)` does not load again. Save with
-`retromae.modeling.st_dupmae.save_sentence_transformer(model, path)` (what `save_dupmae_sentence_transformer`
-calls): it puts the code files at the root and records the module type `st_dupmae.DupMAEPooling` in modules.json
-(a model built in-process would otherwise record `retromae.modeling.st_dupmae.DupMAEPooling`, loadable only where
-retromae is installed).
+Re-save with `save_dupmae_sentence_transformer`, not `model.save` (why: `modeling/st_dupmae.py`).
 """
 
 from __future__ import annotations
