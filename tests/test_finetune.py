@@ -160,6 +160,10 @@ def test_folder_without_modules_json_loads_as_cls_with_a_warning(spread_cls_bert
     assert torch.allclose(model.encode_document(["dense retrieval"], convert_to_tensor=True), cls, atol=1e-5)
     mean_model, _ = load_as_sentence_transformer(spread_cls_bert, pooling="mean")
     assert mean_model.similarity_fn_name == "cosine"
+    # the modules `retromae export --pooling mean` writes (HEAD had no Normalize): unit vectors, saved as such
+    assert [type(m).__name__ for m in mean_model] == ["Transformer", "Pooling", "Normalize"]
+    norms = mean_model.encode_document(["dense retrieval", "a sparse index"], convert_to_tensor=True).norm(dim=-1)
+    assert torch.allclose(norms, torch.ones(2), atol=1e-5)
 
 
 def test_pooling_flag_is_refused_for_sentence_transformers_folders(minilm_dir):

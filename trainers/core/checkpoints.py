@@ -40,7 +40,7 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 from safetensors import safe_open
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 from torch import nn
 from transformers import (
     AutoModel,
@@ -378,7 +378,8 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
         path_or_id: a sentence-transformers folder (modules.json; remote-code modules are trusted when modules.json
             references them), a plain transformers encoder folder (Transformer + `pooling`, CLS by default, with a
             warning), or a Hub id.
-        pooling: only for folders without modules.json: "cls" (default, with the dot product) or "mean" (cosine).
+        pooling: only for folders without modules.json: "cls" (default, with the dot product) or "mean" (cosine,
+            with a Normalize module, as `retromae export --pooling mean` writes it).
         device: torch device (default: sentence-transformers' choice).
 
     Raises:
@@ -411,8 +412,11 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     logger.warning(NO_MODULES_WARNING.format(model=path.name, pooling=pooling.upper(), similarity=similarity))
     model_type = read_json_or_empty(path / "config.json").get("model_type")
     transformer = Transformer(str(path), model_kwargs=encoder_kwargs(model_type))
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)]
+    if similarity == "cosine":  # as `retromae export --pooling mean` builds it
+        modules.append(Normalize())
     return SentenceTransformer(
-        modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)],
+        modules=modules,
         similarity_fn_name=similarity,
         prompts={"query": "", "document": ""},
         device=device,
