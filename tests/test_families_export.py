@@ -24,6 +24,8 @@ from retromae.trainers.export import (
     export_sentence_transformer,
     load_as_sentence_transformer,
 )
+from retromae.trainers.hybrid_index import HybridIndex
+from retromae.trainers.publish import validate_model_folder
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModelForMaskedLM
 
@@ -151,6 +153,25 @@ def test_dupmae_export_equals_the_hybrid_embedding(dupmae_checkpoints, family, t
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # the sparse part is the trained MLM head's: a wrong transform (bias, activation, norm) would change it
     assert (st.encode_document(TEXTS[:1], convert_to_tensor=True)[0, 16:] != 0).sum() == 20
+
+
+@family_param
+def test_both_exports_pass_publish_and_the_hybrid_one_indexes(retromae_checkpoints, dupmae_checkpoints, family, tmp_path):
+    """`retromae publish` validates, and `retromae index` / `search` serve, the exports of every family (before,
+    only BERT exports were tested there)."""
+    cls_folder = export_sentence_transformer(retromae_checkpoints[family][1], tmp_path / "cls")
+    assert not validate_model_folder(cls_folder).needs_remote_code
+    model, checkpoint = dupmae_checkpoints[family]
+    hybrid_folder = export_sentence_transformer(checkpoint, tmp_path / "hybrid")
+    report = validate_model_folder(hybrid_folder)
+    assert report.needs_remote_code and report.embedding_dim == 16 + model.config.vocab_size
+    st = SentenceTransformer(str(hybrid_folder), device="cpu", trust_remote_code=True)
+    index = HybridIndex.build(st, TEXTS, ids=["a", "b", "c"], batch_size=2)
+    queries = ["dense vectors", "a masked auto-encoder"]
+    scores = st.similarity(st.encode_query(queries), st.encode_document(TEXTS))  # eq. 12 by dot product
+    for hits, row in zip(index.search_texts(st, queries, top_n=3), scores, strict=True):
+        torch.testing.assert_close(torch.tensor([score for _, score in hits]), row.sort(descending=True).values,
+                                   atol=1e-4, rtol=1e-5)
 
 
 def test_dupmae_encoder_folder_exports_with_overrides(dupmae_checkpoints, tmp_path):
