@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import try_to_load_from_cache
+from retromae.modeling.backbones import BACKBONES
 from retromae.modeling.configuration_sentmae import SentMAEConfig
 from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
 from transformers import TrainerCallback
@@ -264,9 +265,11 @@ def _local_folder(model_ref: str) -> Path | None:
     return Path(cached).parent if isinstance(cached, str) else None
 
 
-# the first layer of a trained MLM head, by family: BERT (`BertForMaskedLM`, ours), RoBERTa / XLM-R (`*ForMaskedLM`,
-# ours), ModernBERT (`ModernBertForMaskedLM`'s `head.*`, ours under `lm_head.head.*`)
-MLM_HEAD_TRANSFORMS = ("cls.predictions.transform.", "lm_head.dense.", "head.dense.", "lm_head.head.dense.")
+# the first layer of a trained MLM head, by family, under our names and a base checkpoint's own where they differ
+# (ModernBertForMaskedLM's `head.dense.`; `Backbone.head_state` reads the same names)
+MLM_HEAD_TRANSFORMS = tuple(dict.fromkeys(
+    name for b in BACKBONES for name in (f"{b.head_name}.{b.head_dense}", *((b.head_dense,) if b.base_head_prefixes else ()))
+))
 
 
 def has_mlm_head(model_ref: str) -> bool | None:
