@@ -46,13 +46,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import common  # before torch: environment defaults
 from common import ENWIKI, RESULTS_DIR, ROOT, SCIFACT, Phases, log, read_json, settings_hash, weights_digest, write_json
 
 ARMS = ["mlm", "retromae", "dupmae", "bow", "seed"]
-GROUPS = "mlm,retromae,bow/dupmae,seed"  # the arms side by side in each of the two calls of one GPU session
+GROUPS = "mlm,retromae,bow/dupmae,seed"  # the probe's arms side by side (the committed probe ran these groups)
 LABELS = {"mlm": "MLM only", "retromae": "RetroMAE (enhanced)", "dupmae": "DupMAE [CLS]",
           "dupmae_hybrid": "DupMAE hybrid [CLS ; OT]", "bow": "BoW prediction", "seed": "SEED-Encoder"}
 # the fine-tuned variants of an arm: the [CLS] encoder always, DupMAE's hybrid beside it
@@ -68,7 +69,7 @@ PRESETS = {
     # fine-tuning in bf16 mixed precision (the papers fine-tune in fp16): in fp32, six took 280 s of the first call
     "gpu": dict(COMMON, size="minilm", max_seq_length=256, batch_size=128, pretrain_lr=5e-4, steps=None, bf16=True,
                 enwiki_articles=None, ft_bf16=True, ft_batch_size=32, ft_max_seq_length=256, ft_lr=5e-5, ft_epochs=10,
-                coverage_docs=1000, seeds="42,43,44", probe_steps=60, parallel_seeds=3, workers=2),
+                coverage_docs=1000, seeds="42,43,44", probe_steps=60, parallel_seeds=7, workers=2),
     # CPU smoke run: a tiny model, a few steps, a mini SciFact; proves the plumbing and nothing about the methods
     "tiny": dict(COMMON, size="tiny", max_seq_length=64, batch_size=4, pretrain_lr=5e-4, steps=3, bf16=False,
                  enwiki_articles=30, ft_bf16=False, ft_batch_size=8, ft_max_seq_length=64, ft_lr=5e-5, ft_epochs=1,
@@ -281,37 +282,47 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, init: Path, corpus: P
     phases.run("init_weights", settings_hash([str(init)]), lambda: weights_digest(init))
     ckpt = Made(phases, "pretrain", key, lambda: pretrain(arm, folder / f"pretrained-{key}", args, logf, cfg),
                 PRETRAIN_DONE)
-    phases.run("pretraining_record", key, lambda: pretraining_record(ckpt.get(), cfg))
-    cov_key = settings_hash([key, cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
-    for name, projection in (("coverage", "embeddings"), ("coverage_lm_head", "lm_head")):
-        phases.run(name, cov_key, lambda p=projection: coverage(ckpt.get(), data, folder / f"{p}-{cov_key}", cfg, p,
-                                                               logf))
     starts: dict[str, Callable[[], Path]] = {arm: ckpt.get}
     if arm == "dupmae":  # the [CLS] view is exported here; the checkpoint itself is the hybrid model
         cls_key = settings_hash([key, cfg["ft_max_seq_length"]])
         cls_view = Made(phases, "export_cls", cls_key, lambda: dupmae_cls_export(
             ckpt.get(), folder / f"export-cls-{cls_key}", cfg), "modules.json")
         starts = {"dupmae": cls_view.get, "dupmae_hybrid": ckpt.get}
-    for variant, start in starts.items():
-        zs_key = settings_hash([key, variant, str(data)])
-        phases.run(f"zeroshot_{variant}", zs_key, lambda s=start, z=folder / f"zeroshot-{variant}-{zs_key}": zero_shot(
-            s(), data, z, cfg, logf))
     ft_cfg = {k: cfg[k] for k in sorted(cfg) if k.startswith("ft_")}
+    jobs: list[tuple[list[tuple[str, str]], Callable[[], object]]] = []  # (the phases a job makes, the job)
 
-    def one_seed(variant: str, start: Callable[[], Path], seed: int) -> None:
-        ft_key = settings_hash([key, variant, str(data), seed, ft_cfg, STAGES])
+    def one_seed(variant: str, start: Callable[[], Path], seed: int, name: str, ft_key: str) -> None:
         ft_dir = folder / f"finetuned-{variant}-s{seed}-{ft_key}"
-        name = f"{variant}_s{seed}"
-        if phases.cached(f"finetune_{name}", ft_key) and phases.cached(f"evaluate_{name}", ft_key):
-            return
         seed_log = folder / f"log-{name}.txt"  # one per fine-tuning: they run side by side
         result = phases.run(f"finetune_{name}", ft_key, lambda: finetune(start(), data, ft_dir, cfg, seed, seed_log),
                             notes=lambda: {"start_weights": weights_digest(ckpt.get())})
         phases.run(f"evaluate_{name}", ft_key, lambda: result["dev"])
 
-    jobs = [(v, s, seed) for v, s in starts.items() for seed in cfg["seed_list"]]
+    def one_phase(name: str, phase_key: str, fn: Callable[[], object]) -> None:
+        jobs.append(([(name, phase_key)], lambda: phases.run(name, phase_key, fn)))
+
+    for variant, start in starts.items():
+        for seed in cfg["seed_list"]:
+            ft_key, name = settings_hash([key, variant, str(data), seed, ft_cfg, STAGES]), f"{variant}_s{seed}"
+            jobs.append(([(f"finetune_{name}", ft_key), (f"evaluate_{name}", ft_key)],
+                         partial(one_seed, variant, start, seed, name, ft_key)))
+    one_phase("pretraining_record", key, lambda: pretraining_record(ckpt.get(), cfg))
+    cov_key = settings_hash([key, cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
+    for name, projection in (("coverage", "embeddings"), ("coverage_lm_head", "lm_head")):
+        one_phase(name, cov_key, lambda p=projection: coverage(ckpt.get(), data, folder / f"{p}-{cov_key}", cfg, p,
+                                                               logf))
+    for variant, start in starts.items():
+        zs_key = settings_hash([key, variant, str(data)])
+        one_phase(f"zeroshot_{variant}", zs_key, lambda s=start, z=folder / f"zeroshot-{variant}-{zs_key}": zero_shot(
+            s(), data, z, cfg, logf))
+    pending = [job for made, job in jobs if not all(phases.cached(*m) for m in made)]
+    if not pending:  # a finished arm: its checkpoint is not made again
+        return phases.done
+    for start in starts.values():  # the pre-training (and DupMAE's export) before the rest, which all read it
+        start()
+    # the fine-tunings, the long GPU work, first in the queue; the diagnostics take the pool's other workers
     with ThreadPoolExecutor(max_workers=max(1, cfg["parallel_seeds"])) as pool:
-        for future in [pool.submit(one_seed, *job) for job in jobs]:
+        for future in [pool.submit(job) for job in pending]:
             future.result()
     return phases.done
 
@@ -603,7 +614,8 @@ def parse_args(argv: list[str] | None):
         ("ft-batch-size", int, "fine-tuning batch"), ("ft-max-seq-length", int, "fine-tuning and evaluation L"),
         ("ft-epochs", int, "fine-tuning epochs per stage"), ("ft-lr", float, "fine-tuning learning rate"),
         ("ft-negatives", int, "mined hard negatives per query"), ("coverage-docs", int, "documents for coverage"),
-        ("seeds", str, "fine-tuning seeds, e.g. 42,43,44"), ("parallel-seeds", int, "fine-tunings side by side"),
+        ("seeds", str, "fine-tuning seeds, e.g. 42,43,44"),
+        ("parallel-seeds", int, "phases side by side after the pre-training, fine-tunings first"),
         ("probe-steps", int, "steps of each --probe run"),
         ("pretrain-timeout", float, "seconds a pre-training may take before it is stopped"),
         ("stage-timeout", float, "seconds any other command may take"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -146,16 +147,36 @@ def test_settings_keys_hold_on_another_machine(fs):
 
 def test_device_scripts_parse_and_their_run_calls_fit(tmp_path):
     """The device scripts are valid bash; the run calls the prep script prints fit the tool (a command of at most
-    2,000 characters, at most 8 carried paths)."""
+    2,000 characters, at most 8 carried paths, 600 s), cover the five arms, and the two of one session fit its 900 s
+    of device time with a minute to start."""
     for script in ("from_scratch.sh", "from_scratch_prep.sh"):
         assert subprocess.run(["bash", "-n", str(DEVICE / script)], check=False).returncode == 0
     prep = (DEVICE / "from_scratch_prep.sh").read_text(encoding="utf-8")
-    calls = re.findall(r'run\(command="([^"]+)", carry=\[([^\]]*)\], timeout_s=(\d+)\)', prep)
-    assert len(calls) == 2
-    for command, carry, timeout in calls:
-        assert len(command) <= 2000 and len(carry.split(",")) <= 8 and int(timeout) <= 600
-    arms = [command.split()[-1].split(",") for command, _, _ in calls]
-    assert sorted(a for group in arms for a in group) == sorted(["mlm", "retromae", "dupmae", "bow", "seed"])
+    calls = re.findall(r'run\(command="DEADLINE=(\d+) ([^"]+)", carry=\[([^\]]*)\], timeout_s=(\d+)\)', prep)
+    assert len(calls) == 3
+    for deadline, command, carry, timeout in calls:
+        assert len(command) <= 2000 and len(carry.split(",")) <= 8 and int(deadline) < int(timeout) <= 600
+    assert int(calls[0][0]) + int(calls[1][0]) <= 900 - 60
+    arms = {a for _, command, _, _ in calls for a in command.split()[-1].split(",")}
+    assert arms == {"mlm", "retromae", "dupmae", "bow", "seed"}
+
+
+def test_a_warm_machine_takes_back_its_last_calls_ledger(tmp_path):
+    """from_scratch.sh, at its start: a ledger the machine kept from its last call replaces the tree's copy when it
+    holds every phase the tree's holds (a committed ledger that grew on the machine), and never a fuller one."""
+    script = (DEVICE / "from_scratch.sh").read_text(encoding="utf-8")
+    merge = script.split('"$KEPT" "$L" <<\'PY\'\n', 1)[1].split("\nPY\n", 1)[0]
+    kept, tree = tmp_path / "kept", tmp_path / "tree"
+    kept.mkdir()
+    tree.mkdir()
+    phases = {"a": {"pretrain": 1, "finetune_a_s42": 2}, "b": {"pretrain": 1}, "c": {"pretrain": 1}}
+    for arm, done in phases.items():
+        (kept / f"{arm}.phases.json").write_text(json.dumps(done))
+    (tree / "a.phases.json").write_text(json.dumps({"pretrain": 1}))
+    (tree / "b.phases.json").write_text(json.dumps({"pretrain": 1, "finetune_b_s42": 2}))
+    subprocess.run([sys.executable, "-c", merge, str(kept), str(tree)], check=True)
+    got = {f.stem.split(".")[0]: json.loads(f.read_text()) for f in tree.glob("*.phases.json")}
+    assert got == {"a": phases["a"], "b": {"pretrain": 1, "finetune_b_s42": 2}, "c": phases["c"]}
 
 
 def test_the_reported_metrics_come_from_the_evaluate_summary(fs, tmp_path):
@@ -208,3 +229,40 @@ def test_gpu_preset_fine_tunes_in_bf16_and_the_tiny_one_in_fp32(fs, tmp_path, mo
         assert command == "finetune"
         flags[bool(preset)] = args[args.index("--bf16") + 1] if "--bf16" in args else None
     assert flags == {False: "true", True: None}
+
+
+def test_fine_tunings_start_first_and_a_finished_arm_runs_nothing(fs, tmp_path, monkeypatch):
+    """run_arm: the pre-training, then the fine-tunings queued before the diagnostics (the pool starts them at once);
+    an arm whose ledger holds every phase runs nothing, though its checkpoint is gone (another machine); a ledger
+    short of one seed makes the checkpoint again and runs only that seed."""
+    calls = []
+
+    def fake_pretrain(arm, folder, args, logf, cfg):
+        calls.append("pretrain")
+        folder.mkdir(parents=True)
+        (folder / fs.PRETRAIN_DONE).write_text("ok\n")
+        return folder
+
+    monkeypatch.setattr(fs, "pretrain", fake_pretrain)
+    monkeypatch.setattr(fs, "weights_digest", lambda folder: "digest")
+    monkeypatch.setattr(fs, "pretraining_record", lambda folder, cfg: calls.append("record") or {"steps": 3})
+    monkeypatch.setattr(fs, "coverage", lambda model, data, out, cfg, p, logf: calls.append(f"coverage {p}") or {})
+    monkeypatch.setattr(fs, "zero_shot", lambda model, data, out, cfg, logf: calls.append("zero-shot") or {})
+    monkeypatch.setattr(fs, "finetune", lambda start, data, out, cfg, seed, logf: calls.append(f"finetune {seed}")
+                        or {"dev": {"ndcg_at_10": 0.5}})
+    _, cfg = fs.settings(fs.parse_args(["--tiny"]))
+    cfg["parallel_seeds"] = 1  # one worker: the calls come in queue order
+    out, ledger = tmp_path / "out", tmp_path / "ledger"
+    run = lambda: fs.run_arm("mlm", out, ledger, tmp_path / "data", tmp_path / "init", tmp_path / "corpus", cfg, 3)  # noqa: E731
+
+    run()
+    assert calls == ["pretrain", "finetune 42", "finetune 43", "record", "coverage embeddings", "coverage lm_head",
+                     "zero-shot"]
+    calls.clear()
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    run()
+    assert calls == []
+    done = json.loads((ledger / "mlm.phases.json").read_text(encoding="utf-8"))
+    (ledger / "mlm.phases.json").write_text(json.dumps({k: v for k, v in done.items() if not k.endswith("s43")}))
+    run()
+    assert calls == ["pretrain", "finetune 43"]

@@ -3,21 +3,24 @@
 # (pre-train, coverage, zero-shot, fine-tune every seed, evaluate). Only metrics come back: the ledger of each arm,
 # the probe, the report and a log, copied to $OUT every 10 s. Prepared by from_scratch_prep.sh (run it first, here).
 #
-#   DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae,bow   # call 1 of a session
-#   DEADLINE=... bash benchmarks/device/from_scratch.sh dupmae,seed         # call 2, on the still warm machine
-#   SMOKE=1 bash benchmarks/device/from_scratch.sh mlm,retromae,bow         # the same flow on this CPU, --tiny
+#   DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae       # call 1 of a session
+#   DEADLINE=... bash benchmarks/device/from_scratch.sh mlm,retromae,bow,seed  # call 2, on the still warm machine
+#   SMOKE=1 bash benchmarks/device/from_scratch.sh mlm,retromae             # the same flow on this CPU, --tiny
 #
 # STEPS: a number, or `auto` (default): the steps of the ledger's finished arms (call 2 continues call 1's budget),
 # else the probe's (benchmarks/results/from_scratch_probe.json, run now if absent) for PRETRAIN_SECONDS.
 # DEADLINE: seconds from the start after which every arm is stopped, so the last copy and the report still come.
-# An arm stopped by it continues in a later call from its ledger (and, on the same machine, its pre-training).
+# An arm stopped by it continues in a later call from its ledger (and, on the same machine, its pre-training): the
+# ledger is also kept in the ignored work folder, which a warm machine keeps between calls, so call 2 continues
+# call 1 without the ledger being copied back into the tree first.
 set -uo pipefail
 ARMS=${1:?arms, e.g. mlm,retromae}
 STEPS=${STEPS:-auto}
 PRETRAIN_SECONDS=${PRETRAIN_SECONDS:-150}
 PROBE_ARMS=${PROBE_ARMS:-dupmae,bow,seed}  # the first session's binding group (its probe is committed)
 DEADLINE=${DEADLINE:-$([ "${SMOKE:-0}" = 1 ] && echo 3000 || echo 520)}
-PARALLEL=${PARALLEL:-$([ "${SMOKE:-0}" = 1 ] && echo 2 || echo 6)}  # fine-tunings of one arm side by side
+# phases of one arm side by side after its pre-training: 3 fine-tunings and 4 diagnostics (DupMAE: 6 and 5)
+PARALLEL=${PARALLEL:-$([ "${SMOKE:-0}" = 1 ] && echo 2 || echo 7)}
 START=$(date +%s)
 touch /tmp/fs_start  # a probe made by this call is newer than this file (a committed one is older)
 left() { local n=$((DEADLINE - ($(date +%s) - START) - ${1:-0})); echo $((n > 30 ? n : 30)); }
@@ -84,9 +87,22 @@ print({p: m.version(p) for p in ("torch", "transformers", "sentence-transformers
 PY
 echo "set-up: $(( $(date +%s) - START )) s"
 
-L=$RESULTS/from_scratch_ledger
+L=$RESULTS/from_scratch_ledger KEPT=$WORK/ledger_kept
+# this machine's last call, when it is still warm: its ledgers, where they hold every phase the tree's hold
+[ -d "$KEPT" ] && "${PY[@]}" - "$KEPT" "$L" <<'PY'
+import json, pathlib, shutil, sys
+kept, ledger = map(pathlib.Path, sys.argv[1:])
+ledger.mkdir(parents=True, exist_ok=True)
+for file in sorted(kept.glob("*.phases.json")):
+    tree = ledger / file.name
+    if not tree.exists() or set(json.loads(tree.read_text())) <= set(json.loads(file.read_text())):
+        shutil.copy(file, tree)
+        print(f"ledger: {file.name} as this machine's last call left it")
+PY
 save() {
-  for a in ${ARMS//,/ }; do cp "$L/$a.phases.json" "$OUT/$a.phases.json" 2>/dev/null; done
+  mkdir -p "$KEPT"
+  for a in ${ARMS//,/ }; do cp "$L/$a.phases.json" "$OUT/$a.phases.json" 2>/dev/null
+    cp "$L/$a.phases.json" "$KEPT/$a.phases.json" 2>/dev/null; done
   [ "$RESULTS/from_scratch_probe.json" -nt /tmp/fs_start ] && cp "$RESULTS/from_scratch_probe.json" "$OUT/"
   { for a in ${ARMS//,/ }; do echo "==== $a"; tail -c 30000 "/tmp/fs_$a.log"; echo "==== $a: retromae log";
     tail -c 60000 "$WORK/$a/log.txt"; done; } > "$OUT/arms.txt" 2>/dev/null

@@ -72,12 +72,14 @@ echo "carried $C:"; ls -l "$C" "$C/whl" | awk 'NF > 5 {printf "  %10d  %s\n", $5
 awk -v t="$TREE" -v c="$CARRY" 'BEGIN {printf "working tree %.1f MiB + carry %.1f MiB = %.1f MiB (limit 64 MiB)\n", t/2^20, c/2^20, (t+c)/2^20; exit (t+c > 64*2^20)}' \
   || { echo "OVER THE LIMIT"; exit 2; }
 cat <<EOF
-The run calls, both in one GPU session (each ends by itself inside timeout_s):
-  call 1: run(command="DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae,bow", carry=["$C"], timeout_s=460)
-  then, here: copy the returned *.phases.json into benchmarks/results/from_scratch_ledger/ (an arm call 1 stopped
-  continues in call 2, on the warm machine from its own pre-training); on the same warm machine, with
-  DEADLINE = budget_left_s - 60 (at most 540) and timeout_s = DEADLINE + 30, e.g.:
-  call 2: run(command="DEADLINE=380 bash benchmarks/device/from_scratch.sh dupmae,seed", carry=["$C"], timeout_s=410)
-  (add to call 2's arms any arm of call 1 without all its seeds); give_back after it.
-Then, here: copy the returned files as above, run python benchmarks/from_scratch.py --report-only, commit.
+The run calls (each ends by itself inside timeout_s). One GPU session, both calls on one warm machine:
+  call 1: run(command="DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae", carry=["$C"], timeout_s=460)
+  call 2, at once: the warm machine keeps call 1's checkpoints and ledgers, so an arm call 1 left short continues;
+  DEADLINE = budget_left_s - 60 (at most 540), timeout_s = DEADLINE + 30, e.g.:
+  call 2: run(command="DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae,dupmae", carry=["$C"], timeout_s=450)
+  give_back; here: copy the returned *.phases.json into benchmarks/results/from_scratch_ledger/; commit.
+The next GPU session (the committed ledger carries the finished arms):
+  call 3: run(command="DEADLINE=420 bash benchmarks/device/from_scratch.sh bow,seed", carry=["$C"], timeout_s=460)
+  (add any arm the ledger holds without all its seeds: it is pre-trained again there, and its ledger says so)
+Then, here: copy the ledgers again, python benchmarks/from_scratch.py --report-only, the README table; commit.
 EOF
