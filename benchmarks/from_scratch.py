@@ -18,6 +18,8 @@ Every step is one of the package's commands in its own process, so the experimen
    `retromae evaluate`'s, computed by that same process). DupMAE is fine-tuned twice: its [CLS] export
    (``dupmae``, the like-for-like comparison) and its hybrid representation (``dupmae_hybrid``).
 
+After the pre-training, phases 3-5 share a pool of ``--parallel-seeds`` workers, the fine-tunings first.
+
 Nothing is tuned on dev. The ledger (``<results>/from_scratch_ledger/<arm>.phases.json``) keeps every finished phase
 keyed by its settings (free of machine paths), so a run continues where the last one stopped and arms run on other
 machines join by copying their ledger files in; ``--report-only`` builds ``from_scratch.{json,md}`` and
@@ -26,7 +28,7 @@ machines join by copying their ledger files in; ``--report-only`` builds ``from_
 Budget. The step count is a flag: ``--steps N``, or ``--steps-from-probe PROBE.json --pretrain-seconds S``
 (the largest seconds per step of the probed arms, co-running as they will run, fits S). ``--probe`` measures that:
 every arm's pre-training for ``--probe-steps`` steps on a slice of the corpus, arms of a group side by side
-(``--groups mlm,retromae,bow/dupmae,seed``: the two calls of benchmarks/device/from_scratch.sh).
+(``--groups mlm,retromae,bow/dupmae,seed``, as the committed probe ran them).
 
     python benchmarks/from_scratch.py --tiny                          # CPU smoke: proves the plumbing, nothing else
     python benchmarks/from_scratch.py --probe                         # per-step time of every arm (GPU)
@@ -53,7 +55,7 @@ import common  # before torch: environment defaults
 from common import ENWIKI, RESULTS_DIR, ROOT, SCIFACT, Phases, log, read_json, settings_hash, weights_digest, write_json
 
 ARMS = ["mlm", "retromae", "dupmae", "bow", "seed"]
-GROUPS = "mlm,retromae,bow/dupmae,seed"  # the probe's arms side by side (the committed probe ran these groups)
+GROUPS = "mlm,retromae,bow/dupmae,seed"
 LABELS = {"mlm": "MLM only", "retromae": "RetroMAE (enhanced)", "dupmae": "DupMAE [CLS]",
           "dupmae_hybrid": "DupMAE hybrid [CLS ; OT]", "bow": "BoW prediction", "seed": "SEED-Encoder"}
 # the fine-tuned variants of an arm: the [CLS] encoder always, DupMAE's hybrid beside it

@@ -1,11 +1,11 @@
 #!/bin/bash
 # Issue 33 on a lent GPU: the arms of benchmarks/from_scratch.py side by side, one process each, each end to end
-# (pre-train, coverage, zero-shot, fine-tune every seed, evaluate). Only metrics come back: the ledger of each arm,
+# (pre-train, then every fine-tuning seed with coverage and zero-shot beside them). Only metrics come back: the ledger of each arm,
 # the probe, the report and a log, copied to $OUT every 10 s. Prepared by from_scratch_prep.sh (run it first, here).
 #
-#   DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae       # call 1 of a session
-#   DEADLINE=... bash benchmarks/device/from_scratch.sh mlm,retromae,bow,seed  # call 2, on the still warm machine
-#   SMOKE=1 bash benchmarks/device/from_scratch.sh mlm,retromae             # the same flow on this CPU, --tiny
+#   DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae         # call 1 of a session
+#   DEADLINE=... bash benchmarks/device/from_scratch.sh mlm,retromae,dupmae  # call 2, on the still warm machine
+#   SMOKE=1 bash benchmarks/device/from_scratch.sh mlm,retromae               # the same flow on this CPU, --tiny
 #
 # STEPS: a number, or `auto` (default): the steps of the ledger's finished arms (call 2 continues call 1's budget),
 # else the probe's (benchmarks/results/from_scratch_probe.json, run now if absent) for PRETRAIN_SECONDS.
