@@ -40,6 +40,7 @@ every arm's pre-training for ``--probe-steps`` steps on a slice of the corpus, a
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -402,6 +403,25 @@ def variant_record(done: dict, variant: str) -> dict:
             "zero_shot": zs and {label: zs[k] for k, label in METRICS.items()}}
 
 
+def wall_seconds(done: dict) -> float:
+    """Seconds in which some phase of an arm ran: the union of the phases' spans, so phases side by side count once
+    and the time between two calls not at all. An entry without its finish time adds its seconds."""
+    spans, loose = [], 0.0
+    for entry in done.values():
+        seconds = entry.get("seconds") or 0.0
+        if entry.get("finished"):
+            end = datetime.datetime.fromisoformat(entry["finished"]).timestamp()
+            spans.append((end - seconds, end))
+        else:
+            loose += seconds
+    total, reached = loose, float("-inf")
+    for start, end in sorted(spans):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return round(total, 1)
+
+
 def arm_record(done: dict, arm: str) -> dict | None:
     """An arm as the results JSON holds it (from its ledger); None when the ledger holds nothing of it."""
     if not done:
@@ -415,7 +435,7 @@ def arm_record(done: dict, arm: str) -> dict | None:
               "coverage": (done.get("coverage") or {}).get("result"),
               "coverage_lm_head": (done.get("coverage_lm_head") or {}).get("result"),
               "hardware": sorted({e["hardware"] for e in done.values() if e.get("hardware")}),
-              "wall_s": round(sum(e.get("seconds") or 0 for e in done.values()), 1),
+              "wall_s": wall_seconds(done),
               "phase_seconds": {name: e.get("seconds") for name, e in done.items()}}
     if arm == "dupmae":
         record["hybrid"] = variant_record(done, "dupmae_hybrid")

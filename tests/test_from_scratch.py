@@ -266,3 +266,18 @@ def test_fine_tunings_start_first_and_a_finished_arm_runs_nothing(fs, tmp_path, 
     (ledger / "mlm.phases.json").write_text(json.dumps({k: v for k, v in done.items() if not k.endswith("s43")}))
     run()
     assert calls == ["pretrain", "finetune 43"]
+
+
+def test_an_arms_wall_time_counts_phases_side_by_side_once(fs):
+    """wall_s: the union of the phases' spans. Two 100 s fine-tunings side by side after a 50 s pre-training are
+    150 s, a phase in a later call adds its own 10 s and not the hour between, and an entry without a finish time
+    adds its seconds."""
+    done = {"pretrain": {"seconds": 50.0, "finished": "2026-11-26T10:00:50+00:00"},
+            "finetune_a_s42": {"seconds": 100.0, "finished": "2026-11-26T10:02:30+00:00"},
+            "finetune_a_s43": {"seconds": 90.0, "finished": "2026-11-26T10:02:20+00:00"},
+            "finetune_a_s44": {"seconds": 10.0, "finished": "2026-11-26T11:00:10+00:00"},
+            "command": {"seconds": 2.0}}
+    assert fs.wall_seconds(done) == 150.0 + 10.0 + 2.0
+    ledger = {**arm_ledger("mlm", {42: 0.4}), **done}  # its entries have no finish time: their seconds add
+    loose = sum(e["seconds"] for e in ledger.values() if "finished" not in e)
+    assert fs.arm_record(ledger, "mlm")["wall_s"] == 160.0 + loose
