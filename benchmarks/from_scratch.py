@@ -301,7 +301,7 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, init: Path, corpus: P
                             notes=lambda: {"start_weights": weights_digest(ckpt.get())})
         phases.run(f"evaluate_{name}", ft_key, lambda: result["dev"])
 
-    def one_phase(name: str, phase_key: str, fn: Callable[[], object]) -> None:
+    def add_phase(name: str, phase_key: str, fn: Callable[[], object]) -> None:
         jobs.append(([(name, phase_key)], lambda: phases.run(name, phase_key, fn)))
 
     for variant, start in starts.items():
@@ -309,14 +309,14 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, init: Path, corpus: P
             ft_key, name = settings_hash([key, variant, str(data), seed, ft_cfg, STAGES]), f"{variant}_s{seed}"
             jobs.append(([(f"finetune_{name}", ft_key), (f"evaluate_{name}", ft_key)],
                          partial(one_seed, variant, start, seed, name, ft_key)))
-    one_phase("pretraining_record", key, lambda: pretraining_record(ckpt.get(), cfg))
+    add_phase("pretraining_record", key, lambda: pretraining_record(ckpt.get(), cfg))
     cov_key = settings_hash([key, cfg["coverage_docs"], cfg["max_seq_length"], str(data)])
     for name, projection in (("coverage", "embeddings"), ("coverage_lm_head", "lm_head")):
-        one_phase(name, cov_key, lambda p=projection: coverage(ckpt.get(), data, folder / f"{p}-{cov_key}", cfg, p,
+        add_phase(name, cov_key, lambda p=projection: coverage(ckpt.get(), data, folder / f"{p}-{cov_key}", cfg, p,
                                                                logf))
     for variant, start in starts.items():
         zs_key = settings_hash([key, variant, str(data)])
-        one_phase(f"zeroshot_{variant}", zs_key, lambda s=start, z=folder / f"zeroshot-{variant}-{zs_key}": zero_shot(
+        add_phase(f"zeroshot_{variant}", zs_key, lambda s=start, z=folder / f"zeroshot-{variant}-{zs_key}": zero_shot(
             s(), data, z, cfg, logf))
     pending = [job for made, job in jobs if not all(phases.cached(*m) for m in made)]
     if not pending:  # a finished arm: its checkpoint is not made again

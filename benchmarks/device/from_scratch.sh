@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 33 on a lent GPU: the arms of benchmarks/from_scratch.py side by side, one process each, each end to end
-# (pre-train, then every fine-tuning seed with coverage and zero-shot beside them). Only metrics come back: the ledger of each arm,
-# the probe, the report and a log, copied to $OUT every 10 s. Prepared by from_scratch_prep.sh (run it first, here).
+# (pre-train, then every fine-tuning seed with coverage and zero-shot beside them). Only metrics come back: the
+# ledger of each arm, the probe, the report and a log, copied to $OUT every 10 s. Prepared by from_scratch_prep.sh.
 #
 #   DEADLINE=420 bash benchmarks/device/from_scratch.sh mlm,retromae         # call 1 of a session
 #   DEADLINE=... bash benchmarks/device/from_scratch.sh mlm,retromae,dupmae  # call 2, on the still warm machine
