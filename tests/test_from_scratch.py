@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -259,7 +260,7 @@ def test_fine_tunings_start_first_and_a_finished_arm_runs_nothing(fs, tmp_path, 
     assert calls == ["pretrain", "finetune 42", "finetune 43", "record", "coverage embeddings", "coverage lm_head",
                      "zero-shot"]
     calls.clear()
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    shutil.rmtree(out)
     run()
     assert calls == []
     done = json.loads((ledger / "mlm.phases.json").read_text(encoding="utf-8"))
