@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch.nn import functional as F
-from transformers import AutoConfig, BertConfig, BertModel
+from transformers import AutoConfig, BertConfig, BertModel, PreTrainedConfig
 from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 from transformers.utils import ModelOutput
@@ -402,12 +402,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         `from_pretrained`'s (None: transformers' default, sdpa): the encoder's; the decoders run on
         `decoder_attn_implementation` of it.
         """
-        config_dict = BertConfig.get_config_dict(model_name_or_path)[0]
-        model_type = config_dict.get("model_type") or "bert"
-        method_types = {c.config_class.model_type for c in _pretraining_classes()}
-        if model_type not in (*SUPPORTED_ENCODER_TYPES, *method_types):
-            backbone_for(model_type)  # raises, naming what is supported
-        backbone = backbone_for(encoder_type_of_config(config_dict))
+        model_type, backbone = _checked_types(model_name_or_path)
         fields = base_config_fields(model_name_or_path, model_type)
         config = cls.config_class(**{**fields, **config_overrides})
         model, info = cls.from_pretrained(
@@ -427,6 +422,29 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         if newly_initialised:
             logger.info("Initialised from scratch (absent from %s): %s", model_name_or_path, newly_initialised)
         model.after_encoder_checkpoint_loaded(missing)
+        return model
+
+    @classmethod
+    def from_encoder_config(
+        cls, model_name_or_path: str | os.PathLike, attn_implementation: str | None = None,
+        architecture_overrides: str | None = None, **config_overrides,
+    ):
+        """A randomly initialised model (pre-training from scratch) with the architecture of `model_name_or_path`'s
+        config (the same families as `from_encoder_checkpoint`; its weights are not read), changed by
+        `architecture_overrides` ("num_hidden_layers=6,hidden_size=384": transformers' `update_from_string` on the
+        base's config, so the keys are the base's own). Every module is initialised as `from_encoder_checkpoint`
+        initialises the modules a checkpoint lacks, from torch's global RNG (seed it first); `decoder_init=
+        "copy_last_layer"` copies the random last encoder layer.
+
+        Raises:
+            ValueError: an unsupported `model_type`, an override key the config lacks or a value of the wrong type.
+        """
+        model_type, _ = _checked_types(model_name_or_path)
+        fields = base_config_fields(model_name_or_path, model_type, architecture_overrides)
+        config = cls.config_class(**{**fields, **config_overrides})
+        attention = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model = cls._from_config(config, **attention)
+        model.after_encoder_checkpoint_loaded(set(model.state_dict()))
         return model
 
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
@@ -454,14 +472,47 @@ def _pretraining_classes() -> list[type]:
     return found
 
 
-def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str) -> dict[str, Any]:
+def _checked_types(model_name_or_path: str | os.PathLike) -> tuple[str, type]:
+    """The `model_type` of a checkpoint's config and its family's backbone; `ValueError` (naming the supported
+    types) for any other than a supported base or one of our pre-training checkpoints."""
+    config_dict = BertConfig.get_config_dict(model_name_or_path)[0]
+    model_type = config_dict.get("model_type") or "bert"
+    method_types = {c.config_class.model_type for c in _pretraining_classes()}
+    if model_type not in (*SUPPORTED_ENCODER_TYPES, *method_types):
+        backbone_for(model_type)  # raises, naming what is supported
+    return model_type, backbone_for(encoder_type_of_config(config_dict))
+
+
+def _overridden(config: PreTrainedConfig, overrides: str | None) -> PreTrainedConfig:
+    """`config` changed by "key=value,..." (`update_from_string`: existing keys, scalar values of their type); a
+    `ValueError` names the item at fault. A per-layer `layer_types` (ModernBERT's local/global pattern) follows a
+    new `num_hidden_layers`, its pattern repeated."""
+    for item in (overrides or "").split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not item.strip():
+            continue
+        if not sep or not key:
+            raise ValueError(f"{item.strip()!r} is not key=value")
+        try:
+            config.update_from_string(f"{key}={value}")
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{key}={value}: {error}") from None
+    pattern = getattr(config, "layer_types", None)
+    if isinstance(pattern, list) and pattern and len(pattern) != config.num_hidden_layers:
+        config.layer_types = [pattern[i % len(pattern)] for i in range(config.num_hidden_layers)]
+    return config
+
+
+def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str,
+                       overrides: str | None = None) -> dict[str, Any]:
     """The architecture fields a method config takes from a checkpoint: a base's full config (its class's defaults
     filled in) with `encoder_type` and, where the base names them otherwise, BERT's names for the fields our
-    decoders read; one of our checkpoints' fields as they are."""
+    decoders read; one of our checkpoints' fields as they are. `overrides` ("key=value,...") changes the base's
+    config first (`update_from_string`)."""
     if model_type not in SUPPORTED_ENCODER_TYPES or model_type == "bert":
-        base = BertConfig.from_pretrained(model_name_or_path).to_dict()
-        return {k: v for k, v in base.items() if k not in CONFIG_META_KEYS}
-    base_config = AutoConfig.from_pretrained(model_name_or_path)
+        base = _overridden(BertConfig.from_pretrained(model_name_or_path), overrides)
+        return {k: v for k, v in base.to_dict().items() if k not in CONFIG_META_KEYS}
+    base_config = _overridden(AutoConfig.from_pretrained(model_name_or_path), overrides)
     fields = {k: v for k, v in base_config.to_dict().items() if k not in CONFIG_META_KEYS}
     for bert_name, base_name in BERT_FIELD_ALIASES.items():
         if base_name in fields and bert_name not in fields:

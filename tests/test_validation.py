@@ -185,6 +185,11 @@ def test_load_best_model_at_end_saves_and_exports_the_best_checkpoint(tiny_bert,
     assert [e["step"] for e in state["log_history"] if "eval_ndcg@10" in e] == [1, 2, 3, 4]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"], "the best is kept"
     assert f"best checkpoint: step 2, ndcg@10 0.5000 ({out / 'checkpoint-2'}); the final save and export" in summary
+    info = json.loads((out / "retromae_run.json").read_text())
+    assert (info["global_step"], info["weights_step"], info["best_metric"]) == (4, 2, {"ndcg@10": 0.5})
+    assert "weights_step" not in json.loads((out / "checkpoint-4" / "retromae_run.json").read_text())
+    card = (out / "encoder" / "README.md").read_text()
+    assert "| Pre-training steps | 4 (the weights are step 2's, the best by validation: ndcg@10 0.5" in card, card
     best, last, final = (load_file(str(out / name)) for name in
                          ("checkpoint-2/model.safetensors", "checkpoint-4/model.safetensors", "model.safetensors"))
     assert all(torch.equal(best[k], final[k]) for k in best) and not all(torch.equal(last[k], final[k]) for k in last)

@@ -71,6 +71,8 @@ PRETRAIN_EXAMPLES = """examples:
   retromae pretrain --method dupmae --method-options '{"bow_loss_weight": 0.1}' --corpus corpus.jsonl
   retromae pretrain --output-dir out/retromae --resume-from-checkpoint last       # continue after a stop
   retromae pretrain --corpus corpus.jsonl --encoder-lr-scale 0.1                  # continue a trained retriever
+  retromae pretrain --model bert-base-uncased --from-scratch true --corpus wiki.txt \\
+                    --config-overrides "num_hidden_layers=6,hidden_size=384"  # random init, a smaller BERT
 """
 
 
@@ -97,6 +99,18 @@ class ModelArguments:
         metadata={"help": "grow a BERT / RoBERTa / XLM-R base's learned position table to N usable positions by "
                   "copying it (as BGE-M3 did), to pre-train at a longer --max-seq-length; not for ModernBERT "
                   "(rotary positions: it runs at its native length)"},
+    )
+    from_scratch: bool = field(
+        default=False,
+        metadata={"help": "initialise every weight randomly (seeded by --seed) with --model's architecture and "
+                  "tokenizer, instead of loading its weights; --model may then be a folder with only config.json and "
+                  "a tokenizer, or any Hub id of a supported family"},
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "with --from-scratch: change --model's config, e.g. "
+                  "'num_hidden_layers=6,hidden_size=384,num_attention_heads=12,intermediate_size=1536' (the base's "
+                  "own config keys, as transformers' run_mlm.py takes them)"},
     )
     attn_implementation: Literal[
         "auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"
@@ -264,8 +278,19 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
             raise
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
     check_best_model_options(training, validation, model.method)
+    check_from_scratch_options(model)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
     return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation)
+
+
+def check_from_scratch_options(model: ModelArguments) -> None:
+    """Refuse, in one line, options that need or contradict `--from-scratch`."""
+    if model.config_overrides and not model.from_scratch:
+        raise UserError("--config-overrides changes the architecture, which a checkpoint's weights fix: add "
+                        "--from-scratch true to initialise the model randomly")
+    if model.extend_position_embeddings and model.from_scratch:
+        raise UserError("--extend-position-embeddings copies a trained position table; from scratch, size it with "
+                        "--config-overrides max_position_embeddings=N")
 
 
 def check_best_model_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
@@ -417,10 +442,7 @@ def load_pretraining_model(
     (`unsupported_model_message`). `attn_implementation` (from
     `attn_implementation_for`; None: transformers' default) is the encoder's."""
     check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
-    try:
-        model_type = AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("model_type")
-    except OSError as error:
-        raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
+    model_type = config_model_type(model_ref)
     ours = {m.model_class.config_class.model_type: m for m in METHODS.values()}
     if model_type in ours:
         if ours[model_type].name != method.name and model_type not in method.continues_from:
@@ -439,6 +461,38 @@ def load_pretraining_model(
         )
     except ValueError as error:  # no encoder weights of the family: the --model the user gave
         raise UserError(str(error)) from None
+
+
+def config_model_type(model_ref: str) -> str | None:
+    """The `model_type` of `model_ref`'s config.json (None when it names none); one line when there is no config."""
+    try:
+        return AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("model_type")
+    except OSError as error:
+        raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
+
+
+def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None,
+                  options: ModelArguments, tokenizer):
+    """`--from-scratch`: the method's model with `model_ref`'s architecture (and `--config-overrides`), every weight
+    random. With `--tokenizer`, `vocab_size` and `pad_token_id` are the tokenizer's unless the overrides set them."""
+    overrides = [options.config_overrides] if options.config_overrides else []
+    given = {item.partition("=")[0].strip() for item in ",".join(overrides).split(",")}
+    if options.tokenizer:
+        overrides += [f"{key}={value}" for key, value in (("vocab_size", len(tokenizer)),
+                                                          ("pad_token_id", tokenizer.pad_token_id))
+                      if key not in given and value is not None]
+    model_type = config_model_type(model_ref) or "bert"
+    if model_type not in SUPPORTED_ENCODER_TYPES:
+        families = ", ".join(backbone.display_name for backbone in BACKBONES)
+        raise UserError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
+                        f"{model_type!r} one (export a retromae checkpoint first to reuse its architecture)")
+    try:
+        return method.model_class.from_encoder_config(
+            model_ref, attn_implementation=attn_implementation, architecture_overrides=",".join(overrides) or None,
+            **settings,
+        )
+    except ValueError as error:  # a bad override, or sizes the architecture cannot take
+        raise UserError(f"--from-scratch with --model {model_ref}: {error}") from None
 
 
 def unsupported_model_message(model_ref: str, model_type: str | None) -> str:
@@ -559,7 +613,9 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     model_ref = run.model.model or default_model_dir()
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
     # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
-    check_model_folder(run.resume or model_ref, purpose="--model", tokenizer=False)  # before its tokenizer is read
+    scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
+    check_model_folder(run.resume or model_ref, purpose="--model", tokenizer=False,  # before its tokenizer is read
+                       weights=not scratch)
     tokenizer = load_tokenizer(run.resume or run.model.tokenizer or model_ref,
                                hint=" (pass a local folder, or --tokenizer)")
     inputs = DataInputs(
@@ -571,8 +627,12 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
     scale_loss_chunk(settings, method, run.resume or model_ref)
     attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
-    model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
-    if not run.resume and args.should_log:  # the main process only
+    if scratch:
+        set_seed(args.seed)  # the same initial weights on every process and in every run of the same --seed
+        model = scratch_model(model_ref, method, settings, attention, run.model, tokenizer)
+    else:
+        model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
+    if not run.resume and not run.model.from_scratch and args.should_log:  # the main process only
         suggest_recipe(model_ref, run.recipe)
     if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
         extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
@@ -586,11 +646,18 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     base_name = run.model.base_model_name or resumed_info.get("base_model") or (
         public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME
     )
+    initialisation = {}
+    if run.model.from_scratch:  # no base model, only its architecture
+        base_name = None
+        initialisation = {"initialisation": {
+            "from_scratch": True, "architecture_of": public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME,
+            "config_overrides": run.model.config_overrides}}
     corpus_name = (run.data.corpus_name or data.corpus_name or resumed_info.get("corpus")
                    or public_name(run.data.corpus) or DEFAULT_CORPUS_NAME)
     run_info = {
         "method": method.name, "base_model": base_name, "corpus": corpus_name,
         "max_seq_length": inputs.max_seq_length, "packing": inputs.packing, "retromae_version": package_version(),
+        **initialisation,
     }
     trainer = RetroMAETrainer(
         model=model, args=args, train_dataset=data.dataset, data_collator=data.collator,

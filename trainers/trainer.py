@@ -256,6 +256,7 @@ class RetroMAETrainer(Trainer):
                                                   toggle_requires_grad=self.args.world_size == 1)
             self.add_callback(self.head_warmup)
         self.run_info = dict(run_info or {})
+        self._best_loaded = False  # the best checkpoint's weights replaced the last step's (load_best_model_at_end)
         self.run_settings = dict(run_settings or record_settings({}, new_run_id()))
         self.add_callback(LogLastStepCallback())
         self._loss_sums: dict[str, torch.Tensor] = {}
@@ -478,8 +479,15 @@ class RetroMAETrainer(Trainer):
         losses = [entry for entry in self.state.log_history if "loss" in entry]
         final = {k: v for k, v in losses[-1].items() if k == "loss" or k.endswith("_loss")} if losses else {}
         first = {k: v for k, v in losses[0].items() if k == "loss" or k.endswith("_loss")} if losses else {}
-        return {**self.run_info, "global_step": self.state.global_step, "training": training,
+        best = {"weights_step": self.state.best_global_step, "best_metric": {
+            self.args.metric_for_best_model.removeprefix("eval_"): self.state.best_metric}} if self._best_loaded else {}
+        return {**self.run_info, "global_step": self.state.global_step, **best, "training": training,
                 "first_losses": first, "final_losses": final}
+
+    def _load_best_model(self) -> None:
+        """The Trainer's; the run record then names the step whose weights these are (`weights_step`)."""
+        super()._load_best_model()
+        self._best_loaded = True
 
     def _collator_state_to_save(self) -> torch.Tensor | None:
         return self._train_masking.get_state() if self.masking_collator is not None else None

@@ -193,7 +193,10 @@ def render_pretrained_card(
         tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", "feature-extraction"])),
         model_name=model_name,
     )
-    if hub_base_model:
+    scratch = (run_info.get("initialisation") or {}).get("from_scratch")
+    if scratch:
+        base_model_text = _scratch_text(run_info["initialisation"])
+    elif hub_base_model:
         base_model_text = f"[{hub_base_model}](https://huggingface.co/{hub_base_model})"
     else:
         base_model_text = "a local checkpoint (not a Hub model id)" if base_model else "not recorded"
@@ -219,6 +222,8 @@ def render_pretrained_card(
                                           + ("normalised" if similarity == "cosine" else "not normalised")),
         max_seq_length=max_seq_length,
         global_step=run_info.get("global_step", "not recorded"),
+        weights_step=run_info.get("weights_step"),
+        best_metric=[(name, format_metric(value)) for name, value in (run_info.get("best_metric") or {}).items()],
         retromae_version=run_info.get("retromae_version", "not recorded"),
         method_hparams=method_hyperparameters(method, config),
         training=_training_rows(run_info.get("training")),
@@ -228,6 +233,14 @@ def render_pretrained_card(
         citation=method.paper.bibtex,
     )
     return str(card)
+
+
+def _scratch_text(initialisation: Mapping[str, Any]) -> str:
+    """The base-model row of a model pre-trained from random initialisation (`--from-scratch`)."""
+    source = card_name(initialisation.get("architecture_of"))
+    overrides = initialisation.get("config_overrides")
+    text = "none: initialised randomly" + (f", with the architecture of `{source}`" if source else "")
+    return text + (f" changed by `{overrides}`" if overrides else "")
 
 
 def base_architecture_fields(config: Mapping[str, Any]) -> frozenset[str]:

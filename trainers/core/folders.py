@@ -85,13 +85,15 @@ def is_local_path(value: str | os.PathLike, *, beside: Path | None = None) -> bo
     return text.count("/") > 1 or any((base / text).exists() for base in (Path.cwd(), beside))
 
 
-def missing_model_files(folder: Path, *, tokenizer: bool = True) -> list[str]:
-    """The files (or alternatives, joined by ' or ') a complete model folder has and `folder` lacks."""
+def missing_model_files(folder: Path, *, tokenizer: bool = True, weights: bool = True) -> list[str]:
+    """The files (or alternatives, joined by ' or ') a complete model folder has and `folder` lacks; `weights`:
+    require the weights (not for a model built from its config)."""
     missing: list[str] = []
     model_dir = _transformer_dir(folder, missing)
     if not (model_dir / "config.json").is_file():
         missing.append(_rel(model_dir / "config.json", folder))
-    missing += _missing_weights(model_dir, folder)
+    if weights:
+        missing += _missing_weights(model_dir, folder)
     # a tokenizer_config.json without a vocabulary is half a tokenizer save, required or not
     started = (model_dir / "tokenizer_config.json").is_file()
     if (tokenizer or started) and not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
@@ -109,7 +111,8 @@ def _is_trainer_checkpoint(folder: Path) -> bool:
     )
 
 
-def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer: bool = True) -> None:
+def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer: bool = True,
+                       weights: bool = True) -> None:
     """Refuse a local model folder that a complete save would not look like (files missing, or a safetensors file
     shorter than its header says); Hub ids pass through unchecked.
 
@@ -118,6 +121,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         purpose: what the folder was given for, for the message (e.g. "--model", "export").
         tokenizer: require a tokenizer vocabulary (False for readers that may take the tokenizer elsewhere; a
             half-saved tokenizer, tokenizer_config.json without a vocabulary, is refused either way).
+        weights: require complete weights (False: only the config is read).
 
     Raises:
         IncompleteModelFolder: one line naming the folder, the missing files (or the truncated one) and the fix.
@@ -129,7 +133,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         raise IncompleteModelFolder(f"{purpose}: model folder {folder} does not exist")
     if not folder.is_dir():
         raise IncompleteModelFolder(f"{purpose}: {folder} is not a folder")
-    missing = missing_model_files(folder, tokenizer=tokenizer)
+    missing = missing_model_files(folder, tokenizer=tokenizer, weights=weights)
     if missing and not any(f.name in {"config.json", "modules.json"} or f.suffix == ".safetensors"
                            for f in folder.iterdir()):
         raise IncompleteModelFolder(f"{purpose}: {folder} is not a model folder: it has no {'; no '.join(missing)}")
@@ -137,7 +141,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         raise IncompleteModelFolder(
             f"{purpose}: model folder {folder} is incomplete, it has no {'; no '.join(missing)}; {KILLED_SAVE_HINT}"
         )
-    for file in _safetensors_files(folder):
+    for file in _safetensors_files(folder) if weights else []:
         problem = safetensors_problem(file)
         if problem:
             raise IncompleteModelFolder(f"{purpose}: weights file {file} is incomplete: {problem}; "
