@@ -57,12 +57,13 @@ def test_pretrain_logs_validation_and_leaves_training_untouched(tiny_bert, corpu
     assert main(pretrain_args(tiny_bert, corpus, plain, "--no-export", "true")) == 0
     assert main(pretrain_args(tiny_bert, corpus, validated, "--no-export", "true", "--eval-beir-folder",
                               str(beir_folder), "--eval-steps", "3", "--eval-max-queries", "5",
-                              "--eval-coverage", "true")) == 0
+                              "--eval-coverage", "true", "--eval-on-start", "true")) == 0
     summary = capsys.readouterr().out
     state = json.loads((validated / "checkpoint-4" / "trainer_state.json").read_text())
     evaluated = [entry for entry in state["log_history"] if entry.keys() >= EVAL_KEYS]
-    assert [entry["step"] for entry in evaluated] == [3, 4], "every --eval-steps and at the last step"
-    assert all("loss" in entry and "encoder_mlm_loss" in entry and "eval_coverage@10" in entry for entry in evaluated)
+    assert [entry["step"] for entry in evaluated] == [0, 3, 4], "the start, every --eval-steps and the last step"
+    assert all("eval_coverage@10" in entry for entry in evaluated)
+    assert all("loss" in entry and "encoder_mlm_loss" in entry for entry in evaluated[1:]), "beside the loss terms"
     assert all(0 <= entry[key] <= 1 for entry in evaluated for key in EVAL_KEYS)
     assert f"retrieval validation (step 4): ndcg@10 {evaluated[-1]['eval_ndcg@10']:.4f}" in summary
     assert (validated / "validation.png").stat().st_size > 0
