@@ -487,12 +487,17 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
         raise UserError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
                         f"{model_type!r} one (export a retromae checkpoint first to reuse its architecture)")
     try:
-        return method.model_class.from_encoder_config(
+        model = method.model_class.from_encoder_config(
             model_ref, attn_implementation=attn_implementation, architecture_overrides=",".join(overrides) or None,
             **settings,
         )
     except ValueError as error:  # a bad override, or sizes the architecture cannot take
         raise UserError(f"--from-scratch with --model {model_ref}: {error}") from None
+    config = model.config
+    logger.info("From scratch: a random %s encoder, %d layers, hidden size %d, vocabulary %d (%.1f M parameters with "
+                "the method's heads), the architecture of %s", backbone_of(config).display_name,
+                config.num_hidden_layers, config.hidden_size, config.vocab_size, model.num_parameters() / 1e6, model_ref)
+    return model
 
 
 def unsupported_model_message(model_ref: str, model_type: str | None) -> str:
