@@ -381,9 +381,24 @@ def seed_rows(done: dict, variant: str) -> list[dict]:
         prefix = f"evaluate_{variant}_s"
         seed = name[len(prefix):]
         if name.startswith(prefix) and seed.isdigit() and f"finetune_{variant}_s{seed}" in done:
+            finetuned = done[f"finetune_{variant}_s{seed}"]
             rows.append({"seed": int(seed), **{label: entry["result"][k] for k, label in METRICS.items()},
-                         "hardware": done[f"finetune_{variant}_s{seed}"].get("hardware")})
+                         "hardware": finetuned.get("hardware"), "start_weights": finetuned.get("start_weights")})
     return sorted(rows, key=lambda r: r["seed"])
+
+
+def mixed_starts(variant: dict) -> str | None:
+    """A sentence when a variant's seeds were fine-tuned from more than one pre-training (an arm pre-trained again on
+    a new machine: GPU pre-training is not bit-reproducible), naming which seeds used which weights; else None."""
+    starts: dict[str, list[int]] = {}
+    for row in variant["seeds"]:
+        if row.get("start_weights"):
+            starts.setdefault(row["start_weights"], []).append(row["seed"])
+    if len(starts) < 2:
+        return None
+    groups = "; ".join(f"{digest}: seeds {', '.join(map(str, seeds))}" for digest, seeds in starts.items())
+    return (f"{variant['label']}: its seeds were fine-tuned from {len(starts)} pre-training runs of the same settings "
+            f"({groups}), so their spread includes the pre-training's.")
 
 
 def summary(rows: list[dict]) -> dict:
@@ -513,6 +528,10 @@ def markdown(payload: dict) -> str:
                      str(pre.get("steps", "-")), f"{pre['tokens_seen']:,}" if pre.get("tokens_seen") else "-",
                      str(pre.get("seconds_per_step", "-")), f"{rec['wall_s']:.0f}")
             lines.append("| " + " | ".join(cells) + " |")
+    variants = [v for rec in arms.values() for v in [rec] + ([rec["hybrid"]] if rec.get("hybrid") else [])]
+    mixed = [sentence for sentence in map(mixed_starts, variants) if sentence]
+    if mixed:
+        lines += ["", *mixed]
     if payload["versus_mlm"]:
         lines += ["", "| vs MLM only (dev NDCG@10) | per seed | mean difference | > 2 x seed std | zero-shot difference |",
                   "|---|---|---|---|---|"]

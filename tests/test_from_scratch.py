@@ -75,6 +75,25 @@ def test_results_json_names_every_arm_with_its_seeds(fs, tmp_path):
     assert (tmp_path / "from_scratch_ndcg.png").stat().st_size > 0
 
 
+def test_seeds_from_two_pre_trainings_are_named(fs, tmp_path):
+    """An arm pre-trained again on a new machine (its first checkpoint gone) fine-tunes its missing seeds from other
+    weights: the report says which seeds used which."""
+    ledger = tmp_path / "from_scratch_ledger"
+    ledger.mkdir()
+    retromae = arm_ledger("retromae", {42: 0.40, 43: 0.41, 44: 0.42})
+    for seed, digest in ((42, "aaa"), (43, "aaa"), (44, "bbb")):
+        retromae[f"finetune_retromae_s{seed}"]["start_weights"] = digest
+    fs.write_json(ledger / "retromae.phases.json", retromae)
+    fs.write_json(ledger / "mlm.phases.json", arm_ledger("mlm", {42: 0.30}))
+    _, cfg = fs.settings(fs.parse_args(["--seeds", "42,43,44"]))
+    payload = fs.report(tmp_path, ledger, cfg, {"preset": "gpu", "command": "c", "date": "d"})
+    assert [s["start_weights"] for s in payload["arms"]["retromae"]["seeds"]] == ["aaa", "aaa", "bbb"]
+    table = payload["table_markdown"]
+    assert "RetroMAE (enhanced): its seeds were fine-tuned from 2 pre-training runs of the same settings (aaa: seeds " \
+           "42, 43; bbb: seeds 44)" in table
+    assert "MLM only: its seeds" not in table
+
+
 def test_a_tiny_report_says_it_proves_nothing(fs, tmp_path):
     ledger = tmp_path / "from_scratch_ledger"
     ledger.mkdir()
