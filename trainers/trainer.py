@@ -479,10 +479,11 @@ class RetroMAETrainer(Trainer):
         losses = [entry for entry in self.state.log_history if "loss" in entry]
         final = {k: v for k, v in losses[-1].items() if k == "loss" or k.endswith("_loss")} if losses else {}
         first = {k: v for k, v in losses[0].items() if k == "loss" or k.endswith("_loss")} if losses else {}
-        best = {"weights_step": self.state.best_global_step, "best_metric": {
-            self.args.metric_for_best_model.removeprefix("eval_"): self.state.best_metric}} if self._best_loaded else {}
-        return {**self.run_info, "global_step": self.state.global_step, **best, "training": training,
-                "first_losses": first, "final_losses": final}
+        record = {**self.run_info, "global_step": self.state.global_step}
+        if self._best_loaded:  # the weights are the best checkpoint's, not the last step's
+            metric = self.args.metric_for_best_model.removeprefix("eval_")
+            record.update(weights_step=self.state.best_global_step, best_metric={metric: self.state.best_metric})
+        return {**record, "training": training, "first_losses": first, "final_losses": final}
 
     def _load_best_model(self) -> None:
         """The Trainer's; the run record then names the step whose weights these are (`weights_step`)."""
