@@ -155,7 +155,7 @@ class SentMAEForPretraining(RetroMAEForPretraining):
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
         if any(k.startswith("decoder.") for k in missing_keys):
             logger.warning(
-                "SentMAE stage 2 starts from a checkpoint without a RetroMAE decoder: the decoder is new. The paper "
+                "SentMAE stage 2 starts without a trained RetroMAE decoder: the decoder is new. The paper "
                 "continues a stage-1 RetroMAE checkpoint (decoder included); run `--method retromae` first for that."
             )
         super().after_encoder_checkpoint_loaded(missing_keys)
