@@ -497,6 +497,9 @@ def _overridden(config: PreTrainedConfig, overrides: str | None) -> PreTrainedCo
             config.update_from_string(f"{key}={value}")
         except (ValueError, TypeError) as error:
             raise ValueError(f"{key}={value}: {error}") from None
+        is_size = key.startswith("num_") or key.endswith("_size") or key == "max_position_embeddings"
+        if is_size and isinstance(getattr(config, key), int) and getattr(config, key) < 1:
+            raise ValueError(f"{key}={value}: a size or count, at least 1")
     pattern = getattr(config, "layer_types", None)
     if isinstance(pattern, list) and pattern and len(pattern) != config.num_hidden_layers:
         config.layer_types = [pattern[i % len(pattern)] for i in range(config.num_hidden_layers)]

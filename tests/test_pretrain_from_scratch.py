@@ -74,6 +74,16 @@ def test_the_card_names_no_base_model(tiny_bert, corpus, tmp_path):
     assert str(tmp_path) not in card
 
 
+def test_a_config_file_may_give_the_overrides_as_a_mapping(tiny_bert, corpus, tmp_path):
+    preset = tmp_path / "scratch.yaml"
+    preset.write_text("from_scratch: true\nconfig_overrides:\n  num_hidden_layers: 1\n  intermediate_size: 24\n"
+                      "  tie_word_embeddings: true\n")
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--config", str(preset), "--no-export", "true")) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["intermediate_size"]) == (1, 24)
+
+
 def test_another_tokenizer_sizes_the_vocabulary(tiny_bert, tiny_roberta, corpus, tmp_path):
     out = tmp_path / "run"
     assert main(scratch_run(tiny_bert, corpus, out, "--tokenizer", str(tiny_roberta), "--no-export", "true")) == 0
@@ -111,6 +121,8 @@ def test_resuming_continues_the_run_exactly(tiny_bert, corpus, tmp_path):
      "--from-scratch with --model {model}: num_layers=1: key num_layers isn't in the original config dict"),
     (["--from-scratch", "true", "--config-overrides", "hidden_size"], "'hidden_size' is not key=value"),
     (["--from-scratch", "true", "--config-overrides", "hidden_size=30"], "is not a multiple of the number of"),
+    (["--from-scratch", "true", "--config-overrides", "num_attention_heads=0"], "num_attention_heads=0: a size or"),
+    (["--from-scratch", "true", "--config-overrides", "hidden_size=-4"], "hidden_size=-4: a size or count, at least 1"),
     (["--from-scratch", "true", "--extend-position-embeddings", "256"], "from scratch, size it with"),
 ])
 def test_wrong_combinations_are_refused_in_one_line(tiny_bert, corpus, tmp_path, capsys, flags, expected):

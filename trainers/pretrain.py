@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -110,7 +111,7 @@ class ModelArguments:
         default=None,
         metadata={"help": "with --from-scratch: change --model's config, e.g. "
                   "'num_hidden_layers=6,hidden_size=384,num_attention_heads=12,intermediate_size=1536' (the base's "
-                  "own config keys, as transformers' run_mlm.py takes them)"},
+                  "own config keys, as transformers' run_mlm.py takes them; a mapping in a --config file)"},
     )
     attn_implementation: Literal[
         "auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"
@@ -471,11 +472,23 @@ def config_model_type(model_ref: str) -> str | None:
         raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
 
 
+def override_text(value: str) -> str:
+    """`--config-overrides` as "key=value,...": as given, or from a mapping in a `--config` file (which reaches the
+    parser as a JSON object)."""
+    try:
+        mapping = json.loads(value)
+    except ValueError:
+        return value
+    if not isinstance(mapping, dict):
+        return value
+    return ",".join(f"{key}={str(item).lower() if isinstance(item, bool) else item}" for key, item in mapping.items())
+
+
 def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None,
                   options: ModelArguments, tokenizer):
     """`--from-scratch`: the method's model with `model_ref`'s architecture (and `--config-overrides`), every weight
     random. With `--tokenizer`, `vocab_size` and `pad_token_id` are the tokenizer's unless the overrides set them."""
-    overrides = [options.config_overrides] if options.config_overrides else []
+    overrides = [override_text(options.config_overrides)] if options.config_overrides else []
     given = {item.partition("=")[0].strip() for item in ",".join(overrides).split(",")}
     if options.tokenizer:
         overrides += [f"{key}={value}" for key, value in (("vocab_size", len(tokenizer)),
