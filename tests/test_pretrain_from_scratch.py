@@ -124,6 +124,11 @@ def test_resuming_continues_the_run_exactly(tiny_bert, corpus, tmp_path):
     (["--from-scratch", "true", "--config-overrides", "num_attention_heads=0"], "num_attention_heads=0: a size or"),
     (["--from-scratch", "true", "--config-overrides", "hidden_size=-4"], "hidden_size=-4: a size or count, at least 1"),
     (["--from-scratch", "true", "--extend-position-embeddings", "256"], "from scratch, size it with"),
+    (["--from-scratch", "true", "--config-overrides", "hidden_act=nonesuch"],
+     "the architecture cannot be built with --config-overrides 'hidden_act=nonesuch' (KeyError"),
+    (["--from-scratch", "true", "--config-overrides", "max_position_embeddings=16"],
+     "(or raise it: --config-overrides max_position_embeddings=N)"),
+    (["--from-scratch", "true", "--config-overrides", "vocab_size=10"], "raise vocab_size in --config-overrides"),
 ])
 def test_wrong_combinations_are_refused_in_one_line(tiny_bert, corpus, tmp_path, capsys, flags, expected):
     out = tmp_path / "run"

@@ -506,6 +506,9 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
         )
     except ValueError as error:  # a bad override, or sizes the architecture cannot take
         raise UserError(f"--from-scratch with --model {model_ref}: {error}") from None
+    except (KeyError, TypeError, RuntimeError, ArithmeticError) as error:  # e.g. hidden_act=<unknown>
+        raise UserError(f"--from-scratch with --model {model_ref}: the architecture cannot be built with "
+                        f"--config-overrides {options.config_overrides!r} ({type(error).__name__}: {error})") from None
     config = model.config
     logger.info("From scratch: a random %s encoder, %d layers, hidden size %d, vocabulary %d (%.1f M parameters with "
                 "the method's heads), the architecture of %s", backbone_of(config).display_name,
@@ -543,21 +546,26 @@ def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -
                 vocab_size)
 
 
-def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str) -> None:
+def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str,
+                              from_scratch: bool = False) -> None:
     """Refuse, in one line, a tokenizer larger than the embedding matrix and a --max-seq-length beyond the encoder's
-    usable positions (`core.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table)."""
+    usable positions (`core.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table);
+    `from_scratch`: the fix named is a --config-overrides size."""
     config = model.config
     if len(tokenizer) > config.vocab_size:
+        fix = ("raise vocab_size in --config-overrides (or drop it)" if from_scratch
+               else "use the tokenizer that belongs to the model (--tokenizer)")
         raise UserError(
             f"the tokenizer has {len(tokenizer)} tokens but the model {model_ref} has only {config.vocab_size} "
-            "embedding rows; use the tokenizer that belongs to the model (--tokenizer)"
+            f"embedding rows; {fix}"
         )
     limit, offset = usable_positions(config), position_offset(config)
     if max_seq_length > limit:
         where = (f"max_position_embeddings {config.max_position_embeddings} - padding offset {offset}" if offset
                  else "max_position_embeddings")
-        grow = (" (or grow the table: --extend-position-embeddings N)"
-                if backbone_of(config).has_position_table else "")
+        grow = (" (or raise it: --config-overrides max_position_embeddings=N)" if from_scratch
+                else " (or grow the table: --extend-position-embeddings N)" if backbone_of(config).has_position_table
+                else "")
         raise UserError(
             f"--max-seq-length {max_seq_length} exceeds the model's position limit "
             f"({limit}, {where} in {model_ref}); use a value <= that{grow}"
@@ -654,7 +662,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         suggest_recipe(model_ref, run.recipe)
     if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
         extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
-    check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref)
+    check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref, scratch)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
     if data.drop_last and not args.dataloader_drop_last:
