@@ -429,15 +429,14 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         cls, model_name_or_path: str | os.PathLike, attn_implementation: str | None = None,
         architecture_overrides: str | None = None, **config_overrides,
     ):
-        """A randomly initialised model (pre-training from scratch) with the architecture of `model_name_or_path`'s
-        config (the same families as `from_encoder_checkpoint`; its weights are not read), changed by
-        `architecture_overrides` ("num_hidden_layers=6,hidden_size=384": transformers' `update_from_string` on the
-        base's config, so the keys are the base's own). Every module is initialised as `from_encoder_checkpoint`
-        initialises the modules a checkpoint lacks, from torch's global RNG (seed it first); `decoder_init=
-        "copy_last_layer"` copies the random last encoder layer.
+        """A randomly initialised model with the architecture of `model_name_or_path`'s config (its weights are not
+        read), changed by `architecture_overrides` ("num_hidden_layers=6,hidden_size=384", the base config's own
+        keys). Initialised as `from_encoder_checkpoint` initialises absent modules, from torch's global RNG: seed it
+        first.
 
         Raises:
-            ValueError: an unsupported `model_type`, an override key the config lacks or a value of the wrong type.
+            ValueError: an unsupported `model_type`, an override key the config lacks, a value of the wrong type or
+                a size below 1.
         """
         model_type, _ = _checked_types(model_name_or_path)
         fields = base_config_fields(model_name_or_path, model_type, architecture_overrides)
