@@ -82,6 +82,8 @@ def test_a_config_file_may_give_the_overrides_as_a_mapping(tiny_bert, corpus, tm
     assert main(pretrain_args(tiny_bert, corpus, out, "--config", str(preset), "--no-export", "true")) == 0
     config = json.loads((out / "config.json").read_text())
     assert (config["num_hidden_layers"], config["intermediate_size"]) == (1, 24)
+    overrides = json.loads((out / "retromae_run.json").read_text())["initialisation"]["config_overrides"]
+    assert overrides == "num_hidden_layers=1,intermediate_size=24,tie_word_embeddings=true", "as the card shows it"
 
 
 def test_another_tokenizer_sizes_the_vocabulary(tiny_bert, tiny_roberta, corpus, tmp_path):

@@ -677,7 +677,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         base_name = None
         initialisation = {"initialisation": {
             "from_scratch": True, "architecture_of": public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME,
-            "config_overrides": run.model.config_overrides}}
+            "config_overrides": override_text(run.model.config_overrides) if run.model.config_overrides else None}}
     corpus_name = (run.data.corpus_name or data.corpus_name or resumed_info.get("corpus")
                    or public_name(run.data.corpus) or DEFAULT_CORPUS_NAME)
     run_info = {
