@@ -510,6 +510,7 @@ def markdown(payload: dict) -> str:
     header = ("arm", "dev NDCG@10", "MRR@10", "Recall@100", "NDCG@10 per seed", "zero-shot NDCG@10 / MRR@10 / R@100",
               "coverage@10/20/50/100, LM head", "coverage, Eᵀ", "steps", "tokens seen", "s/step", "wall (s)")
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    mixed = []  # the variants whose seeds started from more than one pre-training
     for arm in ARMS:
         rec = arms.get(arm)
         if rec is None:
@@ -528,8 +529,9 @@ def markdown(payload: dict) -> str:
                      str(pre.get("steps", "-")), f"{pre['tokens_seen']:,}" if pre.get("tokens_seen") else "-",
                      str(pre.get("seconds_per_step", "-")), f"{rec['wall_s']:.0f}")
             lines.append("| " + " | ".join(cells) + " |")
-    variants = [v for rec in arms.values() for v in [rec] + ([rec["hybrid"]] if rec.get("hybrid") else [])]
-    mixed = [sentence for sentence in map(mixed_starts, variants) if sentence]
+            sentence = mixed_starts(variant)
+            if sentence:
+                mixed.append(sentence)
     if mixed:
         lines += ["", *mixed]
     if payload["versus_mlm"]:

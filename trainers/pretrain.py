@@ -672,19 +672,17 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     base_name = run.model.base_model_name or resumed_info.get("base_model") or (
         public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME
     )
-    initialisation = {}
-    if run.model.from_scratch:  # no base model, only its architecture
-        base_name = None
-        initialisation = {"initialisation": {
-            "from_scratch": True, "architecture_of": public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME,
-            "config_overrides": override_text(run.model.config_overrides) if run.model.config_overrides else None}}
     corpus_name = (run.data.corpus_name or data.corpus_name or resumed_info.get("corpus")
                    or public_name(run.data.corpus) or DEFAULT_CORPUS_NAME)
     run_info = {
         "method": method.name, "base_model": base_name, "corpus": corpus_name,
         "max_seq_length": inputs.max_seq_length, "packing": inputs.packing, "retromae_version": package_version(),
-        **initialisation,
     }
+    if run.model.from_scratch:  # no base model, only its architecture
+        overrides = run.model.config_overrides
+        run_info.update(base_model=None, initialisation={
+            "from_scratch": True, "architecture_of": public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME,
+            "config_overrides": override_text(overrides) if overrides else None})
     trainer = RetroMAETrainer(
         model=model, args=args, train_dataset=data.dataset, data_collator=data.collator,
         processing_class=tokenizer, run_info=run_info, run_settings=run.settings, recipe=run.recipe,
