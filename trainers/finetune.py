@@ -553,6 +553,68 @@ def _finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransfor
         write_json_atomic(work_dir / STATE_FILE, state)
 
 
+def _model_after_finished_stages(model: SentenceTransformer, stages: list[str], state: dict[str, Any],
+                                 work_dir: Path) -> SentenceTransformer:
+    """The model the last finished stage saved (`model` when none finished); refuses finished stages that do not
+    begin `stages`."""
+    finished = [record["stage"] for record in state["stages"]]
+    if not finished:
+        return model
+    if finished != stages[: len(finished)]:
+        raise FinetuneError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
+                            f"begin --stages {','.join(stages)}")
+    logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
+    return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
+
+
+def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
+                      data_args: FinetuneDataArguments, training_args: FinetuneTrainingArguments,
+                      beir: RetrievalData | None, work_dir: Path) -> tuple[list[TrainingGroup], str]:
+    """`groups` with hard negatives, and where they came from: `--negatives-file`, the training data, the run
+    this one resumes, or mined now with `model` (saved to `NEGATIVES_FILE`, recorded in `state`)."""
+    if data_args.negatives_file:
+        return (_negatives_from_file(data_args.negatives_file, groups),
+                f"file {Path(data_args.negatives_file).name}")
+    if any(g.negatives for g in groups):
+        return groups, "supplied with the training data"
+    if state["negatives"]:
+        return _negatives_from_file(work_dir / NEGATIVES_FILE, groups), state["negatives"]
+    groups = mine_negatives(
+        model, groups, _corpus_pool(data_args, beir, groups), num_negatives=data_args.num_negatives,
+        range_min=data_args.mine_range_min, range_max=data_args.mine_range_max,
+        sampling=data_args.mine_sampling, batch_size=training_args.per_device_train_batch_size * 4,
+        seed=training_args.seed, output_file=work_dir / NEGATIVES_FILE,
+    )
+    state["negatives"] = (
+        f"mined with the {'previous-stage' if state['stages'] else 'starting'} model "
+        f"(ranks {data_args.mine_range_min}-{data_args.mine_range_max}, {data_args.mine_sampling})"
+    )
+    if training_args.process_index == 0:  # a resumed run reads them from NEGATIVES_FILE
+        write_json_atomic(work_dir / STATE_FILE, state)
+    return groups, state["negatives"]
+
+
+def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[TrainingGroup],
+                         data_args: FinetuneDataArguments, loss_args: FinetuneLossArguments, seed: int,
+                         gather: bool) -> tuple[Dataset, dict[str, Any], nn.Module, str]:
+    """A stage's dataset, its build report, its loss and the loss's description for the run record."""
+    if stage == "distill":
+        scores = read_teacher_scores(data_args.teacher_scores)
+        dataset, report = groups_to_distillation_dataset(
+            groups, scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed
+        )
+        loss = DistillationLoss(model, loss_args.distill_loss_weight, loss_args.contrastive_loss_weight,
+                                loss_args.distill_temperature, loss_args.scale, gather)
+        description = f"KL(batchmean) to cross-encoder scores x {loss_args.distill_loss_weight:g}"
+        if loss_args.contrastive_loss_weight:
+            description += f" + in-batch contrastive x {loss_args.contrastive_loss_weight:g}"
+        return dataset, report, loss, description
+    negatives = 0 if stage == "in-batch" else data_args.num_negatives
+    dataset, report = groups_to_dataset(groups, negatives, seed=seed)
+    description = "in-batch negatives" if stage == "in-batch" else f"{negatives} hard negatives + in-batch negatives"
+    return dataset, report, contrastive_loss(model, loss_args.scale, gather), f"{description} (MultipleNegativesRankingLoss)"
+
+
 def run_finetune(
     model_args: FinetuneModelArguments,
     data_args: FinetuneDataArguments,
@@ -577,66 +639,19 @@ def run_finetune(
     )
     resume = training_args.resume_from_checkpoint in RESUME_LAST
     state = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args), resume)
-    stage_records = state["stages"]  # the finished stages; `_finish_stage` adds each new one
-    if stage_records:  # continue with the model the last finished stage saved
-        finished = [record["stage"] for record in stage_records]
-        if finished != stages[: len(finished)]:
-            raise FinetuneError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
-                                f"begin --stages {','.join(stages)}")
-        model, _ = load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)
-        logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
+    model = _model_after_finished_stages(model, stages, state, work_dir)
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)
     gather = loss_args.gather_across_devices and training_args.world_size > 1
     negatives_source = None
-    for stage in stages[len(stage_records):]:
-        if stage == "in-batch":
-            dataset, report = groups_to_dataset(groups, 0, seed=training_args.seed)
-            loss = contrastive_loss(model, loss_args.scale, gather)
-            description = "in-batch negatives (MultipleNegativesRankingLoss)"
-        else:
-            if negatives_source is None:  # the first stage that needs negatives gets them
-                if data_args.negatives_file:
-                    groups = _negatives_from_file(data_args.negatives_file, groups)
-                    negatives_source = f"file {Path(data_args.negatives_file).name}"
-                elif any(g.negatives for g in groups):
-                    negatives_source = "supplied with the training data"
-                elif state["negatives"]:  # mined by the run this one resumes
-                    groups = _negatives_from_file(work_dir / NEGATIVES_FILE, groups)
-                    negatives_source = state["negatives"]
-                else:
-                    groups = mine_negatives(
-                        model, groups, _corpus_pool(data_args, beir, groups), num_negatives=data_args.num_negatives,
-                        range_min=data_args.mine_range_min, range_max=data_args.mine_range_max,
-                        sampling=data_args.mine_sampling, batch_size=training_args.per_device_train_batch_size * 4,
-                        seed=training_args.seed, output_file=work_dir / NEGATIVES_FILE,
-                    )
-                    negatives_source = (
-                        f"mined with the {'previous-stage' if stage_records else 'starting'} model "
-                        f"(ranks {data_args.mine_range_min}-{data_args.mine_range_max}, {data_args.mine_sampling})"
-                    )
-                    state["negatives"] = negatives_source
-                    if training_args.process_index == 0:  # a resumed run reads them from NEGATIVES_FILE
-                        write_json_atomic(work_dir / STATE_FILE, state)
-                groups, more_dropped = clean_groups(groups)
-                for key, value in more_dropped.items():
-                    dropped[key] = dropped.get(key, 0) + value
-            if stage == "hard-negatives":
-                dataset, report = groups_to_dataset(groups, data_args.num_negatives, seed=training_args.seed)
-                loss = contrastive_loss(model, loss_args.scale, gather)
-                description = f"{data_args.num_negatives} hard negatives + in-batch negatives (MultipleNegativesRankingLoss)"
-            else:
-                scores = read_teacher_scores(data_args.teacher_scores)
-                dataset, report = groups_to_distillation_dataset(
-                    groups, scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=training_args.seed
-                )
-                loss = DistillationLoss(
-                    model, loss_args.distill_loss_weight, loss_args.contrastive_loss_weight, loss_args.distill_temperature,
-                    loss_args.scale, gather,
-                )
-                description = (
-                    f"KL(batchmean) to cross-encoder scores x {loss_args.distill_loss_weight:g}"
-                    + (f" + in-batch contrastive x {loss_args.contrastive_loss_weight:g}" if loss_args.contrastive_loss_weight else "")
-                )
+    for stage in stages[len(state["stages"]):]:
+        if stage != "in-batch" and negatives_source is None:  # the first stage that needs negatives gets them
+            groups, negatives_source = _attach_negatives(model, groups, state, data_args, training_args, beir,
+                                                         work_dir)
+            groups, more_dropped = clean_groups(groups)
+            for key, value in more_dropped.items():
+                dropped[key] = dropped.get(key, 0) + value
+        dataset, report, loss, description = _stage_data_and_loss(stage, model, groups, data_args, loss_args,
+                                                                  training_args.seed, gather)
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
         args = _stage_args(training_args, work_dir, stage, dataset.column_names, is_dupmae_model(model))
         record = {"stage": stage, "loss": description, "examples": len(dataset),
@@ -647,7 +662,7 @@ def run_finetune(
         _finish_stage(state, work_dir, model, record, training_args.process_index == 0)
 
     info = _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
-                     stage_records, output_dir)
+                     state["stages"], output_dir)
     if training_args.process_index == 0:
         save_finetuned_model(model, output_dir, info, overwrite=training_args.overwrite)
         if data_args.eval_data:
@@ -655,7 +670,6 @@ def run_finetune(
                             output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing)
             info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     return FinetuneResult(output_dir, info)
-
 
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
 
