@@ -166,31 +166,8 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
         )
     corpus = read_beir_corpus(folder / "corpus.jsonl")
     all_queries = read_beir_queries(folder / "queries.jsonl")
-    raw_qrels = read_qrels(qrels_file)
-    report = Counter()
-    qrels: dict[str, dict[str, int]] = {}
-    unknown_queries, unknown_docs = set(), set()
-    for qid, docs in raw_qrels.items():
-        if qid not in all_queries:
-            unknown_queries.add(qid)
-            report["qrels_lines_with_unknown_query"] += len(docs)
-            continue
-        for doc_id, score in docs.items():
-            if doc_id not in corpus:
-                unknown_docs.add(doc_id)
-                report["qrels_lines_with_unknown_document"] += 1
-                continue
-            qrels.setdefault(qid, {})[doc_id] = int(score)
-    if unknown_queries or unknown_docs:
-        message = (
-            f"{qrels_file.relative_to(folder.parent)} names {len(unknown_queries)} query id(s) missing from "
-            f"queries.jsonl ({report['qrels_lines_with_unknown_query']} lines, e.g. {sorted(unknown_queries)[:3]}) and "
-            f"{len(unknown_docs)} document id(s) missing from corpus.jsonl "
-            f"({report['qrels_lines_with_unknown_document']} lines, e.g. {sorted(unknown_docs)[:3]})"
-        )
-        if on_missing == "error":
-            raise RetrievalDataError(message + "; fix the files, or pass --on-missing skip to drop those lines")
-        logger.warning("%s; skipped (--on-missing skip)", message)
+    qrels, report = _known_qrels(read_qrels(qrels_file), all_queries, corpus, on_missing,
+                                 qrels_file.relative_to(folder.parent))
     positives = {qid: {d: s for d, s in docs.items() if s > 0} for qid, docs in qrels.items()}
     without = sorted(qid for qid, docs in positives.items() if not docs)
     if without:
@@ -204,6 +181,37 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
         raise RetrievalDataError(f"{qrels_file.relative_to(folder.parent)}: no query with a relevant document remains")
     queries = {qid: all_queries[qid] for qid in positives}
     return RetrievalData(corpus, queries, positives, name=folder.resolve().name, split=split, report=dict(report))
+
+
+def _known_qrels(raw_qrels: dict[str, dict[str, int]], queries: Mapping[str, Any], corpus: Mapping[str, Any],
+                 on_missing: OnMissing, qrels_name: Path) -> tuple[dict[str, dict[str, int]], Counter]:
+    """The qrels lines whose query and document exist, and the counts of the others; those others are refused
+    (`on_missing="error"`) or logged and dropped."""
+    report = Counter()
+    qrels: dict[str, dict[str, int]] = {}
+    unknown_queries, unknown_docs = set(), set()
+    for qid, docs in raw_qrels.items():
+        if qid not in queries:
+            unknown_queries.add(qid)
+            report["qrels_lines_with_unknown_query"] += len(docs)
+            continue
+        for doc_id, score in docs.items():
+            if doc_id not in corpus:
+                unknown_docs.add(doc_id)
+                report["qrels_lines_with_unknown_document"] += 1
+                continue
+            qrels.setdefault(qid, {})[doc_id] = int(score)
+    if unknown_queries or unknown_docs:
+        message = (
+            f"{qrels_name} names {len(unknown_queries)} query id(s) missing from "
+            f"queries.jsonl ({report['qrels_lines_with_unknown_query']} lines, e.g. {sorted(unknown_queries)[:3]}) and "
+            f"{len(unknown_docs)} document id(s) missing from corpus.jsonl "
+            f"({report['qrels_lines_with_unknown_document']} lines, e.g. {sorted(unknown_docs)[:3]})"
+        )
+        if on_missing == "error":
+            raise RetrievalDataError(message + "; fix the files, or pass --on-missing skip to drop those lines")
+        logger.warning("%s; skipped (--on-missing skip)", message)
+    return qrels, report
 
 
 def _records(path: Path, example: str) -> Iterator[tuple[str, dict[str, Any]]]:
