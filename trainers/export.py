@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from huggingface_hub import ModelCard
 from retromae.modeling.backbones import backbone_of, encoder_type_of_config
 from retromae.modeling.modeling_dupmae import DupMAEAnyEncoderModel, DupMAEForPretraining, DupMAEModel
@@ -213,21 +214,7 @@ def build_dupmae_sentence_transformer(
         encoder = encoder_class.from_pretrained(str(folder))
     if tokenizer is None:
         raise ExportError("pass the tokenizer of an in-memory encoder")
-    if isinstance(encoder, DupMAEForPretraining | DupMAEAnyEncoderModel):
-        # the encoder under its pre-training prefix already (`bert.` / `roberta.` / `model.`)
-        config, state = encoder.config.to_dict(), dict(encoder.state_dict())
-    elif isinstance(encoder, DupMAEModel):
-        config = encoder.config.to_dict()
-        prefix = backbone_of(encoder.config).prefix  # a BERT base: its unprefixed BertModel names
-        state = {
-            (f"{prefix}.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
-            for k, v in encoder.state_dict().items()
-        }
-    else:
-        raise TypeError(
-            "expected a DupMAEModel, DupMAEAnyEncoderModel, DupMAEForPretraining or a folder, "
-            f"got {type(encoder).__name__}"
-        )
+    config, state = _dupmae_config_and_state(encoder)
     config.update(representation)
     request = ExportRequest(
         method=DUPMAE,
@@ -241,6 +228,24 @@ def build_dupmae_sentence_transformer(
     with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
         write_dupmae_export(request, build_dir)
     return load_dupmae_sentence_transformer(output_dir)
+
+
+def _dupmae_config_and_state(
+    encoder: DupMAEModel | DupMAEAnyEncoderModel | DupMAEForPretraining,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The encoder's config dict and its weights under the pre-training model's names (`bert.` / `roberta.` /
+    `model.` before the encoder's); a `TypeError` for any other object."""
+    if isinstance(encoder, DupMAEForPretraining | DupMAEAnyEncoderModel):  # already under the prefix
+        return encoder.config.to_dict(), dict(encoder.state_dict())
+    if isinstance(encoder, DupMAEModel):  # a BERT base: its unprefixed BertModel names
+        prefix = backbone_of(encoder.config).prefix
+        return encoder.config.to_dict(), {
+            (f"{prefix}.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
+            for k, v in encoder.state_dict().items()
+        }
+    raise TypeError(
+        f"expected a DupMAEModel, DupMAEAnyEncoderModel, DupMAEForPretraining or a folder, got {type(encoder).__name__}"
+    )
 
 
 # ---- loading any model as a sentence-transformers model ------------------------------------------------------------
