@@ -7,6 +7,7 @@ import csv
 import hashlib
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -72,6 +73,19 @@ def test_local_beir_evaluation_writes_mteb_json_and_summary(spread_cls_bert, tin
     assert summary["results"][0]["ndcg_at_10"] == row["ndcg_at_10"]
     markdown = (out / "summary.md").read_text()
     assert "| NDCG@10 | MRR@10 | Recall@100 | Recall@1000 |" in markdown and f"{row['ndcg_at_10']:.5f}" in markdown
+
+
+def test_evaluation_prints_none_of_mteb_chatter(spread_cls_bert, tiny_beir, tmp_path, capfd):
+    """mteb's FutureWarning about a renamed sentence-transformers method and its map progress bars are silenced;
+    the progress-bar switch is left as it was."""
+    import datasets
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval")
+    assert not [w for w in caught if "get_sentence_embedding_dimension" in str(w.message)]
+    assert "Standardizing" not in capfd.readouterr().err
+    assert datasets.is_progress_bar_enabled()
 
 
 def test_cls_dot_scores_match_a_hand_computation(spread_cls_bert, tiny_beir, tmp_path):

@@ -26,12 +26,16 @@ error: evaluate a local BEIR copy with ``--beir-folder`` instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import datasets
 from datasets import Dataset
 from sentence_transformers import SentenceTransformer
 
@@ -166,6 +170,23 @@ def _mteb_model(model: SentenceTransformer, search: str):
     return SearchEncoderWrapper(encoder, corpus_chunk_size=chunk)
 
 
+@contextlib.contextmanager
+def _quiet_mteb(show_progress_bar: bool) -> Iterator[None]:
+    """Silences what mteb prints that tells our users nothing: its calls of sentence-transformers' renamed
+    `get_sentence_embedding_dimension` (a FutureWarning each), and its `datasets.map` progress bars unless progress
+    is asked for."""
+    bars_were_on = datasets.is_progress_bar_enabled()
+    if not show_progress_bar:
+        datasets.disable_progress_bars()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
+            yield
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
 def evaluate_model(
     model: SentenceTransformer,
     tasks: list,
@@ -189,14 +210,15 @@ def evaluate_model(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.model_card_data.model_name = model_name  # mteb's result folder name (else "no_model_name_available")
-    result = mteb.evaluate(
-        _mteb_model(model, search),
-        tasks,
-        cache=mteb.ResultCache(output_dir / "mteb"),
-        encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
-        show_progress_bar=show_progress_bar,
-        overwrite_strategy="always",
-    )
+    with _quiet_mteb(show_progress_bar):
+        result = mteb.evaluate(
+            _mteb_model(model, search),
+            tasks,
+            cache=mteb.ResultCache(output_dir / "mteb"),
+            encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
+            show_progress_bar=show_progress_bar,
+            overwrite_strategy="always",
+        )
     by_name = {task.metadata.name: task for task in tasks}
     rows = []
     for task_result in result.task_results:
