@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import resource
 import signal
 import subprocess
@@ -57,6 +58,19 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
     assert cli.main(["no-such-command"]) == 2
+
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_a_command_help_states_each_default_once_and_no_none(command, capsys):
+    try:
+        status = cli.main([command, "--help"])
+    except SystemExit as stop:  # argparse's own exit after printing the help
+        status = stop.code
+    assert status == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in help_text
+    assert not re.search(r"\(default[^()]*\) \(default", help_text), help_text
 
 
 def test_a_missing_model_folder_is_named_before_anything_is_loaded(tmp_path, capsys):

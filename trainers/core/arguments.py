@@ -60,6 +60,15 @@ class CollectValues(argparse.Action):
 LIST_FLAG: dict[str, Any] = {"action": CollectValues}
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds an option's default to its help where that says something: not None, not where the help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _takes_many(action: argparse.Action) -> bool:
     return action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction | argparse._ExtendAction)
 
@@ -168,7 +177,7 @@ def start_command(argv: list[str], arguments, *, prog: str, description: str | N
     OUTPUT_DIR`); the flags of options renamed since (`renamed`: old field name -> new) are read under their new
     names with a deprecation warning. The log level is the TrainingArguments' process level where the command has
     them, else INFO."""
-    parser = HfArgumentParser(arguments, prog=prog, description=description)
+    parser = HfArgumentParser(arguments, prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
     argv = rename_legacy_flags(positional_to_flags(argv, list(positional)), renamed or {}, prog)
     parsed = parse(parser, argv)
     levels = [a.get_process_log_level() for a in parsed if isinstance(a, transformers.TrainingArguments)]
