@@ -345,3 +345,32 @@ def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
     assert [r["query"] for r in records] == ["dense vectors", "yellow fruit", "fish"]
     with pytest.raises(RepeatedFlagError, match="--top-n is given 2 times"):
         search_command([*common, "--query", "x", "--top-n", "3"])
+
+
+def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_bert, st_models, tmp_path,
+                                                                          monkeypatch):
+    """A plain encoder, a pre-training run folder and a dense sentence-transformers model each get one line that
+    names the fix, before the corpus is read (HEAD read it, then raised "SentenceTransformer has no DupMAEPooling
+    module" naming a Python function)."""
+    import shutil
+
+    from retromae.trainers.export import load_as_sentence_transformer
+    from retromae.trainers.hybrid_index import index_command, search_command
+
+    monkeypatch.setattr(hybrid_index, "_documents", lambda corpus: pytest.fail("read the corpus before refusing"))
+    dense, _ = load_as_sentence_transformer(tiny_bert)
+    dense.save(str(tmp_path / "dense"))
+    run = tmp_path / "run"
+    shutil.copytree(tiny_bert, run)
+    shutil.copytree(tmp_path / "dense", run / "encoder")
+    cases = {
+        tiny_bert: rf"--model {tiny_bert} is not a sentence-transformers folder .*export it first: retromae export",
+        run: rf"--model {run} is not a sentence-transformers folder .*pass its exported encoder, {run / 'encoder'}",
+        tmp_path / "dense": r"is not a DupMAE hybrid model .*retromae evaluate --search faiss",
+    }
+    for model, message in cases.items():
+        with pytest.raises(HybridIndexError, match=message):
+            index_command(["--model", str(model), "--corpus", "c.jsonl", "--output-dir", str(tmp_path / "index")])
+    HybridIndex.build(st_models[0], DOCS[:4], ids=[f"d{i}" for i in range(4)]).save(tmp_path / "index")
+    with pytest.raises(HybridIndexError, match="retromae search is for the export of a dupmae pre-training"):
+        search_command(["--index", str(tmp_path / "index"), "--model", str(tmp_path / "dense"), "--query", "x"])

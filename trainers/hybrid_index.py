@@ -52,7 +52,7 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
 from .core.errors import UserError
-from .core.folders import atomic_folder, check_destination, check_model_folder
+from .core.folders import atomic_folder, check_destination, check_model_folder, is_local_path
 from .core.io import atomic_file
 from .data import read_corpus
 from .export_dupmae import load_dupmae_sentence_transformer
@@ -701,13 +701,30 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
     return queries
 
 
+def _load_hybrid_model(folder: str, command: str) -> Any:
+    """The DupMAE sentence-transformers model in `folder`; any other model is refused in one line naming the fix."""
+    check_model_folder(folder, purpose=f"{command} --model")
+    if is_local_path(folder) and not (Path(folder) / "modules.json").is_file():
+        export = Path(folder) / "encoder"
+        fix = (f"pass its exported encoder, {export}" if (export / "modules.json").is_file()
+               else f"export it first: retromae export {folder} OUTPUT_DIR")
+        raise HybridIndexError(f"--model {folder} is not a sentence-transformers folder (no modules.json): {fix}")
+    model = load_dupmae_sentence_transformer(folder)
+    if not any(is_dupmae_pooling(module) for module in model.modules()):
+        raise HybridIndexError(
+            f"--model {folder} is not a DupMAE hybrid model (it has no DupMAEPooling module): retromae {command} is "
+            "for the export of a dupmae pre-training, or that model fine-tuned; a dense model is searched with "
+            "retromae evaluate --search faiss"
+        )
+    return model
+
+
 def index_command(argv: list[str]) -> int:
     """`retromae index`: encode a corpus with a DupMAE model and write an exact hybrid index."""
     (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__)
     # refused before hours of encoding, not after
     check_destination(Path(args.output_dir), args.overwrite)
-    check_model_folder(args.model, purpose="index --model")
-    model = load_dupmae_sentence_transformer(args.model)
+    model = _load_hybrid_model(args.model, "index")
     ids, texts = _documents(args.corpus)
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
                               show_progress_bar=True)
@@ -724,8 +741,7 @@ def search_command(argv: list[str]) -> int:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it
         raise HybridIndexError(f"--index: {error}") from None
-    check_model_folder(args.model, purpose="search --model")
-    model = load_dupmae_sentence_transformer(args.model)
+    model = _load_hybrid_model(args.model, "search")
     queries = _queries(args)
     hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)
     records = [{"query_id": qid, "query": text, "results": [{"id": d, "score": round(float(s), 4)} for d, s in found]}
