@@ -120,6 +120,18 @@ def test_datasets_folder_with_anchor_positive_negative_columns(tmp_path):
         load_training_groups(tmp_path / "missing.jsonl")
 
 
+def test_a_name_that_is_neither_here_nor_on_the_hub_says_both(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'my-pairs' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RetrievalDataError, match=r"training data 'my-pairs' is no file or folder here, and loading it "
+                                                 r"as a Hub dataset \(split 'train'\) failed: Couldn't reach"):
+        load_training_groups("my-pairs", split="train")
+
+
 def test_dataset_rows_have_fixed_negative_columns():
     groups = [
         TrainingGroup("q1", "query 1", [("a", "doc a"), ("b", "doc b")], [(f"n{i}", f"neg {i}") for i in range(5)]),

@@ -414,7 +414,8 @@ def load_training_groups(
     try:
         loaded = datasets.load_dataset(str(source), split=split)
     except Exception as error:  # offline, unknown name, no such split: the datasets message says which
-        raise RetrievalDataError(f"cannot load the dataset {source!r} (split {split!r}): {error}") from None
+        raise RetrievalDataError(f"training data {source!r} is no file or folder here, and loading it as a Hub dataset "
+                                 f"(split {split!r}) failed: {error}") from None
     return _groups_from_dataset(loaded, str(source)), None
 
 
