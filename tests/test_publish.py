@@ -5,6 +5,7 @@ not logged in, no write access, unknown repo, timeout) as one line each."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import socket
@@ -63,13 +64,17 @@ def copy_of(tmp_path):
     return make
 
 
-def test_valid_folders_pass(cls_folder, hybrid_folder):
+def test_valid_folders_pass(cls_folder, hybrid_folder, caplog):
     report = validate_model_folder(cls_folder)
     assert not report.needs_remote_code and report.embedding_dim == 32
     assert report.card_metadata["library_name"] == "sentence-transformers"
-    hybrid = validate_model_folder(hybrid_folder)
+    assert "custom_code" not in report.card_metadata["tags"]
+    with caplog.at_level(logging.WARNING, logger="retromae"):
+        hybrid = validate_model_folder(hybrid_folder)
     assert hybrid.needs_remote_code and hybrid.remote_code_files == ["st_dupmae.py", "layers_dupmae.py"]
     assert hybrid.embedding_dim == 16 + 30522
+    assert "custom_code" in hybrid.card_metadata["tags"]  # our export tags its own remote code: no warning
+    assert not caplog.records
 
 
 def test_upload_is_called_after_validation(cls_folder):

@@ -190,7 +190,8 @@ def render_pretrained_card(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
         base_model=hub_base_model,
-        tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", "feature-extraction"])),
+        tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", "feature-extraction",
+                                 *(["custom_code"] if representation is not None else [])])),
         model_name=model_name,
     )
     scratch = (run_info.get("initialisation") or {}).get("from_scratch")
