@@ -612,7 +612,8 @@ def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[Tr
     negatives = 0 if stage == "in-batch" else data_args.num_negatives
     dataset, report = groups_to_dataset(groups, negatives, seed=seed)
     description = "in-batch negatives" if stage == "in-batch" else f"{negatives} hard negatives + in-batch negatives"
-    return dataset, report, contrastive_loss(model, loss_args.scale, gather), f"{description} (MultipleNegativesRankingLoss)"
+    loss = contrastive_loss(model, loss_args.scale, gather)
+    return dataset, report, loss, f"{description} (MultipleNegativesRankingLoss)"
 
 
 def run_finetune(
