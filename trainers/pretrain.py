@@ -29,7 +29,7 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
-from .core.arguments import configure_logging, parse, split_config
+from .core.arguments import DefaultsHelpFormatter, configure_logging, parse, split_config
 from .core.checkpoints import default_model_dir, load_tokenizer, position_offset, usable_positions
 from .core.errors import UserError
 from .core.folders import TRAINER_CHECKPOINT, check_model_folder, public_name
@@ -237,6 +237,10 @@ class RecordingParser(HfArgumentParser):
         return parsed, remaining
 
 
+class PretrainHelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
+    """The examples epilog as written, and each informative default."""
+
+
 def pretrain_parser() -> RecordingParser:
     return RecordingParser(
         (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments,
@@ -248,7 +252,7 @@ def pretrain_parser() -> RecordingParser:
         "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too. "
         "Resuming (--resume-from-checkpoint) restores every setting of the run from its checkpoint.",
         epilog=PRETRAIN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=PretrainHelpFormatter,
     )
 
 

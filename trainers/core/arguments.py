@@ -64,7 +64,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Adds an option's default to its help where that says something: not None, not where the help names it."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or "default" in (action.help or ""):
+        if action.default is None or "default" in (action.help or "").lower():
             return action.help
         return super()._get_help_string(action)
 
