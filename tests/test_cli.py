@@ -58,6 +58,15 @@ def test_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
     assert cli.main(["no-such-command"]) == 2
+    assert capsys.readouterr().err.strip().endswith("retromae: error: unknown command 'no-such-command'")
+
+
+def test_version_names_the_libraries_a_bug_report_needs(capsys):
+    from importlib.metadata import version
+
+    assert cli.main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"retromae {version('retromae')} (") and f"transformers {version('transformers')}" in out
 
 
 

@@ -55,11 +55,18 @@ def _command(name: str) -> Callable[[list[str]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in {"-V", "--version"}:
+        print(version_line())
+        return 0
     if not argv or argv[0] in {"-h", "--help"} or argv[0] not in COMMANDS:
         width = max(map(len, COMMANDS))
         listing = "\n".join(f"  {name:{width}s}  {summary}" for name, (_, summary) in COMMANDS.items())
-        print(f"usage: retromae COMMAND [options]   (retromae COMMAND --help for its options)\n\ncommands:\n{listing}")
-        return 0 if not argv or argv[0] in {"-h", "--help"} else 2
+        usage = f"usage: retromae COMMAND [options]   (retromae COMMAND --help for its options)\n\ncommands:\n{listing}"
+        if not argv or argv[0] in {"-h", "--help"}:
+            print(usage)
+            return 0
+        print(f"{usage}\n\nretromae: error: unknown command {argv[0]!r}", file=sys.stderr)
+        return 2
     command = _command(argv[0])
     try:
         return command(argv[1:])
@@ -74,6 +81,21 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"retromae {argv[0]}: error: {message}", file=sys.stderr)
         return 2
+
+
+def version_line() -> str:
+    """`retromae X (transformers A, sentence-transformers B, torch C)`: what a bug report needs. Read from the
+    installed metadata: importing the libraries (`core.versions.library_versions`) takes seconds."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "unknown"
+
+    libraries = ", ".join(f"{name} {installed(name)}" for name in ("transformers", "sentence-transformers", "torch"))
+    return f"retromae {installed('retromae')} ({libraries})"
 
 
 def disk_full_message(error: BaseException, command: str) -> str | None:
