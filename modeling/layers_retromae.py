@@ -2,6 +2,7 @@
 
 - `linear_cross_entropy`: vocabulary projection fused with cross-entropy, computed in row chunks so no
   (rows, vocab_size) logits tensor outlives its chunk; gradients are formed in the forward pass (no recompute).
+  `linear_argmax_accuracy`: the same projection's top-1 accuracy, chunked alike.
 - `enhanced_visibility_mask`: RetroMAE's position-specific attention mask (paper eq. 7), sampled on the device.
 - `two_stream_layer_forward` / `TwoStreamBertLayer`: one BertLayer with queries from one stream and keys/values from
   another, through transformers' attention interface and gradient checkpointing; every decoder layer runs through
@@ -103,6 +104,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.backward_done = True
         grads = [g.mul_(grad_output) if g is not None else None for g in ctx.saved_tensors]
         return grads[0], grads[1], grads[2], None, None, None
+
+
+@torch.no_grad()
+def linear_argmax_accuracy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, labels: torch.Tensor,
+                           chunk_size: int = 4096) -> torch.Tensor:
+    """Share of rows whose highest-scoring id under `hidden @ weight.T + bias` is the label, over chunks of rows
+    (shapes as `linear_cross_entropy`'s); a float32 scalar without gradient, NaN when there are no rows."""
+    if hidden.shape[0] == 0:
+        return torch.full((), float("nan"), device=hidden.device)
+    correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+    for start in range(0, hidden.shape[0], chunk_size):
+        logits = F.linear(hidden[start : start + chunk_size], weight, bias)  # (n, V), one chunk at a time
+        correct += (logits.argmax(dim=-1) == labels[start : start + chunk_size]).sum()
+    return correct.float() / hidden.shape[0]
 
 
 def linear_cross_entropy(
@@ -549,4 +564,4 @@ def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return (per_row * has_targets).sum() / has_targets.sum().clamp(min=1.0)  # no host sync
 
 
-__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_cross_entropy", "random_row_mask", "random_row_subsets", "reference_target_positions", "reference_visibility_mask", "two_stream_layer_forward", "TwoStreamBertLayer", "attention_bias", "DENSE_MASK_ATTENTION", "decoder_attn_implementation"]
+__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "enhanced_visibility_mask", "linear_argmax_accuracy", "linear_cross_entropy", "random_row_mask", "random_row_subsets", "reference_target_positions", "reference_visibility_mask", "two_stream_layer_forward", "TwoStreamBertLayer", "attention_bias", "DENSE_MASK_ATTENTION", "decoder_attn_implementation"]

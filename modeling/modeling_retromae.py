@@ -140,7 +140,7 @@ class RetroMAEForPretraining(BertPretrainingBase):
             sentence_embedding, batch.original_ids, batch.attention_mask, batch.decoder_labels, self.decoder_embeddings(),
             batch.method_inputs.get("decoder_word_starts"),
         )
-        return {"decoder_loss": self.mlm_loss(decoder_hidden, targets)}
+        return self.decoder_terms(decoder_hidden, targets)
 
     def loss_weights(self) -> dict[str, float | torch.Tensor]:
         return {"encoder_mlm_loss": self.config.encoder_loss_weight, "decoder_loss": self.config.decoder_loss_weight}

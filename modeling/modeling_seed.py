@@ -161,7 +161,7 @@ class SEEDEncoderForPretraining(BertPretrainingBase):
         decoder_hidden = self.decoder(
             sentence_embedding, batch.original_ids, batch.attention_mask, self.decoder_embeddings()
         )
-        return {"decoder_loss": self.mlm_loss(decoder_hidden, next_token_targets(batch.decoder_labels))}
+        return self.decoder_terms(decoder_hidden, next_token_targets(batch.decoder_labels))
 
     def loss_weights(self) -> dict[str, float | torch.Tensor]:
         return {"encoder_mlm_loss": self.config.encoder_loss_weight, "decoder_loss": self.config.decoder_loss_weight}

@@ -30,7 +30,7 @@ from .backbones import (
     encoder_type_of,
     encoder_type_of_config,
 )
-from .layers_retromae import IGNORE_INDEX, linear_cross_entropy
+from .layers_retromae import IGNORE_INDEX, linear_argmax_accuracy, linear_cross_entropy
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,9 @@ class PretrainingOutput(ModelOutput):
         bow_loss: bag-of-words loss (DupMAE's OT decoding, BoW prediction).
         contrastive_loss: in-batch contrastive loss (two-stage SentMAE).
         sentence_embedding: `(batch_size, hidden_size)` last-layer [CLS] state of the (masked) encoder input.
+        encoder_mlm_accuracy: share of the masked tokens the encoder's MLM head ranks first (only while the model's
+            `measure_accuracy` is set; no gradient).
+        decoder_accuracy: the same for the decoder's targets (RetroMAE, DupMAE, SentMAE, SEED-Encoder).
     """
 
     loss: torch.Tensor | None = None
@@ -127,6 +130,8 @@ class PretrainingOutput(ModelOutput):
     bow_loss: torch.Tensor | None = None
     contrastive_loss: torch.Tensor | None = None
     sentence_embedding: torch.Tensor | None = None
+    encoder_mlm_accuracy: torch.Tensor | None = None
+    decoder_accuracy: torch.Tensor | None = None
 
 
 class ClsEncoderModel(QuietLoadReportMixin, BertModel):
@@ -228,6 +233,9 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     quiet_unexpected_keys = (*UNUSED_BERT_KEYS, *(f"^{re.escape(k)}" for b in BACKBONES for k in b.base_head_prefixes))
     # the method's own batch keys, beyond the five every method takes
     method_input_names: tuple[str, ...] = ()
+    # set for the forwards whose accuracies are wanted (the Trainer: the steps it logs): one more vocabulary
+    # projection per cross-entropy term, without gradient
+    measure_accuracy: bool = False
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -285,6 +293,23 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
             chunk_size=self.config.loss_chunk_size,
         )
 
+    def mlm_accuracy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The top-1 accuracy of the tied MLM head where `labels != -100` (shapes as `mlm_loss`'s); NaN when no
+        label is set."""
+        keep = labels.reshape(-1) != IGNORE_INDEX
+        transform, weight, bias = self.head_parts()
+        with torch.no_grad():
+            return linear_argmax_accuracy(transform(hidden.reshape(-1, hidden.shape[-1])[keep]), weight, bias,
+                                          labels.reshape(-1)[keep], chunk_size=self.config.loss_chunk_size)
+
+    def decoder_terms(self, decoder_hidden: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`decoder_loss` of the tied MLM head on a decoder's states `(B, L, H)` against `targets` `(B, L)`, and its
+        `decoder_accuracy` while `measure_accuracy` is set."""
+        terms = {"decoder_loss": self.mlm_loss(decoder_hidden, targets)}
+        if self.measure_accuracy:
+            terms["decoder_accuracy"] = self.mlm_accuracy(decoder_hidden, targets)
+        return terms
+
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tied MLM head applied to `hidden` `(..., hidden_size)` -> `(..., vocab_size)`."""
         transform, weight, bias = self.head_parts()
@@ -333,16 +358,19 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         if encoder_labels is None or decoder_labels is None:
             return PretrainingOutput(sentence_embedding=sentence_embedding[: len(input_ids)])
         encoder_mlm_loss = self.mlm_loss(hidden, batch.encoder_labels)
-        losses = self.method_losses(hidden, sentence_embedding, batch)
+        terms = self.method_losses(hidden, sentence_embedding, batch)
+        if self.measure_accuracy:
+            terms["encoder_mlm_accuracy"] = self.mlm_accuracy(hidden, batch.encoder_labels)
         weights = self.loss_weights()
         loss = weights["encoder_mlm_loss"] * encoder_mlm_loss
-        for name, value in losses.items():
-            loss = loss + weights[name] * value
+        for name, value in terms.items():
+            if name.endswith("_loss"):
+                loss = loss + weights[name] * value
         return PretrainingOutput(
             loss=loss,
             encoder_mlm_loss=encoder_mlm_loss,
             sentence_embedding=sentence_embedding[: len(input_ids)],
-            **losses,
+            **terms,
         )
 
     def method_batch(self, batch: "PretrainingBatch") -> "PretrainingBatch":
@@ -355,7 +383,8 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: "PretrainingBatch"
     ) -> dict[str, torch.Tensor]:
         """The method's own loss terms, keyed by their `PretrainingOutput` field (`decoder_loss`, `bow_loss`,
-        `contrastive_loss`); a term the configuration switches off is left out.
+        `contrastive_loss`); a term the configuration switches off is left out. While `measure_accuracy` is set, a
+        decoder's top-1 accuracy too (`decoder_accuracy`, see `decoder_terms`).
 
         Args:
             hidden: `(batch_size, seq_len, hidden_size)` encoder states of the masked input.

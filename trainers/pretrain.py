@@ -717,23 +717,26 @@ def best_summary(trainer: RetroMAETrainer) -> str | None:
 
 def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float,
                   finished_checkpoint: str | None = None) -> None:
-    """Where everything is, the first and last losses and an example encoding; `finished_checkpoint`: the run had
-    already finished there (nothing trained now)."""
+    """Where everything is, the first and last losses and accuracies, and an example encoding;
+    `finished_checkpoint`: the run had already finished there (nothing trained now)."""
     info = trainer.current_run_info()
     first, final = info.get("first_losses", {}), info.get("final_losses", {})
     losses = ", ".join(f"{k} {first.get(k, float('nan')):.3f} -> {v:.3f}" for k, v in sorted(final.items()))
-    logged_steps = [entry["step"] for entry in trainer.state.log_history if "loss" in entry]
-    window = f"step {logged_steps[0]} -> step {logged_steps[-1]}" if logged_steps else "none logged"
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    window = f"step {logged[0]['step']} -> step {logged[-1]['step']}" if logged else "none logged"
+    accuracies = ", ".join(f"{k} {logged[0].get(k, float('nan')):.3f} -> {v:.3f}"
+                           for k, v in sorted(logged[-1].items()) if k.endswith("_accuracy")) if logged else ""
     lines = [
         "",
         f"retromae: {info['method']} pre-training had already finished at step {info['global_step']} "
         f"({finished_checkpoint}); nothing was trained" if finished_checkpoint else
         f"retromae: {info['method']} pre-training finished: {info['global_step']} steps in {seconds / 60:.1f} min",
         f"  losses ({window}): {losses}",
+        *([f"  top-1 accuracies ({window}): {accuracies}"] if accuracies else []),
         f"  pre-training checkpoint (decoder included): {output_dir}",
     ]
     validated = [line for line in (validation_summary(trainer.state.log_history), best_summary(trainer)) if line]
-    lines[3:3] = validated
+    lines[-1:-1] = validated
     if export_dir:
         # our own export, just written; DupMAE's carries its hybrid module as remote code
         encoder = SentenceTransformer(export_dir, trust_remote_code=True)

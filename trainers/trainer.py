@@ -1,7 +1,8 @@
 """`RetroMAETrainer`: the HF Trainer for every pre-training method of this package.
 
 - logs every loss component of the model output (fields ending in `_loss`), averaged over the logging window
-  and across processes;
+  and across processes, and the top-1 accuracy of each cross-entropy term (fields ending in `_accuracy`) on the
+  steps it logs: the model measures them only there (`measure_accuracy`), so other steps cost nothing more;
 - masking is drawn in the training process, not in DataLoader workers: with a `PretrainingCollator` (or subclass)
   the workers only `pad`, and `training_step` applies `mask_batch` with one generator per process, seeded from
   `(args.seed, args.process_index)`. Masks therefore differ across workers, epochs and ranks. Evaluation masks come
@@ -261,6 +262,8 @@ class RetroMAETrainer(Trainer):
         self.add_callback(LogLastStepCallback())
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_steps = 0
+        self._accuracy_sums: dict[str, torch.Tensor] = {}  # over the logged step's forwards (NaN ones left out)
+        self._accuracy_counts: dict[str, torch.Tensor] = {}
         collator = self.data_collator
         self.masking_collator = collator if isinstance(collator, PretrainingCollator) else None
         if self.masking_collator is not None:
@@ -284,7 +287,12 @@ class RetroMAETrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         # Called once per consumed micro-batch, in order, and never for the batches a resume skips: the generator's
         # state at a checkpoint is exactly what the next batch needs, whatever the workers prefetched.
-        loss = super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
+        unwrapped = self.accelerator.unwrap_model(model)
+        unwrapped.measure_accuracy = self._logs_this_step()
+        try:
+            loss = super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
+        finally:
+            unwrapped.measure_accuracy = False
         if self.head_warmup is not None:
             self.head_warmup.drop_encoder_gradients()  # before clipping and the optimizer step
         return loss
@@ -360,15 +368,33 @@ class RetroMAETrainer(Trainer):
             for name, value in outputs.items():
                 if name.endswith("_loss") and value is not None:
                     self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value.detach().float()
+                elif name.endswith("_accuracy") and value is not None:
+                    measured = ~value.isnan()
+                    self._accuracy_sums[name] = self._accuracy_sums.get(name, 0.0) + value.nan_to_num(0.0)
+                    self._accuracy_counts[name] = self._accuracy_counts.get(name, 0) + measured.float()
             self._loss_steps += 1
         return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    def _logs_this_step(self) -> bool:
+        """Whether the optimizer step in progress ends with a loss log (DefaultFlowCallback's and
+        LogLastStepCallback's tests, one step ahead)."""
+        step = self.state.global_step + 1
+        if step == 1 and self.args.logging_first_step:
+            return True
+        return self.args.logging_strategy == "steps" and (
+            step % self.state.logging_steps == 0 or step >= self.state.max_steps > 0)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._loss_steps:  # same branch on every rank, so the collective below is safe
             for name, total in sorted(self._loss_sums.items()):
                 mean = self.accelerator.reduce(total / self._loss_steps, reduction="mean")
                 logs[name] = round(mean.item(), 4)
+            for name, total in sorted(self._accuracy_sums.items()):
+                count = self.accelerator.reduce(self._accuracy_counts[name], reduction="sum")
+                if count > 0:
+                    logs[name] = round((self.accelerator.reduce(total, reduction="sum") / count).item(), 4)
             self._loss_sums, self._loss_steps = {}, 0
+            self._accuracy_sums, self._accuracy_counts = {}, {}
         if self.recipe.changes_optimizer and "learning_rate" in logs:
             logs["encoder_learning_rate"] = self._encoder_learning_rate(logs["learning_rate"])
         for callback in self.callback_handler.callbacks:  # e.g. validation.RetrievalValidationCallback's metrics

@@ -361,15 +361,15 @@ def validation_summary(log_history: Sequence[dict[str, Any]]) -> str | None:
 
 
 def plot_validation(log_history: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
-    """Each logged validation metric and loss term against the step, one panel each, saved to `path` (PNG); None
-    (nothing written) when no evaluation was logged."""
+    """Each logged validation metric, loss term and accuracy against the step, one panel each, saved to `path`
+    (PNG); None (nothing written) when no evaluation was logged."""
     keys = {key for entry in log_history for key in entry}
     metrics = sorted(key for key in keys if key.startswith(PREFIX) and "@" in key)
     if not metrics:
         return None
     # the training logs' terms; `train_loss` is the run's mean, logged once at the end
     losses = sorted(key for key in keys if key == "loss" or (key.endswith("_loss") and key != "train_loss"))
-    names = [*metrics, *losses]
+    names = [*metrics, *losses, *sorted(key for key in keys if key.endswith("_accuracy"))]
     import matplotlib
 
     matplotlib.use("Agg")
