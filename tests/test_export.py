@@ -316,6 +316,18 @@ def test_a_pretraining_checkpoint_loads_with_the_pooling_asked_for(pretrained, t
     assert default[1].pooling_mode == "cls" and default.similarity_fn_name == "dot"
 
 
+
+def test_a_maximum_length_the_positions_cannot_hold_is_refused(spread_cls_bert, tmp_path):
+    """`finetune --max-seq-length 0` trained with no length limit and failed inside torch on the first long text."""
+    from retromae.trainers.export import load_as_sentence_transformer
+    from retromae.trainers.export_cls import ExportError
+
+    for length in (0, 129):  # the tiny BERT has 128 positions
+        with pytest.raises(ExportError, match=rf"--max-seq-length {length}: give 1 to 128 \(tokens per text"):
+            load_as_sentence_transformer(spread_cls_bert, max_seq_length=length, device="cpu")
+    model, _ = load_as_sentence_transformer(spread_cls_bert, max_seq_length=128, device="cpu")
+    assert model.max_seq_length == 128
+
 def test_sharded_checkpoint(pretrained, exported, tokenizer, tmp_path):
     model, _ = pretrained
     checkpoint = tmp_path / "sharded"

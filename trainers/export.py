@@ -37,6 +37,7 @@ from .core.checkpoints import (
     load_tokenizer,
     needs_remote_code,
     read_state_dict,
+    usable_positions,
 )
 from .core.folders import atomic_folder, check_destination, check_model_folder, public_name
 from .core.io import read_json_or_empty
@@ -298,8 +299,19 @@ def load_as_sentence_transformer(
         model_ref = path
     model = load_sentence_transformer(model_ref, pooling=pooling, device=device)
     if max_seq_length is not None:
-        model.max_seq_length = max_seq_length
+        _set_max_seq_length(model, max_seq_length)
     return model, info
+
+
+def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
+    """Refuses a length the encoder's positions cannot hold (longer inputs would fail inside torch)."""
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    limit = usable_positions(config) if getattr(config, "max_position_embeddings", None) else None
+    if max_seq_length < 1 or (limit is not None and max_seq_length > limit):
+        upper = limit or "the encoder's limit"
+        raise ExportError(f"--max-seq-length {max_seq_length}: give 1 to {upper} (tokens per text, special tokens "
+                          "included)")
+    model.max_seq_length = max_seq_length
 
 
 def pretraining_method(folder: Path) -> str | None:
