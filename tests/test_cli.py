@@ -191,3 +191,12 @@ def test_other_os_errors_and_debug_keep_the_traceback(monkeypatch):
     monkeypatch.setenv("RETROMAE_DEBUG", "1")
     with pytest.raises(OSError, match="No space left"):
         cli.main(["pretrain"])
+
+
+@pytest.mark.parametrize(("command", "flag"), [("index", "--batch-size"), ("search", "--top-n"),
+                                               ("evaluate", "--batch-size"), ("coverage", "--max-texts"),
+                                               ("coverage", "--batch-size")])
+def test_a_count_below_one_is_one_line_naming_the_flag(command, flag, capsys):
+    """index --batch-size 0 and evaluate --batch-size 0 ended in tracebacks from torch's DataLoader."""
+    assert cli.main([command, *REQUIRED.get(command, []), flag, "0"]) == 2
+    assert capsys.readouterr().err == f"retromae {command}: error: {flag} 0: give a positive integer\n"

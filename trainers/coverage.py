@@ -379,6 +379,7 @@ def coverage_command(argv: list[str]) -> int:
         description="Share of the top-k tokens of h·Eᵀ (h: the [CLS] embedding, E: the word embeddings) that occur "
         "in the input, for k = 10/20/50/100 (bow-prediction paper, Algorithm 1). Rises when retrieval-oriented "
         "pre-training worked. Writes coverage.json and coverage.png.",
+        positive=("max_texts", "batch_size"),
     )
     corpus = read_corpus(args.corpus)
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])

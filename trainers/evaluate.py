@@ -429,6 +429,7 @@ def evaluate_command(argv: list[str]) -> int:
         argv, EvaluateArguments, prog="retromae evaluate",
         description="Evaluate a model with MTEB on local BEIR folders and/or registered retrieval tasks; writes "
         "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).", positional=["model"],
+        positive=("batch_size",),
     )
     output_dir = args.output_dir or str(Path("eval-results") / _mteb_model_name(args.model).split("/")[-1])
     rows = evaluate_folder(

@@ -721,7 +721,8 @@ def _load_hybrid_model(folder: str, command: str) -> Any:
 
 def index_command(argv: list[str]) -> int:
     """`retromae index`: encode a corpus with a DupMAE model and write an exact hybrid index."""
-    (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__)
+    (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__,
+                            positive=("batch_size",))
     # refused before hours of encoding, not after
     check_destination(Path(args.output_dir), args.overwrite)
     model = _load_hybrid_model(args.model, "index")
@@ -736,7 +737,8 @@ def index_command(argv: list[str]) -> int:
 
 def search_command(argv: list[str]) -> int:
     """`retromae search`: top-n documents by the exact hybrid score for one or more queries."""
-    (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__)
+    (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__,
+                            positive=("top_n",))
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it

@@ -147,12 +147,18 @@ def check_training_arguments(args: Any) -> None:
     epochs = getattr(args, "num_train_epochs", 1.0)
     if max_steps == -1 and epochs <= 0:
         raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if getattr(args, name, 1) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)}: give a positive integer")
+    check_positive(args, "per_device_train_batch_size", "gradient_accumulation_steps")
     if getattr(args, "learning_rate", 0.0) < 0:
         raise UserError(f"--learning-rate {args.learning_rate}: give a learning rate >= 0 (e.g. 1e-4)")
     _check_bf16(args)
+
+
+def check_positive(args: Any, *names: str) -> None:
+    """Refuse a value below 1 of each named integer option (unset ones pass), naming the flag."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} {value}: give a positive integer")
 
 
 def _check_bf16(args: Any) -> None:
@@ -171,15 +177,17 @@ def _check_bf16(args: Any) -> None:
 
 
 def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = (),
-                  renamed: Mapping[str, str] | None = None):
+                  renamed: Mapping[str, str] | None = None, positive: Sequence[str] = ()):
     """A command's options, with logging set up: `arguments` (a dataclass or a tuple of them) parsed from argv with
     `parse`; the leading positional values fill the fields named in `positional` (`retromae export CHECKPOINT
     OUTPUT_DIR`); the flags of options renamed since (`renamed`: old field name -> new) are read under their new
-    names with a deprecation warning. The log level is the TrainingArguments' process level where the command has
-    them, else INFO."""
+    names with a deprecation warning; the options named in `positive` must be integers >= 1. The log level is the
+    TrainingArguments' process level where the command has them, else INFO."""
     parser = HfArgumentParser(arguments, prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
     argv = rename_legacy_flags(positional_to_flags(argv, list(positional)), renamed or {}, prog)
     parsed = parse(parser, argv)
+    for options in parsed:
+        check_positive(options, *(name for name in positive if hasattr(options, name)))
     levels = [a.get_process_log_level() for a in parsed if isinstance(a, transformers.TrainingArguments)]
     configure_logging(levels[0] if levels else logging.INFO)
     return parsed
