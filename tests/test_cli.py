@@ -200,3 +200,14 @@ def test_a_count_below_one_is_one_line_naming_the_flag(command, flag, capsys):
     """index --batch-size 0 and evaluate --batch-size 0 ended in tracebacks from torch's DataLoader."""
     assert cli.main([command, *REQUIRED.get(command, []), flag, "0"]) == 2
     assert capsys.readouterr().err == f"retromae {command}: error: {flag} 0: give a positive integer\n"
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--scale", "0", "--scale 0.0: give a logit scale > 0 (1/temperature), or leave it unset"),
+    ("--distill-temperature", "-1", "--distill-temperature -1.0: give a temperature > 0"),
+    ("--contrastive-loss-weight", "-0.5", "--contrastive-loss-weight -0.5: give a weight >= 0"),
+])
+def test_finetune_loss_settings_that_cannot_train_are_one_line(flag, value, message, capsys):
+    """A zero scale or temperature divided by zero inside the loss; a negative weight trained away from the target."""
+    assert cli.main(["finetune", *REQUIRED["finetune"], flag, value]) == 2
+    assert capsys.readouterr().err == f"retromae finetune: error: {message}\n"

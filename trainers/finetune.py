@@ -224,6 +224,15 @@ class FinetuneLossArguments:
         default=True, metadata={"help": "DDP: in-batch negatives from all ranks (global batch); no effect on 1 process"}
     )
 
+    def __post_init__(self):
+        if self.scale is not None and not self.scale > 0:
+            raise FinetuneError(f"--scale {self.scale}: give a logit scale > 0 (1/temperature), or leave it unset")
+        if not self.distill_temperature > 0:
+            raise FinetuneError(f"--distill-temperature {self.distill_temperature}: give a temperature > 0")
+        for name in ("distill_loss_weight", "contrastive_loss_weight"):
+            if getattr(self, name) < 0:
+                raise FinetuneError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a weight >= 0")
+
 
 @dataclass
 class FinetuneTrainingArguments(SentenceTransformerTrainingArguments):
