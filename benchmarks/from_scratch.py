@@ -193,18 +193,22 @@ def pretrain(arm: str, folder: Path, args: list[str], logf: Path, cfg: dict) -> 
 
 def pretraining_record(folder: Path, cfg: dict) -> dict:
     """Steps, seconds, seconds per step and token positions trained on (the Trainer's count; packed sequences are
-    full length, so it is the real count but for the corpus's last block) of a finished pre-training."""
+    full length, so it is the real count but for the corpus's last block) of a finished pre-training, and its last
+    logged encoder MLM accuracy."""
     from retromae.trainers.trainer import last_complete_checkpoint
 
     state = read_json(last_complete_checkpoint(folder) / "trainer_state.json")
     runtime = next((e["train_runtime"] for e in reversed(state["log_history"]) if "train_runtime" in e), None)
-    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    logged = [e for e in state["log_history"] if "loss" in e]
+    losses = [e["loss"] for e in logged]
+    accuracies = [e["encoder_mlm_accuracy"] for e in logged if "encoder_mlm_accuracy" in e]
     steps = state["global_step"]
     return {"steps": steps, "batch_size": cfg["batch_size"], "max_seq_length": cfg["max_seq_length"],
             "train_seconds": runtime and round(float(runtime), 1),
             "seconds_per_step": round(float(runtime) / steps, 4) if runtime else None,
             "tokens_seen": state.get("num_input_tokens_seen"), "first_loss": losses[0] if losses else None,
-            "last_loss": losses[-1] if losses else None}
+            "last_loss": losses[-1] if losses else None,
+            "encoder_mlm_accuracy": accuracies[-1] if accuracies else None}
 
 
 def coverage(model: Path, data: Path, out: Path, cfg: dict, projection: str, logf: Path) -> dict:
@@ -508,7 +512,8 @@ def cov_cell(cov: dict | None) -> str:
 def markdown(payload: dict) -> str:
     meta, cfg, arms = payload["meta"], payload["settings"], payload["arms"]
     header = ("arm", "dev NDCG@10", "MRR@10", "Recall@100", "NDCG@10 per seed", "zero-shot NDCG@10 / MRR@10 / R@100",
-              "coverage@10/20/50/100, LM head", "coverage, Eᵀ", "steps", "tokens seen", "s/step", "wall (s)")
+              "coverage@10/20/50/100, LM head", "coverage, Eᵀ", "MLM accuracy, last step", "steps", "tokens seen",
+              "s/step", "wall (s)")
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     mixed = []  # the variants whose seeds started from more than one pre-training
     for arm in ARMS:
@@ -526,6 +531,7 @@ def markdown(payload: dict) -> str:
                      ", ".join(f"{r['seed']}: {r['ndcg@10']:.4f}" for r in variant["seeds"]) or "-",
                      " / ".join(fmt(zs[m]) for m in METRICS.values()) if zs else "-",
                      cov_cell(rec.get("coverage_lm_head")), cov_cell(rec.get("coverage")),
+                     fmt(pre.get("encoder_mlm_accuracy")),
                      str(pre.get("steps", "-")), f"{pre['tokens_seen']:,}" if pre.get("tokens_seen") else "-",
                      str(pre.get("seconds_per_step", "-")), f"{rec['wall_s']:.0f}")
             lines.append("| " + " | ".join(cells) + " |")

@@ -31,7 +31,8 @@ def arm_ledger(arm: str, ndcg: dict[int, float], variants: tuple[str, ...] | Non
         return {"key": "k", "seconds": seconds, "result": result, "hardware": "CPU here"}
 
     done = {"init_weights": entry("abc"), "pretrain": entry("out/x", 100.0), "pretrain_weights": entry("def"),
-            "pretraining_record": entry({"steps": 500, "seconds_per_step": 0.2, "tokens_seen": 500 * 128 * 256}),
+            "pretraining_record": entry({"steps": 500, "seconds_per_step": 0.2, "tokens_seen": 500 * 128 * 256,
+                                         "encoder_mlm_accuracy": 0.4125}),
             "coverage": entry({"10": 0.1, "20": 0.2, "50": 0.3, "100": 0.4}),
             "coverage_lm_head": entry({"10": 0.5, "20": 0.6, "50": 0.7, "100": 0.8})}
     for variant in variants or (arm,):
@@ -72,6 +73,7 @@ def test_results_json_names_every_arm_with_its_seeds(fs, tmp_path):
     table = payload["table_markdown"]
     assert "DupMAE [CLS] (2 of 3 seeds)" in table and "DupMAE hybrid" in table and "prove nothing" not in table
     assert "1,000,000 steps x 256 x L 512" in table and "500 steps x 128 sequences x L 256" in table
+    assert "| MLM accuracy, last step |" in table and "| 0.4125 | 500 |" in table
     assert (tmp_path / "from_scratch_ndcg.png").stat().st_size > 0
 
 
