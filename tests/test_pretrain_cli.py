@@ -27,6 +27,7 @@ def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
     assert main(pretrain_args(tiny_bert, corpus, out)) == 0
     summary = capsys.readouterr().out
     assert "pre-training finished: 4 steps" in summary and "encoder_mlm_loss" in summary
+    assert f"  started from: {tiny_bert.name}\n" in summary
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
     logged = [entry for entry in state["log_history"] if "loss" in entry]
     assert logged and all({"encoder_mlm_loss", "decoder_loss"} <= entry.keys() for entry in logged)

@@ -63,9 +63,11 @@ def test_the_checkpoints_weights_are_not_read(tiny_bert):
     assert abs(embeddings.std().item() - model.config.initializer_range) < 0.002
 
 
-def test_the_card_names_no_base_model(tiny_bert, corpus, tmp_path):
+def test_the_card_and_the_summary_name_no_base_model(tiny_bert, corpus, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(scratch_run(tiny_bert, corpus, out, "--max-steps", "2", "--config-overrides", SMALLER)) == 0
+    assert (f"  started from: random weights (--seed), with the architecture of {tiny_bert.name}, changed by "
+            f"{SMALLER}\n") in capsys.readouterr().out
     card = (out / "encoder" / "README.md").read_text()
     metadata = card.split("---")[1]
     assert "base_model" not in metadata

@@ -715,6 +715,15 @@ def best_summary(trainer: RetroMAETrainer) -> str | None:
             f"({state.best_model_checkpoint}){where}")
 
 
+def start_description(info: dict[str, Any]) -> str:
+    """The starting weights of a run record: its base model, or random ones with a base's architecture."""
+    start = info.get("initialisation") or {}
+    if not start.get("from_scratch"):
+        return str(info.get("base_model") or "not recorded")
+    overrides = f", changed by {start['config_overrides']}" if start.get("config_overrides") else ""
+    return f"random weights (--seed), with the architecture of {start.get('architecture_of')}{overrides}"
+
+
 def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float,
                   finished_checkpoint: str | None = None) -> None:
     """Where everything is, the first and last losses and accuracies, and an example encoding;
@@ -731,6 +740,7 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
         f"retromae: {info['method']} pre-training had already finished at step {info['global_step']} "
         f"({finished_checkpoint}); nothing was trained" if finished_checkpoint else
         f"retromae: {info['method']} pre-training finished: {info['global_step']} steps in {seconds / 60:.1f} min",
+        f"  started from: {start_description(info)}",
         f"  losses ({window}): {losses}",
         *([f"  top-1 accuracies ({window}): {accuracies}"] if accuracies else []),
         f"  pre-training checkpoint (decoder included): {output_dir}",
