@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 
 from huggingface_hub.errors import StrictDataclassError
 
@@ -86,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 def version_line() -> str:
     """`retromae X (transformers A, sentence-transformers B, torch C)`: what a bug report needs. Read from the
     installed metadata: importing the libraries (`core.versions.library_versions`) takes seconds."""
-    from importlib.metadata import PackageNotFoundError, version
 
     def installed(name: str) -> str:
         try:
