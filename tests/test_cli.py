@@ -211,3 +211,31 @@ def test_finetune_loss_settings_that_cannot_train_are_one_line(flag, value, mess
     """A zero scale or temperature divided by zero inside the loss; a negative weight trained away from the target."""
     assert cli.main(["finetune", *REQUIRED["finetune"], flag, value]) == 2
     assert capsys.readouterr().err == f"retromae finetune: error: {message}\n"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["export", "ckpt", "out", "--pooling", "max"],
+     "argument --pooling: invalid choice: 'max' (choose from 'cls', 'mean') (see retromae export --help)"),
+    (["finetune", "--model", "m"],
+     "the following arguments are required: --train_data/--train-data (see retromae finetune --help)"),
+    (["pretrain", "--max-seq-length", "abc"],
+     "argument --max_seq_length/--max-seq-length: invalid int value: 'abc' (see retromae pretrain --help)"),
+])
+def test_a_usage_error_is_one_line(argv, message, capsys):
+    """argparse printed its whole usage text above the error."""
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"retromae {argv[0]}: error: {message}\n"
+
+
+def test_an_abbreviation_of_one_option_is_that_option():
+    """`--output` matches only --output_dir and --output-dir, the two spellings of one option: argparse called it
+    ambiguous. Two options still are."""
+    from retromae.trainers.core.arguments import start_command
+    from retromae.trainers.export import ExportArguments
+
+    (args,) = start_command(["ckpt", "--output", "out", "--overw", "true"], ExportArguments, prog="retromae export",
+                            description=None, positional=["checkpoint"])
+    assert (args.output_dir, args.overwrite) == ("out", True)
+    with pytest.raises(UserError, match="ambiguous option: --o could match --output-dir, --overwrite"):
+        start_command(["ckpt", "--o", "out"], ExportArguments, prog="retromae export", description=None,
+                      positional=["checkpoint"])

@@ -22,14 +22,13 @@ from retromae.modeling.backbones import BACKBONES, SUPPORTED_ENCODER_TYPES, back
 from sentence_transformers import SentenceTransformer
 from transformers import (
     AutoConfig,
-    HfArgumentParser,
     IntervalStrategy,
     TrainingArguments,
     set_seed,
 )
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
-from .core.arguments import DefaultsHelpFormatter, configure_logging, parse, split_config
+from .core.arguments import CommandParser, DefaultsHelpFormatter, configure_logging, parse, split_config
 from .core.checkpoints import default_model_dir, load_tokenizer, position_offset, usable_positions
 from .core.errors import UserError
 from .core.folders import TRAINER_CHECKPOINT, check_model_folder, public_name
@@ -225,8 +224,8 @@ class PretrainRun:
     validation: ValidationArguments = field(default_factory=ValidationArguments)
 
 
-class RecordingParser(HfArgumentParser):
-    """An `HfArgumentParser` that keeps the namespace of its last parse: every option as the run uses it, before the
+class RecordingParser(CommandParser):
+    """A `CommandParser` that keeps the namespace of its last parse: every option as the run uses it, before the
     dataclasses convert it (what `resume.record_settings` records)."""
 
     namespace: dict[str, Any]

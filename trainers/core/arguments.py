@@ -60,6 +60,19 @@ class CollectValues(argparse.Action):
 LIST_FLAG: dict[str, Any] = {"action": CollectValues}
 
 
+class CommandParser(HfArgumentParser):
+    """`HfArgumentParser` for our commands: a usage error is a `UserError` (one line, exit status 2, as every other
+    bad input), and an abbreviation that only `--name_with_underscores` and `--name-with-dashes` of one option
+    match is that option (transformers registers both spellings; argparse called `--output` ambiguous)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+    def _get_option_tuples(self, option_string: str):
+        matches = super()._get_option_tuples(option_string)
+        return list({id(match[0]): match for match in matches}.values())  # one per action, its dashed spelling
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Adds an option's default to its help where that says something: not None, not where the help names it."""
 
@@ -183,7 +196,7 @@ def start_command(argv: list[str], arguments, *, prog: str, description: str | N
     OUTPUT_DIR`); the flags of options renamed since (`renamed`: old field name -> new) are read under their new
     names with a deprecation warning; the options named in `positive` must be integers >= 1. The log level is the
     TrainingArguments' process level where the command has them, else INFO."""
-    parser = HfArgumentParser(arguments, prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
+    parser = CommandParser(arguments, prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
     argv = rename_legacy_flags(positional_to_flags(argv, list(positional)), renamed or {}, prog)
     parsed = parse(parser, argv)
     for options in parsed:
