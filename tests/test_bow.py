@@ -171,6 +171,7 @@ def test_from_encoder_checkpoint_minilm_reports_only_the_mlm_head_new(minilm_dir
     assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
 
 
+@pytest.mark.long
 def test_checkpoint_loads_as_remote_code_in_a_fresh_process(run_without_retromae, tmp_path):
     torch.manual_seed(0)
     model = BoWForPretraining(tiny_config(bow_weight_schedule="cosine")).eval()

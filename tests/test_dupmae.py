@@ -330,6 +330,7 @@ def _run_fresh_python(run_without_retromae, code: str, cwd, tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.long
 def test_pretraining_checkpoint_loads_as_automodel_remote_code(run_fresh_python, tokenizer, tmp_path):
     torch.manual_seed(0)
     model = DupMAEForPretraining(tiny_config(tokenizer))

@@ -245,6 +245,7 @@ def test_fingerprint_survives_save_and_remote_code_load(st_models, tmp_path):
     assert model_fingerprint(reloaded) == model_fingerprint(model)
 
 
+@pytest.mark.long
 def test_scifact_corpus_search(shared_data, st_models, tmp_path):
     corpus_file = shared_data / "scifact" / "corpus.jsonl"
     if not corpus_file.is_file():

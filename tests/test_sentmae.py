@@ -138,6 +138,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.long
 def test_gather_across_two_gloo_processes_matches_one_process(tmp_path):
     """Two gloo processes with 3 and 2 rows: gathered rows come in global-rank order, and each process's gradients
     equal those of the single-process sum of the per-process losses (DDP's averaging turns the sum into the mean)."""
@@ -245,6 +246,7 @@ print(tuple(out.pooler_output.shape))
 """
 
 
+@pytest.mark.long
 def test_checkpoint_loads_as_remote_code_without_retromae(run_without_retromae, tmp_path):
     SentMAEForPretraining(tiny_config()).save_pretrained(tmp_path / "ckpt")
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
