@@ -51,6 +51,7 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 
 from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
+from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
 from .core.folders import atomic_folder, check_destination, check_model_folder, is_local_path
 from .core.io import atomic_file
@@ -710,7 +711,7 @@ def _load_hybrid_model(folder: str, command: str) -> Any:
                else f"export it first: retromae export {folder} OUTPUT_DIR")
         raise HybridIndexError(f"--model {folder} is not a sentence-transformers folder (no modules.json): {fix}")
     model = load_dupmae_sentence_transformer(folder)
-    if not any(is_dupmae_pooling(module) for module in model.modules()):
+    if not is_dupmae_model(model):
         raise HybridIndexError(
             f"--model {folder} is not a DupMAE hybrid model (it has no DupMAEPooling module): retromae {command} is "
             "for the export of a dupmae pre-training, or that model fine-tuned; a dense model is searched with "
