@@ -215,12 +215,20 @@ def _install_files(build: Path, root: Path) -> None:
     build.rmdir()
 
 
+def logs_at_step(args, state, step: int) -> bool:
+    """Whether optimizer step `step` ends with a loss log: transformers' DefaultFlowCallback rule (the first step
+    with `logging_first_step`, every `logging_steps`) and `LogLastStepCallback`'s last step."""
+    if step == 1 and args.logging_first_step:
+        return True
+    return args.logging_strategy == "steps" and (step % state.logging_steps == 0 or step >= state.max_steps > 0)
+
+
 class LogLastStepCallback(TrainerCallback):
     """Log at the last step too: a run shorter than `logging_steps` would otherwise log only its first step, and
     its summary would show that step's losses as both first and last."""
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= state.max_steps > 0 and args.logging_strategy == "steps":
+        if logs_at_step(args, state, state.global_step):  # DefaultFlowCallback has set the others already
             control.should_log = True
         return control
 
@@ -288,7 +296,7 @@ class RetroMAETrainer(Trainer):
         # Called once per consumed micro-batch, in order, and never for the batches a resume skips: the generator's
         # state at a checkpoint is exactly what the next batch needs, whatever the workers prefetched.
         unwrapped = self.accelerator.unwrap_model(model)
-        unwrapped.measure_accuracy = self._logs_this_step()
+        unwrapped.measure_accuracy = logs_at_step(self.args, self.state, self.state.global_step + 1)  # in progress
         try:
             loss = super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
         finally:
@@ -374,15 +382,6 @@ class RetroMAETrainer(Trainer):
                     self._accuracy_counts[name] = self._accuracy_counts.get(name, 0) + measured.float()
             self._loss_steps += 1
         return (outputs.loss, outputs) if return_outputs else outputs.loss
-
-    def _logs_this_step(self) -> bool:
-        """Whether the optimizer step in progress ends with a loss log (DefaultFlowCallback's and
-        LogLastStepCallback's tests, one step ahead)."""
-        step = self.state.global_step + 1
-        if step == 1 and self.args.logging_first_step:
-            return True
-        return self.args.logging_strategy == "steps" and (
-            step % self.state.logging_steps == 0 or step >= self.state.max_steps > 0)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._loss_steps:  # same branch on every rank, so the collective below is safe
