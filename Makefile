@@ -30,7 +30,7 @@ smoke: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "experiment or long"
 
 lint: setup
-	$(BIN)/ruff check modeling trainers tests benchmarks
+	$(BIN)/ruff check api modeling trainers tests benchmarks
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/pretrain_throughput.py

@@ -176,8 +176,13 @@ def pretrain_args(arm: str, init: Path, corpus: Path, cfg: dict, steps: int) -> 
             "--max_steps", str(steps), "--learning_rate", str(cfg["pretrain_lr"]),
             "--warmup_steps", str(cfg["warmup"]), "--seed", str(cfg["pretrain_seed"]),
             "--include_num_input_tokens_seen", "true", "--report_to", "none", "--disable_tqdm", "true",
-            "--no_export", *(["--bf16", "true"] if cfg["bf16"] else []),
-            *(["--dataloader_num_workers", str(cfg["workers"])] if cfg["workers"] else [])]
+            "--no_export", *(["--bf16", "true"] if cfg["bf16"] else []), *worker_args(cfg)]
+
+
+def worker_args(cfg: dict) -> list[str]:
+    """DataLoader workers: they pad (pre-training) or tokenise (fine-tuning) the next batch while the GPU runs this
+    one; the weights are the same with or without them (the fine-tuning's settings key leaves them out)."""
+    return ["--dataloader_num_workers", str(cfg["workers"])] if cfg["workers"] else []
 
 
 def pretrain(arm: str, folder: Path, args: list[str], logf: Path, cfg: dict) -> Path:
@@ -250,7 +255,7 @@ def finetune(start: Path, data: Path, output: Path, cfg: dict, seed: int, logf: 
             "--max_seq_length", str(cfg["ft_max_seq_length"]), "--learning_rate", str(cfg["ft_lr"]),
             "--num_negatives", str(cfg["ft_negatives"]), "--seed", str(seed), "--report_to", "none",
             "--disable_tqdm", "true", "--work_dir", str(work), "--eval_data", str(data), "--eval_split", "dev",
-            *(["--bf16", "true"] if cfg["ft_bf16"] else [])]
+            *(["--bf16", "true"] if cfg["ft_bf16"] else []), *worker_args(cfg)]
     run_cli("finetune", args, logf, cfg["stage_timeout"])
     stages = read_json(output / "retromae_finetune.json")["stages"]
     return {"stages": {s["stage"]: {k: s.get(k) for k in ("steps", "seconds", "examples", "train_loss")}
@@ -666,6 +671,7 @@ def parse_args(argv: list[str] | None):
         ("seeds", str, "fine-tuning seeds, e.g. 42,43,44"),
         ("parallel-seeds", int, "phases side by side after the pre-training, fine-tunings first"),
         ("probe-steps", int, "steps of each --probe run"),
+        ("workers", int, "DataLoader workers of each pre-training and fine-tuning"),
         ("pretrain-timeout", float, "seconds a pre-training may take before it is stopped"),
         ("stage-timeout", float, "seconds any other command may take"),
     ):

@@ -503,3 +503,34 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
         assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), "--overwrite",
                                  *args]) == 0
     assert "finished stage(s) of an earlier run; starting over" in caplog.text
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["cls", "dupmae-hybrid"])
+def test_dataloader_workers_tokenize_and_change_no_weight(hybrid, spread_cls_bert, tokenizer, tiny_beir, tmp_path):
+    # benchmarks/from_scratch.py fine-tunes with workers on a GPU, so that tokenising the next batch overlaps the step
+    start = spread_cls_bert
+    if hybrid:
+        torch.manual_seed(0)
+        start = tmp_path / "dup"
+        build_dupmae_sentence_transformer(
+            DupMAEForPretraining(DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8)), tokenizer, start,
+            max_seq_length=32,
+        )
+    weights = {}
+    for workers in (0, 2):
+        out = tmp_path / f"workers{workers}"
+        assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), "--num-negatives", "2",
+                                 "--mine-range-min", "1", "--mine-range-max", "8", "--dataloader-num-workers",
+                                 str(workers), *FAST]) == 0
+        weights[workers] = _safetensors_in(out)
+    before = _safetensors_in(start)
+    assert weights[0].keys() == weights[2].keys() and weights[0].keys() >= before.keys()
+    assert any(not torch.equal(weights[0][k], before[k]) for k in before)
+    assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+
+
+def _safetensors_in(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {f"{f.relative_to(folder).parent}/{k}": v for f in sorted(folder.rglob("*.safetensors"))
+            for k, v in load_file(f).items()}

@@ -232,9 +232,10 @@ def test_tiny_two_arms_end_to_end(fs, shared_data, tmp_path):
     assert again["arms"] == saved["arms"] and table.split("Report:")[0] == again["table_markdown"].split("Report:")[0]
 
 
-def test_gpu_preset_fine_tunes_in_bf16_and_the_tiny_one_in_fp32(fs, tmp_path, monkeypatch):
-    """The `retromae finetune` command of the GPU preset carries `--bf16 true` (bf16 mixed precision); the tiny
-    preset's (CPU) does not."""
+def test_gpu_preset_fine_tunes_in_bf16_with_workers_and_the_tiny_one_in_fp32(fs, tmp_path, monkeypatch):
+    """The `retromae finetune` command of the GPU preset carries `--bf16 true` (bf16 mixed precision) and DataLoader
+    workers, which leave the fine-tuning's settings key as it was; the tiny preset's (CPU) carries neither, unless
+    `--workers` asks."""
     commands = []
 
     def capture(command, args, log_file, timeout=None, **kwargs):
@@ -243,14 +244,15 @@ def test_gpu_preset_fine_tunes_in_bf16_and_the_tiny_one_in_fp32(fs, tmp_path, mo
 
     monkeypatch.setattr(fs, "run_cli", capture)
     flags = {}
-    for preset in ([], ["--tiny"]):
+    for preset in ([], ["--tiny"], ["--tiny", "--workers", "2"]):
         _, cfg = fs.settings(fs.parse_args(preset))
         with pytest.raises(RuntimeError, match="captured"):
             fs.finetune(tmp_path / "start", tmp_path / "data", tmp_path / "out", cfg, 42, tmp_path / "log")
         command, args = commands.pop()
         assert command == "finetune"
-        flags[bool(preset)] = args[args.index("--bf16") + 1] if "--bf16" in args else None
-    assert flags == {False: "true", True: None}
+        flags[" ".join(preset)] = [args[args.index(f) + 1] if f in args else None
+                                   for f in ("--bf16", "--dataloader_num_workers")]
+    assert flags == {"": ["true", "2"], "--tiny": [None, None], "--tiny --workers 2": [None, "2"]}
 
 
 def test_fine_tunings_start_first_and_a_finished_arm_runs_nothing(fs, tmp_path, monkeypatch):

@@ -26,7 +26,8 @@ touch /tmp/fs_start  # a probe made by this call is newer than this file (a comm
 left() { local n=$((DEADLINE - ($(date +%s) - START) - ${1:-0})); echo $((n > 30 ? n : 30)); }
 if [ "${SMOKE:-0}" = 1 ]; then  # this machine: the device's package versions (from_scratch_prep.sh SMOKE=1), --tiny
   C=${CARRY:-.dev/fs-smoke}; OUT=${OUT:-/tmp/fs_smoke_out}; SITE=/tmp/fs_smoke_site; SHIM=/tmp/fs_smoke_shim
-  PY=(.venv/bin/python -S); PIP=(.venv/bin/python -m pip); BASE=/tmp/fs_sim/devver:/tmp/fs_sim/base; PRESET=(--tiny --output-dir out/from_scratch_smoke)
+  PY=(.venv/bin/python -S); PIP=(.venv/bin/python -m pip); BASE=/tmp/fs_sim/devver:/tmp/fs_sim/base
+  PRESET=(--tiny --workers 2 --output-dir out/from_scratch_smoke)  # the GPU preset's DataLoader workers
   RESULTS=out/from_scratch_smoke; WORK=out/from_scratch_smoke
 else
   C=${CARRY:-.dev/fs}; SITE=/tmp/fs_site; SHIM=/tmp/fs_shim; PY=(python3); PIP=(python3 -m pip); BASE=""; PRESET=()
