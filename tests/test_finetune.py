@@ -33,7 +33,7 @@ from retromae.trainers.finetune import (
 )
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
 
-from .builders import tiny_bert_kwargs, write_beir, write_jsonl
+from .builders import SENTENCES, tiny_bert_kwargs, write_beir, write_jsonl
 
 FAST = ["--max-steps", "2", "--per-device-train-batch-size", "4", "--max-seq-length", "32", "--disable-tqdm", "true",
         "--logging-steps", "1"]
@@ -506,8 +506,9 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["cls", "dupmae-hybrid"])
-def test_dataloader_workers_tokenize_and_change_no_weight(hybrid, spread_cls_bert, tokenizer, tiny_beir, tmp_path):
-    # benchmarks/from_scratch.py fine-tunes with workers on a GPU, so that tokenising the next batch overlaps the step
+def test_dataloader_workers_and_mini_batches_through_the_cli(hybrid, spread_cls_bert, tokenizer, tiny_beir, tmp_path):
+    """DataLoader workers (they tokenise; benchmarks/from_scratch.py uses them on a GPU) change no bit of the weights.
+    `--mini-batch-size` trains both stages with GradCache and says so in the record."""
     start = spread_cls_bert
     if hybrid:
         torch.manual_seed(0)
@@ -516,17 +517,52 @@ def test_dataloader_workers_tokenize_and_change_no_weight(hybrid, spread_cls_ber
             DupMAEForPretraining(DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16, doc_top_k=8)), tokenizer, start,
             max_seq_length=32,
         )
-    weights = {}
-    for workers in (0, 2):
-        out = tmp_path / f"workers{workers}"
+    weights, records = {}, {}
+    for name, flags in {"plain": [], "workers": ["--dataloader-num-workers", "2"],
+                        "mini": ["--mini-batch-size", "3"]}.items():
+        out = tmp_path / name
         assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), "--num-negatives", "2",
-                                 "--mine-range-min", "1", "--mine-range-max", "8", "--dataloader-num-workers",
-                                 str(workers), *FAST]) == 0
-        weights[workers] = _safetensors_in(out)
+                                 "--mine-range-min", "1", "--mine-range-max", "8", *flags, *FAST]) == 0
+        weights[name] = _safetensors_in(out)
+        records[name] = json.loads((out / "retromae_finetune.json").read_text())
     before = _safetensors_in(start)
-    assert weights[0].keys() == weights[2].keys() and weights[0].keys() >= before.keys()
-    assert any(not torch.equal(weights[0][k], before[k]) for k in before)
-    assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+    assert weights["plain"].keys() == weights["workers"].keys() >= before.keys()
+    assert any(not torch.equal(weights["plain"][k], before[k]) for k in before)
+    assert all(torch.equal(weights["plain"][k], weights["workers"][k]) for k in weights["plain"])
+    assert [s["loss"] for s in records["mini"]["stages"]] == [
+        s["loss"].replace("(MultipleNegativesRankingLoss)", "(CachedMultipleNegativesRankingLoss, mini-batches of 3)")
+        for s in records["plain"]["stages"]]
+    assert records["mini"]["hyperparameters"]["mini_batch_size"] == 3
+
+
+def test_mini_batches_give_the_full_batch_loss_and_gradients(spread_cls_bert):
+    model, _ = load_as_sentence_transformer(spread_cls_bert)
+    model.eval()  # no dropout: its masks would differ between whole columns and mini-batches
+    features = [model.preprocess(texts) for texts in (SENTENCES[:4], SENTENCES[4:], SENTENCES[2:6][::-1])]
+    results = []
+    for mini_batch_size in (None, 2):
+        model.zero_grad()
+        torch.manual_seed(0)
+        loss = contrastive_loss(model, None, gather_across_devices=False, mini_batch_size=mini_batch_size)
+        value = loss(features, None)
+        value.backward()
+        results.append((value.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (full, full_grads), (cached, cached_grads) = results
+    assert type(loss).__name__ == "CachedMultipleNegativesRankingLoss" and cached == pytest.approx(full, rel=1e-5)
+    assert full_grads.keys() == cached_grads.keys() and len(full_grads) > 10
+    scale = max(grad.abs().max() for grad in full_grads.values())  # float32 sums in another order (the key biases'
+    for name, grad in full_grads.items():  # true gradient is 0: they hold only rounding)
+        assert (cached_grads[name] - grad).abs().max() <= 1e-5 * scale, name
+
+
+def test_mini_batches_are_refused_for_the_distill_stage_and_below_one(spread_cls_bert, tiny_beir, tmp_path):
+    with pytest.raises(FinetuneError, match="--mini-batch-size applies to the in-batch and hard-negatives stages"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"), "--stages",
+                          "distill", "--teacher-scores", "t.tsv", "--mini-batch-size", "2"])
+    with pytest.raises(FinetuneError, match="--mini-batch-size 0: give a positive number"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
+                          "--mini-batch-size", "0"])
+    assert not (tmp_path / "a").exists()
 
 
 def _safetensors_in(folder: Path) -> dict[str, torch.Tensor]:

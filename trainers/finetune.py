@@ -35,7 +35,8 @@ Several devices. Under ``torchrun`` (DDP) the contrastive loss gathers the embed
 (`MultipleNegativesRankingLoss(gather_across_devices=True)`, sentence-transformers 6.2: `all_gather_with_grad`, the
 local block offset by `get_rank() * batch_size`, i.e. the global rank), so every query sees the positives and
 negatives of the whole global batch (fine-tuning on one device's batch alone is reported to lose 1-2 points).
-``--no-gather-across-devices`` turns it off. Batches are drawn with `BatchSamplers.NO_DUPLICATES` so that no text
+``--no-gather-across-devices`` turns it off. On one device, ``--mini-batch-size N`` gives a batch larger than fits
+in memory all its in-batch negatives (GradCache, `CachedMultipleNegativesRankingLoss`). Batches are drawn with `BatchSamplers.NO_DUPLICATES` so that no text
 appears twice in a batch (a duplicate positive would be a false in-batch negative).
 
 Output: a sentence-transformers folder (written to a temporary sibling and renamed into place; an existing folder is
@@ -71,7 +72,11 @@ from retromae.modeling.configuration_retromae import rename_legacy_keys
 from retromae.modeling.st_dupmae import is_dupmae_pooling
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.base.losses.merged_forward import embed_columns
-from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
+from sentence_transformers.sentence_transformer.losses import (
+    CachedMultipleNegativesRankingLoss,
+    DistillKLDivLoss,
+    MultipleNegativesRankingLoss,
+)
 from sentence_transformers.util import (
     cos_sim,
     dot_score,
@@ -122,7 +127,7 @@ STAGE_MODEL = "model"  # in a stage's folder: the model that stage finished with
 MAY_CHANGE_ON_RESUME = frozenset({
     "overwrite", "resume_from_checkpoint", "logging_dir", "logging_steps", "logging_strategy", "disable_tqdm",
     "report_to", "save_steps", "save_strategy", "save_total_limit", "local_rank", "dataloader_num_workers",
-    "eval_data", "eval_split", "model_name", "base_model_name",
+    "eval_data", "eval_split", "model_name", "base_model_name", "mini_batch_size",
 })
 
 __all__ = [
@@ -223,8 +228,16 @@ class FinetuneLossArguments:
     gather_across_devices: bool = field(
         default=True, metadata={"help": "DDP: in-batch negatives from all ranks (global batch); no effect on 1 process"}
     )
+    mini_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "GradCache (CachedMultipleNegativesRankingLoss) in the in-batch and hard-negatives stages: "
+                  "embed each column of a batch N texts at a time, so a --per-device-train-batch-size too large "
+                  "for memory trains with all its in-batch negatives; the same loss, one more forward per text"},
+    )
 
     def __post_init__(self):
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise FinetuneError(f"--mini-batch-size {self.mini_batch_size}: give a positive number of texts")
         if self.scale is not None and not self.scale > 0:
             raise FinetuneError(f"--scale {self.scale}: give a logit scale > 0 (1/temperature), or leave it unset")
         if not self.distill_temperature > 0:
@@ -353,11 +366,15 @@ class DistillationLoss(nn.Module):
                 **self.kl.get_config_dict(), "contrastive": self.contrastive.get_config_dict()}
 
 
-def contrastive_loss(model: SentenceTransformer, scale: float | None, gather_across_devices: bool):
+def contrastive_loss(model: SentenceTransformer, scale: float | None, gather_across_devices: bool,
+                     mini_batch_size: int | None = None) -> nn.Module:
+    """sentence-transformers' `MultipleNegativesRankingLoss` at the model's similarity; with `mini_batch_size` its
+    GradCache form, which gives the same loss and gradients in the memory of `mini_batch_size` texts."""
     similarity, _, default_scale = _similarities(model)
-    return MultipleNegativesRankingLoss(
-        model, scale=scale or default_scale, similarity_fct=similarity, gather_across_devices=gather_across_devices
-    )
+    options = dict(scale=scale or default_scale, similarity_fct=similarity, gather_across_devices=gather_across_devices)
+    if mini_batch_size is None:
+        return MultipleNegativesRankingLoss(model, **options)
+    return CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size, **options)
 
 
 # ---- hard-negative mining ------------------------------------------------------------------------------------------
@@ -621,8 +638,10 @@ def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[Tr
     negatives = 0 if stage == "in-batch" else data_args.num_negatives
     dataset, report = groups_to_dataset(groups, negatives, seed=seed)
     description = "in-batch negatives" if stage == "in-batch" else f"{negatives} hard negatives + in-batch negatives"
-    loss = contrastive_loss(model, loss_args.scale, gather)
-    return dataset, report, loss, f"{description} (MultipleNegativesRankingLoss)"
+    loss = contrastive_loss(model, loss_args.scale, gather, loss_args.mini_batch_size)
+    name = "MultipleNegativesRankingLoss" if loss_args.mini_batch_size is None else (
+        f"CachedMultipleNegativesRankingLoss, mini-batches of {loss_args.mini_batch_size}")
+    return dataset, report, loss, f"{description} ({name})"
 
 
 def run_finetune(
@@ -633,6 +652,9 @@ def run_finetune(
 ) -> FinetuneResult:
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
     stages = _parse_stages(data_args.stages, data_args.teacher_scores)
+    if loss_args.mini_batch_size is not None and "distill" in stages:
+        raise FinetuneError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
+                            "the distill stage in a fine-tuning of its own without it")
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                             "names no local paths: omit the flag to record the starting model as local")
@@ -755,6 +777,8 @@ def _run_info(model, model_info, model_args, data_args, loss_args, training_args
         "scale": loss_args.scale or _similarities(model)[2],
         "gather_across_devices": loss_args.gather_across_devices,
     }
+    if loss_args.mini_batch_size is not None:
+        hyper["mini_batch_size"] = loss_args.mini_batch_size
     if "distill" in [r["stage"] for r in stage_records]:
         hyper.update(distill_loss_weight=loss_args.distill_loss_weight, contrastive_loss_weight=loss_args.contrastive_loss_weight,
                      distill_temperature=loss_args.distill_temperature)
