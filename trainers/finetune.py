@@ -36,8 +36,9 @@ Several devices. Under ``torchrun`` (DDP) the contrastive loss gathers the embed
 local block offset by `get_rank() * batch_size`, i.e. the global rank), so every query sees the positives and
 negatives of the whole global batch (fine-tuning on one device's batch alone is reported to lose 1-2 points).
 ``--no-gather-across-devices`` turns it off. On one device, ``--mini-batch-size N`` gives a batch larger than fits
-in memory all its in-batch negatives (GradCache, `CachedMultipleNegativesRankingLoss`). Batches are drawn with `BatchSamplers.NO_DUPLICATES` so that no text
-appears twice in a batch (a duplicate positive would be a false in-batch negative).
+in memory all its in-batch negatives (GradCache, `CachedMultipleNegativesRankingLoss`). Batches are drawn with
+`BatchSamplers.NO_DUPLICATES` so that no text appears twice in a batch (a duplicate positive would be a false
+in-batch negative).
 
 Output: a sentence-transformers folder (written to a temporary sibling and renamed into place; an existing folder is
 replaced only with ``--overwrite``) with a model card from `model_cards/finetuned_encoder.md` and
