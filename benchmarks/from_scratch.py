@@ -63,6 +63,8 @@ LABELS = {"mlm": "MLM only", "retromae": "RetroMAE (enhanced)", "dupmae": "DupMA
 VARIANTS = {"dupmae": ("dupmae", "dupmae_hybrid")}
 METRICS = {"ndcg_at_10": "ndcg@10", "mrr_at_10": "mrr@10", "recall_at_100": "recall@100"}
 STAGES = "in-batch,hard-negatives"
+# in every fine-tuning key: fine-tunings from before 2026-11-26 mined by cosine and match no key of today's
+MINING = "the model's own similarity"
 SIZES = {"minilm": common.SIZES["minilm"],
          "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}}
 COMMON = dict(init_seed=42, pretrain_seed=42, warmup=0.1, ft_negatives=7, parallel_seeds=1, probe_articles=400,
@@ -315,7 +317,7 @@ def run_arm(arm: str, out: Path, ledger: Path, data: Path, init: Path, corpus: P
 
     for variant, start in starts.items():
         for seed in cfg["seed_list"]:
-            ft_key, name = settings_hash([key, variant, str(data), seed, ft_cfg, STAGES]), f"{variant}_s{seed}"
+            ft_key, name = settings_hash([key, variant, str(data), seed, ft_cfg, STAGES, MINING]), f"{variant}_s{seed}"
             jobs.append(([(f"finetune_{name}", ft_key), (f"evaluate_{name}", ft_key)],
                          partial(one_seed, variant, start, seed, name, ft_key)))
     add_phase("pretraining_record", key, lambda: pretraining_record(ckpt.get(), cfg))

@@ -7,7 +7,8 @@ the process during the phase and its growth over the RSS at the phase's start):
 1. ``read``: the BEIR folder (5,183 documents, train and dev qrels) with `retromae.trainers.beir.read_beir`.
 2. ``load``: the model (`retromae.trainers.export.load_as_sentence_transformer`).
 3. ``mine``: `retromae.trainers.finetune.mine_negatives` for the train queries over the full corpus
-   (sentence-transformers' `mine_hard_negatives`, faiss flat index; ranks 10-100, 7 negatives), written to JSONL.
+   (exact search by the model's own similarity; ranks 10-100, 7 negatives), written to JSONL. The committed result
+   (2026-11-22) predates that: it mined with sentence-transformers' `mine_hard_negatives` and a faiss flat index.
 4. ``evaluate``: `retromae.trainers.evaluate.evaluate_folder` on the dev split (mteb, exact search), with the
    summary metrics.
 

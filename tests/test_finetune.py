@@ -30,6 +30,7 @@ from retromae.trainers.finetune import (
     contrastive_loss,
     finetune,
     finetune_command,
+    mine_negatives,
 )
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
 
@@ -286,6 +287,40 @@ def test_negatives_file_reuse_and_distillation(spread_cls_bert, tiny_beir, tmp_p
             str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "x"), "--stages", "distill",
             "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(partial), *FAST,
         ])
+
+
+class _FixedVectors:
+    """A stand-in for a SentenceTransformer: one fixed vector per text."""
+
+    def __init__(self, vectors: dict[str, list[float]], similarity_fn_name: str):
+        self.vectors, self.similarity_fn_name = vectors, similarity_fn_name
+
+    def encode_document(self, texts, normalize_embeddings=False, **kwargs):
+        vectors = torch.tensor([self.vectors[t] for t in texts])
+        return torch.nn.functional.normalize(vectors, dim=-1) if normalize_embeddings else vectors
+
+    encode_query = encode_document
+
+
+def test_mining_ranks_by_the_models_own_similarity():
+    # query . long = 3 but cosine 0.71; query . near = 1 but cosine 0.995; far: 0.5 and 0.64
+    vectors = {"q": [1.0, 0.0], "pos": [1.0, 0.0], "long": [3.0, 3.0], "near": [1.0, 0.1], "far": [0.5, -0.6]}
+    corpus = {"d0": "pos", "d1": "long", "d2": "near", "d3": "far", "d4": "long"}  # d4: a duplicate text
+    group = TrainingGroup("q0", "q", [("d0", "pos")])
+    top = dict(num_negatives=2, range_min=0, range_max=3, sampling="top")
+    by_dot = mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus, **top)
+    assert by_dot[0].negatives == [("d1", "long"), ("d2", "near")]
+    by_cosine = mine_negatives(_FixedVectors(vectors, "cosine"), [group], corpus, **top)
+    assert by_cosine[0].negatives == [("d2", "near"), ("d1", "long")]
+    skip_first = mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus, **{**top, "range_min": 1})
+    assert skip_first[0].negatives == [("d2", "near"), ("d3", "far")]
+    drawn = [mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus, num_negatives=2, range_min=0,
+                            range_max=3, seed=seed)[0].negatives for seed in range(20)]
+    assert all(d == sorted(d, key=["long", "near", "far"].index) for d in ([t for _, t in n] for n in drawn))
+    assert len({tuple(d) for d in drawn}) == 3  # every pair of the three candidates, each in rank order
+    too_few = mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus,
+                             **{**top, "range_min": 2, "range_max": 4})
+    assert too_few[0].negatives == []
 
 
 def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, tmp_path):

@@ -5,14 +5,13 @@ that continues from the previous stage's model:
 
 1. ``in-batch``: contrastive loss with in-batch negatives (eq. 13), sentence-transformers'
    `MultipleNegativesRankingLoss` on (query, positive) pairs.
-2. ``hard-negatives``: negatives for every training query are mined with the current (stage-1) model by
-   sentence-transformers' `mine_hard_negatives` through a faiss index (`use_faiss=True`): the top `range_max`
-   documents, the query's positives removed, the first `range_min` ranks skipped (likely unlabelled positives),
-   `num_negatives` drawn at random from the rest. They are saved to ``<work dir>/hard_negatives.jsonl`` (reusable
-   with ``--negatives-file``), then the same loss trains on (query, positive, negative_1..k) with in-batch negatives
-   too (eq. 14). Negatives that the training data already carries are used instead of mining. Deviation: ST 6.2
-   ranks the candidates by cosine (it encodes with `normalize_embeddings=True`), also for a dot-product model; the
-   papers retrieve with the dot product. Positives are removed by text (every qrels positive of the query).
+2. ``hard-negatives``: negatives for every training query are mined with the current (stage-1) model, which ranks
+   the whole pool by its own similarity (exact search; the dot product of a retromae export, as the papers
+   retrieve): the top `range_max` documents, the query's positives removed (by text), the first `range_min` ranks
+   skipped (likely unlabelled positives), `num_negatives` drawn at random from the rest. They are saved to
+   ``<work dir>/hard_negatives.jsonl`` (reusable with ``--negatives-file``), then the same loss trains on (query,
+   positive, negative_1..k) with in-batch negatives too (eq. 14). Negatives that the training data already carries
+   are used instead of mining.
 3. ``distill``: KL divergence between the softmax of the student's scores over (positive, negatives) and the
    softmax of cross-encoder scores read from a TSV file (`query-id  corpus-id  score`), reduction ``batchmean``
    (eq. 15; sentence-transformers' `DistillKLDivLoss`), times ``--distill-loss-weight`` (default 1), plus
@@ -82,7 +81,6 @@ from sentence_transformers.util import (
     cos_sim,
     dot_score,
     fullname,
-    mine_hard_negatives,
     pairwise_cos_sim,
     pairwise_dot_score,
 )
@@ -117,6 +115,7 @@ from .export import load_as_sentence_transformer
 from .export_dupmae import save_dupmae_sentence_transformer
 from .methods import METHODS
 from .trainer import RESUME_LAST, last_complete_checkpoint
+from .validation import exact_search
 
 logger = logging.getLogger(__name__)
 
@@ -394,16 +393,16 @@ def mine_negatives(
     seed: int = 42,
     output_file: str | os.PathLike | None = None,
 ) -> list[TrainingGroup]:
-    """Mine hard negatives for `groups` with `model` (sentence-transformers' `mine_hard_negatives`, faiss).
+    """Mine hard negatives for `groups` with `model`, ranking the whole pool by the model's own similarity (dot
+    product or cosine, exact search), as the papers retrieve with the model being fine-tuned.
 
-    Every query's positives are removed from its candidates, the first `range_min` ranks skipped, and
-    `num_negatives` drawn from the ranks up to `range_max` (`sampling="random"`) or the top ones (`"top"`).
-    sentence-transformers ranks the candidates by the cosine of the embeddings (it encodes with
-    `normalize_embeddings=True`), also for a dot-product model.
+    Every query's positives are removed from its candidates (by text), the first `range_min` ranks skipped, and
+    `num_negatives` drawn at random from the ranks up to `range_max` (`sampling="random"`, seeded by `seed`) or the
+    top ones (`"top"`), kept in rank order. Documents with the same text count once.
 
     Args:
         groups: the training queries with their positives.
-        corpus: document id -> text, the candidate pool (must contain the positives' texts or ids).
+        corpus: document id -> text, the candidate pool (the positives are added to it).
         output_file: where to save the result as JSONL (reusable with `--negatives-file`).
 
     Returns:
@@ -416,30 +415,29 @@ def mine_negatives(
         raise FinetuneError(
             f"the rank range [{range_min}, {range_max}) holds fewer than --num-negatives {num_negatives} candidates"
         )
-    pool = dict(corpus)
-    for group in groups:
-        pool.update(group.positives)
-    if range_max > len(pool):
-        logger.warning("mining: the corpus has only %d documents; range_max %d lowered to it", len(pool), range_max)
-        range_max = len(pool)
     text_to_id: dict[str, str] = {}
-    for doc_id, text in pool.items():
+    for doc_id, text in [*corpus.items(), *(p for g in groups for p in g.positives)]:
         text_to_id.setdefault(text, doc_id)
-    pairs = Dataset.from_dict({
-        "query": [g.query for g in groups for _ in g.positives],
-        "positive": [text for g in groups for _, text in g.positives],
-    })
-    random.seed(seed)  # mine_hard_negatives samples with the `random` module
-    mined = mine_hard_negatives(
-        pairs, model, anchor_column_name="query", positive_column_name="positive", corpus=list(pool.values()),
-        range_min=range_min, range_max=range_max, num_negatives=num_negatives, sampling_strategy=sampling,
-        output_format="n-tuple", batch_size=batch_size, use_faiss=True, verbose=False,
-    )
-    negative_columns = [c for c in mined.column_names if c.startswith("negative")]
-    by_query: dict[str, list[tuple[str, str]]] = {}
-    for row in mined:
-        by_query.setdefault(row["query"], [(text_to_id[row[c]], row[c]) for c in negative_columns])
-    result = [TrainingGroup(g.query_id, g.query, g.positives, by_query.get(g.query, [])) for g in groups]
+    if range_max > len(text_to_id):
+        logger.warning("mining: the corpus has only %d documents; range_max %d lowered to it", len(text_to_id),
+                       range_max)
+        range_max = len(text_to_id)
+    texts = list(text_to_id)
+    positive_texts = [{text for _, text in g.positives} for g in groups]
+    depth = range_max + max(len(p) for p in positive_texts)
+    rng = random.Random(seed)
+    result = []
+    for group, positives, ranked in zip(groups, positive_texts, _rank_documents(model, groups, texts, depth,
+                                                                               batch_size), strict=True):
+        candidates = [texts[i] for i in ranked if texts[i] not in positives][range_min:range_max]
+        if len(candidates) < num_negatives:
+            chosen = []
+        elif sampling == "top":
+            chosen = candidates[:num_negatives]
+        else:
+            chosen = [candidates[i] for i in sorted(rng.sample(range(len(candidates)), num_negatives))]
+        result.append(TrainingGroup(group.query_id, group.query, group.positives,
+                                    [(text_to_id[text], text) for text in chosen]))
     without = sum(1 for g in result if not g.negatives)
     logger.info(
         "mined %d negatives for %d of %d queries (ranks %d-%d, %s)%s", num_negatives, len(groups) - without,
@@ -450,6 +448,17 @@ def mine_negatives(
         write_training_jsonl(result, output_file)
         logger.info("hard negatives saved to %s (reuse with --negatives-file)", output_file)
     return result
+
+
+def _rank_documents(model: SentenceTransformer, groups: list[TrainingGroup], texts: list[str], depth: int,
+                    batch_size: int) -> list[list[int]]:
+    """Per group, the indices of its query's `depth` best `texts` by the model's similarity, best first. Queries and
+    documents are encoded as the model encodes them for retrieval (`encode_query` / `encode_document`)."""
+    normalize = _similarities(model)[0] is cos_sim
+    options = dict(batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=normalize)
+    docs = model.encode_document(texts, show_progress_bar=True, **options).float()
+    queries = model.encode_query([g.query for g in groups], show_progress_bar=False, **options).float()
+    return exact_search(queries, docs, depth=depth).tolist()
 
 
 # ---- the pipeline --------------------------------------------------------------------------------------------------
