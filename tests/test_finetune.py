@@ -323,6 +323,18 @@ def test_mining_ranks_by_the_models_own_similarity():
     assert too_few[0].negatives == []
 
 
+def test_mining_scores_the_corpus_chunk_by_chunk_alike(monkeypatch):
+    torch.manual_seed(0)
+    texts = [f"t{i}" for i in range(23)]
+    vectors = {t: torch.randn(4).tolist() for t in texts}
+    groups = [TrainingGroup(f"q{i}", texts[i], [(f"d{i + 1}", texts[i + 1])]) for i in range(5)]
+    corpus = {f"d{i}": t for i, t in enumerate(texts)}
+    whole = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
+    monkeypatch.setattr(finetune_module, "MINING_CHUNK_BYTES", 4 * 4 * 3)  # 3 documents a chunk, 4 queries a block
+    chunked = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
+    assert chunked == whole and all(len(g.negatives) == 4 for g in whole)
+
+
 def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

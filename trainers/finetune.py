@@ -115,12 +115,13 @@ from .export import load_as_sentence_transformer
 from .export_dupmae import save_dupmae_sentence_transformer
 from .methods import METHODS
 from .trainer import RESUME_LAST, last_complete_checkpoint
-from .validation import exact_search
+from .validation import RunningTopK
 
 logger = logging.getLogger(__name__)
 
 STAGES = ("in-batch", "hard-negatives", "distill")
 NEGATIVES_FILE = "hard_negatives.jsonl"
+MINING_CHUNK_BYTES = 2**29  # mining: the float32 embeddings of one chunk of documents, and its score matrix
 STATE_FILE = "finetune_state.json"  # in the work folder: the finished stages of a run, for resuming it
 STAGE_MODEL = "model"  # in a stage's folder: the model that stage finished with
 # options that decide nothing a stage trains: they may differ between a run and its resumption
@@ -453,12 +454,19 @@ def mine_negatives(
 def _rank_documents(model: SentenceTransformer, groups: list[TrainingGroup], texts: list[str], depth: int,
                     batch_size: int) -> list[list[int]]:
     """Per group, the indices of its query's `depth` best `texts` by the model's similarity, best first. Queries and
-    documents are encoded as the model encodes them for retrieval (`encode_query` / `encode_document`)."""
+    documents are encoded as the model encodes them for retrieval (`encode_query` / `encode_document`); documents
+    are encoded and scored a chunk at a time, so memory holds one chunk's embeddings and scores, whatever the corpus."""
     normalize = _similarities(model)[0] is cos_sim
     options = dict(batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=normalize)
-    docs = model.encode_document(texts, show_progress_bar=True, **options).float()
     queries = model.encode_query([g.query for g in groups], show_progress_bar=False, **options).float()
-    return exact_search(queries, docs, depth=depth).tolist()
+    chunk = max(1, MINING_CHUNK_BYTES // (4 * queries.shape[1]))  # documents per chunk
+    block = max(1, MINING_CHUNK_BYTES // (4 * chunk))  # queries scored against a chunk at once
+    tops = [(RunningTopK(len(part), depth, queries.device), part) for part in queries.split(block)]
+    for start in range(0, len(texts), chunk):
+        docs = model.encode_document(texts[start : start + chunk], show_progress_bar=True, **options).float()
+        for top, part in tops:
+            top.add(part @ docs.T, start)
+    return [ranked for top, _ in tops for ranked in top.ranking()]
 
 
 # ---- the pipeline --------------------------------------------------------------------------------------------------
