@@ -425,11 +425,11 @@ def mine_negatives(
         range_max = len(text_to_id)
     texts = list(text_to_id)
     positive_texts = [{text for _, text in g.positives} for g in groups]
-    depth = range_max + max(len(p) for p in positive_texts)
+    depth = range_max + max((len(p) for p in positive_texts), default=0)
+    rankings = _rank_documents(model, groups, texts, depth, batch_size)
     rng = random.Random(seed)
     result = []
-    for group, positives, ranked in zip(groups, positive_texts, _rank_documents(model, groups, texts, depth,
-                                                                               batch_size), strict=True):
+    for group, positives, ranked in zip(groups, positive_texts, rankings, strict=True):
         candidates = [texts[i] for i in ranked if texts[i] not in positives][range_min:range_max]
         if len(candidates) < num_negatives:
             chosen = []
@@ -456,6 +456,8 @@ def _rank_documents(model: SentenceTransformer, groups: list[TrainingGroup], tex
     """Per group, the indices of its query's `depth` best `texts` by the model's similarity, best first. Queries and
     documents are encoded as the model encodes them for retrieval (`encode_query` / `encode_document`); documents
     are encoded and scored a chunk at a time, so memory holds one chunk's embeddings and scores, whatever the corpus."""
+    if not groups:
+        return []
     normalize = _similarities(model)[0] is cos_sim
     options = dict(batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=normalize)
     queries = model.encode_query([g.query for g in groups], show_progress_bar=False, **options).float()
