@@ -387,8 +387,23 @@ local = slice(rank * 4, rank * 4 + 4)  # this rank's 4 queries and their positiv
 q, d = queries[local].clone().requires_grad_(), docs[local].clone().requires_grad_()
 loss = loss_fn.compute_loss_from_embeddings([q, d], None)
 loss.backward()
+
+
+class Linear(torch.nn.Sequential):  # a stand-in SentenceTransformer for GradCache: the embedding of x is W x
+    similarity_fn_name = "dot"
+
+    def forward(self, features):
+        return {"sentence_embedding": self[0](features["x"])}
+
+
+torch.manual_seed(1)
+model = Linear(torch.nn.Linear(4, 4))  # the same weights on every rank
+cached = contrastive_loss(model, None, gather_across_devices=True, mini_batch_size=3)
+cached_loss = cached([{"x": queries[local]}, {"x": docs[local]}], None)
+cached_loss.backward()
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
-    json.dump({"loss": loss.item(), "grad": d.grad.abs().sum().item()}, f)
+    json.dump({"loss": loss.item(), "grad": d.grad.abs().sum().item(), "cached_loss": cached_loss.item(),
+               "cached_grad": model[0].weight.grad.abs().sum().item()}, f)
 dist.barrier()
 dist.destroy_process_group()  # exiting with a live gloo group can abort a rank at teardown (SIGABRT)
 """
@@ -398,7 +413,7 @@ dist.destroy_process_group()  # exiting with a live gloo group can abort a rank 
 def test_ddp_contrastive_loss_uses_the_global_batch(tmp_path):
     """Under DDP (2 processes, gloo) each rank's in-batch negatives are all 8 documents of the global batch, with its
     own queries at the global-rank offset: the mean of the ranks' losses equals the single-process loss over the
-    whole batch."""
+    whole batch, with and without GradCache mini-batches."""
     import os
     import socket
     import subprocess
@@ -424,6 +439,13 @@ def test_ddp_contrastive_loss_uses_the_global_batch(tmp_path):
     assert (ranks[0]["loss"] + ranks[1]["loss"]) / 2 == pytest.approx(expected, rel=1e-5)
     assert ranks[0]["loss"] != pytest.approx(ranks[1]["loss"])  # different local queries
     assert all(r["grad"] > 0 for r in ranks)
+    # --mini-batch-size (GradCache) gathers alike: the script's linear stand-in, W x, over the whole batch here
+    torch.manual_seed(1)
+    weight_map = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        expected = single.compute_loss_from_embeddings([weight_map(queries), weight_map(docs)], None).item()
+    assert (ranks[0]["cached_loss"] + ranks[1]["cached_loss"]) / 2 == pytest.approx(expected, rel=1e-5)
+    assert all(r["cached_grad"] > 0 for r in ranks)
 
 
 # ---- incomplete folders and local base models ---------------------------------------------
