@@ -12,7 +12,7 @@ import pytest
 import torch
 from retromae.trainers import validation
 from retromae.trainers.cli import main
-from retromae.trainers.validation import exact_search, load_validation_set, retrieval_metrics
+from retromae.trainers.validation import RunningTopK, load_validation_set, retrieval_metrics
 from safetensors.torch import load_file
 
 from .builders import pretrain_args, write_beir
@@ -41,8 +41,13 @@ def test_chunked_search_equals_full_search():
     torch.manual_seed(0)
     queries, docs = torch.randn(7, 16), torch.randn(250, 16)
     full = (queries @ docs.T).topk(100, dim=1).indices
-    assert torch.equal(exact_search(queries, docs, depth=100, chunk=33), full)
-    assert exact_search(queries, docs[:5], depth=100).shape == (7, 5), "depth capped by the corpus size"
+    top = RunningTopK(7, depth=100)
+    for start in range(0, 250, 33):
+        top.add(queries @ docs[start : start + 33].T, start)
+    assert top.ranking() == full.tolist()
+    few = RunningTopK(7, depth=100)
+    few.add(queries @ docs[:5].T, 0)
+    assert [len(r) for r in few.ranking()] == [5] * 7, "depth capped by the corpus size"
 
 
 def test_validation_set_caps_queries_by_sorted_id(beir_folder):

@@ -53,7 +53,7 @@ from .coverage import DEFAULT_KS, input_token_coverage
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "METRICS", "RetrievalValidationCallback", "RunningTopK", "ValidationSet", "evaluate_retrieval", "exact_search",
+    "METRICS", "RetrievalValidationCallback", "RunningTopK", "ValidationSet", "evaluate_retrieval",
     "load_validation_set", "metric_names", "plot_validation", "retrieval_metrics", "sentence_vectors",
     "validation_summary",
 ]
@@ -61,7 +61,6 @@ __all__ = [
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
 PREFIX = "eval_"  # as the Trainer names evaluation metrics (`metric_for_best_model` adds it)
 SEARCH_DEPTH = 100  # the deepest cut-off of METRICS
-SEARCH_CHUNK = 8192  # exact_search: documents scored at once
 COVERAGE_TEXTS = 1000  # documents (first by sorted id) the coverage diagnostic is measured on
 
 
@@ -129,23 +128,6 @@ class RunningTopK:
     def ranking(self) -> list[list[int]]:
         """Per query, the document indices best first."""
         return self.ids.tolist()
-
-
-def exact_search(queries: torch.Tensor, docs: torch.Tensor, depth: int = SEARCH_DEPTH,
-                 chunk: int = SEARCH_CHUNK) -> torch.Tensor:
-    """The `min(depth, n_docs)` best documents of each query by dot product, best first.
-
-    Args:
-        queries: `(n_queries, dim)`; docs: `(n_docs, dim)`, on the same device.
-        chunk: documents scored at once.
-
-    Returns:
-        `(n_queries, min(depth, n_docs))` int64 document indices.
-    """
-    top = RunningTopK(queries.shape[0], depth, queries.device)
-    for start in range(0, docs.shape[0], chunk):
-        top.add(queries @ docs[start : start + chunk].T, start)
-    return top.ids
 
 
 def retrieval_metrics(ranked: Sequence[Sequence[int]], qrels: Sequence[dict[int, int]]) -> dict[str, float]:
