@@ -5,6 +5,7 @@ folder, a broken --config file, half-written weights, a model folder without a t
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -78,7 +79,9 @@ BAD_TRAINING_FLAGS = [
     (["--max-steps", "0"], "--max-steps 0: give a positive number"),
     (["--per-device-train-batch-size", "0"], "--per-device-train-batch-size 0: give a positive integer"),
     (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps 0: give a positive integer"),
-    (["--learning-rate", "-0.001"], "--learning-rate -0.001: give a learning rate >= 0"),
+    (["--learning-rate", "-0.001"], "--learning-rate -0.001: give a finite learning rate >= 0"),
+    (["--learning-rate", "inf"], "--learning-rate inf: give a finite learning rate >= 0"),  # trained all-NaN weights
+    (["--learning-rate", "nan"], "--learning-rate nan: give a finite learning rate >= 0"),
     (["--fp16", "true", "--bf16", "true"], "--fp16 and --bf16 are both true; keep one"),
     (["--max-steps", "-1", "--num-train-epochs", "0"], "--num-train-epochs 0.0: give a positive number of epochs"),
     # refused by TrainingArguments itself: its message, in one line
@@ -201,6 +204,17 @@ def test_a_model_folder_without_a_tokenizer_is_refused(tiny_bert, corpus, tmp_pa
     err = one_line_error(capsys, "pretrain")
     assert f"{folder} has no tokenizer files" in err and "copy the model's tokenizer files into it" in err
     assert "--tokenizer" in err
+
+
+@pytest.mark.parametrize("token", ["mask_token", "pad_token"])
+def test_a_tokenizer_without_a_mask_or_pad_token_is_refused(tiny_roberta, corpus, tmp_path, capsys, token):
+    folder = Path(shutil.copytree(tiny_roberta, tmp_path / "model"))
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    del settings[token]
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert cli.main(pretrain_args(folder, corpus, tmp_path / "out", "--max-steps", "1")) == 2
+    err = one_line_error(capsys, "pretrain")
+    assert f"the tokenizer in {folder} has no {token}, which pre-training needs" in err, err
 
 
 # ---- a model or tokenizer that is not there --------------------------------------------------------------------------

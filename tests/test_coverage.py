@@ -163,3 +163,36 @@ def test_folder_killed_mid_save_is_refused(tokenizer, tmp_path):
     (tmp_path / "checkpoint-2" / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match=r"coverage: model folder .*checkpoint-2 is incomplete, it has no tokenizer"):
         input_token_coverage(tmp_path / "checkpoint-2", None, TEXTS, ks=(10,))
+
+
+# ---- --max-seq-length beyond the model's positions, an output folder that is a file ------------------------------
+
+
+def test_default_length_is_capped_at_the_positions_and_a_longer_one_refused(tiny_bert, tmp_path, caplog):
+    """tiny_bert has 128 positions; HEAD's default 256 failed inside torch (RuntimeError) on a long text."""
+    import logging
+
+    from retromae.trainers.coverage import coverage_command
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(TEXTS * 20) + "\n" + TEXTS[0] + "\n", encoding="utf-8")  # one text of ~400 tokens
+    with caplog.at_level(logging.INFO, logger="retromae.trainers.coverage"):
+        assert coverage_command(["--model", str(tiny_bert), "--corpus", str(corpus), "--no-progress",
+                                 "--output-dir", str(tmp_path / "out")]) == 0
+    assert "max_seq_length 128" in caplog.text and "capped at its position limit" in caplog.text
+    with pytest.raises(CoverageError, match=r"--max-seq-length 256: give 2 to 128 for .*tiny-bert"):
+        coverage_command(["--model", str(tiny_bert), "--corpus", str(corpus), "--max-seq-length", "256",
+                          "--no-progress", "--output-dir", str(tmp_path / "out2")])
+
+
+def test_output_dir_that_is_a_file_is_refused_before_loading(tmp_path):
+    """HEAD: a FileExistsError traceback after every model was measured."""
+    from retromae.trainers.core.errors import UserError
+    from retromae.trainers.coverage import coverage_command
+
+    (tmp_path / "out.txt").write_text("notes")
+    with pytest.raises(UserError, match=r"--output-dir .*out\.txt is a file, not a folder"):
+        coverage_command(["--model", str(tmp_path / "not-loaded"), "--corpus", str(tmp_path / "not-read.txt"),
+                          "--output-dir", str(tmp_path / "out.txt")])
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        run_coverage([str(tmp_path / "not-loaded")], TEXTS, output_dir=tmp_path / "out.txt" / "sub")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import datasets
@@ -105,6 +106,14 @@ def test_beir_folder_reads_corpus_jsonl_only(tmp_path):
     assert texts(read_corpus(tmp_path / "beir")) == ["T doc"]
 
 
+def test_a_folder_with_corpus_jsonl_but_no_queries_or_qrels_is_a_folder_corpus(tmp_path):
+    """Not a BEIR folder: every file is read, corpus.jsonl included (it used to be read alone)."""
+    write(tmp_path / "mixed" / "corpus.jsonl", jsonl({"text": "alpha"}))
+    write(tmp_path / "mixed" / "more.jsonl", jsonl({"text": "beta"}))
+    write(tmp_path / "mixed" / "notes.txt", "gamma\n")
+    assert texts(read_corpus(tmp_path / "mixed")) == ["alpha", "beta", "gamma"]
+
+
 def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
     rows = {"id": ["1", "2"], "text": ["alpha beta", "gamma delta"]}
     datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
@@ -115,6 +124,15 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
         corpus = read_corpus(tmp_path / folder)
         assert corpus.column_names == ["text"]
         assert texts(corpus) == ["alpha beta", "gamma delta"]
+
+
+@pytest.mark.parametrize(("values", "shown"), [([1, 2], "Value('int64')"),
+                                               ([["dense retrieval", "is fun"]] * 2, "List(Value('string'))")])
+def test_save_to_disk_text_column_of_non_strings_is_refused(tmp_path, values, shown):
+    """A list of two strings would silently train on the sentence pair [CLS] A [SEP] B [SEP]."""
+    datasets.Dataset.from_dict({"text": values}).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(CorpusError, match=rf"the 'text' column holds {re.escape(shown)}, not strings"):
+        read_corpus(tmp_path / "ds")
 
 
 def test_save_to_disk_without_text_column(tmp_path):
@@ -417,6 +435,16 @@ def test_specials_and_padding_never_masked(tokenizer, features):
     assert (batch["encoder_labels"][outside] == -100).all()
     assert torch.equal(batch["input_ids"][outside], padded[outside])
     assert torch.equal(batch["attention_mask"].sum(dim=1), torch.tensor([len(f["input_ids"]) for f in features]))
+
+
+def test_padding_to_a_multiple_of_8_stops_at_max_length(tokenizer):
+    """L = 11 (a position limit, not a multiple of 8): a row of 10 tokens pads to 11, not 16; where the multiple fits
+    (max_length 16) the batch is the uncapped one, bit for bit."""
+    rows = [{"input_ids": [tokenizer.cls_token_id, *range(2000, 2008), tokenizer.sep_token_id]}]
+    assert PretrainingCollator(tokenizer, max_length=11).pad(rows)["input_ids"].shape == (1, 11)
+    capped, uncapped = (PretrainingCollator(tokenizer, max_length=length, generator=torch.Generator().manual_seed(0))
+                        for length in (16, None))
+    assert all(torch.equal(a, b) for a, b in zip(capped(rows).values(), uncapped(rows).values(), strict=True))
 
 
 def test_whole_words_masked_together(tokenizer, features):

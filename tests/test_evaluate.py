@@ -137,8 +137,29 @@ def test_a_pretraining_checkpoint_is_exported_then_evaluated(spread_cls_bert, ti
     tokenizer.save_pretrained(tmp_path / "ckpt")
     rows = evaluate_folder(tmp_path / "ckpt", beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval")
     direct = evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval2")
-    assert (tmp_path / "eval" / "pretrained-encoder" / "modules.json").is_file()
     assert rows[0]["ndcg_at_10"] == direct[0]["ndcg_at_10"]  # same encoder weights, CLS + dot both ways
+
+
+def test_a_checkpoint_is_exported_into_a_temporary_folder(spread_cls_bert, tiny_beir, tokenizer, tmp_path,
+                                                          monkeypatch):
+    """HEAD exported it to OUTPUT/pretrained-encoder with overwrite, deleting a user's folder of that name."""
+    import tempfile
+
+    from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+
+    RetroMAEForPretraining.from_encoder_checkpoint(str(spread_cls_bert)).save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    mine = tmp_path / "eval" / "pretrained-encoder"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    rows = evaluate_folder(tmp_path / "ckpt", beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval")
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == [
+        "mteb", "pretrained-encoder", "summary.json", "summary.md"]
+    assert not any((tmp_path / "tmp").iterdir())  # the export is gone
+    assert 0.0 < rows[0]["ndcg_at_10"] <= 1.0
 
 
 def test_update_card_puts_results_into_model_index(spread_cls_bert, tiny_beir, tmp_path):
@@ -390,3 +411,75 @@ def test_model_folder_killed_mid_save_is_refused_before_reading_data(spread_cls_
     (broken / "tokenizer.json").unlink()
     with pytest.raises(FolderError, match=r"evaluate --model: model folder .*checkpoint-9 is incomplete"):
         evaluate_folder(broken, beir_folders=[tmp_path / "not-read-yet"], output_dir=tmp_path / "eval")
+
+
+# ---- same-named BEIR folders, output folder, --update-card, paths in the Python API -----------------------------
+
+
+def test_beir_folders_with_one_name_get_a_row_and_a_result_file_each(spread_cls_bert, tmp_path):
+    """HEAD named both tasks LocalBEIR-beir: two identical-looking rows with one query count, one result file."""
+    first = write_beir(tmp_path / "a" / "beir")
+    second = builders.write_beir(tmp_path / "b" / "beir", splits=(("dev", range(12, 15)),))
+    rows = evaluate_folder(spread_cls_bert, beir_folders=[first, second], split="dev", output_dir=tmp_path / "eval")
+    assert [(r["dataset_name"], r["queries"]) for r in rows] == [("a/beir (local BEIR)", 6), ("b/beir (local BEIR)", 3)]
+    assert len({r["task"] for r in rows}) == 2 and len(list((tmp_path / "eval" / "mteb").rglob("LocalBEIR-*"))) == 2
+    (alone,) = evaluate_folder(spread_cls_bert, beir_folders=[second], split="dev", output_dir=tmp_path / "alone")
+    assert rows[1]["ndcg_at_10"] == alone["ndcg_at_10"]
+    with pytest.raises(EvaluateError, match=r"--beir-folder names .*beir twice"):
+        evaluate_folder(spread_cls_bert, beir_folders=[first, tmp_path / "a" / ".." / "a" / "beir"], split="dev",
+                        output_dir=tmp_path / "e")
+
+
+def test_output_dir_that_is_a_file_is_refused_before_loading(tmp_path):
+    """HEAD: a FileExistsError traceback after the model and data were loaded."""
+    from retromae.trainers.core.errors import UserError
+
+    (tmp_path / "out.txt").write_text("notes")
+    with pytest.raises(UserError, match=r"--output-dir .*out\.txt is a file, not a folder"):
+        evaluate_command(["unused", "--beir-folder", str(tmp_path / "not-read"), "--output-dir",
+                          str(tmp_path / "out.txt")])
+
+
+def test_default_output_dir_is_the_model_folder_name(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    """As the README says; HEAD used the fine-tune's --model-name, so copies seed42 and seed43 shared one folder."""
+    import shutil
+
+    from retromae.trainers.evaluate import default_output_dir
+
+    model, _ = load_as_sentence_transformer(spread_cls_bert)
+    seed42 = save_finetuned_model(model, tmp_path / "seed42", {"model_name": "my-org/fancy", "stages": []})
+    shutil.copytree(seed42, tmp_path / "seed43")
+    monkeypatch.chdir(tmp_path)
+    assert evaluate_command(["seed43", "--beir-folder", str(tiny_beir), "--split", "dev", "--no-progress"]) == 0
+    assert (tmp_path / "eval-results" / "seed43" / "summary.json").is_file()
+    assert default_output_dir(seed42).as_posix() == "eval-results/seed42"
+    assert default_output_dir("my-org/fancy").as_posix() == "eval-results/fancy"  # a Hub id: its last part
+
+
+def test_update_card_on_a_foreign_folder_is_refused_before_evaluating(spread_cls_bert, tiny_beir, tmp_path):
+    """HEAD refused it after the whole evaluation had run and written its results."""
+    with pytest.raises(EvaluateError, match="--update-card needs a folder written by `retromae finetune`"):
+        evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval",
+                        update_card=True)
+    assert not (tmp_path / "eval").exists()
+
+
+def test_python_api_names_a_missing_beir_folder(spread_cls_bert, tmp_path):
+    """HEAD took a path that does not exist for an MTEB task name: `unknown MTEB task '/...'`."""
+    import retromae
+
+    with pytest.raises(EvaluateError, match=r"BEIR folder .*no-such-beir does not exist"):
+        retromae.evaluate(spread_cls_bert, str(tmp_path / "no-such-beir"), tmp_path / "eval", split="dev")
+
+
+def test_qrels_errors_name_the_path_given(tmp_path):
+    """HEAD named `beir_unknown/qrels/dev.tsv` (the folder's name, not the path given) and a bare `dev.tsv`."""
+    import re
+
+    folder = write_beir(tmp_path / "data" / "beir_unknown", extra_qrels=["q99\td1\t1"])
+    qrels = folder / "qrels" / "dev.tsv"
+    with pytest.raises(RetrievalDataError, match=re.escape(f"{qrels} names 1 query id(s) missing")):
+        read_beir(folder, split="dev")
+    qrels.write_text("query-id\tcorpus-id\tscore\n")
+    with pytest.raises(RetrievalDataError, match=re.escape(f"{qrels} holds no (query-id, corpus-id, score) line")):
+        read_beir(folder, split="dev")

@@ -231,9 +231,22 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
             export_sentence_transformer(source, tmp_path / "out")
         assert not (tmp_path / "out").exists()
     _, checkpoint = pretrained
-    with pytest.raises(FolderError, match="would replace the input"):
+    with pytest.raises(FolderError, match="is or holds the checkpoint .* which replacing it would delete"):
         export_sentence_transformer(checkpoint, checkpoint.parent, overwrite=True)
     assert issubclass(ExportError, UserError) and issubclass(FolderError, UserError)
+
+
+def test_an_export_over_the_working_directory_is_refused_even_with_overwrite(pretrained, tmp_path, monkeypatch):
+    """HEAD replaced a folder holding the working directory (its files gone, exit 0), and `.` was a traceback."""
+    _, checkpoint = pretrained
+    work = tmp_path / "project" / "work"
+    work.mkdir(parents=True)
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    for target in (tmp_path / "project", Path(".")):
+        with pytest.raises(FolderError, match="is or holds the working directory"):
+            export_sentence_transformer(checkpoint, target, overwrite=True)
+    assert (work / "notes.txt").read_text() == "mine"
 
 
 def test_export_from_model_matches_checkpoint_export(pretrained, exported, tokenizer, tmp_path):

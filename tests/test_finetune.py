@@ -462,6 +462,95 @@ def test_model_folder_killed_mid_save_is_refused(spread_cls_bert, tmp_path):
         load_as_sentence_transformer(broken)
 
 
+@pytest.mark.parametrize("case", ["train-data", "working-directory", "teacher-scores", "work-dir-inside"])
+def test_an_output_folder_over_an_input_is_refused_even_with_overwrite(case, spread_cls_bert, tiny_beir, tmp_path,
+                                                                       monkeypatch):
+    """HEAD deleted the training data (`--output-dir DATA --overwrite`) or the working directory and exited 0; a work
+    folder inside the output folder trained every stage, then the save was refused."""
+    import shutil
+
+    data = tmp_path / "project" / "data"
+    shutil.copytree(tiny_beir, data)
+    (data / "teacher.tsv").write_text("q1\td1\t1.0\n")
+    monkeypatch.chdir(tmp_path / "project")
+    out, extra, match = {
+        "train-data": (data, [], "is or holds --train-data"),
+        "working-directory": (tmp_path / "project", [], "is or holds the working directory"),
+        "teacher-scores": (data, ["--stages", "in-batch,distill", "--teacher-scores", str(data / "teacher.tsv")],
+                           "is or holds --train-data"),
+        "work-dir-inside": (tmp_path / "out", ["--work-dir", str(tmp_path / "out" / "work")], "is inside --output-dir"),
+    }[case]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises((FolderError, FinetuneError), match=match):
+        finetune_command([str(spread_cls_bert), str(data), "--output-dir", str(out), "--overwrite", *extra, *FAST])
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def _no_training(monkeypatch):
+    class Refuse:
+        def __init__(self, *args, **kwargs):
+            pytest.fail("trained before the input was checked")
+
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", Refuse)
+
+
+def test_inputs_of_later_stages_are_checked_before_anything_trains(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    """HEAD refused these after one or two stages had trained (a missing --negatives-file as a traceback), trained an
+    inf teacher score into all-NaN weights, ignored --teacher-scores without the distill stage, trained a loss of 0
+    with a batch of 1, and restarted from step 0 for a resume value other than `last`."""
+    _no_training(monkeypatch)
+    for value, score in (("inf", "inf"), ("nan", "nan")):
+        (tmp_path / f"{value}.tsv").write_text(f"query-id\tcorpus-id\tscore\nq1\td1\t{score}\n")
+    cases = [
+        (["--negatives-file", "missing.jsonl"], "--negatives-file missing.jsonl: no such file"),
+        (["--stages", "in-batch,distill", "--teacher-scores", "typo.tsv"], "--teacher-scores typo.tsv: no such file"),
+        (["--stages", "distill", "--teacher-scores", str(tmp_path / "inf.tsv")], r"inf.tsv:2: score 'inf' is not a"),
+        (["--stages", "distill", "--teacher-scores", str(tmp_path / "nan.tsv")], r"nan.tsv:2: score 'nan' is not a"),
+        (["--teacher-scores", str(tmp_path / "inf.tsv")], "read by the distill stage only"),
+        (["--eval-data", str(tiny_beir), "--eval-split", "test"], r"missing qrels/test.tsv.*splits present: "),
+        (["--mine-range-min", "-5"], "--mine-range-min -5: give the number of top ranks to skip"),
+        (["--mine-range-min", "5", "--mine-range-max", "6"], r"the rank range \[5, 6\).*fewer than --num-negatives"),
+        (["--per-device-train-batch-size", "1"], "--per-device-train-batch-size 1 has no negative"),
+        (["--resume-from-checkpoint", "latest"], "--resume-from-checkpoint latest: .* pass `last`"),
+        (["--resume-from-checkpoint", str(tmp_path / "checkpoint-5")], "pass `last`"),
+    ]
+    for flags, match in cases:
+        with pytest.raises(FinetuneError, match=match):
+            finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"),
+                              "--max-steps", "2", *flags])
+        assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists(), flags
+
+
+def test_a_config_file_may_hold_the_model_and_the_training_data(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    """HEAD said `the following arguments are required: --model, --train_data` for a config file holding both."""
+    _no_training(monkeypatch)
+    config = tmp_path / "ft.yaml"
+    config.write_text(f"model: {spread_cls_bert}\ntrain_data: {tiny_beir}\nteacher_scores: t.tsv\n")
+    with pytest.raises(FinetuneError, match="--teacher-scores t.tsv: no such file"):  # parsed: the run's own check
+        finetune_command(["--config", str(config), "--output-dir", str(tmp_path / "out")])
+
+
+def test_a_run_killed_in_its_first_stage_resumes_only_with_its_own_settings(spread_cls_bert, tiny_beir, tmp_path,
+                                                                          monkeypatch):
+    """HEAD wrote the settings only when a stage finished, so a run killed in stage 1 was continued by a command
+    with other settings (another learning rate), whose record then claimed them."""
+    args = ["--stages", "in-batch", "--max-steps", "4", "--save-strategy", "steps", "--save-steps", "1",
+            "--per-device-train-batch-size", "4", "--max-seq-length", "32", "--disable-tqdm", "true"]
+    killing, _ = _kill_at("in-batch", 2)
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", killing)
+    out = tmp_path / "out"
+    with pytest.raises(_Killed):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args])
+    with pytest.raises(FinetuneError, match="used other settings"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
+                          "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
+    resuming, trained = _kill_at("none", -1)
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", resuming)
+    assert finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
+                             "--resume-from-checkpoint", "last"]) == 0
+    assert trained == [("stage-in-batch", str(tmp_path / "out.work" / "stage-in-batch" / "checkpoint-2"))]
+
+
 def test_local_starting_model_is_not_written_as_a_hub_id(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
     """The README's `finetune --model out/encoder`: HEAD wrote `base_model: out/encoder` and a Hub link to it."""
     import shutil
@@ -494,6 +583,11 @@ def test_hub_id_of_a_local_model(tmp_path):
     named.mkdir()
     (named / "README.md").write_text("---\nmodel_name: my-org/retromae-scifact\nbase_model: bert-base-uncased\n---\n")
     assert hub_id_of_model(named) == "my-org/retromae-scifact"  # its own id, not its base's
+    transformer_origin = tmp_path / "st"  # a sentence-transformers folder: config.json names its transformer's base
+    transformer_origin.mkdir()
+    (transformer_origin / "modules.json").write_text("[]")
+    (transformer_origin / "config.json").write_text(json.dumps({"_name_or_path": "nreimers/MiniLM-L6-H384-uncased"}))
+    assert hub_id_of_model(transformer_origin) is None
     snapshot = tmp_path / "hub" / "models--BAAI--bge-small-en" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     assert hub_id_of_model(snapshot) == "BAAI/bge-small-en"

@@ -13,9 +13,10 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
 from retromae.trainers.contrastive_data import corpus_training_data
+from retromae.trainers.core.arguments import parse
 from retromae.trainers.core.cards import Paper
 from retromae.trainers.methods import METHODS, Method, get_method
-from retromae.trainers.pretrain import load_pretraining_model
+from retromae.trainers.pretrain import load_pretraining_model, pretrain_parser
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForMaskedLM
 
@@ -109,6 +110,44 @@ def test_config_file_sets_values_and_flags_win(tiny_bert, corpus, tmp_path):
     saved = json.loads((tmp_path / "cfg-run" / "config.json").read_text())
     assert (saved["decoding"], saved["num_decoder_layers"], saved["decoder_mask_ratio"]) == ("basic", 2, 0.7)
     assert json.loads((tmp_path / "cfg-run" / "retromae_run.json").read_text())["global_step"] == 2
+
+
+def test_config_equals_file_runs_and_config_twice_is_refused(tiny_bert, corpus, tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {tiny_bert}\ncorpus: {corpus}\noutput_dir: {tmp_path / 'cfg-run'}\nmax_seq_length: 32\n"
+                      "max_steps: 1\nper_device_train_batch_size: 2\nno_export: true\nuse_cpu: true\n")
+    assert main(["pretrain", "--config", str(config), "--config", "demo-bow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--config is given 2 times; give it once (merge the files into one)") and "\n" not in err, err
+    assert main(["pretrain", f"--config={config}"]) == 0
+    assert json.loads((tmp_path / "cfg-run" / "retromae_run.json").read_text())["global_step"] == 1
+
+
+def test_method_options_flag_keeps_the_config_files_other_keys(tiny_bert, corpus, tmp_path, caplog):
+    """Flags override the file key by key: the preset's bow_loss_weight and bow_normalization stay."""
+    out = tmp_path / "run"
+    args = pretrain_args(tiny_bert, corpus, out, "--config", "demo-dupmae", "--method-options", '{"dense_dim": 16}',
+                         "--max-steps", "1", "--no-export", "true")
+    assert main(args) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["dense_dim"], saved["bow_loss_weight"], saved["bow_normalization"]) == (16, 0.1, "all_tokens")
+    assert any("--method-options merged into the --config file's method_options" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_config_overrides_flag_merges_with_the_files_mapping(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("config_overrides:\n  num_hidden_layers: 1\n  hidden_size: 64\n  use_cache: false\n")
+    model, *_ = parse(pretrain_parser(), ["--config", str(config), "--config-overrides", "hidden_size=32,vocab_size=99"])
+    assert model.config_overrides == "num_hidden_layers=1,hidden_size=32,use_cache=false,vocab_size=99"
+
+
+def test_a_max_seq_length_at_the_position_limit_not_a_multiple_of_8_trains(tiny_bert, tmp_path):
+    """L = 36 = max_position_embeddings: the collator pads a full row to 36, not 40 (past the position table)."""
+    long_lines = write_jsonl(tmp_path / "long.jsonl", [{"text": " ".join(SENTENCES)}] * 8)
+    args = pretrain_args(tiny_bert, long_lines, tmp_path / "run", "--from-scratch", "true", "--config-overrides",
+                         "max_position_embeddings=36", "--max-seq-length", "36", "--max-steps", "1", "--no-export", "true")
+    assert main(args) == 0
 
 
 @pytest.mark.parametrize(

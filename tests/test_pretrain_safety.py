@@ -17,7 +17,7 @@ from retromae.trainers.cli import main
 from retromae.trainers.core.lock import LOCK_NAME, FolderLocked, folder_lock
 from safetensors.torch import load_file
 
-from .builders import SENTENCES, pretrain_args, write_lines
+from .builders import SENTENCES, pretrain_args, write_beir, write_lines
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_a_non_empty_export_dir_needs_overwrite_export(tiny_bert, corpus, tmp_pa
     ("where", "what"),
     [(".", "the working directory"), ("..", "the working directory"), ("out", "the output folder"),
      ("out/run", "the output folder"), ("out/run/checkpoint-4", "a checkpoint of this run"), ("data", "the corpus"),
-     ("bert", "the model")],
+     ("bert", "the model"), ("beir", "the --eval-beir-folder")],
 )
 def test_an_export_dir_over_the_run_or_its_inputs_is_refused_even_with_overwrite(
     tiny_bert, tmp_path, monkeypatch, capsys, where, what
@@ -78,15 +78,32 @@ def test_an_export_dir_over_the_run_or_its_inputs_is_refused_even_with_overwrite
     (work / "data").mkdir(parents=True)
     corpus = write_lines(work / "data" / "corpus.txt", SENTENCES * 6)
     model = Path(shutil.copytree(tiny_bert, work / "bert"))
+    beir = write_beir(work / "beir")
     (work / "notes.txt").write_text("mine")
     monkeypatch.chdir(work)
     for overwrite in ("false", "true"):
-        args = pretrain_args(model, corpus, work / "out" / "run", "--export-dir", where, "--overwrite-export", overwrite)
+        args = pretrain_args(model, corpus, work / "out" / "run", "--eval-beir-folder", str(beir), "--export-dir", where,
+                             "--overwrite-export", overwrite)
         assert main(args if overwrite == "true" else args[:-2]) == 2
         err = one_line(capsys)
         assert f"would delete {what}" in err and "even with --overwrite-export" in err, err
         assert corpus.is_file() and (model / "config.json").is_file() and (work / "notes.txt").read_text() == "mine"
+        assert (beir / "corpus.jsonl").is_file()
         assert not (work / "out").exists(), "refused before training"
+
+
+@pytest.mark.parametrize(("flag", "inside", "what"), [("--model", ".", "the model"), ("--model", "checkpoint-2", "the model"),
+                                                     ("--corpus", "checkpoint-4/corpus.txt", "the corpus")])
+def test_overwrite_output_dir_refuses_to_delete_an_input_in_the_output_dir(finished_run, tiny_bert, corpus, tmp_path,
+                                                                          capsys, flag, inside, what):
+    out = copy_of(finished_run, tmp_path)
+    shutil.copy(corpus, out / "checkpoint-4" / "corpus.txt")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    args = pretrain_args(tiny_bert, corpus, out, flag, str(out / inside), "--overwrite-output-dir", "true")
+    assert main(args) == 2
+    err = one_line(capsys)
+    assert f"--overwrite-output-dir would delete {what} ({out / inside})" in err, err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before, "refused before anything was deleted"
 
 
 # ---- a finished run -------------------------------------------------------------------------------------------------
@@ -117,6 +134,23 @@ def test_the_same_command_again_on_a_finished_run_says_it_finished(finished_run,
     assert main(pretrain_args(tiny_bert, corpus, out)) == 2
     assert "that run finished at step 4 (checkpoint-4); choose another --output-dir" in one_line(capsys)
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_resuming_after_the_corpus_changed_is_refused(tiny_bert, tmp_path, capsys, caplog):
+    corpus = write_lines(tmp_path / "corpus.txt", SENTENCES * 6)
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--no-export", "true")) == 0
+    capsys.readouterr()
+    checkpoint = out / "checkpoint-2"  # resumed, it trains steps 3 and 4 again
+    assert list(json.loads((checkpoint / "retromae_resume.json").read_text())["text_files"]["corpus"]) == ["."]
+    original = corpus.read_bytes()
+    write_lines(corpus, ["Completely different text about cooking pasta."] * 6)
+    assert main(resume(out, str(checkpoint))) == 2
+    err = one_line(capsys)
+    assert f"--corpus file {corpus} changed size ({len(original)} -> " in err, err
+    corpus.write_bytes(original)  # the same text, a new modification time (a copy): a warning, and the run resumes
+    assert main(resume(out, str(checkpoint))) == 0
+    assert f"--corpus file {corpus} was modified since the run being resumed" in caplog.text
 
 
 # ---- another run's checkpoints ----------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import csv
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 from collections import Counter
@@ -64,6 +65,7 @@ __all__ = [
     "RetrievalData",
     "RetrievalDataError",
     "TrainingGroup",
+    "check_beir_layout",
     "clean_groups",
     "doc_text",
     "groups_from_beir",
@@ -133,6 +135,23 @@ def is_beir_folder(path: str | os.PathLike) -> bool:
     return path.is_dir() and (path / "corpus.jsonl").is_file()
 
 
+def check_beir_layout(folder: Path, split: str) -> Path:
+    """The qrels file of `split` in the BEIR folder `folder`; refuses a folder without corpus, queries or that file
+    (naming the splits it has), without reading them."""
+    if not folder.is_dir():
+        raise RetrievalDataError(f"BEIR folder {folder} does not exist (expected a folder with {BEIR_LAYOUT})")
+    qrels_file = folder / "qrels" / f"{split}.tsv"
+    missing = [str(p.relative_to(folder)) for p in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file)
+               if not p.is_file()]
+    if missing:
+        available = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
+        hint = f"; qrels splits present: {', '.join(available)}" if available else ""
+        raise RetrievalDataError(
+            f"BEIR folder {folder.name} is missing {', '.join(missing)} (a BEIR folder holds {BEIR_LAYOUT}){hint}"
+        )
+    return qrels_file
+
+
 def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMissing = "error") -> RetrievalData:
     """Read one split of a BEIR folder.
 
@@ -153,21 +172,10 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
     if on_missing not in ON_MISSING:
         raise RetrievalDataError(f"on_missing={on_missing!r} must be one of {ON_MISSING}")
     folder = Path(folder)
-    if not folder.is_dir():
-        raise RetrievalDataError(f"BEIR folder {folder} does not exist (expected a folder with {BEIR_LAYOUT})")
-    qrels_file = folder / "qrels" / f"{split}.tsv"
-    missing = [str(p.relative_to(folder)) for p in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file)
-               if not p.is_file()]
-    if missing:
-        available = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
-        hint = f"; qrels splits present: {', '.join(available)}" if available else ""
-        raise RetrievalDataError(
-            f"BEIR folder {folder.name} is missing {', '.join(missing)} (a BEIR folder holds {BEIR_LAYOUT}){hint}"
-        )
+    qrels_file = check_beir_layout(folder, split)
     corpus = read_beir_corpus(folder / "corpus.jsonl")
     all_queries = read_beir_queries(folder / "queries.jsonl")
-    qrels, report = _known_qrels(read_qrels(qrels_file), all_queries, corpus, on_missing,
-                                 qrels_file.relative_to(folder.parent))
+    qrels, report = _known_qrels(read_qrels(qrels_file), all_queries, corpus, on_missing, qrels_file)
     positives = {qid: {d: s for d, s in docs.items() if s > 0} for qid, docs in qrels.items()}
     without = sorted(qid for qid, docs in positives.items() if not docs)
     if without:
@@ -255,6 +263,14 @@ def read_beir_queries(path: Path) -> dict[str, str]:
     return queries
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dict[str, Any]]:
     """Read a TSV of `query-id <TAB> corpus-id <TAB> score` (header optional; TREC's 4-column form also accepted).
 
@@ -278,13 +294,15 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
             qid, doc_id, score = (cell.strip() for cell in row)
             try:
                 value = value_type(float(score)) if value_type is int else value_type(score)
-            except ValueError:
-                if line_no == 1:  # the header line
+            except (ValueError, OverflowError):  # int(float("inf")) overflows
+                if line_no == 1 and not _is_number(score):  # the header line
                     continue
-                raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a number") from None
+                raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number") from None
+            if not math.isfinite(value):  # an inf teacher score makes every weight NaN
+                raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number")
             out.setdefault(qid, {})[doc_id] = value
     if not out:
-        raise RetrievalDataError(f"{path.name} holds no (query-id, corpus-id, score) line")
+        raise RetrievalDataError(f"{path} holds no (query-id, corpus-id, score) line")
     return out
 
 

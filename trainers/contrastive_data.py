@@ -319,7 +319,8 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
     texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming)
     dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, packing=inputs.packing)
     # no generator: RetroMAETrainer draws the masks from its own per-process, checkpointed generator
-    collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask)
+    collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask,
+                                   max_length=inputs.max_seq_length)
     return TrainingData(dataset, collator)
 
 
@@ -341,7 +342,8 @@ def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, 
     dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length)
     _check_enough_rows(dataset, inputs, unit="passages")
     collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
-                                   whole_word_mask=config.whole_word_mask, positives="spans")
+                                   whole_word_mask=config.whole_word_mask, positives="spans",
+                                   max_length=inputs.max_seq_length)
     return TrainingData(dataset, collator, drop_last=True)  # a last batch of one passage would have no negative
 
 
@@ -372,7 +374,7 @@ def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -
                             "off; use --corpus for the text, or set contrastive_loss_weight > 0")
         return corpus_training_data(config, tokenizer, inputs)
     if inputs.contrastive_anchor:
-        raise UserError(f"--method {config.model_type} already has its contrastive loss (contrastive_loss_weight "
+        raise UserError(f"--method {type(config).model_type} already has its contrastive loss (contrastive_loss_weight "
                         f"{config.contrastive_loss_weight}); drop --contrastive-anchor-weight")
     if inputs.pairs:
         data = _pair_training_data(config, tokenizer, inputs)
@@ -402,7 +404,8 @@ def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Trai
     dataset = tokenize_pairs(read_pairs(inputs.pairs), tokenizer, max_seq_length=inputs.max_seq_length)
     _check_enough_rows(dataset, inputs, unit="pairs")
     collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
-                                   whole_word_mask=config.whole_word_mask, positives="pairs")
+                                   whole_word_mask=config.whole_word_mask, positives="pairs",
+                                   max_length=inputs.max_seq_length)
     return TrainingData(dataset, collator, drop_last=True, corpus_name=Path(inputs.pairs).name)
 
 

@@ -40,18 +40,19 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .core.arguments import LIST_FLAG, start_command
-from .core.checkpoints import default_model_dir, load_bert_encoder, load_mlm_head, load_tokenizer
+from .core.checkpoints import default_model_dir, load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
 from .core.errors import UserError
-from .core.folders import check_model_folder
+from .core.folders import check_folder_option, check_model_folder
 from .core.io import atomic_file, write_json_atomic
 from .data import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, read_corpus, unknown_token_share
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_KS", "PROJECTIONS", "CoverageError", "coverage_at_k", "input_token_coverage", "plot_coverage",
-           "run_coverage"]
+__all__ = ["DEFAULT_KS", "DEFAULT_MAX_SEQ_LENGTH", "PROJECTIONS", "CoverageError", "coverage_at_k",
+           "input_token_coverage", "plot_coverage", "run_coverage"]
 
 DEFAULT_KS = (10, 20, 50, 100)
+DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text unless given; capped at the model's positions
 PROJECTIONS = ("embeddings", "lm_head")
 Projection = Literal["embeddings", "lm_head"]
 LM_HEAD_HINT = "; projection='lm_head' needs a pre-training or masked-LM checkpoint, use projection='embeddings'"
@@ -185,7 +186,7 @@ def input_token_coverage(
     texts: Iterable[str],
     ks: Iterable[int] = DEFAULT_KS,
     batch_size: int = 32,
-    max_seq_length: int = 512,
+    max_seq_length: int | None = None,
     device: str | torch.device | None = None,
     projection: Projection = "embeddings",
     show_progress_bar: bool = False,
@@ -199,7 +200,8 @@ def input_token_coverage(
         texts: the texts; each is tokenized without masking, truncated to `max_seq_length`.
         ks: top-k cut-offs.
         batch_size: texts per forward pass.
-        max_seq_length: truncation length in tokens (special tokens included).
+        max_seq_length: truncation length in tokens (special tokens included), 2 to the encoder's usable positions;
+            None: `DEFAULT_MAX_SEQ_LENGTH`, capped at those positions (logged).
         device: where to run; default the module's device, else CUDA when available.
         projection: "embeddings" (h · Eᵀ) or "lm_head" (the checkpoint's trained MLM head); see the module doc.
         show_progress_bar: show a tqdm bar over the batches.
@@ -210,13 +212,14 @@ def input_token_coverage(
     texts = [t for t in texts]
     if not texts:
         raise CoverageError("no texts given")
-    if batch_size < 1 or max_seq_length < 2:
-        raise CoverageError(f"batch_size={batch_size} must be >= 1 and max_seq_length={max_seq_length} >= 2")
+    if batch_size < 1:
+        raise CoverageError(f"batch_size={batch_size} must be >= 1")
     if projection not in PROJECTIONS:
         raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
     if not isinstance(model_dir_or_model, nn.Module):  # its own tokenizer is read from it when none is given
         check_model_folder(model_dir_or_model, purpose="coverage", tokenizer=tokenizer is None)
     encoder = _encoder(model_dir_or_model)
+    max_seq_length = _sequence_length(max_seq_length, encoder, str(model_dir_or_model))
     project = _projector(model_dir_or_model, encoder, projection)
     if tokenizer is None:
         if isinstance(model_dir_or_model, nn.Module):
@@ -245,6 +248,23 @@ def input_token_coverage(
     if scored < len(texts):
         logger.warning("coverage: %d of %d texts have no non-special token and were skipped", len(texts) - scored, len(texts))
     return {k: float(total) / scored for k, total in zip(ks, totals.tolist(), strict=True)}
+
+
+def _sequence_length(max_seq_length: int | None, encoder: nn.Module, model_name: str) -> int:
+    """`max_seq_length`, refused beyond the encoder's usable positions (longer inputs fail inside torch); None:
+    `DEFAULT_MAX_SEQ_LENGTH`, capped at them."""
+    config = getattr(encoder, "config", None)
+    limit = usable_positions(config) if getattr(config, "max_position_embeddings", None) else None
+    if max_seq_length is None:
+        if limit is not None and limit < DEFAULT_MAX_SEQ_LENGTH:
+            logger.info("coverage: max_seq_length %d for %s (the default %d capped at its position limit)", limit,
+                        model_name, DEFAULT_MAX_SEQ_LENGTH)
+            return limit
+        return DEFAULT_MAX_SEQ_LENGTH
+    if max_seq_length < 2 or (limit is not None and max_seq_length > limit):
+        raise CoverageError(f"--max-seq-length {max_seq_length}: give 2 to {limit or 'the encoder limit'} for "
+                            f"{model_name} (tokens per text, special tokens included)")
+    return max_seq_length
 
 
 def _warn_unknown_tokens(tokenizer, texts: Sequence[str], max_seq_length: int) -> None:
@@ -314,13 +334,15 @@ def run_coverage(
         models: checkpoint directories / Hub ids; each is reported under the string given.
         texts: the corpus texts (materialised once and shared by all models).
         tokenizer: one tokenizer for every model; None loads each model's own.
-        output_dir: created if missing; both files are replaced atomically.
+        output_dir: created if missing (a file there is refused before any model loads); both files are replaced
+            atomically.
         options: the settings of `input_token_coverage` (ks, batch_size, max_seq_length, device, projection,
             show_progress_bar), its defaults for those not given.
 
     Returns:
         `{model: {k: coverage@k}}`.
     """
+    check_folder_option("--output-dir", output_dir)  # before any model loads
     names = [str(m) for m in models]
     if not names:
         raise CoverageError("no models given")
@@ -344,7 +366,7 @@ def run_coverage(
         "denominator": "k",
         "ks": list(ks),
         "num_texts": len(texts),
-        "max_seq_length": settings.arguments["max_seq_length"],
+        "max_seq_length": settings.arguments["max_seq_length"] or DEFAULT_MAX_SEQ_LENGTH,  # less where capped
         "coverage": {name: {str(k): v for k, v in cov.items()} for name, cov in results.items()},
     }
     write_json_atomic(out / "coverage.json", payload)
@@ -361,7 +383,10 @@ class CoverageArguments:
     )
     corpus: str | None = field(default=None, metadata={"help": "texts to probe (same formats as `retromae pretrain`)"})
     max_texts: int = field(default=1000, metadata={"help": "use the first N passages of the corpus"})
-    max_seq_length: int = field(default=256, metadata={"help": "tokens per text"})
+    max_seq_length: int | None = field(
+        default=None, metadata={"help": f"tokens per text (default: {DEFAULT_MAX_SEQ_LENGTH}, capped at the model's "
+                                "position limit)"}
+    )
     batch_size: int = field(default=32, metadata={"help": "texts per forward pass"})
     output_dir: str = field(default="out/coverage", metadata={"help": "where coverage.json and coverage.png go"})
     projection: str = field(
@@ -381,6 +406,7 @@ def coverage_command(argv: list[str]) -> int:
         "pre-training worked. Writes coverage.json and coverage.png.",
         positive=("max_texts", "batch_size"),
     )
+    check_folder_option("--output-dir", args.output_dir)
     corpus = read_corpus(args.corpus)
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
     models = args.model or [default_model_dir()]

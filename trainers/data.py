@@ -98,7 +98,7 @@ def read_corpus(
       ``"auto"``: blocks if the file has an empty line between two non-empty lines, else lines.
     - A ``.jsonl`` file: one JSON object per line with a string ``"text"`` field; a non-empty string ``"title"`` is
       prepended (``title + " " + text``, the BEIR corpus convention). Blank lines are skipped.
-    - A directory holding ``corpus.jsonl`` (a BEIR folder): that file.
+    - A BEIR folder (``corpus.jsonl`` beside ``queries.jsonl`` or ``qrels/``): its ``corpus.jsonl``.
     - A directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``"train"``
       split is used) with a ``"text"`` column.
     - Any other directory: every ``.txt`` and ``.jsonl`` file below it (recursively, hidden files skipped), in sorted
@@ -163,8 +163,10 @@ def _looks_like_path(source: str) -> bool:
 def _read_directory(
     path: Path, text_format: TextFormat, streaming: bool
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Reads a BEIR folder, a ``save_to_disk`` folder, or a folder of ``.txt``/``.jsonl`` files (and nothing else)."""
-    if (path / "corpus.jsonl").is_file():
+    """Reads a BEIR folder, a ``save_to_disk`` folder, or a folder of ``.txt``/``.jsonl`` files (and nothing else).
+    A ``corpus.jsonl`` without BEIR's queries or qrels beside it is one file of a folder corpus: reading it alone
+    would leave out the others."""
+    if (path / "corpus.jsonl").is_file() and ((path / "queries.jsonl").is_file() or (path / "qrels").is_dir()):
         return _read_files([path / "corpus.jsonl"], text_format, streaming)
     if any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
         return _load_saved_dataset(path, streaming)
@@ -230,7 +232,8 @@ def _load_hub_dataset(name: str, streaming: bool) -> datasets.Dataset | datasets
 def _select_text_column(
     dataset: datasets.Dataset | datasets.IterableDataset, where: str
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Keeps only the ``"text"`` column, or raises ``CorpusError`` when there is none."""
+    """Keeps only the ``"text"`` column, or raises ``CorpusError`` when there is none or it does not hold strings
+    (a list of two strings would be tokenized as a sentence pair)."""
     columns = dataset.column_names
     if columns is None:  # a streaming dataset with unknown features: checked when iterating
         return dataset.select_columns(["text"])
@@ -238,6 +241,12 @@ def _select_text_column(
         raise CorpusError(
             f"dataset {where!r} has no 'text' column (columns: {columns}); rename the passage column to 'text', "
             f"e.g. dataset.rename_column('<column>', 'text')"
+        )
+    feature = dataset.features["text"]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise CorpusError(
+            f"dataset {where!r}: the 'text' column holds {feature!r}, not strings; save one passage string per row "
+            f"in 'text' (e.g. join a list of sentences with a space)"
         )
     return dataset.select_columns(["text"]) if columns != ["text"] else dataset
 
@@ -835,6 +844,8 @@ class PretrainingCollator:
         mask_ratio: Share of ordinary tokens to mask, in (0, 1).
         whole_word_mask: Mask whole words (all their pieces) instead of single tokens.
         pad_to_multiple_of: Pad the length to a multiple of this (8 suits tensor cores); ``None`` pads to the longest.
+        max_length: Never pad beyond this many positions (the run's ``max_seq_length``, which the model's position
+            table may end at); ``None``: no cap.
         replace_with_mask: Share of masked positions replaced by the mask token, in [0, 1].
         replace_with_random: Share of masked positions replaced by a random token, in [0, 1]; with
             ``replace_with_mask`` at most 1.
@@ -857,6 +868,7 @@ class PretrainingCollator:
     replace_with_mask: float = 0.8
     replace_with_random: float = 0.1
     generator: torch.Generator | None = None
+    max_length: int | None = None
     _special_ids: torch.Tensor = field(init=False, repr=False, compare=False)
     _random_ids: torch.Tensor = field(init=False, repr=False, compare=False)
     _id_tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
@@ -940,9 +952,11 @@ class PretrainingCollator:
         lengths = torch.tensor([len(t) for t in ids])
         if any(len(s) != len(t) for s, t in zip(starts, ids, strict=True)):
             raise ValueError("every feature's 'word_starts' must have the length of its 'input_ids'")
-        length = int(lengths.max())
+        length = longest = int(lengths.max())
         if self.pad_to_multiple_of:
             length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            if self.max_length is not None:  # e.g. L = 300 = the position limit: 304 would run past the table
+                length = max(min(length, self.max_length), longest)
         input_ids = torch.full((len(ids), length), self.tokenizer.pad_token_id, dtype=torch.long)
         word_starts = torch.ones((len(ids), length), dtype=torch.long)
         attention_mask = torch.arange(length) < lengths[:, None]  # (B, L)

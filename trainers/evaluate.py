@@ -27,8 +27,10 @@ error: evaluate a local BEIR copy with ``--beir-folder`` instead.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,7 +46,7 @@ from .core.arguments import LIST_FLAG, start_command
 from .core.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
-from .core.folders import check_model_folder
+from .core.folders import check_folder_option, check_model_folder, is_local_path
 from .core.io import read_json_or_empty, write_json_atomic, write_text_atomic
 from .export import load_as_sentence_transformer
 from .methods import METHODS
@@ -57,10 +59,13 @@ SUMMARY_MD = "summary.md"
 
 __all__ = [
     "EvaluateError",
+    "check_card_folder",
+    "default_output_dir",
     "evaluate",
     "evaluate_command",
     "evaluate_folder",
     "evaluate_model",
+    "local_task_names",
     "make_local_task",
     "summary_markdown",
     "update_model_card",
@@ -74,22 +79,27 @@ class EvaluateError(UserError):
 # ---- tasks ---------------------------------------------------------------------------------------------------------
 
 
-def make_local_task(data: RetrievalData, dataset_id: str | None = None):
+def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label: str | None = None,
+                    task_name: str | None = None):
     """An mteb retrieval task (an `AbsTaskRetrieval` instance) over one split of local BEIR data.
 
     Args:
         data: corpus, queries and qrels (`retromae.trainers.beir.read_beir`).
-        dataset_id: what the task's metadata (and the model card) calls the dataset; default `local/<name>`.
+        dataset_id: what the task's metadata (and the model card) calls the dataset; default `local/<label>`.
+        label: what the summary calls the folder; default its name.
+        task_name: mteb's task name (and result file name), unique within one evaluation; default
+            `LocalBEIR-<name>`.
     """
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
     from mteb.abstasks.task_metadata import TaskMetadata
 
+    label = label or data.name
     metadata = TaskMetadata(
-        name=f"LocalBEIR-{data.name}",
-        description=f"Local BEIR folder {data.name} ({data.split} split), read by retromae",
+        name=task_name or f"LocalBEIR-{data.name}",
+        description=f"Local BEIR folder {label} ({data.split} split), read by retromae",
         reference=None,
-        dataset={"path": dataset_id or f"local/{data.name}", "revision": "local"},
+        dataset={"path": dataset_id or f"local/{label}", "revision": "local"},
         type="Retrieval",
         category="t2t",
         modalities=["text"],
@@ -123,7 +133,30 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None):
     task_class = type("LocalBEIRRetrieval", (AbsTaskRetrieval,), {"metadata": metadata, "load_data": load_data})
     task = task_class()
     task.retromae_queries = len(data.queries)
+    task.retromae_label = label
     return task
+
+
+def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
+    """`(label, task name)` per BEIR folder: its name and `LocalBEIR-<name>`; where folders share a name, the last
+    path parts that tell them apart (`other/beir`) and `LocalBEIR-<name>-<hash of the path>`, since mteb writes
+    `<task name>.json` and results are matched to tasks by name. The same folder twice is refused."""
+    paths = [Path(folder).expanduser().resolve() for folder in folders]
+    parts = {path: path.relative_to(path.anchor).parts for path in paths}
+    for folder, path in zip(folders, paths, strict=True):
+        if paths.count(path) > 1:
+            raise EvaluateError(f"--beir-folder names {folder} twice ({path}); give each folder once")
+    names = []
+    for path in paths:
+        twins = [p for p in paths if p.name == path.name]
+        if len(twins) == 1:
+            names.append((path.name, f"LocalBEIR-{path.name}"))
+            continue
+        depth = next(n for n in range(2, max(len(parts[p]) for p in twins) + 1)
+                     if len({parts[p][-n:] for p in twins}) == len(twins))
+        digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:8]
+        names.append(("/".join(parts[path][-depth:]), f"LocalBEIR-{path.name}-{digest}"))
+    return names
 
 
 def registered_tasks(names: list[str]):
@@ -239,8 +272,8 @@ def evaluate_model(
 
 
 def _dataset_name(task) -> str:
-    name = task.metadata.name
-    return f"{name.removeprefix('LocalBEIR-')} (local BEIR)" if name.startswith("LocalBEIR-") else f"MTEB {name}"
+    label = getattr(task, "retromae_label", None)
+    return f"{label} (local BEIR)" if label else f"MTEB {task.metadata.name}"
 
 
 def _query_count(task, subset: str, split: str) -> int | None:
@@ -267,16 +300,23 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
 
+def check_card_folder(model_dir: str | os.PathLike) -> Path:
+    """The run record of a folder written by `retromae finetune` (whose card `--update-card` may rewrite); any other
+    folder or a Hub id is refused."""
+    info_file = Path(model_dir) / FINETUNE_RUN_INFO_FILE
+    if not info_file.is_file():
+        raise EvaluateError(
+            f"--update-card needs a folder written by `retromae finetune` ({FINETUNE_RUN_INFO_FILE} not found in "
+            f"{Path(model_dir).name}); its README.md is left as it is"
+        )
+    return info_file
+
+
 def update_model_card(model_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
     """Merge `rows` into the folder's `retromae_finetune.json` (same dataset + split replaced) and re-render the
     card. Only for folders written by `retromae finetune` (a foreign README is never overwritten)."""
     model_dir = Path(model_dir)
-    info_file = model_dir / FINETUNE_RUN_INFO_FILE
-    if not info_file.is_file():
-        raise EvaluateError(
-            f"--update-card needs a folder written by `retromae finetune` ({FINETUNE_RUN_INFO_FILE} not found in "
-            f"{model_dir.name}); its README.md is left as it is"
-        )
+    info_file = check_card_folder(model_dir)
     info = read_json_or_empty(info_file)
     keep = [r for r in info.get("eval_results") or []
             if (r["dataset_id"], r["split"]) not in {(n["dataset_id"], n["split"]) for n in rows}]
@@ -317,22 +357,27 @@ def evaluate_folder(
         raise EvaluateError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
     if on_missing not in ON_MISSING:
         raise EvaluateError(f"--on-missing must be one of {ON_MISSING}")
+    check_folder_option("--output-dir", output_dir)
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
+    if update_card:
+        check_card_folder(model)
     mteb_tasks = []
-    for i, folder in enumerate(beir_folders):
+    for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, local_task_names(beir_folders), strict=True)):
         try:
             data = read_beir(folder, split=split, on_missing=on_missing)
         except RetrievalDataError as error:
             raise EvaluateError(str(error)) from None
         logger.info("evaluation data %s", data.summary())
-        mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None))
+        mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None, label=label,
+                                          task_name=task_name))
     mteb_tasks += registered_tasks(tasks)
     output_dir = Path(output_dir)
-    # a pre-training checkpoint is exported into the output folder first
-    encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=output_dir)
     name = model_name or _mteb_model_name(model)
-    rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size, search=search,
-                          show_progress_bar=show_progress_bar)
+    # a pre-training checkpoint is exported first, into a folder of its own that goes afterwards
+    with tempfile.TemporaryDirectory(prefix="retromae-evaluate-") as work_dir:
+        encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=work_dir)
+        rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size,
+                              search=search, show_progress_bar=show_progress_bar)
     write_summary(rows, output_dir, name, search)
     if update_card:
         update_model_card(model, rows)
@@ -355,9 +400,9 @@ def evaluate(
     Args:
         model: a sentence-transformers folder, a `retromae pretrain` checkpoint, a plain BERT folder or a Hub id.
         data: one or more local BEIR folders (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) and/or names of MTEB's
-            registered retrieval tasks (e.g. "SciFact"; their data is downloaded). An existing folder is BEIR data,
-            anything else a task name.
-        output_dir: where mteb's result JSON and summary.{json,md} go (default: eval-results/<model name>).
+            registered retrieval tasks (e.g. "SciFact"; their data is downloaded). An existing folder, or anything that
+            looks like a path (`is_local_path`), is BEIR data; anything else a task name.
+        output_dir: where mteb's result JSON and summary.{json,md} go (default: eval-results/<model folder name>).
         split: the qrels split of the BEIR folders.
         batch_size: encoding batch size.
         search: "exact" (brute force) or "faiss" (dense models on large corpora).
@@ -369,11 +414,19 @@ def evaluate(
         `mrr_at_10`, `recall_at_100`, `recall_at_1000`, `main_score`.
     """
     sources = [data] if isinstance(data, str | os.PathLike) else list(data)
-    beir_folders = [source for source in sources if Path(source).is_dir()]
-    tasks = [os.fspath(source) for source in sources if not Path(source).is_dir()]
-    output_dir = output_dir or Path("eval-results") / _mteb_model_name(model).split("/")[-1]
+    is_folder = [Path(source).is_dir() or is_local_path(source) for source in sources]  # a missing one is named
+    beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]
+    tasks = [os.fspath(source) for source, folder in zip(sources, is_folder, strict=True) if not folder]
+    output_dir = output_dir or default_output_dir(model)
     return evaluate_folder(model, beir_folders=beir_folders, tasks=tasks, split=split, output_dir=output_dir,
                            batch_size=batch_size, search=search, update_card=update_card, **options)
+
+
+def default_output_dir(model: str | os.PathLike) -> Path:
+    """`eval-results/<model folder name>` (a Hub id's last part): two copies of one fine-tune (same --model-name)
+    get a folder each."""
+    path = Path(model).expanduser()
+    return Path("eval-results") / (path.resolve().name if path.exists() else os.fspath(model).split("/")[-1])
 
 
 def _mteb_model_name(model: str | os.PathLike) -> str:
@@ -402,7 +455,7 @@ class EvaluateArguments:
     )
     split: str = field(default="test", metadata={"help": "qrels split of the BEIR folders"})
     output_dir: str | None = field(
-        default=None, metadata={"help": "where mteb's JSON and the summary go (default: eval-results/MODEL_NAME)"}
+        default=None, metadata={"help": "where mteb's JSON and the summary go (default: eval-results/<model folder name>)"}
     )
     batch_size: int = field(default=64, metadata={"help": "encoding batch size"})
     search: Literal["exact", "faiss"] = field(
@@ -431,7 +484,7 @@ def evaluate_command(argv: list[str]) -> int:
         "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).", positional=["model"],
         positive=("batch_size",),
     )
-    output_dir = args.output_dir or str(Path("eval-results") / _mteb_model_name(args.model).split("/")[-1])
+    output_dir = args.output_dir or str(default_output_dir(args.model))
     rows = evaluate_folder(
         args.model,
         beir_folders=args.beir_folder,

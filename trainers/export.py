@@ -96,7 +96,7 @@ def export_sentence_transformer(
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)
-    check_destination(output_dir, overwrite, source=checkpoint)
+    check_destination(output_dir, overwrite, inputs={"the checkpoint": checkpoint})
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
     request = ExportRequest(
@@ -200,7 +200,8 @@ def build_dupmae_sentence_transformer(
             f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(REPRESENTATION_FIELDS)}"
         )
     output_dir = Path(output_dir)
-    check_destination(output_dir, overwrite)
+    check_destination(output_dir, overwrite,
+                      inputs={"the encoder": encoder} if isinstance(encoder, str | os.PathLike) else None)
     if isinstance(encoder, str | os.PathLike):
         folder = Path(encoder)
         check_model_folder(folder, purpose="export", tokenizer=tokenizer is None)

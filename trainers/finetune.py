@@ -47,7 +47,8 @@ to it). Trainer checkpoints and mined negatives go to the work folder ``<output>
 Resuming. The work folder keeps each finished stage's model and record (``finetune_state.json``). A run started
 again with ``--resume-from-checkpoint last`` and the same settings skips the finished stages, reuses the mined
 negatives and continues the interrupted stage from its newest trainer checkpoint (``--save-strategy steps
---save-steps N`` to write them; by default a stage restarts). Without the flag a run starts over.
+--save-steps N`` to write them; by default a stage restarts). The settings are saved when a run starts, so a resume
+with other settings is refused from the first stage on. Without the flag a run starts over.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ from .beir import (
     RetrievalData,
     RetrievalDataError,
     TrainingGroup,
+    check_beir_layout,
     clean_groups,
     doc_text,
     groups_to_dataset,
@@ -138,6 +140,7 @@ __all__ = [
     "FinetuneResult",
     "finetune",
     "finetune_command",
+    "check_mining_range",
     "mine_negatives",
     "run_finetune",
 ]
@@ -381,6 +384,17 @@ def contrastive_loss(model: SentenceTransformer, scale: float | None, gather_acr
 # ---- hard-negative mining ------------------------------------------------------------------------------------------
 
 
+def check_mining_range(num_negatives: int, range_min: int, range_max: int) -> None:
+    """Refuse a rank range `[range_min, range_max)` that cannot hold `num_negatives` (>= 1) negatives."""
+    if num_negatives < 1:
+        raise FinetuneError(f"--num-negatives must be >= 1 to mine hard negatives, got {num_negatives}")
+    if range_min < 0:
+        raise FinetuneError(f"--mine-range-min {range_min}: give the number of top ranks to skip, >= 0")
+    if range_max - range_min < num_negatives:
+        raise FinetuneError(f"the rank range [{range_min}, {range_max}) (--mine-range-min, --mine-range-max) holds "
+                            f"fewer than --num-negatives {num_negatives} candidates")
+
+
 def mine_negatives(
     model: SentenceTransformer,
     groups: list[TrainingGroup],
@@ -410,12 +424,7 @@ def mine_negatives(
         The groups with `negatives` set; queries for which fewer than `num_negatives` candidates remained are
         returned without negatives (and counted in the log).
     """
-    if num_negatives < 1:
-        raise FinetuneError(f"--num-negatives must be >= 1 to mine hard negatives, got {num_negatives}")
-    if range_min < 0 or range_max - range_min < num_negatives:
-        raise FinetuneError(
-            f"the rank range [{range_min}, {range_max}) holds fewer than --num-negatives {num_negatives} candidates"
-        )
+    check_mining_range(num_negatives, range_min, range_max)
     text_to_id: dict[str, str] = {}
     for doc_id, text in [*corpus.items(), *(p for g in groups for p in g.positives)]:
         text_to_id.setdefault(text, doc_id)
@@ -566,26 +575,28 @@ def _settings_key(model_args, data_args, loss_args, training_args) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _read_state(work_dir: Path, settings_key: str, resume: bool) -> dict[str, Any]:
-    """The finished stages to skip (`{"stages": [...], "negatives": ...}`): the work folder's when resuming a run
-    with the same settings, else none (and the earlier run's state is dropped)."""
+def _read_state(work_dir: Path, settings_key: str, resume: bool,
+                main_process: bool) -> tuple[dict[str, Any], bool]:
+    """The run's state (`{"settings_key": ..., "stages": [...], "negatives": ...}`) and whether it continues an
+    earlier run: the work folder's when resuming a run with the same settings, else a fresh one, saved at once (the
+    main process) so that a run killed in its first stage is resumed only with its own settings."""
     state = read_json_or_empty(work_dir / STATE_FILE)
-    fresh = {"settings_key": settings_key, "stages": [], "negatives": None}
-    if not resume:
-        (work_dir / STATE_FILE).unlink(missing_ok=True)  # before a stage folder of that run is cleared
-        if state.get("stages"):
-            logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (continue a run with "
-                           "--resume-from-checkpoint last)", work_dir, len(state["stages"]))
-        return fresh
-    if not state:
+    if resume and state:
+        if state.get("settings_key") != settings_key:
+            raise FinetuneError(
+                f"--resume-from-checkpoint: the run in {work_dir} used other settings; give the same options as that "
+                "run (output, logging and evaluation options may change), or drop the flag to start over"
+            )
+        return state, True
+    if resume:
         logger.info("--resume-from-checkpoint: nothing to resume in %s; starting from the first stage", work_dir)
-        return fresh
-    if state.get("settings_key") != settings_key:
-        raise FinetuneError(
-            f"--resume-from-checkpoint: the run in {work_dir} used other settings; give the same options as that run "
-            "(output, logging and evaluation options may change), or drop the flag to start over"
-        )
-    return state
+    elif state.get("stages"):
+        logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (continue a run with "
+                       "--resume-from-checkpoint last)", work_dir, len(state["stages"]))
+    fresh = {"settings_key": settings_key, "stages": [], "negatives": None}
+    if main_process:  # before a stage folder of an earlier run is cleared
+        write_json_atomic(work_dir / STATE_FILE, fresh)
+    return fresh, False
 
 
 def _finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransformer, record: dict[str, Any],
@@ -641,13 +652,13 @@ def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], s
 
 
 def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[TrainingGroup],
-                         data_args: FinetuneDataArguments, loss_args: FinetuneLossArguments, seed: int,
+                         teacher_scores: dict[str, dict[str, float]] | None, data_args: FinetuneDataArguments,
+                         loss_args: FinetuneLossArguments, seed: int,
                          gather: bool) -> tuple[Dataset, dict[str, Any], nn.Module, str]:
     """A stage's dataset, its build report, its loss and the loss's description for the run record."""
     if stage == "distill":
-        scores = read_teacher_scores(data_args.teacher_scores)
         dataset, report = groups_to_distillation_dataset(
-            groups, scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed
+            groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed
         )
         loss = DistillationLoss(model, loss_args.distill_loss_weight, loss_args.contrastive_loss_weight,
                                 loss_args.distill_temperature, loss_args.scale, gather)
@@ -662,6 +673,41 @@ def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[Tr
     name = "MultipleNegativesRankingLoss" if loss_args.mini_batch_size is None else (
         f"CachedMultipleNegativesRankingLoss, mini-batches of {loss_args.mini_batch_size}")
     return dataset, report, loss, f"{description} ({name})"
+
+
+def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
+                      training_args: FinetuneTrainingArguments, stages: list[str]) -> Path:
+    """The work folder, after refusing, before anything is loaded or trained, what would fail in a later stage or
+    lose files: an output folder that is or holds an input or the working directory, a work folder inside the
+    output folder, a missing file, a rank range that cannot hold the negatives, a resume value other than `last`,
+    teacher scores without the distill stage, an in-batch stage without in-batch negatives."""
+    output_dir = Path(training_args.output_dir)
+    files = {"--corpus": data_args.corpus, "--negatives-file": data_args.negatives_file,
+             "--teacher-scores": data_args.teacher_scores}
+    check_destination(output_dir, training_args.overwrite, inputs={
+        "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
+    work_dir = Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
+    if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
+        raise FinetuneError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
+                            f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
+    resume = training_args.resume_from_checkpoint
+    if resume is not None and resume not in RESUME_LAST:
+        raise FinetuneError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
+                            "stage from its newest checkpoint in the work folder; pass `last`")
+    for flag, path in files.items():
+        if path and not Path(path).is_file():
+            raise FinetuneError(f"{flag} {path}: no such file")
+    if data_args.eval_data:
+        check_beir_layout(Path(data_args.eval_data), data_args.eval_split)
+    if data_args.teacher_scores and "distill" not in stages:
+        raise FinetuneError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
+                            "the flag")
+    if stages != ["in-batch"] and not data_args.negatives_file:
+        check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
+    if "in-batch" in stages and training_args.per_device_train_batch_size < 2 and training_args.world_size == 1:
+        raise FinetuneError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
+                            "always 0): give a batch of 2 or more queries")
+    return work_dir
 
 
 def run_finetune(
@@ -679,9 +725,8 @@ def run_finetune(
         raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                             "names no local paths: omit the flag to record the starting model as local")
     output_dir = Path(training_args.output_dir)
-    check_destination(output_dir, training_args.overwrite, source=Path(model_args.model))
-    work_dir = Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = _check_run_inputs(model_args, data_args, training_args, stages)
+    teacher_scores = read_teacher_scores(data_args.teacher_scores) if "distill" in stages else None
     set_seed(training_args.seed)
 
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
@@ -689,8 +734,9 @@ def run_finetune(
     model, model_info = load_as_sentence_transformer(
         model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
     )
-    resume = training_args.resume_from_checkpoint in RESUME_LAST
-    state = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args), resume)
+    work_dir.mkdir(parents=True, exist_ok=True)  # after the loads, so that a refused input leaves no folder
+    state, resume = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args),
+                                training_args.resume_from_checkpoint in RESUME_LAST, training_args.process_index == 0)
     model = _model_after_finished_stages(model, stages, state, work_dir)
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)
     gather = loss_args.gather_across_devices and training_args.world_size > 1
@@ -702,8 +748,8 @@ def run_finetune(
             groups, more_dropped = clean_groups(groups)
             for key, value in more_dropped.items():
                 dropped[key] = dropped.get(key, 0) + value
-        dataset, report, loss, description = _stage_data_and_loss(stage, model, groups, data_args, loss_args,
-                                                                  training_args.seed, gather)
+        dataset, report, loss, description = _stage_data_and_loss(stage, model, groups, teacher_scores, data_args,
+                                                                  loss_args, training_args.seed, gather)
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
         args = _stage_args(training_args, work_dir, stage, dataset.column_names, is_dupmae_model(model))
         record = {"stage": stage, "loss": description, "examples": len(dataset),

@@ -12,8 +12,8 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,10 +28,17 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
-from .core.arguments import CommandParser, DefaultsHelpFormatter, configure_logging, parse, split_config
+from .core.arguments import (
+    CommandParser,
+    DefaultsHelpFormatter,
+    configure_logging,
+    merge_file_mappings,
+    parse,
+    split_config,
+)
 from .core.checkpoints import default_model_dir, load_tokenizer, position_offset, usable_positions
 from .core.errors import UserError
-from .core.folders import TRAINER_CHECKPOINT, check_model_folder, public_name
+from .core.folders import TRAINER_CHECKPOINT, check_folder_option, check_model_folder, public_name, would_delete
 from .core.io import read_json_or_empty
 from .core.lock import LOCK_NAME, folder_lock
 from .core.versions import package_version
@@ -40,7 +47,14 @@ from .export import export_from_model
 from .methods import METHODS, Method, MethodArguments, get_method
 from .positions import extend_position_embeddings
 from .recipe import RecipeArguments, suggest_recipe
-from .resume import check_given_options, given_options, new_run_id, read_settings, record_settings
+from .resume import (
+    check_given_options,
+    check_text_unchanged,
+    given_options,
+    new_run_id,
+    read_settings,
+    record_settings,
+)
 from .trainer import (
     RESUME_LAST,
     RUN_INFO_NAME,
@@ -50,6 +64,7 @@ from .trainer import (
     finished_step,
     last_complete_checkpoint,
     remove_previous_run,
+    run_output_files,
 )
 from .validation import RetrievalValidationCallback, metric_names, plot_validation, validation_summary
 
@@ -263,8 +278,9 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     flags, file_values = split_config(argv)
     if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
         parse(pretrain_parser(), argv)
-    given = {**file_values, **given_options(pretrain_parser(), flags)}
-    demo = not {"corpus", "pairs"} & given.keys() and "--config" not in argv
+    parser = pretrain_parser()
+    given = {**file_values, **given_options(parser, merge_file_mappings(parser, flags, file_values, log=False))}
+    demo = not {"corpus", "pairs"} & given.keys() and flags == argv  # no --config
     defaults = DEMO_DEFAULTS if demo else {}
     output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
     resume = resolve_resume(str(output_dir), given.get("resume_from_checkpoint"))
@@ -337,11 +353,13 @@ def resolve_resume(output_dir: str, resume: str | None) -> str | None:
     return resume
 
 
-def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool) -> None:
+def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool,
+                       inputs: Mapping[str, str | None] | None = None) -> None:
     """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
-    --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else.
-    Build folders of saves a kill interrupted are removed in any case. The main process calls it holding the
-    folder's lock (`core.lock`), whose file does not count as an earlier run's."""
+    --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else, and
+    refuse first when that would delete one of `inputs` (`run_inputs`). Build folders of saves a kill interrupted
+    are removed in any case. The main process calls it holding the folder's lock (`core.lock`), whose file does not
+    count as an earlier run's."""
     folder = Path(output_dir)
     if should_save:
         clean_killed_saves(folder)
@@ -364,17 +382,29 @@ def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | No
             f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
             "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
         )
+    check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
     if should_save:
         removed = remove_previous_run(folder)
         logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
 
 
-def check_folder_option(flag: str, path: str | os.PathLike) -> None:
-    """Refuse a folder option that names a file or a path under one (writing there would fail mid-run)."""
-    absolute = Path(path).absolute()
-    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
+def run_inputs(run: PretrainRun) -> dict[str, str | None]:
+    """What the run reads (description -> path, None when not given): neither its export nor
+    --overwrite-output-dir may delete it."""
+    return {"the corpus": run.data.corpus, "the pairs file": run.data.pairs, "the model": run.model.model,
+            "the tokenizer": run.model.tokenizer, "the --eval-beir-folder": run.validation.eval_beir_folder}
+
+
+def check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
+    """Refuse an --overwrite-output-dir that would delete one of `inputs`: one that is the output folder itself (a
+    model saved there) or lies in one of the earlier run's files and folders that it removes."""
+    hit = next(((what, Path(path)) for what, path in inputs.items()
+                if path and Path(path).exists() and Path(path).resolve() == folder.resolve()), None)
+    for entry in run_output_files(folder) if hit is None else []:
+        hit = hit or would_delete(entry, inputs)
+    if hit is not None:
+        raise UserError(f"--overwrite-output-dir would delete {hit[0]} ({hit[1]}), which this run reads; choose "
+                        f"another --output-dir, or copy it out of {folder} first")
 
 
 def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
@@ -390,21 +420,20 @@ def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
 def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None:
     """Refuse, before training, an export target the export would fail on or that it must not delete (an export
     replaces its whole folder): a file; even with `overwrite`, a folder that is or holds the output folder, one of
-    its checkpoints, the working directory or an input (corpus, pairs, model, tokenizer); without it, any
+    its checkpoints, the working directory or an input (`run_inputs`); without it, any
     non-empty folder."""
     check_folder_option("--export-dir", target)
     output, resolved = Path(run.training.output_dir).resolve(), target.resolve()
-    inputs = {"the corpus": run.data.corpus, "the pairs file": run.data.pairs, "the model": run.model.model,
-              "the tokenizer": run.model.tokenizer}
-    protected = {"the working directory": Path.cwd(), "the output folder": output,
-                 **{what: Path(path) for what, path in inputs.items() if path and Path(path).exists()}}
     top = resolved.relative_to(output).parts[0] if output in resolved.parents else ""  # its entry in OUTPUT_DIR
+    made = {"the output folder": output}  # by this run: may not exist yet, which `would_delete` skips
     if TRAINER_CHECKPOINT.match(top):
-        protected["a checkpoint of this run"] = output / top
-    for what, path in protected.items():
-        if resolved == path.resolve() or resolved in path.resolve().parents:
-            raise UserError(f"--export-dir {target} would delete {what} ({path}), even with --overwrite-export; "
-                            f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
+        made["a checkpoint of this run"] = output / top
+    hit = would_delete(target, {"the working directory": Path.cwd()}) or next(
+        ((what, path) for what, path in made.items() if resolved == path or resolved in path.parents), None
+    ) or would_delete(target, run_inputs(run))
+    if hit is not None:
+        raise UserError(f"--export-dir {target} would delete {hit[0]} ({hit[1]}), even with --overwrite-export; "
+                        f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise UserError(f"--export-dir {target} is not empty; pass --overwrite-export to replace what it holds, or "
                         "choose an empty or new --export-dir")
@@ -549,6 +578,16 @@ def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -
                 vocab_size)
 
 
+def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
+    """Refuse, in one line naming the folder, a tokenizer without the mask and pad tokens that masking and padding
+    need (the collator would stop with a traceback)."""
+    missing = [name for name in ("mask_token", "pad_token") if getattr(tokenizer, f"{name}_id", None) is None]
+    if missing:
+        raise UserError(f"the tokenizer in {tokenizer_ref} has no {' and no '.join(missing)}, which pre-training needs; "
+                        f"set {' and '.join(missing)} in its tokenizer_config.json to a token of its vocabulary (BERT: "
+                        "[MASK], [PAD]; RoBERTa: <mask>, <pad>), or pass --tokenizer with a tokenizer that has both")
+
+
 def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str,
                               from_scratch: bool = False) -> None:
     """Refuse, in one line, a tokenizer larger than the embedding matrix and a --max-seq-length beyond the encoder's
@@ -594,6 +633,9 @@ def pretrain(argv: list[str]) -> int:
         raise UserError("--streaming needs --max-steps (a streamed corpus has no length)")
     check_folder_option("--output-dir", args.output_dir)
     finished = finished_step(run.resume, args.max_steps) if run.resume else None
+    recorded = read_settings(run.resume) if run.resume and finished is None else None
+    if recorded:  # a finished run reads no text: it only writes what is missing of its save and export
+        check_text_unchanged(recorded, run.resume)
     export_dir, overwrite_export = export_target(run)
     # Decided on every process before any process writes (reading the data is a barrier), so all take the same path.
     write_export = export_dir is not None and not (finished is not None and (export_dir / "modules.json").is_file())
@@ -605,7 +647,7 @@ def pretrain(argv: list[str]) -> int:
         args.eval_strategy = IntervalStrategy.NO
 
     with folder_lock(args.output_dir, enabled=args.should_save):
-        prepare_output_dir(args.output_dir, run.run, run.resume, args.should_save)
+        prepare_output_dir(args.output_dir, run.run, run.resume, args.should_save, inputs=run_inputs(run))
         trainer, tokenizer, seconds = train_model(run, validation)
         if save_final:
             trainer.save_pretraining_model(args.output_dir)
@@ -645,8 +687,9 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
     check_model_folder(run.resume or model_ref, purpose="--model", tokenizer=False,  # before its tokenizer is read
                        weights=not scratch)
-    tokenizer = load_tokenizer(run.resume or run.model.tokenizer or model_ref,
-                               hint=" (pass a local folder, or --tokenizer)")
+    tokenizer_ref = run.resume or run.model.tokenizer or model_ref
+    tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
+    check_special_tokens(tokenizer, tokenizer_ref)
     inputs = DataInputs(
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
         packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
@@ -762,8 +805,8 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
 __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
     "RunArguments", "ValidationArguments", "attn_implementation_for", "best_summary", "check_best_model_options",
-    "check_export_target", "check_folder_option",
+    "check_export_target", "check_special_tokens",
     "check_model_and_tokenizer", "export_target", "scale_loss_chunk", "unsupported_model_message", "final_save_done", "load_pretraining_model", "prepare_output_dir",
     "pretrain", "pretrain_arguments", "pretrain_parser",
-    "print_summary", "resolve_resume", "train_model", "validation_callback",
+    "print_summary", "resolve_resume", "run_inputs", "train_model", "validation_callback",
 ]

@@ -10,12 +10,15 @@ On resume the recorded values are the defaults, so `--output-dir X --resume-from
 the same run. A flag given again with the recorded value is fine; one that changes what is trained (model, corpus,
 method and its options, lengths, batch, steps, schedule, seed, ...) is refused with one line. Options in
 `MAY_CHANGE` (where and how often the run logs and saves, the device, precision, workers, export) may change.
+The size and modification time of every corpus / pairs file are recorded too: a run whose text changed size since is
+not resumed (a modification of the same size is a warning).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -23,6 +26,8 @@ from typing import Any
 
 from .core.errors import UserError
 from .core.io import read_json_or_empty
+
+logger = logging.getLogger(__name__)
 
 RESUME_FILE = "retromae_resume.json"
 FORMAT_VERSION = 1
@@ -54,6 +59,11 @@ MAY_CHANGE = frozenset({
 })
 
 
+# The training text: a resumed run must read what the run read (its data order is replayed), so its files' sizes and
+# modification times are recorded (cheap: no reading) and compared.
+TEXT_OPTIONS = ("corpus", "pairs")
+
+
 class ResumeConflict(UserError):
     """A flag given to a resumed run contradicts the setting the checkpoint recorded."""
 
@@ -71,11 +81,56 @@ def record_settings(values: dict[str, Any], run_id: str) -> dict[str, Any]:
         if name in PATH_OPTIONS and isinstance(value, str) and (name in OUTPUT_OPTIONS or os.path.exists(value)):
             value = os.path.abspath(value)
         settings[name] = value
-    return {"format": FORMAT_VERSION, "run_id": run_id, "settings": settings}
+    return {"format": FORMAT_VERSION, "run_id": run_id, "settings": settings, "text_files": text_file_stamps(values)}
+
+
+def text_file_stamps(values: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """For each local training-text option in `values` (`TEXT_OPTIONS`): `[size, mtime_ns]` of its file, or of
+    every file below its folder (hidden ones skipped, as the corpus reader does), by path relative to it."""
+    stamps = {}
+    for name in TEXT_OPTIONS:
+        value = values.get(name)
+        if not isinstance(value, str) or not os.path.exists(value):  # unset, the built-in corpus or a Hub name
+            continue
+        root = Path(value)
+        files = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        )
+        stamps[name] = {file.relative_to(root).as_posix(): [file.stat().st_size, file.stat().st_mtime_ns]
+                        for file in files}
+    return stamps
+
+
+def check_text_unchanged(recorded: dict[str, Any], checkpoint: str) -> None:
+    """Refuse resuming when a training-text file the run recorded changed size, went or came (the run would continue
+    on other text); a file of the same size modified since is a warning (touched or copied, or edited in place). A
+    checkpoint that recorded none (an older retromae) passes."""
+    before = recorded.get("text_files")
+    if not isinstance(before, dict):
+        return
+    now = text_file_stamps(recorded["settings"])
+    for name, files in before.items():
+        current = now.get(name, {})
+        for file in sorted(files.keys() | current.keys()):
+            old, new = files.get(file), current.get(file)
+            if old == new:
+                continue
+            path = Path(recorded["settings"][name]) / file  # "." for a file: the file itself
+            if old is not None and new is not None and old[0] == new[0]:
+                logger.warning("--%s file %s was modified since the run being resumed from %s started (same size); "
+                               "if its text changed, the resumed run continues on other text", name, path, checkpoint)
+                continue
+            change = "is gone" if new is None else "is new" if old is None else f"changed size ({old[0]} -> {new[0]} bytes)"
+            raise ResumeConflict(
+                f"--{name} file {path} {change} since the run being resumed from {checkpoint} started; it would "
+                "continue on other text: restore the file, or start a new run in another --output-dir (--model "
+                "CHECKPOINT continues its weights)"
+            )
 
 
 def read_settings(checkpoint: str | os.PathLike) -> dict[str, Any] | None:
-    """The checkpoint's recorded run (`run_id`, `settings`), or None for a checkpoint written without one."""
+    """The checkpoint's recorded run (`run_id`, `settings`, `text_files`), or None for a checkpoint written without one."""
     recorded = read_json_or_empty(Path(checkpoint) / RESUME_FILE)
     return recorded if isinstance(recorded.get("settings"), dict) else None
 
@@ -142,6 +197,6 @@ def _json_safe(value: Any) -> bool:
 
 
 __all__ = [
-    "MAY_CHANGE", "RESUME_FILE", "ResumeConflict", "check_given_options", "given_options", "new_run_id",
-    "read_settings", "record_settings", "run_id_of",
+    "MAY_CHANGE", "RESUME_FILE", "TEXT_OPTIONS", "ResumeConflict", "check_given_options", "check_text_unchanged",
+    "given_options", "new_run_id", "read_settings", "record_settings", "run_id_of", "text_file_stamps",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -123,11 +124,15 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     _add_config_option(parser)
     argv, file_values = split_config(argv)
     reject_repeated_flags(parser, argv)  # argparse would keep only the last value (list flags collect them all)
+    argv = merge_file_mappings(parser, argv, file_values)
     known = {action.dest for action in parser._actions} - {"config"}
     unknown = sorted(set(file_values) - known)
     if unknown:
         raise UserError(f"unknown setting(s) in the config file: {', '.join(unknown)} (see --help for the names)")
     parser.set_defaults(**{**(defaults or {}), **file_values})
+    for action in parser._actions:  # a required option the file sets (e.g. `model:`) is no longer required
+        if action.required and action.dest in file_values:
+            action.required = False
     if any(issubclass(kind, TrainingArguments) for kind in getattr(parser, "dataclass_types", ())):
         # on the raw values: TrainingArguments.__post_init__ itself refuses some (--bf16) with a long traceback
         check_training_arguments(parser.parse_known_args(argv)[0])
@@ -161,8 +166,9 @@ def check_training_arguments(args: Any) -> None:
     if max_steps == -1 and epochs <= 0:
         raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
     check_positive(args, "per_device_train_batch_size", "gradient_accumulation_steps")
-    if getattr(args, "learning_rate", 0.0) < 0:
-        raise UserError(f"--learning-rate {args.learning_rate}: give a learning rate >= 0 (e.g. 1e-4)")
+    learning_rate = getattr(args, "learning_rate", 0.0)
+    if not 0 <= learning_rate < math.inf:  # also NaN
+        raise UserError(f"--learning-rate {learning_rate}: give a finite learning rate >= 0 (e.g. 1e-4)")
     _check_bf16(args)
 
 
@@ -241,13 +247,67 @@ def _add_config_option(parser) -> None:
 
 
 def split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """argv without `--config FILE`, and the file's values."""
-    if "--config" not in argv:
+    """argv without `--config FILE` (or `--config=FILE`), and the file's values; `--config` given twice is
+    refused (`RepeatedFlagError`)."""
+    found = [i for i, arg in enumerate(argv) if arg.partition("=")[0] == "--config"]
+    if not found:
         return argv, {}
-    at = argv.index("--config")
-    if at + 1 >= len(argv):
+    if len(found) > 1:
+        raise RepeatedFlagError(f"--config is given {len(found)} times; give it once (merge the files into one)")
+    at = found[0]
+    _, equals, path = argv[at].partition("=")
+    width = 1 if equals else 2  # `--config=FILE` is one token
+    if not equals:
+        path = argv[at + 1] if at + 1 < len(argv) else ""
+    if not path:
         raise UserError("--config needs a file name")
-    return argv[:at] + argv[at + 2 :], read_config_file(argv[at + 1])
+    return argv[:at] + argv[at + width :], read_config_file(path)
+
+
+def merge_file_mappings(parser: argparse.ArgumentParser, argv: list[str], file_values: Mapping[str, Any], *,
+                        log: bool = True) -> list[str]:
+    """argv where a flag that a `--config` file also sets as a mapping (`method_options:`, `config_overrides:`) holds
+    both: the flag's keys replace the file's one by one and the file's other keys stay (flags override the file).
+    The flag keeps its form: a JSON object, or `key=value,...`; one that is neither is left to its option's check.
+    `log`: say what each merged flag now holds (a warning: logging is not set up yet when options are parsed)."""
+    owner = {option: action.dest for action in parser._actions for option in action.option_strings}
+    merged = list(argv)
+    for at, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        from_file = _json_object(file_values.get(owner.get(flag, "")))
+        if from_file is None or not (equals or at + 1 < len(argv)):
+            continue
+        value = value if equals else argv[at + 1]
+        combined = _merge_mapping_text(from_file, value)
+        if combined is None:
+            continue
+        if log:
+            logger.warning("%s merged into the --config file's %s (the flag's keys win): %s", flag,
+                           owner[flag], combined)
+        merged[at if equals else at + 1] = f"{flag}={combined}" if equals else combined
+    return merged
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """`text` as a dict when it is the JSON text of an object (how `read_config_file` passes a mapping), else None."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _merge_mapping_text(base: dict[str, Any], text: str) -> str | None:
+    """`base` updated by `text` (a JSON object or `key=value,...`), in `text`'s form; None when `text` is neither."""
+    if text.lstrip().startswith("{"):
+        given = _json_object(text)
+        return None if given is None else json.dumps({**base, **given})
+    pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+    if not pairs or not all(sep for _, sep, _ in pairs):
+        return None
+    combined = {**base, **{key.strip(): value.strip() for key, _, value in pairs}}
+    return ",".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                    for key, value in combined.items())
 
 
 def preset_names() -> list[str]:
@@ -284,6 +344,6 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 __all__ = [
     "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "check_training_arguments", "configure_logging",
-    "parse", "rename_legacy_flags", "start_command",
+    "merge_file_mappings", "parse", "rename_legacy_flags", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
 ]

@@ -411,7 +411,8 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
         try:
             return SentenceTransformer(str(path_or_id), device=device)
         except Exception as error:  # offline / unknown id: the hub message says which
-            raise CheckpointError(f"cannot load model {str(path_or_id)!r}: {error}") from None
+            raise CheckpointError(f"model {str(path_or_id)!r} is no local folder and cannot be loaded from the Hub "
+                                  f"({one_line_message(error)}); check the path or the Hub id") from None
     check_model_folder(path, purpose="--model")
     if (path / "modules.json").is_file():
         if pooling is not None:

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -250,11 +250,16 @@ def public_name(path_or_id: str | os.PathLike | None) -> str | None:
 
 
 def _recorded_names(folder: Path) -> Iterator[str]:
-    """Names a folder records for itself: card `model_name`, run-record `model_name`, config `_name_or_path`."""
+    """Names a folder records for itself: card `model_name`, run-record `model_name`, and config `_name_or_path`
+    outside sentence-transformers folders (there it names the transformer's origin, e.g. all-MiniLM-L6-v2's
+    nreimers/MiniLM-L6-H384-uncased)."""
     readme = folder / "README.md"
     if readme.is_file():
         yield _card_model_name(readme)
-    for file, key in (("retromae_finetune.json", "model_name"), ("config.json", "_name_or_path")):
+    sources = [("retromae_finetune.json", "model_name")]
+    if not (folder / "modules.json").is_file():
+        sources.append(("config.json", "_name_or_path"))
+    for file, key in sources:
         try:
             yield str(json.loads((folder / file).read_text(encoding="utf-8")).get(key) or "")
         except (OSError, ValueError, AttributeError):
@@ -271,15 +276,37 @@ def _card_model_name(readme: Path) -> str:
 # ---- writing -------------------------------------------------------------------------------------------------------
 
 
-def check_destination(target: Path, overwrite: bool, source: Path | None = None) -> None:
-    """Refuse a target that is a file, that would replace `source` (or a folder holding it), or that is a non-empty
-    folder while `overwrite` is False."""
+def check_folder_option(flag: str, path: str | os.PathLike) -> None:
+    """Refuse a folder option that names a file or a path under one (writing there would fail mid-run)."""
+    absolute = Path(path).absolute()
+    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+    if not existing.is_dir():
+        raise FolderError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
+
+
+def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]) -> tuple[str, Path] | None:
+    """The first `(description, path)` of `protected` (existing paths only; None values skipped) that replacing
+    `target` would delete, because `target` is it or a folder above it; None when there is none."""
+    resolved = target.resolve()
+    for what, path in protected.items():
+        if not path or not Path(path).exists():  # "" would be the working directory
+            continue
+        held = Path(path).resolve()
+        if resolved == held or resolved in held.parents:
+            return what, Path(path)
+    return None
+
+
+def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | os.PathLike | None] | None = None,
+                      ) -> None:
+    """Refuse a target that is a file; even with `overwrite`, one that is or holds the working directory or one of
+    `inputs` (description -> path, e.g. {"--model": ...}); without it, a non-empty folder."""
     if target.exists() and not target.is_dir():
         raise FolderError(f"output {target} exists and is not a folder")
-    if source is not None:
-        out, src = target.resolve(), source.resolve()
-        if out == src or out in src.parents:
-            raise FolderError(f"output folder {target} would replace the input {source}; choose another folder")
+    hit = would_delete(target, {"the working directory": Path.cwd(), **(inputs or {})})
+    if hit is not None:
+        raise FolderError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
+                          "choose another folder")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FolderError(
             f"output folder {target} already exists and is not empty; pass overwrite=True (CLI: --overwrite) "
@@ -288,7 +315,7 @@ def check_destination(target: Path, overwrite: bool, source: Path | None = None)
 
 
 @contextmanager
-def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False, source: Path | None = None) -> Iterator[Path]:
+def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty temporary sibling of `target` to fill; on success it is renamed to `target`.
 
     On an exception (or a kill, see `clean_stale_siblings`) `target` is untouched. With `overwrite`, a previous
@@ -296,7 +323,7 @@ def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False, source:
     """
     target = Path(target)
     clean_stale_siblings(target)  # first: it may restore a previous `target` that a killed swap left aside
-    check_destination(target, overwrite, source)
+    check_destination(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     build_dir = _sibling(target, "tmp")
     build_dir.mkdir()  # honours the umask (tempfile.mkdtemp would make it 0700)
@@ -384,6 +411,7 @@ __all__ = [
     "TOKENIZER_VOCAB_FILES",
     "atomic_folder",
     "check_destination",
+    "check_folder_option",
     "check_model_folder",
     "clean_stale_siblings",
     "hub_id_of_model",
@@ -395,4 +423,5 @@ __all__ = [
     "missing_model_files",
     "safetensors_problem",
     "process_alive",
+    "would_delete",
 ]
