@@ -170,6 +170,20 @@ def test_last_refuses_a_folder_with_checkpoints_of_two_runs(finished_run, tmp_pa
     assert not (out / "checkpoint-7").exists() and not (out / "checkpoint-5").exists()
 
 
+def test_resuming_a_checkpoint_refuses_to_replace_another_runs_checkpoints(finished_run, tmp_path, capsys):
+    """HEAD resumed checkpoint-2 into a folder holding another run's checkpoint-4, replaced it with its own step 4
+    and rotated it away, exit 0."""
+    out = copy_of(finished_run, tmp_path)
+    foreign = out / "checkpoint-4"
+    recorded = json.loads((foreign / "retromae_resume.json").read_text())
+    (foreign / "retromae_resume.json").write_text(json.dumps({**recorded, "run_id": "other-run"}))
+    before = (foreign / "model.safetensors").read_bytes()
+    assert main(resume(out, str(out / "checkpoint-2"))) == 2
+    err = one_line(capsys)
+    assert f"{out} holds checkpoints of another run after step 2 (checkpoint-4), which this run's saves" in err, err
+    assert (foreign / "model.safetensors").read_bytes() == before
+
+
 # ---- one run per output folder ------------------------------------------------------------------------------------
 
 

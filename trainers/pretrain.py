@@ -59,6 +59,7 @@ from .trainer import (
     RESUME_LAST,
     RUN_INFO_NAME,
     RetroMAETrainer,
+    check_no_checkpoint_collision,
     checkpoint_to_resume,
     clean_killed_saves,
     finished_step,
@@ -636,6 +637,8 @@ def pretrain(argv: list[str]) -> int:
     recorded = read_settings(run.resume) if run.resume and finished is None else None
     if recorded:  # a finished run reads no text: it only writes what is missing of its save and export
         check_text_unchanged(recorded, run.resume)
+    if run.resume and finished is None:
+        check_no_checkpoint_collision(args.output_dir, run.resume, args.max_steps)
     export_dir, overwrite_export = export_target(run)
     # Decided on every process before any process writes (reading the data is a barrier), so all take the same path.
     write_export = export_dir is not None and not (finished is not None and (export_dir / "modules.json").is_file())

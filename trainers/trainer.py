@@ -117,6 +117,24 @@ def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
     return last_complete_checkpoint(output_dir)
 
 
+def check_no_checkpoint_collision(output_dir: str | os.PathLike, checkpoint: str | os.PathLike,
+                                  max_steps: int) -> None:
+    """Refuse resuming `checkpoint` into `output_dir` when the folder holds another run's `checkpoint-N` with N
+    after the resumed step (up to `max_steps` when > 0): a save of this run at step N would replace it.
+
+    Raises:
+        UserError: naming those checkpoints and the way out.
+    """
+    own = run_id_of(checkpoint)
+    step = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME).get("global_step", 0)
+    ahead = [p for p in list_checkpoints(output_dir) if run_id_of(p) != own
+             and step < int(_CHECKPOINT_RE.match(p.name).group(1)) <= (max_steps if max_steps > 0 else float("inf"))]
+    if ahead:
+        raise UserError(f"--resume-from-checkpoint {checkpoint}: {output_dir} holds checkpoints of another run after "
+                        f"step {step} ({', '.join(p.name for p in ahead)}), which this run's saves could replace; "
+                        "move them out of the folder, or resume into another --output-dir")
+
+
 def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:
     """The step `checkpoint` was saved at if its run has nothing left to train, else None.
 
@@ -559,6 +577,7 @@ class RetroMAETrainer(Trainer):
 
 
 __all__ = [
-    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "checkpoint_to_resume", "clean_killed_saves",
+    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "check_no_checkpoint_collision",
+    "checkpoint_to_resume", "clean_killed_saves",
     "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files",
 ]
