@@ -399,10 +399,9 @@ def run_inputs(run: PretrainRun) -> dict[str, str | None]:
 def check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
     """Refuse an --overwrite-output-dir that would delete one of `inputs`: one that is the output folder itself (a
     model saved there) or lies in one of the earlier run's files and folders that it removes."""
-    hit = next(((what, Path(path)) for what, path in inputs.items()
-                if path and Path(path).exists() and Path(path).resolve() == folder.resolve()), None)
-    for entry in run_output_files(folder) if hit is None else []:
-        hit = hit or would_delete(entry, inputs)
+    itself = next(((what, Path(path)) for what, path in inputs.items()
+                   if path and Path(path).exists() and Path(path).resolve() == folder.resolve()), None)
+    hit = itself or next(filter(None, (would_delete(entry, inputs) for entry in run_output_files(folder))), None)
     if hit is not None:
         raise UserError(f"--overwrite-output-dir would delete {hit[0]} ({hit[1]}), which this run reads; choose "
                         f"another --output-dir, or copy it out of {folder} first")
