@@ -600,13 +600,13 @@ def plot(payload: dict, path: Path) -> None:
                 rows.append(variant)
     if not rows:
         return
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
     ys = list(range(len(rows)))[::-1]
     ax.barh(ys, [r["ndcg@10"] for r in rows], xerr=[r["ndcg@10_std"] or 0 for r in rows], color="#3b75af",
             height=0.6, label="fine-tuned (mean ± std over seeds)")
     zs = [((r.get("zero_shot") or {}).get("ndcg@10")) for r in rows]
     ax.scatter([z for z in zs if z is not None], [y for y, z in zip(ys, zs, strict=True) if z is not None],
-               color="#d62728", marker="|", s=300, label="zero-shot [CLS]", zorder=3)
+               color="#d62728", marker="|", s=300, label="zero-shot, before fine-tuning", zorder=3)
     mlm = payload["arms"].get("mlm")
     if mlm and mlm["seeds"]:
         ax.axvline(mlm["ndcg@10"], ls="--", lw=0.8, color="#444444")
@@ -614,7 +614,8 @@ def plot(payload: dict, path: Path) -> None:
     ax.set_xlabel("SciFact dev NDCG@10 (dashed: MLM only)")
     title = f"From random init, {payload['meta'].get('steps')} pre-training steps ({payload['meta']['preset']})"
     ax.set_title(title + (" — smoke run, proves nothing" if payload["meta"]["preset"] == "tiny" else ""), fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes: inside, any corner can cover a bar, its error bar or the MLM line
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=120)
