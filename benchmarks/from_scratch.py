@@ -547,6 +547,10 @@ def markdown(payload: dict) -> str:
                 mixed.append(sentence)
     if mixed:
         lines += ["", *mixed]
+    if payload.get("bm25"):
+        ref = payload["bm25"]
+        lines += ["", f"For scale, lexical retrieval on the same dev queries: {ref['label']}, "
+                  f"NDCG@10 {ref['ndcg@10']:.4f}, MRR@10 {ref['mrr@10']:.4f}, Recall@100 {ref['recall@100']:.4f}."]
     if payload["versus_mlm"]:
         lines += ["", "| vs MLM only (dev NDCG@10) | per seed | mean difference | > 2 x seed std | zero-shot difference |",
                   "|---|---|---|---|---|"]
@@ -610,8 +614,10 @@ def plot(payload: dict, path: Path) -> None:
     mlm = payload["arms"].get("mlm")
     if mlm and mlm["seeds"]:
         ax.axvline(mlm["ndcg@10"], ls="--", lw=0.8, color="#444444")
+    if payload.get("bm25"):
+        ax.axvline(payload["bm25"]["ndcg@10"], ls=":", lw=1.2, color="#888888")
     ax.set_yticks(ys, [r["label"] for r in rows])
-    ax.set_xlabel("SciFact dev NDCG@10 (dashed: MLM only)")
+    ax.set_xlabel("SciFact dev NDCG@10 (dashed: MLM only" + (", dotted: BM25)" if payload.get("bm25") else ")"))
     title = f"From random init, {payload['meta'].get('steps')} pre-training steps ({payload['meta']['preset']})"
     ax.set_title(title + (" — smoke run, proves nothing" if payload["meta"]["preset"] == "tiny" else ""), fontsize=10)
     # below the axes: inside, any corner can cover a bar, its error bar or the MLM line
@@ -623,8 +629,20 @@ def plot(payload: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def report(results_dir: Path, ledger: Path, cfg: dict, meta: dict) -> dict:
-    """`from_scratch.{json,md}` and `from_scratch_ndcg.png` from every arm the ledger holds."""
+def lexical_reference(data: Path) -> dict | None:
+    """BM25 on the dev split, for scale beside the dense arms and the hybrid's lexical channel; None where bm25s is
+    not installed (the lent GPU machine): the report here, after the session, adds it."""
+    try:
+        import bm25s  # noqa: F401
+    except ImportError:
+        return None
+    scores = common.bm25_reference(data)
+    return {"label": "BM25 (bm25s, k1 1.5, b 0.75)", **{name: scores[key] for key, name in METRICS.items()}}
+
+
+def report(results_dir: Path, ledger: Path, cfg: dict, meta: dict, bm25: dict | None = None) -> dict:
+    """`from_scratch.{json,md}` and `from_scratch_ndcg.png` from every arm the ledger holds; `bm25`
+    (lexical_reference's) adds a line for scale to the table and the plot."""
     arms = {}
     for arm in ARMS:
         file = ledger / f"{arm}.phases.json"
@@ -634,7 +652,8 @@ def report(results_dir: Path, ledger: Path, cfg: dict, meta: dict) -> dict:
     steps = {rec["pretraining"]["steps"] for rec in arms.values() if rec.get("pretraining")}
     if meta.get("steps") is None and len(steps) == 1:
         meta["steps"] = steps.pop()
-    payload = {"meta": meta, "settings": cfg, "arms": arms, "versus_mlm": versus_mlm(arms)}
+    payload = {"meta": meta, "settings": cfg, "arms": arms, "versus_mlm": versus_mlm(arms),
+               "bm25": bm25}
     if meta["preset"] == "tiny":
         payload["note"] = TINY_NOTE
     payload["table_markdown"] = markdown(payload)
@@ -711,8 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     argv_used = sys.argv[1:] if argv is None else argv
     meta = {"date": common.utc_now(), "preset": preset, "arms": arms,
             "command": " ".join(["python benchmarks/from_scratch.py", *argv_used])}
+    bm25 = None if args.tiny else lexical_reference(SCIFACT)
     if args.report_only:
-        payload = report(results_dir, ledger, cfg, meta)
+        payload = report(results_dir, ledger, cfg, meta, bm25)
         print(payload["table_markdown"], flush=True)
         return 0
     data = common.make_quick_beir(out) if args.tiny else SCIFACT
@@ -745,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:
             failed[arm] = common.arm_failed(arm, error)
     meta.update(wall_s=round(time.perf_counter() - started, 1), failed_arms=failed)
-    payload = report(results_dir, ledger, cfg, meta)
+    payload = report(results_dir, ledger, cfg, meta, bm25)
     print(payload["table_markdown"] + ("\nFailed arms (rerun to continue): " + "; ".join(
         f"{a}: {e}" for a, e in failed.items()) if failed else ""), flush=True)
     log(f"results: {results_dir / 'from_scratch.json'}, .md, _ndcg.png; {meta['wall_s']:.0f} s")

@@ -77,6 +77,22 @@ def test_results_json_names_every_arm_with_its_seeds(fs, tmp_path):
     assert (tmp_path / "from_scratch_ndcg.png").stat().st_size > 0
 
 
+def test_bm25_is_reported_for_scale_beside_the_arms(fs, tmp_path):
+    """The hybrid's OT channel is lexical, so the table and plot carry BM25 on the same queries, when it was
+    computed (not on the GPU machine, which lacks bm25s)."""
+    ledger = tmp_path / "from_scratch_ledger"
+    ledger.mkdir()
+    fs.write_json(ledger / "mlm.phases.json", arm_ledger("mlm", {42: 0.30, 43: 0.32}))
+    _, cfg = fs.settings(fs.parse_args(["--seeds", "42,43"]))
+    meta = {"preset": "gpu", "command": "c", "date": "d"}
+    assert "lexical retrieval" not in fs.report(tmp_path, ledger, cfg, meta)["table_markdown"]
+    bm25 = {"label": "BM25 (bm25s, k1 1.5, b 0.75)", "ndcg@10": 0.6334, "mrr@10": 0.5928, "recall@100": 0.899}
+    table = fs.report(tmp_path, ledger, cfg, meta, bm25)["table_markdown"]
+    assert ("For scale, lexical retrieval on the same dev queries: BM25 (bm25s, k1 1.5, b 0.75), NDCG@10 0.6334, "
+            "MRR@10 0.5928, Recall@100 0.8990.") in table
+    assert json.loads((tmp_path / "from_scratch.json").read_text(encoding="utf-8"))["bm25"] == bm25
+
+
 def test_seeds_from_two_pre_trainings_are_named(fs, tmp_path):
     """An arm pre-trained again on a new machine (its first checkpoint gone) fine-tunes its missing seeds from other
     weights: the report says which seeds used which."""
