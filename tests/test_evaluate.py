@@ -470,6 +470,22 @@ def test_python_api_names_a_missing_beir_folder(spread_cls_bert, tmp_path):
 
     with pytest.raises(EvaluateError, match=r"BEIR folder .*no-such-beir does not exist"):
         retromae.evaluate(spread_cls_bert, str(tmp_path / "no-such-beir"), tmp_path / "eval", split="dev")
+    (tmp_path / "corpus.txt").write_text("a file\n")
+    with pytest.raises(EvaluateError, match=r"BEIR folder .*corpus.txt is a file, not a folder"):
+        retromae.evaluate(spread_cls_bert, str(tmp_path / "corpus.txt"), tmp_path / "eval", split="dev")
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({"batch_size": 0}, "batch_size=0; give a whole number >= 1"),
+    ({"bogus_opt": 1}, "unknown option bogus_opt; the options are pooling"),
+])
+def test_python_api_refuses_bad_arguments_before_loading(tmp_path, arguments, message):
+    """HEAD: batch_size 0 failed inside torch's DataLoader after the model and data were loaded; an unknown option
+    was a TypeError naming evaluate_folder."""
+    import retromae
+
+    with pytest.raises(EvaluateError, match=message):
+        retromae.evaluate(tmp_path / "no-model", str(tmp_path / "beir"), tmp_path / "eval", **arguments)
 
 
 def test_qrels_errors_name_the_path_given(tmp_path):

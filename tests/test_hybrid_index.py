@@ -375,3 +375,108 @@ def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_
     HybridIndex.build(st_models[0], DOCS[:4], ids=[f"d{i}" for i in range(4)]).save(tmp_path / "index")
     with pytest.raises(HybridIndexError, match="retromae search is for the export of a dupmae pre-training"):
         search_command(["--index", str(tmp_path / "index"), "--model", str(tmp_path / "dense"), "--query", "x"])
+
+
+# ---- command line: inputs and outputs (probe of 2026-11-27) -------------------------------
+
+
+def test_index_overwrite_refuses_an_output_that_holds_its_inputs(tmp_path, monkeypatch):
+    """HEAD's `index --overwrite` deleted a corpus inside the output folder, or the model folder itself, and
+    exited 0."""
+    from retromae.trainers.hybrid_index import index_command
+
+    monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
+    out = tmp_path / "out"
+    out.mkdir()
+    corpus = out / "my_corpus.txt"
+    corpus.write_text("one passage\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "modules.json").write_text("[]")
+    for argv, what in (([str(model), str(corpus), str(out)], "--corpus"), ([str(model), str(corpus), str(model)],
+                                                                            "--model")):
+        with pytest.raises(FolderError, match=f"is or holds {what} .*which replacing it would delete"):
+            index_command(["--model", argv[0], "--corpus", argv[1], "--output-dir", argv[2], "--overwrite"])
+    assert corpus.read_text() == "one passage\n" and (model / "modules.json").is_file()
+
+
+def test_search_output_is_refused_before_the_search_when_it_would_lose_a_file(tmp_path, monkeypatch):
+    """HEAD replaced the --queries file or any existing file with the results, and failed with a traceback after
+    the whole search for a folder."""
+    from retromae.trainers.hybrid_index import search_command
+
+    monkeypatch.setattr(HybridIndex, "load", classmethod(lambda *a, **k: pytest.fail("searched before refusing")))
+    queries = tmp_path / "queries.txt"
+    queries.write_text("fruit\n")
+    earlier = tmp_path / "results.jsonl"
+    earlier.write_text("mine\n")
+    (tmp_path / "folder").mkdir()
+    common = ["--index", str(tmp_path / "index"), "--model", str(tmp_path / "model"), "--queries", str(queries)]
+    cases = {queries: r"is --queries .*which writing it would replace", earlier: r"already exists; pass --overwrite",
+             tmp_path / "folder": "is a folder; give a file path"}
+    for output, message in cases.items():
+        with pytest.raises(FolderError, match=message):
+            search_command([*common, "--output", str(output)])
+    with pytest.raises(FolderError, match="is --queries"):
+        search_command([*common, "--output", str(queries), "--overwrite"])
+    assert queries.read_text() == "fruit\n" and earlier.read_text() == "mine\n"
+
+
+def test_corpus_ids_are_kept_whichever_line_holds_the_first_id(tmp_path):
+    """HEAD looked for `_id` on the first line only: a leading blank line, or a first record without `_id`, gave
+    every document a passage number instead, silently."""
+    from retromae.trainers.beir import RetrievalDataError
+    from retromae.trainers.hybrid_index import _documents
+
+    leading_blank = tmp_path / "corpus.JSONL"
+    leading_blank.write_text('\n{"_id": "doc-A", "text": "apples"}\n{"_id": "doc-B", "text": "pears"}\n')
+    assert _documents(str(leading_blank)) == (["doc-A", "doc-B"], ["apples", "pears"])
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"text": "apples"}\n{"_id": "doc-B", "text": "pears"}\n')
+    with pytest.raises(RetrievalDataError, match=r"mixed.jsonl:1: field '_id'"):
+        _documents(str(mixed))
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"text": "apples"}\n{"text": "pears"}\n')
+    assert _documents(str(plain)) == (["0", "1"], ["apples", "pears"])
+
+
+def test_queries_files_are_read_with_their_place_named(tmp_path):
+    """HEAD: a non-UTF-8 .txt gave a UnicodeDecodeError traceback, `queries.JSONL` was searched line by line as
+    raw JSON, a blank BEIR query was "query 1 is empty" and a folder "not found"."""
+    from retromae.trainers.data import CorpusError
+    from retromae.trainers.hybrid_index import SearchArguments, _queries
+
+    def read(path):
+        return _queries(SearchArguments(index="i", model="m", queries=str(path)))
+
+    latin = tmp_path / "q.txt"
+    latin.write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(CorpusError, match=r"q.txt:1: bytes that are not valid UTF-8"):
+        read(latin)
+    upper = tmp_path / "queries.JSONL"
+    upper.write_text('{"_id": "q1", "text": "fruit"}\n')
+    assert read(upper) == [("q1", "fruit")]
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"_id": "q1", "text": "fruit"}\n{"_id": "q7", "text": "  "}\n')
+    with pytest.raises(HybridIndexError, match=r"blank.jsonl: query 'q7' has no text"):
+        read(blank)
+    with pytest.raises(HybridIndexError, match="is a folder; give a file"):
+        read(tmp_path)
+
+
+OURS = {"format": hybrid_index.FORMAT, "format_version": hybrid_index.FORMAT_VERSION}
+
+
+@pytest.mark.parametrize(("manifest", "message"), [
+    ([1, 2], "is not a JSON object"),
+    (OURS, "lacks model_fingerprint, dense_dim"),
+    ({**OURS, **dict.fromkeys(hybrid_index.MANIFEST_KEYS, 0), "files": {"ids.json": {}}},
+     "lacks the sizes and checksums of files"),
+])
+def test_a_manifest_of_another_shape_is_one_line(tmp_path, manifest, message):
+    """HEAD: KeyError / AttributeError tracebacks for valid JSON that is not a whole manifest."""
+    index, *_ = make_index(20)
+    folder = index.save(tmp_path / "index")
+    (folder / hybrid_index.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(HybridIndexError, match=f"manifest.json {message}.*rebuild it"):
+        HybridIndex.load(folder)

@@ -139,7 +139,8 @@ def check_beir_layout(folder: Path, split: str) -> Path:
     """The qrels file of `split` in the BEIR folder `folder`; refuses a folder without corpus, queries or that file
     (naming the splits it has), without reading them."""
     if not folder.is_dir():
-        raise RetrievalDataError(f"BEIR folder {folder} does not exist (expected a folder with {BEIR_LAYOUT})")
+        state = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise RetrievalDataError(f"BEIR folder {folder} {state} (expected a folder with {BEIR_LAYOUT})")
     qrels_file = folder / "qrels" / f"{split}.tsv"
     missing = [str(p.relative_to(folder)) for p in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file)
                if not p.is_file()]

@@ -384,6 +384,9 @@ def evaluate_folder(
     return rows
 
 
+EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar")
+
+
 def evaluate(
     model: str | os.PathLike,
     data: str | os.PathLike | list[str | os.PathLike],
@@ -407,12 +410,19 @@ def evaluate(
         batch_size: encoding batch size.
         search: "exact" (brute force) or "faiss" (dense models on large corpora).
         update_card: add the results to the model folder's card (folders written by `retromae finetune`).
-        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar` of `evaluate_folder`.
+        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar` of `evaluate_folder`;
+            another name, or a batch size below 1, raises `EvaluateError`.
 
     Returns:
         One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
         `mrr_at_10`, `recall_at_100`, `recall_at_1000`, `main_score`.
     """
+    unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
+    if unknown:
+        raise EvaluateError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
+                            f"{', '.join(EVALUATE_OPTIONS)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise EvaluateError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
     sources = [data] if isinstance(data, str | os.PathLike) else list(data)
     is_folder = [Path(source).is_dir() or is_local_path(source) for source in sources]  # a missing one is named
     beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]

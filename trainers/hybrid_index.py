@@ -53,9 +53,9 @@ from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
 from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
-from .core.folders import atomic_folder, check_destination, check_model_folder, is_local_path
+from .core.folders import atomic_folder, check_destination, check_model_folder, check_output_file, is_local_path
 from .core.io import atomic_file
-from .data import read_corpus
+from .data import _iter_decoded_lines, read_corpus
 from .export_dupmae import load_dupmae_sentence_transformer
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,8 @@ logger = logging.getLogger(__name__)
 FORMAT = "retromae-hybrid-index"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_KEYS = ("model_fingerprint", "dense_dim", "vocab_size", "doc_top_k", "num_documents", "index_type",
+                 "index_params", "files")
 DENSE_FILE = "dense.faiss"
 SPARSE_FILES = ("sparse_indptr.npy", "sparse_indices.npy", "sparse_data.npy")
 IDS_FILE = "ids.json"
@@ -559,12 +561,20 @@ class HybridIndex:
             raise HybridIndexError(
                 f"{manifest_path} is not valid JSON ({error}); the index folder is corrupted"
             ) from error
+        if not isinstance(manifest, dict):
+            raise HybridIndexError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
         if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
             raise HybridIndexError(
                 f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
                 f"expected {FORMAT!r} v{FORMAT_VERSION}"
             )
-        for name, meta in manifest["files"].items():
+        missing = [key for key in MANIFEST_KEYS if key not in manifest]
+        files = manifest.get("files")
+        if missing or not isinstance(files, dict) or not all(
+                isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
+            raise HybridIndexError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
+                                   "the index folder is corrupted: rebuild it")
+        for name, meta in files.items():
             path = folder / name
             if not path.is_file():
                 raise FileNotFoundError(f"index file {name} is missing from {folder}; rebuild or re-copy the index")
@@ -672,14 +682,18 @@ class SearchArguments:
     queries: str | None = field(default=None, metadata={"help": "a BEIR queries.jsonl or a .txt file with one query per line"})
     top_n: int = field(default=10, metadata={"help": "results per query"})
     output: str | None = field(default=None, metadata={"help": "write results as JSONL {query_id, query, results}"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --output file"})
 
 
 def _documents(corpus: str) -> tuple[list[str], list[str]]:
+    """Ids and texts: a BEIR folder, or a .jsonl where any record has an `_id` (then every record needs one), keeps
+    its ids; any other corpus is numbered."""
     path = Path(corpus)
     beir_file = path / "corpus.jsonl" if is_beir_folder(path) else path
-    if beir_file.suffix == ".jsonl" and beir_file.is_file():
-        first = beir_file.open(encoding="utf-8", errors="replace").readline()
-        if '"_id"' in first:
+    if beir_file.suffix.lower() == ".jsonl" and beir_file.is_file():
+        with beir_file.open(encoding="utf-8", errors="replace") as handle:
+            has_ids = any('"_id"' in line for line in handle)  # a key: inside a JSON string the quotes are escaped
+        if has_ids or beir_file != path:
             docs = read_beir_corpus(beir_file)
             return list(docs), [doc_text(d.get("title"), d["text"]) for d in docs.values()]
     texts = list(read_corpus(corpus)["text"])
@@ -691,12 +705,15 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
     if args.queries:
         path = Path(args.queries)
         if not path.is_file():
-            raise HybridIndexError(f"queries file {path} not found")
-        if path.suffix == ".jsonl":
-            queries += list(read_beir_queries(path).items())
+            raise HybridIndexError(f"--queries {path} " + ("is a folder; give a file" if path.is_dir() else "not found"))
+        if path.suffix.lower() == ".jsonl":
+            read = read_beir_queries(path).items()
+            blank = next((qid for qid, text in read if not text.strip()), None)
+            if blank is not None:
+                raise HybridIndexError(f"{path}: query {blank!r} has no text; give it some, or remove it")
+            queries += list(read)
         else:
-            lines = path.read_text(encoding="utf-8").splitlines()
-            queries += [(f"{path.stem}:{n}", line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
+            queries += [(f"{path.stem}:{n}", line.strip()) for n, line in _iter_decoded_lines(str(path)) if line.strip()]
     if not queries:
         raise HybridIndexError("no query given: pass --query TEXT (repeatable) or --queries FILE")
     return queries
@@ -725,7 +742,7 @@ def index_command(argv: list[str]) -> int:
     (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__,
                             positive=("batch_size",))
     # refused before hours of encoding, not after
-    check_destination(Path(args.output_dir), args.overwrite)
+    check_destination(Path(args.output_dir), args.overwrite, inputs={"--model": args.model, "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")
     ids, texts = _documents(args.corpus)
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
@@ -740,6 +757,8 @@ def search_command(argv: list[str]) -> int:
     """`retromae search`: top-n documents by the exact hybrid score for one or more queries."""
     (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__,
                             positive=("top_n",))
+    if args.output:
+        check_output_file(Path(args.output), "--output", args.overwrite, inputs={"--queries": args.queries})
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it

@@ -314,6 +314,21 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
         )
 
 
+def check_output_file(target: Path, flag: str, overwrite: bool,
+                      inputs: Mapping[str, str | os.PathLike | None] | None = None) -> None:
+    """Refuse an output file that is a folder, lies under a file or is one of `inputs` (even with `overwrite`);
+    without `overwrite`, one that exists."""
+    if target.is_dir():
+        raise FolderError(f"{flag} {target} is a folder; give a file path")
+    check_folder_option(flag, target.parent)
+    hit = would_delete(target, inputs or {})
+    if hit is not None:
+        raise FolderError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
+                          "file")
+    if target.exists() and not overwrite:
+        raise FolderError(f"{flag} {target} already exists; pass --overwrite to replace it")
+
+
 @contextmanager
 def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty temporary sibling of `target` to fill; on success it is renamed to `target`.
