@@ -153,6 +153,60 @@ def test_a_config_file_syntax_error_names_file_line_and_reason(name, text, expec
     assert one_line_error(capsys, "pretrain").endswith(f"{tmp_path}/{expected}; fix the file")
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("max_steps: 2.7\n", "c.yaml: max_steps: 2.7 is not a whole number; fix the file"),
+    ("per_device_train_batch_size: 2.5\n", "c.yaml: per_device_train_batch_size: 2.5 is not a whole number"),
+    ("max_steps: [1, 2]\n", "c.yaml: max_steps: a list, but --max-steps takes one value"),
+    ("method_options: [1, 2]\n", "c.yaml: method_options: a list, but --method-options takes one value"),
+    ("lr_scheduler_type: bogus\n", "c.yaml: lr_scheduler_type: 'bogus' is not one of linear, cosine"),
+    ("max_steps: 1\nmax_steps: 2\n", "c.yaml:2:1: not valid YAML: 'max_steps' is set twice; keep one"),
+])
+def test_a_config_value_of_the_wrong_kind_names_file_and_setting(text, expected, tmp_path, capsys):
+    """argparse converts only string defaults: HEAD passed 2.7 or a list on, to a traceback inside the Trainer or
+    torch's sampler after the model and corpus had loaded; a key set twice kept its last value silently."""
+    config = tmp_path / "c.yaml"
+    config.write_text(text, encoding="utf-8")
+    assert cli.main(["pretrain", "--config", str(config), "--output-dir", str(tmp_path / "out")]) == 2
+    assert f"{tmp_path}/{expected}" in one_line_error(capsys, "pretrain")
+    assert not (tmp_path / "out").exists()
+
+
+def test_typed_config_values_parse_as_their_flags_do(tmp_path):
+    """The conversion changes nothing a flag would give: a YAML number, bool or string equals the flag's text."""
+    from retromae.trainers.core.arguments import parse
+    from retromae.trainers.pretrain import pretrain_parser
+
+    config = tmp_path / "c.yaml"
+    config.write_text("max_steps: 7\nlearning_rate: 2e-5\nfp16: false\nwarmup_steps: 0.1\nseed: 3\n"
+                      "decoder_mask_ratio: 0.4\nlr_scheduler_type: cosine\n", encoding="utf-8")
+    from_file = parse(pretrain_parser(), ["--config", str(config)])
+    from_flags = parse(pretrain_parser(), ["--max-steps", "7", "--learning-rate", "2e-5", "--fp16", "false",
+                                           "--warmup-steps", "0.1", "--seed", "3", "--decoder-mask-ratio", "0.4",
+                                           "--lr-scheduler-type", "cosine"])
+    for a, b in zip(from_file, from_flags, strict=True):
+        assert {k: v for k, v in vars(a).items() if k != "distributed_state"} == \
+               {k: v for k, v in vars(b).items() if k != "distributed_state"}
+
+
+def test_a_json_config_with_a_key_twice_is_refused(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text('{"max_steps": 1, "max_steps": 2}', encoding="utf-8")
+    assert cli.main(["pretrain", "--config", str(config)]) == 2
+    assert one_line_error(capsys, "pretrain").endswith(f"{config}: 'max_steps' set twice; keep one")
+
+
+def test_a_setting_given_by_its_flag_and_in_method_options_is_refused(tiny_bert, corpus, tmp_path, capsys):
+    """HEAD kept method_options' value silently, also against a flag on the command line (README: flags win)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("method_options:\n  decoder_mask_ratio: 0.7\n", encoding="utf-8")
+    for extra in (["--config", str(config)], ["--method-options", '{"decoder_mask_ratio": 0.7}']):
+        assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "out", "--decoder-mask-ratio", "0.2",
+                                      *extra)) == 2
+        assert "decoder_mask_ratio set both by --decoder-mask-ratio and in method_options; set it once" in \
+            one_line_error(capsys, "pretrain")
+    assert not (tmp_path / "out").exists()
+
+
 # ---- item 9: half-written weights ----------------------------------------------------------------------------------
 
 
@@ -215,6 +269,38 @@ def test_a_tokenizer_without_a_mask_or_pad_token_is_refused(tiny_roberta, corpus
     assert cli.main(pretrain_args(folder, corpus, tmp_path / "out", "--max-steps", "1")) == 2
     err = one_line_error(capsys, "pretrain")
     assert f"the tokenizer in {folder} has no {token}, which pre-training needs" in err, err
+
+
+@pytest.mark.parametrize("case", ["undeclared", "no template"])
+def test_a_tokenizer_whose_first_token_is_not_special_is_refused(tiny_roberta, corpus, tmp_path, capsys, case):
+    """HEAD trained on: an undeclared <s> at position 0 (the sentence embedding) was masked and predicted as a
+    word; with no template the first word's state became the embedding."""
+    folder = Path(shutil.copytree(tiny_roberta, tmp_path / "model"))
+    if case == "undeclared":
+        settings = json.loads((folder / "tokenizer_config.json").read_text())
+        settings.update(cls_token=None, bos_token=None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    else:
+        tokenizer = json.loads((folder / "tokenizer.json").read_text())
+        tokenizer["post_processor"] = None
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert cli.main(pretrain_args(folder, corpus, tmp_path / "out", "--max-steps", "1")) == 2
+    err = one_line_error(capsys, "pretrain")
+    first = "'<s>'" if case == "undeclared" else "'"
+    assert f"the tokenizer in {folder} starts a text with {first}" in err and "not a special token" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_with_another_pad_id_than_a_roberta_model_is_refused(tiny_roberta, corpus, tmp_path, capsys):
+    """The Trainer sets config.pad_token_id to the tokenizer's: HEAD saved a RoBERTa whose positions, counted from
+    the pad id, were shifted (every vector changed at learning rate 0), or failed in the export with a traceback."""
+    folder = Path(shutil.copytree(tiny_roberta, tmp_path / "model"))
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings["pad_token"] = settings["unk_token"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert cli.main(pretrain_args(folder, corpus, tmp_path / "out", "--max-steps", "1")) == 2
+    err = one_line_error(capsys, "pretrain")
+    assert "the tokenizer's pad token id 3 differs from pad_token_id 1 of the model" in err, err
 
 
 # ---- a model or tokenizer that is not there --------------------------------------------------------------------------

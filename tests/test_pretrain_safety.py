@@ -106,6 +106,19 @@ def test_overwrite_output_dir_refuses_to_delete_an_input_in_the_output_dir(finis
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before, "refused before anything was deleted"
 
 
+def test_overwrite_output_dir_refuses_to_delete_the_config_file_it_reads(finished_run, tiny_bert, corpus, tmp_path,
+                                                                         capsys):
+    """HEAD deleted OUTPUT_DIR/config.json given as --config (a JSON config kept beside the run): the user's
+    settings were replaced by the model's config."""
+    out = copy_of(finished_run, tmp_path)
+    config = out / "config.json"
+    config.write_text(json.dumps({"max_steps": 4}))
+    args = pretrain_args(tiny_bert, corpus, out, "--config", str(config), "--overwrite-output-dir", "true")
+    assert main(args) == 2
+    assert f"--overwrite-output-dir would delete the --config file ({config})" in one_line(capsys)
+    assert json.loads(config.read_text()) == {"max_steps": 4}
+
+
 # ---- a finished run -------------------------------------------------------------------------------------------------
 
 

@@ -171,6 +171,24 @@ def test_best_model_needs_the_validation_folder(tiny_bert, corpus, tmp_path, cap
     assert "--load-best-model-at-end" in error and "--eval-beir-folder" in error
 
 
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--eval-strategy", "steps", "--eval-steps", "1"], "--eval-strategy, --eval-steps configure the validation"),
+    (["--eval-on-start", "true"], "--eval-on-start configure the validation"),
+    (["--eval-split", "test", "--eval-coverage", "true"], "--eval-split, --eval-coverage configure the validation"),
+    (["--eval-beir-folder", "FOLDER", "--eval-steps", "0"], "--eval-steps 0.0: give a positive number"),
+    (["--eval-beir-folder", "FOLDER", "--eval-steps", "-2"], "--eval-steps -2.0: give a positive number"),
+])
+def test_validation_options_that_cannot_work_are_refused_before_training(tiny_bert, corpus, beir_folder, tmp_path,
+                                                                         capsys, flags, expected):
+    """HEAD: without --eval-beir-folder, a traceback from Trainer.__init__ after the model loaded, or the options
+    ignored; --eval-steps 0 or -2 accepted (0 evaluated at every logging step)."""
+    out = tmp_path / "run"
+    flags = [str(beir_folder) if flag == "FOLDER" else flag for flag in flags]
+    assert main(pretrain_args(tiny_bert, corpus, out, *flags)) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and expected in error and not out.exists(), error
+
+
 def scripted_ndcg(monkeypatch, values: list[float]) -> None:
     """Make each retrieval validation return the next of `values` as its NDCG@10 (the others fixed)."""
     scores = iter(values)
@@ -222,3 +240,9 @@ def test_load_best_model_at_end_saves_and_exports_the_best_checkpoint(tiny_bert,
     again = load_file(str(finished / "model.safetensors"))
     assert all(torch.equal(best[k], again[k]) for k in best)
     assert "best checkpoint: step 2, ndcg@10 0.5000" in capsys.readouterr().out
+    # another validation set would compare its scores with the recorded best's (HEAD resumed and mixed them)
+    for changed in (["--eval-split", "train"], ["--eval-max-queries", "3"]):
+        assert main(pretrain_args(tiny_bert, corpus, tmp_path / "mixed", "--eval-beir-folder", str(beir_folder),
+                                  *BEST, "--no-export", "true", "--resume-from-checkpoint", str(out / "checkpoint-2"),
+                                  *changed)) == 2
+        assert f"{changed[0]} {changed[1]} contradicts the run being resumed" in capsys.readouterr().err

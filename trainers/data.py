@@ -64,6 +64,7 @@ __all__ = [
     "UNMASKED_KEY",
     "builtin_corpus",
     "code_fingerprint",
+    "iter_decoded_lines",
     "masking_generator",
     "read_corpus",
     "special_template",
@@ -345,7 +346,7 @@ def code_fingerprint(*functions: Any) -> str:
 @functools.lru_cache(maxsize=1)
 def _reader_fingerprint() -> str:
     return code_fingerprint(
-        _generate_passages, _iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl, _check_jsonl_record,
+        _generate_passages, iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl, _check_jsonl_record,
         iter_jsonl, json_type,
     )
 
@@ -372,7 +373,7 @@ def _generate_passages(
         raise CorpusError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
-def _iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
+def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
     """Yields ``(1-based line number, line without its end)``, raising ``CorpusError`` on bytes that are not UTF-8."""
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
@@ -388,7 +389,7 @@ def _iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
 
 def _iter_text_lines(path: str) -> Iterator[str]:
     """One passage per non-empty line (whitespace collapsed)."""
-    for _line_no, line in _iter_decoded_lines(path):
+    for _line_no, line in iter_decoded_lines(path):
         text = " ".join(line.split())
         if text:
             yield text
@@ -401,7 +402,7 @@ def _iter_text_blocks(path: str) -> Iterator[str]:
     articles; ``awk`` paragraph mode counts the same way).
     """
     block: list[str] = []
-    for _line_no, line in _iter_decoded_lines(path):
+    for _line_no, line in iter_decoded_lines(path):
         text = " ".join(line.split())
         if text:
             block.append(text)

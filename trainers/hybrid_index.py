@@ -55,7 +55,7 @@ from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
 from .core.folders import atomic_folder, check_destination, check_model_folder, check_output_file, is_local_path
 from .core.io import atomic_file
-from .data import _iter_decoded_lines, read_corpus
+from .data import iter_decoded_lines, read_corpus
 from .export_dupmae import load_dupmae_sentence_transformer
 
 logger = logging.getLogger(__name__)
@@ -713,7 +713,7 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
                 raise HybridIndexError(f"{path}: query {blank!r} has no text; give it some, or remove it")
             queries += list(read)
         else:
-            queries += [(f"{path.stem}:{n}", line.strip()) for n, line in _iter_decoded_lines(str(path)) if line.strip()]
+            queries += [(f"{path.stem}:{n}", line.strip()) for n, line in iter_decoded_lines(str(path)) if line.strip()]
     if not queries:
         raise HybridIndexError("no query given: pass --query TEXT (repeatable) or --queries FILE")
     return queries

@@ -122,9 +122,16 @@ class Method:
         special ids. Integers given for float fields become floats (a config is a strict dataclass).
 
         Raises:
-            UserError: a setting that is not a field of this method's config, or invalid `--method-options`.
+            UserError: a setting that is not a field of this method's config, one set both by its flag and in
+                `--method-options`, or invalid `--method-options`.
         """
-        requested = {**arguments.given(), **arguments.options()}
+        given, options = arguments.given(), arguments.options()
+        both = sorted(set(given) & set(options))
+        if both:  # which one counts would be a guess
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in both)
+            raise UserError(f"{', '.join(both)} set both by {flags} and in method_options; set it once (a "
+                            "--method-options on the command line overrides the config file's keys one by one)")
+        requested = {**given, **options}
         # keys a config had before a rename still load (with a deprecation warning), as in its saved config.json
         config_class = self.model_class.config_class
         requested.update(rename_legacy_keys(config_class.__name__, requested, getattr(config_class, "legacy_keys", {})))

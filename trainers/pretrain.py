@@ -31,6 +31,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 from .core.arguments import (
     CommandParser,
     DefaultsHelpFormatter,
+    config_argument,
     configure_logging,
     merge_file_mappings,
     parse,
@@ -238,6 +239,7 @@ class PretrainRun:
     resume: str | None
     settings: dict[str, Any]
     validation: ValidationArguments = field(default_factory=ValidationArguments)
+    config_file: str | None = None
 
 
 class RecordingParser(CommandParser):
@@ -298,10 +300,12 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
         if "load_best_model_at_end" not in str(error):
             raise
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
-    check_best_model_options(training, validation, model.method)
+    check_validation_options(training, validation, model.method)
     check_from_scratch_options(model)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
-    return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation)
+    found = config_argument(argv)
+    return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation,
+                       found[2] if found else None)
 
 
 def check_from_scratch_options(model: ModelArguments) -> None:
@@ -314,11 +318,25 @@ def check_from_scratch_options(model: ModelArguments) -> None:
                         "--config-overrides max_position_embeddings=N")
 
 
-def check_best_model_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
-    """Refuse, in one line, best-model options the run cannot honour: `--metric-for-best-model` (which
-    `--load-best-model-at-end` defaults to `loss`) must name a retrieval validation metric, which needs
-    `--eval-beir-folder` and the Trainer's evaluations (`--eval-strategy steps`); `--save-total-limit 1` would make
-    the Trainer delete every other checkpoint in OUTPUT_DIR at the end, other runs' included."""
+def check_validation_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
+    """Refuse, in one line, validation options the run cannot honour: any without `--eval-beir-folder` (the
+    Trainer would stop with a traceback, or they would be ignored), an `--eval-steps` below one, and best-model
+    options: `--metric-for-best-model` (which `--load-best-model-at-end` defaults to `loss`) must name a retrieval
+    validation metric, which needs the Trainer's evaluations (`--eval-strategy steps`); `--save-total-limit 1` would
+    make the Trainer delete every other checkpoint in OUTPUT_DIR at the end, other runs' included."""
+    if training.eval_steps is not None and training.eval_steps <= 0:
+        raise UserError(f"--eval-steps {training.eval_steps}: give a positive number of optimizer steps (or a "
+                        "fraction of the run below 1)")
+    if not validation.eval_beir_folder and training.metric_for_best_model is None:
+        defaults = ValidationArguments()
+        stray = [flag for flag, used in (
+            ("--eval-strategy", training.eval_strategy != "no"), ("--eval-on-start", training.eval_on_start),
+            ("--eval-steps", training.eval_steps is not None),
+            *((f"--{name.replace('_', '-')}", getattr(validation, name) != getattr(defaults, name))
+              for name in ("eval_split", "eval_max_queries", "eval_coverage"))) if used]
+        if stray:
+            raise UserError(f"{', '.join(stray)} configure the validation, which needs --eval-beir-folder FOLDER (a "
+                            "BEIR folder); add it, or drop them")
     metric = training.metric_for_best_model
     if metric is None:
         return
@@ -393,7 +411,8 @@ def run_inputs(run: PretrainRun) -> dict[str, str | None]:
     """What the run reads (description -> path, None when not given): neither its export nor
     --overwrite-output-dir may delete it."""
     return {"the corpus": run.data.corpus, "the pairs file": run.data.pairs, "the model": run.model.model,
-            "the tokenizer": run.model.tokenizer, "the --eval-beir-folder": run.validation.eval_beir_folder}
+            "the tokenizer": run.model.tokenizer, "the --eval-beir-folder": run.validation.eval_beir_folder,
+            "the --config file": run.config_file}
 
 
 def check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
@@ -580,12 +599,19 @@ def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -
 
 def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
     """Refuse, in one line naming the folder, a tokenizer without the mask and pad tokens that masking and padding
-    need (the collator would stop with a traceback)."""
+    need (the collator would stop with a traceback), or one whose first token is not a special token: position 0
+    is the sentence embedding, and an ordinary token there would be masked and trained as a word."""
     missing = [name for name in ("mask_token", "pad_token") if getattr(tokenizer, f"{name}_id", None) is None]
     if missing:
         raise UserError(f"the tokenizer in {tokenizer_ref} has no {' and no '.join(missing)}, which pre-training needs; "
                         f"set {' and '.join(missing)} in its tokenizer_config.json to a token of its vocabulary (BERT: "
                         "[MASK], [PAD]; RoBERTa: <mask>, <pad>), or pass --tokenizer with a tokenizer that has both")
+    first = tokenizer("hello world", add_special_tokens=True)["input_ids"][0]
+    if first not in tokenizer.all_special_ids:
+        raise UserError(f"the tokenizer in {tokenizer_ref} starts a text with {tokenizer.convert_ids_to_tokens(first)!r}, "
+                        "not a special token, but position 0 is the sentence embedding; declare the token its "
+                        "template puts first as cls_token in tokenizer_config.json (BERT: [CLS]; RoBERTa: <s>), give "
+                        "it a template that starts with one, or pass --tokenizer")
 
 
 def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str,
@@ -614,6 +640,13 @@ def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: 
         )
     if max_seq_length < 8:
         raise UserError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
+    # the Trainer sets config.pad_token_id to the tokenizer's, and RoBERTa / XLM-R count positions from it
+    if offset and tokenizer.pad_token_id != config.pad_token_id:
+        raise UserError(
+            f"the tokenizer's pad token id {tokenizer.pad_token_id} differs from pad_token_id {config.pad_token_id} "
+            f"of the model {model_ref}, from which its positions are counted; set pad_token in tokenizer_config.json "
+            f"to the model's (id {config.pad_token_id}), or use the tokenizer that belongs to the model (--tokenizer)"
+        )
 
 
 # ---- the run --------------------------------------------------------------------------------------------------------
@@ -806,7 +839,7 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
 
 __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun", "PretrainingArguments",
-    "RunArguments", "ValidationArguments", "attn_implementation_for", "best_summary", "check_best_model_options",
+    "RunArguments", "ValidationArguments", "attn_implementation_for", "best_summary", "check_validation_options",
     "check_export_target", "check_special_tokens",
     "check_model_and_tokenizer", "export_target", "scale_loss_chunk", "unsupported_model_message", "final_save_done", "load_pretraining_model", "prepare_output_dir",
     "pretrain", "pretrain_arguments", "pretrain_parser",

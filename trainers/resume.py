@@ -57,6 +57,7 @@ MAY_CHANGE = frozenset({
     "accelerator_config", "debug", "skip_memory_metrics", "attn_implementation",
     "eval_beir_folder", "eval_split", "eval_max_queries", "eval_coverage",
 })
+BEST_MODEL_DATA = frozenset({"eval_beir_folder", "eval_split", "eval_max_queries"})
 
 
 # The training text: a resumed run must read what the run read (its data order is replayed), so its files' sizes and
@@ -151,10 +152,12 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str,
 
 
 def check_given_options(recorded: dict[str, Any], given: dict[str, Any], checkpoint: str) -> None:
-    """Refuse the first given option that contradicts the recorded run; options in `MAY_CHANGE` may differ."""
+    """Refuse the first given option that contradicts the recorded run; options in `MAY_CHANGE` may differ, but
+    not the validation data of a run that keeps its best checkpoint (its scores would be compared across sets)."""
     saved = recorded["settings"]
+    may_change = MAY_CHANGE - BEST_MODEL_DATA if saved.get("metric_for_best_model") else MAY_CHANGE
     for name, value in given.items():
-        if name in MAY_CHANGE or name in NOT_RECORDED or name not in saved or _same(name, value, saved[name]):
+        if name in may_change or name in NOT_RECORDED or name not in saved or _same(name, value, saved[name]):
             continue
         flag = "--" + name.replace("_", "-")
         raise ResumeConflict(

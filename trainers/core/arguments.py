@@ -122,6 +122,7 @@ def configure_logging(level: int = logging.INFO) -> None:
 def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     """Parse argv into the parser's dataclasses; `--config FILE` (YAML/JSON) sets defaults that flags override."""
     _add_config_option(parser)
+    argv_given = argv
     argv, file_values = split_config(argv)
     reject_repeated_flags(parser, argv)  # argparse would keep only the last value (list flags collect them all)
     argv = merge_file_mappings(parser, argv, file_values)
@@ -129,6 +130,8 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     unknown = sorted(set(file_values) - known)
     if unknown:
         raise UserError(f"unknown setting(s) in the config file: {', '.join(unknown)} (see --help for the names)")
+    if file_values:
+        file_values = typed_file_values(parser, file_values, config_argument(argv_given)[2])
     parser.set_defaults(**{**(defaults or {}), **file_values})
     for action in parser._actions:  # a required option the file sets (e.g. `model:`) is no longer required
         if action.required and action.dest in file_values:
@@ -145,6 +148,39 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     if unknown_flags:
         raise UserError(f"unknown option(s): {' '.join(unknown_flags)} (see {parser.prog} --help for the options)")
     return tuple(parsed)
+
+
+def typed_file_values(parser: argparse.ArgumentParser, file_values: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The `--config` file's values converted by their flags' types, as argparse converts a flag's text (it leaves
+    a default that is not a string as it is): a value the type or choices refuse, or a list for a one-value flag,
+    is one line naming the file and the setting."""
+    actions = {action.dest: action for action in parser._actions}
+    typed = {}
+    for name, value in file_values.items():
+        action = actions[name]
+        flag = max(action.option_strings, key=lambda o: ("-" in o[2:], len(o)))
+        many = action.nargs not in (None, "?")
+        if isinstance(value, list) and not many:
+            raise UserError(f"{path}: {name}: a list, but {flag} takes one value")
+        converted = [_typed(action, item, f"{path}: {name}: {item!r}", flag) for item in
+                     (value if isinstance(value, list) else [value])]
+        typed[name] = converted if many and isinstance(value, list) else converted[0]
+    return typed
+
+
+def _typed(action: argparse.Action, value: Any, where: str, flag: str) -> Any:
+    if value is None or action.type is None:
+        return value
+    text = value if isinstance(value, str) else json.dumps(value) if isinstance(value, bool) else str(value)
+    try:
+        typed = action.type(text)
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        kind = {"int": "a whole number", "float": "a number"}.get(getattr(action.type, "__name__", ""),
+                                                                  f"a value {flag} takes")
+        raise UserError(f"{where} is not {kind}; fix the file") from None
+    if action.choices is not None and typed not in action.choices:
+        raise UserError(f"{where} is not one of {', '.join(map(str, action.choices))}")
+    return typed
 
 
 def check_training_arguments(args: Any) -> None:
@@ -246,21 +282,29 @@ def _add_config_option(parser) -> None:
         )
 
 
-def split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """argv without `--config FILE` (or `--config=FILE`), and the file's values; `--config` given twice is
-    refused (`RepeatedFlagError`)."""
+def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
+    """Where `--config FILE` (or `--config=FILE`) is in argv: `(index, tokens, FILE)`, None without one;
+    `--config` given twice is refused (`RepeatedFlagError`)."""
     found = [i for i, arg in enumerate(argv) if arg.partition("=")[0] == "--config"]
     if not found:
-        return argv, {}
+        return None
     if len(found) > 1:
         raise RepeatedFlagError(f"--config is given {len(found)} times; give it once (merge the files into one)")
     at = found[0]
     _, equals, path = argv[at].partition("=")
-    width = 1 if equals else 2  # `--config=FILE` is one token
     if not equals:
         path = argv[at + 1] if at + 1 < len(argv) else ""
     if not path:
         raise UserError("--config needs a file name")
+    return at, 1 if equals else 2, path
+
+
+def split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """argv without `--config FILE` (see `config_argument`), and the file's values."""
+    found = config_argument(argv)
+    if found is None:
+        return argv, {}
+    at, width, path = found
     return argv[:at] + argv[at + width :], read_config_file(path)
 
 
@@ -326,13 +370,36 @@ def _config_file(path: str) -> Path:
     raise UserError(f"config file {path} not found; bundled presets: {', '.join(preset_names())}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, refusing a key set twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is set twice; keep one",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], path: str) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise UserError(f"{path}: {', '.join(map(repr, twice))} set twice; keep one")
+    return dict(pairs)
+
+
 def read_config_file(path: str) -> dict[str, Any]:
     """The settings of a `--config` file; a mapping value (e.g. `method_options`) becomes the JSON text its flag takes."""
     file = _config_file(path)
     text = file.read_text(encoding="utf-8")
     is_yaml = file.suffix in {".yaml", ".yml"}
     try:
-        values = (yaml.safe_load(text) or {}) if is_yaml else json.loads(text)
+        values = (yaml.load(text, Loader=_UniqueKeyLoader) or {}) if is_yaml else json.loads(
+            text, object_pairs_hook=lambda pairs: _unique_keys(pairs, path))
     except json.JSONDecodeError as error:
         raise UserError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}; fix the file") from None
     except yaml.YAMLError as error:
@@ -344,6 +411,6 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 __all__ = [
     "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "check_training_arguments", "configure_logging",
-    "merge_file_mappings", "parse", "rename_legacy_flags", "start_command",
+    "config_argument", "merge_file_mappings", "parse", "rename_legacy_flags", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
 ]
