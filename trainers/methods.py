@@ -126,15 +126,15 @@ class Method:
                 `--method-options`, or invalid `--method-options`.
         """
         given, options = arguments.given(), arguments.options()
+        # keys a config had before a rename still load (with a deprecation warning), as in its saved config.json
+        config_class = self.model_class.config_class
+        options.update(rename_legacy_keys(config_class.__name__, options, getattr(config_class, "legacy_keys", {})))
         both = sorted(set(given) & set(options))
         if both:  # which one counts would be a guess
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in both)
             raise UserError(f"{', '.join(both)} set both by {flags} and in method_options; set it once (a "
                             "--method-options on the command line overrides the config file's keys one by one)")
         requested = {**given, **options}
-        # keys a config had before a rename still load (with a deprecation warning), as in its saved config.json
-        config_class = self.model_class.config_class
-        requested.update(rename_legacy_keys(config_class.__name__, requested, getattr(config_class, "legacy_keys", {})))
         requested.update(self.data_settings(inputs, requested))
         fields = self.config_fields
         not_applicable = sorted(set(requested) - set(fields))
