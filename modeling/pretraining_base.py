@@ -476,18 +476,19 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         return model
 
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
-        """With `config.decoder_init == "copy_last_layer"`, a decoder absent from the checkpoint (`decoder.layers.*`
-        of BertLayers) starts as copies of the encoder's last layer (as SimLM does) instead of BERT init."""
+        """With `config.decoder_init == "copy_last_layer"`, each decoder layer absent from the checkpoint
+        (`decoder.layers.N.*` of BertLayers) starts as a copy of the encoder's last layer (as SimLM does) instead of
+        BERT init; a layer the checkpoint holds keeps its trained weights."""
         # only a model with a decoder misses `decoder.*` keys, and every such config has `decoder_init`
-        decoder_missing = any(k.startswith("decoder.layers.") for k in missing_keys)
-        if decoder_missing and self.config.decoder_init == "copy_last_layer":
+        new_layers = sorted({int(k.split(".")[2]) for k in missing_keys if k.startswith("decoder.layers.")})
+        if new_layers and self.config.decoder_init == "copy_last_layer":
             if not self.backbone.has_position_table:
                 raise ValueError(
                     f"decoder_init='copy_last_layer' copies a BERT-layout layer; a {encoder_type_of(self.config)} "
                     "encoder's layers have another layout: use decoder_init='bert'"
                 )
-            for layer in self.decoder.layers:
-                layer.load_state_dict(self.backbone.last_layer(self.base_model).state_dict())
+            for index in new_layers:
+                self.decoder.layers[index].load_state_dict(self.backbone.last_layer(self.base_model).state_dict())
 
 
 def _pretraining_classes() -> list[type]:
