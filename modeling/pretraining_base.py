@@ -478,9 +478,16 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
         """With `config.decoder_init == "copy_last_layer"`, each decoder layer absent from the checkpoint
         (`decoder.layers.N.*` of BertLayers) starts as a copy of the encoder's last layer (as SimLM does) instead of
-        BERT init; a layer the checkpoint holds keeps its trained weights."""
+        BERT init; a layer the checkpoint holds keeps its trained weights, and a warning names the new parts of a
+        decoder the checkpoint holds in part."""
         # only a model with a decoder misses `decoder.*` keys, and every such config has `decoder_init`
         new_layers = sorted({int(k.split(".")[2]) for k in missing_keys if k.startswith("decoder.layers.")})
+        decoder = {k for k in self.state_dict() if k.startswith("decoder.")}
+        if decoder & missing_keys and decoder - missing_keys:  # a trained decoder grown, not a base's first one
+            start = ("as copies of the encoder's last layer" if self.config.decoder_init == "copy_last_layer"
+                     else "from BERT initialisation")
+            logger.warning("the checkpoint holds part of the decoder; these parts start %s: %s", start,
+                           sorted({".".join(k.split(".")[:3]) for k in decoder & missing_keys}))
         if new_layers and self.config.decoder_init == "copy_last_layer":
             if not self.backbone.has_position_table:
                 raise ValueError(

@@ -228,6 +228,21 @@ def test_continuing_a_checkpoint_keeps_its_decoder(tiny_bert, corpus, tmp_path):
     assert json.loads((second / "retromae_run.json").read_text())["base_model"] == "stage1"
 
 
+def test_a_checkpoint_continued_with_more_decoder_layers_keeps_its_trained_one(tiny_bert, corpus, tmp_path, caplog):
+    """HEAD ignored --decoder-init copy_last_layer when continuing a checkpoint, and started the new layer from
+    BERT init without a word. Now the new layer alone is copied and a warning names it."""
+    first = tmp_path / "stage1"
+    assert main(pretrain_args(tiny_bert, corpus, first, "--no-export", "true", "--decoding", "basic")) == 0
+    saved = load_file(str(first / "model.safetensors"))
+    model = load_pretraining_model(str(first), get_method("retromae"),
+                                   {"decoding": "basic", "num_decoder_layers": 2, "decoder_init": "copy_last_layer"})
+    assert "these parts start as copies of the encoder's last layer: ['decoder.layers.1']" in caplog.text
+    for name, value in model.decoder.layers[0].state_dict().items():
+        assert torch.equal(value, saved[f"decoder.layers.0.{name}"]), name
+    for name, value in model.decoder.layers[1].state_dict().items():
+        assert torch.equal(value, saved[f"bert.encoder.layer.1.{name}"]), name
+
+
 def test_coverage_command_writes_json_and_plot(tiny_bert, corpus, tmp_path, capsys):
     out = tmp_path / "coverage"
     assert main(["coverage", "--model", str(tiny_bert), "--corpus", str(corpus), "--max-texts", "8",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from functools import partial
 
 import pytest
@@ -417,16 +418,19 @@ def test_plain_bert_checkpoint_loads_with_only_the_decoder_new(tmp_path):
     assert isinstance(from_base, RetroMAEForPretraining)
 
 
-def test_copy_last_layer_fills_only_the_decoder_layers_a_checkpoint_lacks(tmp_path):
+def test_copy_last_layer_fills_only_the_decoder_layers_a_checkpoint_lacks(tmp_path, caplog):
     """Continuing a checkpoint with more decoder layers: HEAD copied the encoder's last layer over the trained
-    decoder layer too, silently."""
+    decoder layer too, silently. The new layer is named in a warning (an info line would not show in the CLI)."""
     bert = BertForMaskedLM(BertConfig(**tiny_bert_kwargs(vocab_size=TINY_VOCAB, max_position_embeddings=64)))
     bert.save_pretrained(tmp_path / "mlm")
     stage1 = RetroMAEForPretraining.from_encoder_checkpoint(tmp_path / "mlm", decoding="basic")
     torch.nn.init.normal_(stage1.decoder.layers[0].intermediate.dense.weight)  # as training leaves it
     stage1.save_pretrained(tmp_path / "stage1")
-    more = RetroMAEForPretraining.from_encoder_checkpoint(tmp_path / "stage1", decoding="basic", num_decoder_layers=2,
-                                                          decoder_init="copy_last_layer")
+    with caplog.at_level(logging.WARNING):
+        more = RetroMAEForPretraining.from_encoder_checkpoint(tmp_path / "stage1", decoding="basic",
+                                                              num_decoder_layers=2, decoder_init="copy_last_layer")
+    assert "the checkpoint holds part of the decoder; these parts start as copies of the encoder's last layer: " \
+           "['decoder.layers.1']" in caplog.text
     trained, last = stage1.decoder.layers[0].state_dict(), stage1.bert.encoder.layer[-1].state_dict()
     assert all(torch.equal(value, trained[k]) for k, value in more.decoder.layers[0].state_dict().items())
     assert all(torch.equal(value, last[k]) for k, value in more.decoder.layers[1].state_dict().items())

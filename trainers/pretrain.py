@@ -504,7 +504,10 @@ def load_pretraining_model(
                 f"start {method.name!r} from the exported encoder"
             )
         config = method.model_class.config_class.from_pretrained(model_ref, **settings)
-        return method.model_class.from_pretrained(model_ref, config=config, attn_implementation=attn_implementation)
+        model, info = method.model_class.from_pretrained(model_ref, config=config, output_loading_info=True,
+                                                         attn_implementation=attn_implementation)
+        model.after_encoder_checkpoint_loaded(set(info["missing_keys"]))  # e.g. a decoder grown by a layer
+        return model
     if (model_type or "bert") not in SUPPORTED_ENCODER_TYPES:
         raise UserError(unsupported_model_message(model_ref, model_type))
     try:
