@@ -108,8 +108,13 @@ def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
             counts[matches[0]] += 1
     for action, count in counts.items():
         if count > 1 and not _takes_many(action) and not isinstance(action, argparse._HelpAction):
-            flag = max(action.option_strings, key=lambda o: ("-" in o[2:], len(o)))
+            flag = flag_name(action)
             raise RepeatedFlagError(f"{flag} is given {count} times; give it once (only the last value would count)")
+
+
+def flag_name(action: argparse.Action) -> str:
+    """The flag as users write it: the dashed long form (`--max-steps`, not `--max_steps`)."""
+    return max(action.option_strings, key=lambda o: ("-" in o[2:], len(o)))
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -158,7 +163,7 @@ def typed_file_values(parser: argparse.ArgumentParser, file_values: Mapping[str,
     typed = {}
     for name, value in file_values.items():
         action = actions[name]
-        flag = max(action.option_strings, key=lambda o: ("-" in o[2:], len(o)))
+        flag = flag_name(action)
         many = action.nargs not in (None, "?")
         if isinstance(value, list) and not many:
             raise UserError(f"{path}: {name}: a list, but {flag} takes one value")
@@ -385,8 +390,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _unique_keys(pairs: list[tuple[str, Any]], path: str) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
+    twice = sorted(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
     if twice:
         raise UserError(f"{path}: {', '.join(map(repr, twice))} set twice; keep one")
     return dict(pairs)
