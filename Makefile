@@ -21,13 +21,17 @@ setup: $(STAMP)
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/retromae pretrain
 
+# pytest-xdist workers for `make test` and `make smoke`; each test file stays on one worker, so its module fixtures
+# run once.
+TEST_WORKERS ?= 2
+
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # End-to-end smoke runs of the experiment scripts and the longest checks (minutes; outside `make test`'s 10-minute
 # budget).
 smoke: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "experiment or long"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "experiment or long"
 
 lint: setup
 	$(BIN)/ruff check api modeling trainers tests benchmarks

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from .builders import (
     PAIRS,
@@ -23,6 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # `make test` runs pytest-xdist workers side by side: more torch threads than cores only contend. The variable
+    # reaches the interpreters the tests start.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
