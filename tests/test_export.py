@@ -335,8 +335,8 @@ def test_a_maximum_length_the_positions_cannot_hold_is_refused(spread_cls_bert, 
     from retromae.trainers.export import load_as_sentence_transformer
     from retromae.trainers.export_cls import ExportError
 
-    for length in (0, 129):  # the tiny BERT has 128 positions
-        with pytest.raises(ExportError, match=rf"--max-seq-length {length}: give 1 to 128 \(tokens per text"):
+    for length in (0, 1, 2, 129):  # [CLS] and [SEP] take 2 of the tiny BERT's 128 positions
+        with pytest.raises(ExportError, match=rf"--max-seq-length {length}: give 3 to 128 \(tokens per text"):
             load_as_sentence_transformer(spread_cls_bert, max_seq_length=length, device="cpu")
     model, _ = load_as_sentence_transformer(spread_cls_bert, max_seq_length=128, device="cpu")
     assert model.max_seq_length == 128

@@ -22,6 +22,7 @@ from retromae.trainers.beir import (
     read_training_jsonl,
 )
 from retromae.trainers.core.checkpoints import CheckpointError
+from retromae.trainers.core.errors import UserError
 from retromae.trainers.core.folders import FolderError
 from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
 from retromae.trainers.finetune import (
@@ -82,7 +83,7 @@ def test_queries_without_positives_are_counted_and_none_left_is_an_error(tmp_pat
     groups, report = clean_groups(read_training_jsonl(path))
     assert len(groups) == 1 and report["queries_without_positives"] == 2
     empty = write_jsonl(tmp_path / "empty.jsonl", [{"query": "q", "positive": ""}])
-    with pytest.raises(RetrievalDataError, match="all 1 queries lack a positive"):
+    with pytest.raises(RetrievalDataError, match="all 1 queries are blank or lack a positive"):
         clean_groups(read_training_jsonl(empty))
 
 
@@ -521,6 +522,88 @@ def test_inputs_of_later_stages_are_checked_before_anything_trains(spread_cls_be
         assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists(), flags
 
 
+def test_nonsense_options_and_unsafe_work_folders_are_refused_before_anything_trains(spread_cls_bert, tiny_beir,
+                                                                                     tmp_path, monkeypatch):
+    """HEAD trained a hard-negatives stage with no negatives (--num-negatives 0 and a negatives file), failed with a
+    traceback for -1, for a teacher-score file that is not UTF-8, and only after two stages for a distillation
+    weight of 0; it fed untruncated texts for --max-seq-length 1 and overwrote or deleted the files of a --work-dir
+    that no run made."""
+    _no_training(monkeypatch)
+    negatives = write_jsonl(tmp_path / "neg.jsonl", [{"query_id": "q1", "query": "q", "positive": "p",
+                                                      "negatives": ["n1", "n2"]}])
+    (tmp_path / "latin.tsv").write_bytes("query-id\tcorpus-id\tscore\nq1\td\xe9\t1.0\n".encode("latin-1"))
+    (tmp_path / "scores.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1.0\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    foreign = write_jsonl(tmp_path / "foreign.jsonl", [{"query_id": "zz", "query": "q", "positive": "p",
+                                                        "negatives": ["n1"]}])
+    (tmp_path / "bad.jsonl").write_text('{"query_id": "q1", "query": "q", "positive": "p"}\n{not json\n')
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "t"}\n{not json\n')
+    bad_eval = write_beir(tmp_path / "eval", extra_qrels=["qX\td1\t1"])
+    cases = [  # the later stages' inputs are read before the first stage trains
+        (["--negatives-file", str(negatives)], "no training example has 7 negatives"),
+        (["--negatives-file", str(foreign)], "has no negatives for any training query"),
+        (["--negatives-file", str(tmp_path / "bad.jsonl")], "bad.jsonl:2: "),
+        (["--corpus", str(tmp_path / "corpus.jsonl")], "corpus.jsonl:2: "),
+        (["--corpus", str(tiny_beir)], "is a folder, not a file \\(a BEIR folder's corpus is"),
+        (["--eval-data", str(bad_eval)], r"names 1 query id\(s\) missing from queries.jsonl"),
+        (["--negatives-file", str(negatives), "--num-negatives", "0"], "--num-negatives 0: the hard-negatives stage"),
+        (["--negatives-file", str(negatives), "--num-negatives", "-1"], "--num-negatives -1: "),
+        (["--stages", "in-batch,distill", "--teacher-scores", str(tmp_path / "latin.tsv")],
+         "latin.tsv:2: bytes that are not valid UTF-8"),
+        (["--stages", "in-batch,distill", "--teacher-scores", str(tmp_path / "scores.tsv"),
+          "--distill-loss-weight", "0"], "--distill-loss-weight 0.0: give a weight > 0"),
+        (["--max-seq-length", "2"], "--max-seq-length 2: give 3 to"),
+        (["--work-dir", str(tmp_path / "mine")], r"holds files no `retromae finetune` run made \(notes.txt\)"),
+    ]
+    for flags, match in cases:
+        with pytest.raises(UserError, match=match):  # CorpusError for the file
+            finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"),
+                              "--max-steps", "2", *flags])
+        assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists(), flags
+
+
+def test_a_refused_length_leaves_no_work_folder_after_exporting_a_checkpoint(pretraining_checkpoint, tiny_beir,
+                                                                            tmp_path):
+    """HEAD left OUT.work/pretrained-encoder behind when the length was refused after the checkpoint's export."""
+    with pytest.raises(UserError, match="--max-seq-length 2: give 3 to"):
+        finetune_command([str(pretraining_checkpoint), str(tiny_beir), "--output-dir", str(tmp_path / "out"),
+                          "--max-seq-length", "2"])
+    assert not (tmp_path / "out.work").exists()
+
+
+def test_overwrite_keeps_the_config_file_in_the_output_folder(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    """HEAD deleted a --config file that lay in the output folder it replaced with --overwrite."""
+    from retromae.trainers.cli import main
+
+    _no_training(monkeypatch)
+    (tmp_path / "out").mkdir()
+    config = tmp_path / "out" / "ft.yaml"
+    config.write_text(f"model: {spread_cls_bert}\ntrain_data: {tiny_beir}\n")
+    assert main(["finetune", "--config", str(config), "--output-dir", str(tmp_path / "out"), "--overwrite"]) == 2
+    assert config.is_file()
+
+
+def test_blank_queries_and_documents_are_dropped_with_a_count(tmp_path):
+    """HEAD trained blank queries and blank BEIR documents at loss 0 with no word."""
+    groups = [TrainingGroup("q1", "  ", [("d1", "doc")]), TrainingGroup("q2", "query", [("d2", " "), ("d3", "doc")],
+                                                                        [("d4", ""), ("d5", "other")])]
+    kept, report = clean_groups(groups)
+    assert [(g.query_id, g.positives, g.negatives) for g in kept] == [("q2", [("d3", "doc")], [("d5", "other")])]
+    assert report == {"blank_queries": 1, "blank_positive_documents": 1, "blank_negative_documents": 1,
+                      "negatives_equal_to_a_positive": 0}
+    with pytest.raises(RetrievalDataError, match="are blank or lack a positive"):
+        clean_groups([TrainingGroup("q1", "", [("d1", "doc")])])
+
+
+def test_a_diverged_stage_is_refused_and_nothing_is_written(spread_cls_bert, tiny_beir, tmp_path):
+    """HEAD saved an all-NaN model and exited 0 (the Trainer leaves NaN losses out of the mean it reports)."""
+    with pytest.raises(FinetuneError, match=r"stage in-batch diverged: \d+ weight tensor\(s\) are NaN or infinite"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST[2:],
+                          "--max-steps", "6", "--stages", "in-batch", "--learning-rate", "1e12"])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.work" / "stage-in-batch" / "model").exists()
+
+
 def test_a_config_file_may_hold_the_model_and_the_training_data(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
     """HEAD said `the following arguments are required: --model, --train_data` for a config file holding both."""
     _no_training(monkeypatch)
@@ -655,6 +738,9 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
     info = json.loads((out / "retromae_finetune.json").read_text())
     assert [s["stage"] for s in info["stages"]] == ["in-batch", "hard-negatives"]
     assert info["stages"][1]["negatives"].startswith("mined with the previous-stage model")
+    # the Trainer's mean loss of the resumed stage covers steps 3-4 only, and the record says so
+    assert info["stages"][1]["train_loss_from_step"] == 3 and "train_loss_from_step" not in info["stages"][0]
+    assert "(steps 3-4, resumed)" in (out / "README.md").read_text()
 
     # other settings are refused; without the flag a run starts over, saying so
     with pytest.raises(FinetuneError, match="used other settings"):

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import datasets
 
 from .core.io import atomic_file, iter_jsonl
-from .data import CorpusError
+from .data import CorpusError, iter_decoded_lines
 
 logger = logging.getLogger(__name__)
 
@@ -281,27 +281,27 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
     """
     path = Path(path)
     out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8", newline="") as handle:
-        for line_no, row in enumerate(csv.reader(handle, delimiter="\t"), start=1):
-            if not row or not "".join(row).strip():
+    lines = (line for _, line in iter_decoded_lines(str(path)))
+    for line_no, row in enumerate(csv.reader(lines, delimiter="\t"), start=1):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) == 4:  # TREC qrels: qid iteration docid relevance
+            row = [row[0], row[2], row[3]]
+        if len(row) != 3:
+            raise RetrievalDataError(
+                f"{path}:{line_no}: expected 3 tab-separated columns (query-id, corpus-id, score), "
+                f"got {len(row)}"
+            )
+        qid, doc_id, score = (cell.strip() for cell in row)
+        try:
+            value = value_type(float(score)) if value_type is int else value_type(score)
+        except (ValueError, OverflowError):  # int(float("inf")) overflows
+            if line_no == 1 and not _is_number(score):  # the header line
                 continue
-            if len(row) == 4:  # TREC qrels: qid iteration docid relevance
-                row = [row[0], row[2], row[3]]
-            if len(row) != 3:
-                raise RetrievalDataError(
-                    f"{path}:{line_no}: expected 3 tab-separated columns (query-id, corpus-id, score), "
-                    f"got {len(row)}"
-                )
-            qid, doc_id, score = (cell.strip() for cell in row)
-            try:
-                value = value_type(float(score)) if value_type is int else value_type(score)
-            except (ValueError, OverflowError):  # int(float("inf")) overflows
-                if line_no == 1 and not _is_number(score):  # the header line
-                    continue
-                raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number") from None
-            if not math.isfinite(value):  # an inf teacher score makes every weight NaN
-                raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number")
-            out.setdefault(qid, {})[doc_id] = value
+            raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number") from None
+        if not math.isfinite(value):  # an inf teacher score makes every weight NaN
+            raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number")
+        out.setdefault(qid, {})[doc_id] = value
     if not out:
         raise RetrievalDataError(f"{path} holds no (query-id, corpus-id, score) line")
     return out
@@ -439,8 +439,9 @@ def load_training_groups(
 
 
 def clean_groups(groups: Iterable[TrainingGroup]) -> tuple[list[TrainingGroup], dict[str, int]]:
-    """Drop negatives that equal one of the query's positives (same id or same text, over all lines of that query)
-    and queries without positives; return the kept groups and the counts.
+    """Drop blank queries and documents (a blank text teaches nothing, and a batch of them trains at loss 0),
+    negatives that equal one of the query's positives (same id or same text, over all lines of that query) and
+    queries without positives; return the kept groups and the counts.
 
     Raises:
         RetrievalDataError: no group with a positive remains.
@@ -454,20 +455,27 @@ def clean_groups(groups: Iterable[TrainingGroup]) -> tuple[list[TrainingGroup], 
             keys.update((doc_id, "text:" + text.strip()))
     kept = []
     for group in groups:
-        if not group.positives:
+        if not group.query.strip():
+            report["blank_queries"] += 1
+            continue
+        positives = [(d, t) for d, t in group.positives if t.strip()]
+        report["blank_positive_documents"] += len(group.positives) - len(positives)
+        if not positives:
             report["queries_without_positives"] += 1
             continue
         keys = positive_keys[group.query_id]
-        negatives = [(d, t) for d, t in group.negatives if d not in keys and "text:" + t.strip() not in keys]
-        report["negatives_equal_to_a_positive"] += len(group.negatives) - len(negatives)
-        kept.append(TrainingGroup(group.query_id, group.query, group.positives, negatives))
+        negatives = [(d, t) for d, t in group.negatives if t.strip()]
+        report["blank_negative_documents"] += len(group.negatives) - len(negatives)
+        unique = [(d, t) for d, t in negatives if d not in keys and "text:" + t.strip() not in keys]
+        report["negatives_equal_to_a_positive"] += len(negatives) - len(unique)
+        kept.append(TrainingGroup(group.query_id, group.query, positives, unique))
     for key, count in report.items():
         if count:
             logger.warning("training data: dropped %d %s", count, key.replace("_", " "))
     if not kept:
         raise RetrievalDataError(
-            f"no training example left: all {len(groups)} queries lack a positive (a non-empty 'positive' field, or a "
-            "qrels score > 0)"
+            f"no training example left: all {len(groups)} queries are blank or lack a positive (a non-blank 'positive' "
+            "field, or a qrels score > 0 for a non-blank document)"
         )
     return kept, dict(report)
 

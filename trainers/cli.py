@@ -9,6 +9,7 @@ status 2; any other exception is a bug and keeps its traceback
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import importlib
 import os
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = _command(argv[0])
     try:
-        return command(argv[1:])
+        return contextvars.copy_context().run(command, argv[1:])  # what the command sets stays in it
     except (UserError, StrictDataclassError) as error:  # the user's input (a config field's validator included)
         if os.environ.get("RETROMAE_DEBUG"):
             raise

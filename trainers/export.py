@@ -305,13 +305,16 @@ def load_as_sentence_transformer(
 
 
 def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
-    """Refuses a length the encoder's positions cannot hold (longer inputs would fail inside torch)."""
+    """Refuses a length the encoder's positions cannot hold (longer inputs would fail inside torch), and one too
+    short for the special tokens and a text token (the tokenizer then leaves every text untruncated)."""
     config = getattr(getattr(model[0], "auto_model", None), "config", None)
     limit = usable_positions(config) if getattr(config, "max_position_embeddings", None) else None
-    if max_seq_length < 1 or (limit is not None and max_seq_length > limit):
+    tokenizer = getattr(model, "tokenizer", None)
+    lowest = 1 + (tokenizer.num_special_tokens_to_add(pair=False) if tokenizer is not None else 0)
+    if max_seq_length < lowest or (limit is not None and max_seq_length > limit):
         upper = limit or "the encoder's limit"
-        raise ExportError(f"--max-seq-length {max_seq_length}: give 1 to {upper} (tokens per text, special tokens "
-                          "included)")
+        raise ExportError(f"--max-seq-length {max_seq_length}: give {lowest} to {upper} (tokens per text, special "
+                          "tokens included)")
     model.max_seq_length = max_seq_length
 
 

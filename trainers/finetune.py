@@ -58,6 +58,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -93,7 +94,6 @@ from .beir import (
     RetrievalData,
     RetrievalDataError,
     TrainingGroup,
-    check_beir_layout,
     clean_groups,
     doc_text,
     groups_to_dataset,
@@ -246,9 +246,10 @@ class FinetuneLossArguments:
             raise FinetuneError(f"--scale {self.scale}: give a logit scale > 0 (1/temperature), or leave it unset")
         if not self.distill_temperature > 0:
             raise FinetuneError(f"--distill-temperature {self.distill_temperature}: give a temperature > 0")
-        for name in ("distill_loss_weight", "contrastive_loss_weight"):
-            if getattr(self, name) < 0:
-                raise FinetuneError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a weight >= 0")
+        if not self.distill_loss_weight > 0:
+            raise FinetuneError(f"--distill-loss-weight {self.distill_loss_weight}: give a weight > 0")
+        if self.contrastive_loss_weight < 0:
+            raise FinetuneError(f"--contrastive-loss-weight {self.contrastive_loss_weight}: give a weight >= 0")
 
 
 @dataclass
@@ -427,7 +428,8 @@ def mine_negatives(
     check_mining_range(num_negatives, range_min, range_max)
     text_to_id: dict[str, str] = {}
     for doc_id, text in [*corpus.items(), *(p for g in groups for p in g.positives)]:
-        text_to_id.setdefault(text, doc_id)
+        if text.strip():  # a blank document is no negative
+            text_to_id.setdefault(text, doc_id)
     if range_max > len(text_to_id):
         logger.warning("mining: the corpus has only %d documents; range_max %d lowered to it", len(text_to_id),
                        range_max)
@@ -562,9 +564,27 @@ def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[s
         _prepare_checkpoint(model, checkpoint)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
     output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    _check_finite(model, trainer.state.log_history, stage, output.global_step)
     logger.info("stage %s: %d steps, training loss %.4f", stage, output.global_step, output.training_loss)
-    return {"steps": output.global_step, "train_loss": round(float(output.training_loss), 4),
-            "seconds": round(time.time() - started, 1)}
+    record = {"steps": output.global_step, "train_loss": round(float(output.training_loss), 4),
+              "seconds": round(time.time() - started, 1)}
+    if checkpoint is not None:  # the Trainer's mean covers the steps after the checkpoint only
+        record["train_loss_from_step"] = int(checkpoint.name.rsplit("-", 1)[1]) + 1
+    return record
+
+
+def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]], stage: str, steps: int) -> None:
+    """Refuse a stage whose weights became NaN or infinite (the Trainer drops such losses from the mean it reports,
+    so the run would look fine), before its model is saved anywhere."""
+    broken = sum(1 for parameter in model.parameters() if not bool(torch.isfinite(parameter).all()))
+    if not broken:
+        return
+    first = next((entry["step"] for entry in log_history
+                  if any(isinstance(entry.get(key), float) and not math.isfinite(entry[key])
+                         for key in ("loss", "grad_norm"))), None)
+    seen = f", first logged at step {first}" if first is not None else ""
+    raise FinetuneError(f"stage {stage} diverged: {broken} weight tensor(s) are NaN or infinite after {steps} steps"
+                        f"{seen}; lower --learning-rate (or --scale) and run again (nothing was written)")
 
 
 def _settings_key(model_args, data_args, loss_args, training_args) -> str:
@@ -624,9 +644,31 @@ def _model_after_finished_stages(model: SentenceTransformer, stages: list[str], 
     return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
 
 
+def _read_negatives_before_training(stages: list[str], groups: list[TrainingGroup], beir: RetrievalData | None,
+                                    teacher_scores: dict[str, dict[str, float]] | None,
+                                    data_args: FinetuneDataArguments, seed: int) -> dict[str, str] | None:
+    """Read what the stages after in-batch read, before anything trains: negatives from `--negatives-file` or the
+    training data must fill those stages' rows (with teacher scores for distill); for mining, the corpus is read
+    and returned as the pool. Negatives mined later are checked once mined."""
+    if stages == ["in-batch"]:
+        return None
+    if not data_args.negatives_file and not any(g.negatives for g in groups):
+        return _corpus_pool(data_args, beir, groups)
+    if data_args.negatives_file:
+        groups = _negatives_from_file(data_args.negatives_file, groups)
+    groups, _ = clean_groups(groups)
+    if "hard-negatives" in stages:
+        groups_to_dataset(groups, data_args.num_negatives, seed=seed)
+    if "distill" in stages:
+        groups_to_distillation_dataset(groups, teacher_scores, data_args.num_negatives,
+                                       on_missing=data_args.on_missing, seed=seed)
+    return None
+
+
 def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
                       data_args: FinetuneDataArguments, training_args: FinetuneTrainingArguments,
-                      beir: RetrievalData | None, work_dir: Path) -> tuple[list[TrainingGroup], str]:
+                      beir: RetrievalData | None, work_dir: Path,
+                      pool: dict[str, str] | None) -> tuple[list[TrainingGroup], str]:
     """`groups` with hard negatives, and where they came from: `--negatives-file`, the training data, the run
     this one resumes, or mined now with `model` (saved to `NEGATIVES_FILE`, recorded in `state`)."""
     if data_args.negatives_file:
@@ -637,7 +679,8 @@ def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], s
     if state["negatives"]:
         return _negatives_from_file(work_dir / NEGATIVES_FILE, groups), state["negatives"]
     groups = mine_negatives(
-        model, groups, _corpus_pool(data_args, beir, groups), num_negatives=data_args.num_negatives,
+        model, groups, pool if pool is not None else _corpus_pool(data_args, beir, groups),
+        num_negatives=data_args.num_negatives,
         range_min=data_args.mine_range_min, range_max=data_args.mine_range_max,
         sampling=data_args.mine_sampling, batch_size=training_args.per_device_train_batch_size * 4,
         seed=training_args.seed, output_file=work_dir / NEGATIVES_FILE,
@@ -690,24 +733,48 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
         raise FinetuneError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
                             f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
+    _check_work_dir(work_dir)
     resume = training_args.resume_from_checkpoint
     if resume is not None and resume not in RESUME_LAST:
         raise FinetuneError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
                             "stage from its newest checkpoint in the work folder; pass `last`")
     for flag, path in files.items():
+        if path and Path(path).is_dir():
+            hint = f" (a BEIR folder's corpus is {Path(path) / 'corpus.jsonl'})" if flag == "--corpus" else ""
+            raise FinetuneError(f"{flag} {path} is a folder, not a file{hint}")
         if path and not Path(path).is_file():
             raise FinetuneError(f"{flag} {path}: no such file")
-    if data_args.eval_data:
-        check_beir_layout(Path(data_args.eval_data), data_args.eval_split)
+    if data_args.eval_data:  # read whole now: a bad line would otherwise be found after training
+        read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing)
     if data_args.teacher_scores and "distill" not in stages:
         raise FinetuneError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
                             "the flag")
+    if stages != ["in-batch"] and data_args.num_negatives < 1:  # mined, read from a file or carried by the data
+        raise FinetuneError(f"--num-negatives {data_args.num_negatives}: the {stages[1]} stage needs at least one "
+                            "negative per query; give 1 or more")
     if stages != ["in-batch"] and not data_args.negatives_file:
         check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
     if "in-batch" in stages and training_args.per_device_train_batch_size < 2 and training_args.world_size == 1:
         raise FinetuneError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
                             "always 0): give a batch of 2 or more queries")
     return work_dir
+
+
+def _check_work_dir(work_dir: Path) -> None:
+    """Refuse a work folder that is a file or holds what no fine-tuning run made: a run writes and clears its
+    stage folders and negatives there. A run's own folder holds `STATE_FILE` (written when it starts); before that,
+    only the export of a pre-training checkpoint and temporary siblings."""
+    if work_dir.exists() and not work_dir.is_dir():
+        raise FinetuneError(f"--work-dir {work_dir} is a file; choose a folder")
+    ours = {"pretrained-encoder"}
+    if (work_dir / STATE_FILE).is_file():
+        ours |= {STATE_FILE, NEGATIVES_FILE, "eval", *(f"stage-{stage}" for stage in STAGES)}
+    foreign = sorted(p.name for p in work_dir.iterdir() if p.name not in ours and not p.name.startswith(".")) \
+        if work_dir.is_dir() else []
+    if foreign:
+        raise FinetuneError(f"work folder {work_dir} holds files no `retromae finetune` run made ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}), which the run could replace or delete; choose a "
+                            "new or empty folder with --work-dir")
 
 
 def run_finetune(
@@ -731,10 +798,17 @@ def run_finetune(
 
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
     groups, dropped = clean_groups(groups)
-    model, model_info = load_as_sentence_transformer(
-        model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
-    )
-    work_dir.mkdir(parents=True, exist_ok=True)  # after the loads, so that a refused input leaves no folder
+    pool = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
+    new_work_dir = not work_dir.exists()
+    try:  # a pre-training checkpoint is exported into the work folder first
+        model, model_info = load_as_sentence_transformer(
+            model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
+        )
+    except UserError:
+        if new_work_dir:  # a refused input leaves no folder
+            shutil.rmtree(work_dir, ignore_errors=True)
+        raise
+    work_dir.mkdir(parents=True, exist_ok=True)
     state, resume = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args),
                                 training_args.resume_from_checkpoint in RESUME_LAST, training_args.process_index == 0)
     model = _model_after_finished_stages(model, stages, state, work_dir)
@@ -744,7 +818,7 @@ def run_finetune(
     for stage in stages[len(state["stages"]):]:
         if stage != "in-batch" and negatives_source is None:  # the first stage that needs negatives gets them
             groups, negatives_source = _attach_negatives(model, groups, state, data_args, training_args, beir,
-                                                         work_dir)
+                                                         work_dir, pool)
             groups, more_dropped = clean_groups(groups)
             for key, value in more_dropped.items():
                 dropped[key] = dropped.get(key, 0) + value
@@ -764,8 +838,12 @@ def run_finetune(
     if training_args.process_index == 0:
         save_finetuned_model(model, output_dir, info, overwrite=training_args.overwrite)
         if data_args.eval_data:
-            evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
-                            output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing)
+            try:
+                evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
+                                output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing)
+            except UserError as error:
+                raise FinetuneError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
+                                    "`retromae evaluate` once that is fixed") from None
             info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     return FinetuneResult(output_dir, info)
 
@@ -908,8 +986,10 @@ def finetune_command(argv: list[str]) -> int:
     if training_args.process_index == 0:
         lines = [f"retromae: fine-tuned model written to {result.output_dir}"]
         for stage in result.info["stages"]:
+            resumed = stage.get("train_loss_from_step")
             lines.append(f"  {stage['stage']}: {stage['examples']} examples, {stage['steps']} steps, "
-                         f"training loss {stage['train_loss']:.4f}")
+                         f"training loss {stage['train_loss']:.4f}"
+                         + (f" (steps {resumed}-{stage['steps']}, after resuming)" if resumed else ""))
         for row in result.info.get("eval_results") or []:
             lines.append(f"  {row['dataset_name']} ({row['split']}): NDCG@10 {row['ndcg_at_10']:.4f}")
         print("\n".join(lines), flush=True)

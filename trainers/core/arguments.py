@@ -32,6 +32,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
 from .errors import UserError, yaml_error_message
+from .folders import COMMAND_INPUTS
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +136,10 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     unknown = sorted(set(file_values) - known)
     if unknown:
         raise UserError(f"unknown setting(s) in the config file: {', '.join(unknown)} (see --help for the names)")
+    found = config_argument(argv_given)
+    COMMAND_INPUTS.set({"the --config file": found[2]} if found else {})
     if file_values:
-        file_values = typed_file_values(parser, file_values, config_argument(argv_given)[2])
+        file_values = typed_file_values(parser, file_values, found[2])
     parser.set_defaults(**{**(defaults or {}), **file_values})
     for action in parser._actions:  # a required option the file sets (e.g. `model:`) is no longer required
         if action.required and action.dest in file_values:

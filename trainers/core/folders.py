@@ -20,7 +20,9 @@ import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
+from types import MappingProxyType
 
 from huggingface_hub import ModelCard
 
@@ -46,6 +48,9 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
 _HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # huggingface_hub's cache folder names
 # `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
+# what the running command reads besides its options' inputs (its `--config` file, set by `core.arguments.parse`;
+# `cli.main` runs each command in a context of its own): no output may replace it, whatever the flags
+COMMAND_INPUTS: ContextVar[Mapping[str, str]] = ContextVar("command_inputs", default=MappingProxyType({}))
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
@@ -303,7 +308,7 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
     `inputs` (description -> path, e.g. {"--model": ...}); without it, a non-empty folder."""
     if target.exists() and not target.is_dir():
         raise FolderError(f"output {target} exists and is not a folder")
-    hit = would_delete(target, {"the working directory": Path.cwd(), **(inputs or {})})
+    hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
     if hit is not None:
         raise FolderError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
                           "choose another folder")
@@ -321,7 +326,7 @@ def check_output_file(target: Path, flag: str, overwrite: bool,
     if target.is_dir():
         raise FolderError(f"{flag} {target} is a folder; give a file path")
     check_folder_option(flag, target.parent)
-    hit = would_delete(target, inputs or {})
+    hit = would_delete(target, {**COMMAND_INPUTS.get(), **(inputs or {})})
     if hit is not None:
         raise FolderError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
                           "file")
