@@ -549,6 +549,7 @@ def test_nonsense_options_and_unsafe_work_folders_are_refused_before_anything_tr
         (["--eval-data", str(bad_eval)], r"names 1 query id\(s\) missing from queries.jsonl"),
         (["--negatives-file", str(negatives), "--num-negatives", "0"], "--num-negatives 0: the hard-negatives stage"),
         (["--negatives-file", str(negatives), "--num-negatives", "-1"], "--num-negatives -1: "),
+        (["--stages", "hard-negatives", "--num-negatives", "0"], "--num-negatives 0: the hard-negatives stage"),
         (["--stages", "in-batch,distill", "--teacher-scores", str(tmp_path / "latin.tsv")],
          "latin.tsv:2: bytes that are not valid UTF-8"),
         (["--stages", "in-batch,distill", "--teacher-scores", str(tmp_path / "scores.tsv"),

@@ -750,7 +750,7 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
         raise FinetuneError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
                             "the flag")
     if stages != ["in-batch"] and data_args.num_negatives < 1:  # mined, read from a file or carried by the data
-        raise FinetuneError(f"--num-negatives {data_args.num_negatives}: the {stages[1]} stage needs at least one "
+        raise FinetuneError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
                             "negative per query; give 1 or more")
     if stages != ["in-batch"] and not data_args.negatives_file:
         check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
