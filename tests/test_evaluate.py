@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from retromae.trainers.beir import RetrievalDataError, read_beir
+from retromae.trainers.beir import RetrievalDataError, read_beir, read_qrels
 from retromae.trainers.core.folders import FolderError
 from retromae.trainers.evaluate import (
     EvaluateError,
@@ -486,6 +486,14 @@ def test_python_api_refuses_bad_arguments_before_loading(tmp_path, arguments, me
 
     with pytest.raises(EvaluateError, match=message):
         retromae.evaluate(tmp_path / "no-model", str(tmp_path / "beir"), tmp_path / "eval", **arguments)
+
+
+def test_a_fractional_relevance_is_refused_naming_the_line(tmp_path):
+    """HEAD read a qrels score of 0.5 as int 0 (not relevant) and dropped those documents without a word."""
+    folder = write_beir(tmp_path / "beir", extra_qrels=["q12\td5\t0.5"])
+    with pytest.raises(RetrievalDataError, match=r"dev.tsv:10: relevance '0.5' is not a whole number"):
+        read_beir(folder, split="dev")
+    assert read_qrels(builders.write_lines(tmp_path / "t.tsv", ["q\td\t0.5"]), value_type=float) == {"q": {"d": 0.5}}
 
 
 def test_qrels_errors_name_the_path_given(tmp_path):

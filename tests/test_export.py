@@ -181,6 +181,19 @@ def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def test_an_export_into_a_training_checkpoint_is_refused_even_with_overwrite(pretrained, tmp_path):
+    """HEAD replaced `RUN/checkpoint-2` (optimizer, trainer state, resume record) with `export RUN RUN/checkpoint-2
+    --overwrite`, so the run could no longer resume."""
+    _, checkpoint = pretrained
+    training = tmp_path / "run" / "checkpoint-2"
+    training.mkdir(parents=True)
+    (training / "optimizer.pt").write_bytes(b"state")
+    for target in (training, training / "encoder"):
+        with pytest.raises(ExportError, match="lies in the training checkpoint .*checkpoint-2, which resuming"):
+            export_sentence_transformer(checkpoint, target, overwrite=True)
+    assert (training / "optimizer.pt").read_bytes() == b"state"
+
+
 def test_empty_output_folder_is_used(pretrained, tmp_path):
     _, checkpoint = pretrained
     (tmp_path / "out").mkdir()

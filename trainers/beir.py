@@ -294,14 +294,17 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
             )
         qid, doc_id, score = (cell.strip() for cell in row)
         try:
-            value = value_type(float(score)) if value_type is int else value_type(score)
-        except (ValueError, OverflowError):  # int(float("inf")) overflows
+            value = float(score)
+        except ValueError:
             if line_no == 1 and not _is_number(score):  # the header line
                 continue
             raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number") from None
         if not math.isfinite(value):  # an inf teacher score makes every weight NaN
             raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number")
-        out.setdefault(qid, {})[doc_id] = value
+        if value_type is int and not value.is_integer():  # int() would make a 0.5 "not relevant"
+            raise RetrievalDataError(f"{path}:{line_no}: relevance {score!r} is not a whole number; qrels grade "
+                                     "relevance in integers (0 = not relevant)")
+        out.setdefault(qid, {})[doc_id] = value_type(value)
     if not out:
         raise RetrievalDataError(f"{path} holds no (query-id, corpus-id, score) line")
     return out

@@ -39,7 +39,7 @@ from .core.checkpoints import (
     read_state_dict,
     usable_positions,
 )
-from .core.folders import atomic_folder, check_destination, check_model_folder, public_name
+from .core.folders import atomic_folder, check_destination, check_model_folder, is_trainer_checkpoint, public_name
 from .core.io import read_json_or_empty
 from .export_cls import ExportError, ExportRequest, write_cls_encoder
 from .export_dupmae import REPRESENTATION_FIELDS, load_dupmae_sentence_transformer, write_dupmae_export
@@ -97,6 +97,11 @@ def export_sentence_transformer(
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)
     check_destination(output_dir, overwrite, inputs={"the checkpoint": checkpoint})
+    in_checkpoint = next((p for p in (output_dir.absolute(), *output_dir.absolute().parents)
+                          if is_trainer_checkpoint(p)), None)
+    if in_checkpoint is not None:
+        raise ExportError(f"output folder {output_dir} is or lies in the training checkpoint {in_checkpoint}, which "
+                          "resuming the run needs; choose another folder")
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
     request = ExportRequest(

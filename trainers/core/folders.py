@@ -104,12 +104,12 @@ def missing_model_files(folder: Path, *, tokenizer: bool = True, weights: bool =
     if (tokenizer or started) and not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
         missing.append(_rel(model_dir / "tokenizer.json", folder) + " (or another tokenizer vocabulary: "
                        + ", ".join(TOKENIZER_VOCAB_FILES[1:]) + ")")
-    if _is_trainer_checkpoint(folder) and not (folder / "trainer_state.json").is_file():
+    if is_trainer_checkpoint(folder) and not (folder / "trainer_state.json").is_file():
         missing.append("trainer_state.json (the Trainer writes it last: the save did not finish)")
     return missing
 
 
-def _is_trainer_checkpoint(folder: Path) -> bool:
+def is_trainer_checkpoint(folder: Path) -> bool:
     """A Trainer's `checkpoint-N` with its training state (the Trainer writes trainer_state.json after these)."""
     return bool(TRAINER_CHECKPOINT.match(folder.name)) and any(
         (folder / name).is_file() for name in TRAINER_STATE_FILES
