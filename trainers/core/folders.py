@@ -47,10 +47,10 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 # what only a path looks like: absolute (/x, ~/x, C:\x), explicitly relative (./x, ../x), backslashes, /./ or /../
 LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
 _HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # huggingface_hub's cache folder names
-# `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
 # what the running command reads besides its options' inputs (its `--config` file, set by `core.arguments.parse`;
 # `cli.main` runs each command in a context of its own): no output may replace it, whatever the flags
 COMMAND_INPUTS: ContextVar[Mapping[str, str]] = ContextVar("command_inputs", default=MappingProxyType({}))
+# `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
