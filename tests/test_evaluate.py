@@ -7,7 +7,9 @@ import csv
 import hashlib
 import json
 import math
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +30,7 @@ from retromae.trainers.finetune import save_finetuned_model
 from sentence_transformers import SentenceTransformer
 
 from . import builders
-from .builders import tiny_bert_kwargs
+from .builders import save_headless_bert, tiny_bert_kwargs
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
 
@@ -413,6 +415,26 @@ def test_model_folder_killed_mid_save_is_refused_before_reading_data(spread_cls_
         evaluate_folder(broken, beir_folders=[tmp_path / "not-read-yet"], output_dir=tmp_path / "eval")
 
 
+def test_a_bad_config_and_a_tokenizer_larger_than_the_vocabulary_get_one_line(spread_cls_bert, tiny_beir, tmp_path,
+                                                                               tokenizer, capsys):
+    """HEAD: an OSError traceback from transformers, and an IndexError from inside torch's embedding."""
+    import shutil
+
+    from retromae.trainers.cli import main
+
+    bad_json = Path(shutil.copytree(spread_cls_bert, tmp_path / "bad-json"))
+    (bad_json / "config.json").write_text("{bad")
+    small = save_headless_bert(tmp_path / "small-vocab", tokenizer, vocab_size=1000)
+    for model, message in [(bad_json, r"evaluate --model: .*bad-json/config.json is not valid JSON \(Expecting property"
+                                      r" name .*line 1 column 2.*\); fix or restore the file"),
+                           (small, r"small-vocab: its tokenizer has 30522 tokens but the model has 1000 word "
+                                   r"embeddings \(vocab_size in config.json\)")]:
+        assert main(["evaluate", str(model), "--beir-folder", str(tiny_beir), "--split", "dev",
+                     "--output-dir", str(tmp_path / "eval"), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(message, err), err
+
+
 # ---- same-named BEIR folders, output folder, --update-card, paths in the Python API -----------------------------
 
 
@@ -454,6 +476,29 @@ def test_default_output_dir_is_the_model_folder_name(spread_cls_bert, tiny_beir,
     assert (tmp_path / "eval-results" / "seed43" / "summary.json").is_file()
     assert default_output_dir(seed42).as_posix() == "eval-results/seed42"
     assert default_output_dir("my-org/fancy").as_posix() == "eval-results/fancy"  # a Hub id: its last part
+
+
+def test_another_models_results_are_kept_unless_overwrite(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    """Every `retromae pretrain` export is named `encoder`: the second run's default folder is the first's. HEAD
+    replaced the first model's summary without a word."""
+    import shutil
+
+    for run in ("run1", "run2"):
+        shutil.copytree(spread_cls_bert, tmp_path / run / "encoder")
+    monkeypatch.chdir(tmp_path)
+    flags = ["--beir-folder", str(tiny_beir), "--split", "dev", "--no-progress"]
+    summary = tmp_path / "eval-results" / "encoder" / "summary.json"
+    assert evaluate_command(["run1/encoder", *flags]) == 0
+    first = summary.read_text()
+    assert json.loads(first)["model_path"] == str((tmp_path / "run1" / "encoder").resolve())
+    assert evaluate_command(["run1/encoder", *flags]) == 0  # the same model again: replaced
+    with pytest.raises(EvaluateError, match=r"eval-results/encoder holds the results of .*run1/encoder \(summary"
+                       r"\.json\); choose another --output-dir for run2/encoder, or pass --overwrite"):
+        evaluate_command(["run2/encoder", *flags])
+    assert summary.read_text() == first
+    assert evaluate_command(["run2/encoder", *flags, "--output-dir", "eval-results/run2"]) == 0
+    assert evaluate_command(["run2/encoder", *flags, "--overwrite"]) == 0
+    assert json.loads(summary.read_text())["model_path"].endswith("run2/encoder")
 
 
 def test_update_card_on_a_foreign_folder_is_refused_before_evaluating(spread_cls_bert, tiny_beir, tmp_path):

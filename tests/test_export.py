@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -249,6 +251,26 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
     assert issubclass(ExportError, UserError) and issubclass(FolderError, UserError)
 
 
+def test_an_output_below_a_file_and_a_config_that_does_not_fit_the_weights_get_one_line(pretrained, tmp_path, capsys):
+    """HEAD: a FileExistsError traceback, and torch's size-mismatch line without the checkpoint or the cause."""
+    from retromae.trainers.cli import main
+
+    _, checkpoint = pretrained
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["export", str(checkpoint), str(tmp_path / "notes.txt" / "enc")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'notes.txt'} is a file, not a folder; choose a folder" in err, err
+    edited = Path(shutil.copytree(checkpoint, tmp_path / "edited"))
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "intermediate_size": 38}))
+    assert main(["export", str(edited), str(tmp_path / "enc")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(
+        r"edited: the checkpoint's encoder weights do not match its config.json: 6 weight\(s\) have another shape, "
+        r"e.g. encoder.layer.0.intermediate.dense.weight is \[37, 32\] where config.json gives \[38, 32\]", err), err
+    assert not (tmp_path / "enc").exists() and not _leftovers(tmp_path)
+
+
 def test_an_export_over_the_working_directory_is_refused_even_with_overwrite(pretrained, tmp_path, monkeypatch):
     """HEAD replaced a folder holding the working directory (its files gone, exit 0), and `.` was a traceback."""
     _, checkpoint = pretrained
@@ -327,6 +349,8 @@ def test_head_flags_are_refused_for_dupmae(tokenizer, tmp_path, capsys):
     assert main(["export", str(checkpoint), str(tmp_path / "out"), "--pooling", "mean"]) == 2
     assert not (tmp_path / "out").exists()
     assert "--pooling and --similarity apply to the CLS methods; dupmae's export" in capsys.readouterr().err
+    assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0  # HEAD left out trust_remote_code
+    assert f"SentenceTransformer({str(tmp_path / 'out')!r}, trust_remote_code=True)" in capsys.readouterr().out
 
 
 def test_a_pretraining_checkpoint_loads_with_the_pooling_asked_for(pretrained, tmp_path):

@@ -264,3 +264,22 @@ def test_an_output_dir_that_is_a_file_gets_one_line(tiny_bert, corpus, tmp_path,
     assert main(pretrain_args(tiny_bert, corpus, file / below if below else file)) == 2
     assert f"{file} is a file, not a folder" in one_line(capsys)
     assert file.read_text() == "mine"
+
+
+# ---- divergence ------------------------------------------------------------------------------------------------------
+
+
+def test_a_diverged_run_stops_before_saving_nan_weights(tiny_bert, corpus, tmp_path, capsys):
+    """A learning rate of 1e12 turns the weights to NaN within a few steps: the run stops with one line at the next
+    loss log or save, keeps the checkpoint saved before, and writes no NaN checkpoint, final model or export."""
+    out = tmp_path / "run"
+    args = pretrain_args(tiny_bert, corpus, out, "--learning-rate", "1e12", "--max-steps", "8", "--logging-steps", "3")
+    assert main(args) == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr, stderr
+    err = stderr.strip().splitlines()[-1]  # after the data's progress bars
+    assert "pre-training diverged at step 3: " in err and "NaN or infinite" in err, err
+    assert "nothing was saved after checkpoint-2" in err and "--learning-rate" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2"]
+    saved = load_file(out / "checkpoint-2" / "model.safetensors")
+    assert all(bool(tensor.float().isfinite().all()) for tensor in saved.values())

@@ -94,6 +94,11 @@ def test_dry_run_and_bad_repo_id_upload_nothing(cls_folder):
         assert commit is None
         with pytest.raises(PublishError, match="owner/name"):
             publish(cls_folder, "no-owner")
+        for repo_id, reason in [("my-org/my--model", "Cannot have -- or .."), ("my-org/model.git", "'.git'"),
+                                ("my-org/-model", "cannot start or end with '-'")]:  # HEAD accepted these
+            with pytest.raises(PublishError, match=rf"repo id '{re.escape(repo_id)}' is not one the Hub accepts: "
+                               rf".*{re.escape(reason)}"):
+                publish(cls_folder, repo_id, dry_run=True)
     upload.assert_not_called()
 
 
@@ -118,6 +123,12 @@ def _break(folder, what):
             f.write(f"\nTrained from {folder.resolve().parent}/bert\n")
     elif what == "module folder":
         shutil.rmtree(folder / "1_Pooling")
+    elif what == "card unclosed":  # HEAD: "metadata has no library_name"
+        head, _, body = (folder / "README.md").read_text().partition("\n---\n")
+        (folder / "README.md").write_text(head + "\n" + body)
+    elif what == "model_type":  # HEAD: the last line of transformers' error, which names nothing
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "model_type": "bertx"}))
 
 
 @pytest.mark.parametrize(
@@ -132,6 +143,9 @@ def _break(folder, what):
         ("card yaml", r"README.md:\d+:\d+: not valid YAML: expected ',' or '\]', but got ':'"),
         ("card path", r"README.md line \d+ contains a local path of this machine"),
         ("module folder", "names module folder '1_Pooling', which does not exist"),
+        ("card unclosed", "README.md: the metadata block opened by '---' on line 1 is never closed"),
+        ("model_type", r"config.json: model_type 'bertx' is not one transformers .* knows and the config has no "
+                       "auto_map"),
     ],
 )
 def test_each_missing_piece_is_a_clear_error(cls_folder, copy_of, what, message):
@@ -141,6 +155,28 @@ def test_each_missing_piece_is_a_clear_error(cls_folder, copy_of, what, message)
           pytest.raises(PublishError, match=message)):
         publish(folder, "my-org/x")
     upload.assert_not_called()
+
+
+@pytest.mark.parametrize("flags", [["--pooling", "mean"], ["--similarity", "cosine"]])
+def test_an_export_with_normalize_and_no_normalize_folder_passes(tmp_path, tokenizer, flags):
+    """Normalize saves no files: `retromae export` writes no 2_Normalize/ folder, and the Hub never holds an empty one.
+    HEAD refused every such export ("names module folder '2_Normalize', which does not exist")."""
+    from retromae.modeling.configuration_retromae import RetroMAEConfig
+    from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "ckpt"
+    RetroMAEForPretraining(RetroMAEConfig(**tiny_bert_kwargs())).save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    assert cli.main(["export", str(checkpoint), str(tmp_path / "enc"), *flags]) == 0
+    assert not (tmp_path / "enc" / "2_Normalize").exists()
+    report = validate_model_folder(tmp_path / "enc")
+    assert report.modules[-1] == "sentence_transformers.models.Normalize" and report.embedding_dim == 32
+    modules = json.loads((tmp_path / "enc" / "modules.json").read_text())
+    modules[1]["path"] = "1_Missing"  # a module with files still needs its folder
+    (tmp_path / "enc" / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(PublishError, match="names module folder '1_Missing', which does not exist"):
+        validate_model_folder(tmp_path / "enc")
 
 
 def test_remote_code_files_must_sit_at_the_root(hybrid_folder, copy_of):

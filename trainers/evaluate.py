@@ -60,6 +60,7 @@ SUMMARY_MD = "summary.md"
 __all__ = [
     "EvaluateError",
     "check_card_folder",
+    "check_results_folder",
     "default_output_dir",
     "evaluate",
     "evaluate_command",
@@ -295,9 +296,29 @@ def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str) -> None:
-    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "search": search, "results": rows})
+def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str) -> None:
+    write_json_atomic(output_dir / SUMMARY_JSON,
+                      {"model": model_name, "model_path": model, "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
+
+
+def model_location(model: str | os.PathLike) -> str:
+    """The absolute path of a local model, else the Hub id: what a results folder records to tell models apart."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else os.fspath(model)
+
+
+def check_results_folder(output_dir: Path, model: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse, without `overwrite`, an output folder whose summary is another model's (every `retromae pretrain`
+    export is named `encoder`, so default folders of two runs coincide)."""
+    summary = output_dir / SUMMARY_JSON
+    if overwrite or not summary.is_file():
+        return
+    recorded = read_json_or_empty(summary).get("model_path")
+    if recorded != model_location(model):
+        whose = f"the results of {recorded}" if recorded else "results of another model"
+        raise EvaluateError(f"{output_dir} holds {whose} ({SUMMARY_JSON}); choose another --output-dir for "
+                            f"{model}, or pass --overwrite to replace them")
 
 
 def check_card_folder(model_dir: str | os.PathLike) -> Path:
@@ -343,11 +364,15 @@ def evaluate_folder(
     model_name: str | None = None,
     update_card: bool = False,
     show_progress_bar: bool = False,
+    overwrite: bool = False,
 ) -> list[dict[str, Any]]:
     """Load a model folder and evaluate it on local BEIR folders and/or registered MTEB tasks (see the module doc).
 
     Returns:
         The summary rows (also written to `output_dir/summary.{json,md}`).
+
+    Raises:
+        EvaluateError: among others, `output_dir` holds another model's summary and `overwrite` is False.
     """
     beir_folders = list(beir_folders or [])
     tasks = list(tasks or [])
@@ -358,6 +383,7 @@ def evaluate_folder(
     if on_missing not in ON_MISSING:
         raise EvaluateError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
+    check_results_folder(Path(output_dir), model, overwrite)
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     if update_card:
         check_card_folder(model)
@@ -378,13 +404,13 @@ def evaluate_folder(
         encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=work_dir)
         rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size,
                               search=search, show_progress_bar=show_progress_bar)
-    write_summary(rows, output_dir, name, search)
+    write_summary(rows, output_dir, name, search, model_location(model))
     if update_card:
         update_model_card(model, rows)
     return rows
 
 
-EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar")
+EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar", "overwrite")
 
 
 def evaluate(
@@ -410,8 +436,8 @@ def evaluate(
         batch_size: encoding batch size.
         search: "exact" (brute force) or "faiss" (dense models on large corpora).
         update_card: add the results to the model folder's card (folders written by `retromae finetune`).
-        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar` of `evaluate_folder`;
-            another name, or a batch size below 1, raises `EvaluateError`.
+        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite` of
+            `evaluate_folder`; another name, or a batch size below 1, raises `EvaluateError`.
 
     Returns:
         One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
@@ -483,6 +509,7 @@ class EvaluateArguments:
     )
     model_name: str | None = field(default=None, metadata={"help": "name in mteb's results (default: from the folder)"})
     update_card: bool = field(default=False, metadata={"help": "add the results to the model folder's model card"})
+    overwrite: bool = field(default=False, metadata={"help": "replace another model's results in --output-dir"})
     progress: bool = field(default=True, metadata={"help": "show encoding progress bars (--no-progress: none)"})
 
 
@@ -509,6 +536,7 @@ def evaluate_command(argv: list[str]) -> int:
         model_name=args.model_name,
         update_card=args.update_card,
         show_progress_bar=args.progress,
+        overwrite=args.overwrite,
     )
     print(summary_markdown(rows, args.model_name or _mteb_model_name(args.model)), end="", flush=True)
     print(f"retromae: mteb results and summary written to {output_dir}", flush=True)

@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .core.arguments import start_command
 from .core.checkpoints import (
+    CheckpointError,
     load_sentence_transformer,
     load_tokenizer,
     needs_remote_code,
@@ -115,7 +116,10 @@ def export_sentence_transformer(
         pooling=pooling,
         similarity=similarity,
     )
-    return export_request(request, output_dir, overwrite=overwrite)
+    try:
+        return export_request(request, output_dir, overwrite=overwrite)
+    except CheckpointError as error:  # the weights do not fit the config
+        raise ExportError(f"{checkpoint}: {error}") from None
 
 
 def export_from_model(
@@ -304,9 +308,23 @@ def load_as_sentence_transformer(
             info.update(kind="transformers", pooling_assumed=pooling or "cls")
         model_ref = path
     model = load_sentence_transformer(model_ref, pooling=pooling, device=device)
+    _check_vocabulary(model, Path(model_ref).name)
     if max_seq_length is not None:
         _set_max_seq_length(model, max_seq_length)
     return model, info
+
+
+def _check_vocabulary(model: SentenceTransformer, name: str) -> None:
+    """Refuses a tokenizer with more tokens than the model has word embeddings (its higher ids would fail inside
+    torch)."""
+    auto_model = getattr(model[0], "auto_model", None)
+    tokenizer = getattr(model, "tokenizer", None)
+    if auto_model is None or tokenizer is None:
+        return
+    rows = auto_model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise ExportError(f"{name}: its tokenizer has {len(tokenizer)} tokens but the model has {rows} word "
+                          "embeddings (vocab_size in config.json); give the model the tokenizer it was trained with")
 
 
 def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
@@ -403,8 +421,8 @@ class ExportArguments:
         "help": "cls: the methods' [CLS] representation; mean: mean pooling, e.g. to keep the head of a base such as "
         "all-MiniLM-L6-v2 whose pre-training you continued (CLS methods only)"})
     similarity: Literal["dot", "cosine"] | None = field(default=None, metadata={
-        "help": "dot or cosine (adds Normalize; bge-style bases use cls + cosine); default cosine for mean pooling, "
-        "else dot"})
+        "help": "dot or cosine (adds Normalize; bge-style bases use cls + cosine); default cosine for mean pooling "
+        "and for SentMAE trained with its cosine loss, else dot"})
 
 
 def export_command(argv: list[str]) -> int:
@@ -412,12 +430,14 @@ def export_command(argv: list[str]) -> int:
     (args,) = start_command(
         argv, ExportArguments, prog="retromae export",
         description="Export the encoder of a pre-training checkpoint as a sentence-transformers model "
-        "(CLS pooling, dot product by default) with a model card. Usage: retromae export CHECKPOINT OUTPUT_DIR",
+        "(CLS pooling, dot product by default; cosine for SentMAE's cosine loss) with a model card. Usage: retromae export CHECKPOINT OUTPUT_DIR",
         positional=["checkpoint", "output_dir"],
     )
     out = export_sentence_transformer(args.checkpoint, args.output_dir, overwrite=args.overwrite,
                                       model_name=args.model_name, pooling=args.pooling, similarity=args.similarity)
-    print(f"retromae: exported {args.checkpoint} -> {out} (load with SentenceTransformer({str(out)!r}))", flush=True)
+    remote = ", trust_remote_code=True" if needs_remote_code(out) else ""
+    print(f"retromae: exported {args.checkpoint} -> {out} (load with SentenceTransformer({str(out)!r}{remote}))",
+          flush=True)
     return 0
 
 

@@ -58,7 +58,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import shutil
@@ -107,7 +106,7 @@ from .beir import (
 )
 from .core.arguments import check_training_arguments, start_command
 from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
-from .core.checkpoints import is_dupmae_model, save_without_pooler
+from .core.checkpoints import divergence, is_dupmae_model, save_without_pooler
 from .core.errors import UserError
 from .core.folders import atomic_folder, check_destination, hub_id_of_model, is_hub_id, public_name
 from .core.io import read_json_or_empty, write_json_atomic
@@ -574,17 +573,11 @@ def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[s
 
 
 def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]], stage: str, steps: int) -> None:
-    """Refuse a stage whose weights became NaN or infinite (the Trainer drops such losses from the mean it reports,
-    so the run would look fine), before its model is saved anywhere."""
-    broken = sum(1 for parameter in model.parameters() if not bool(torch.isfinite(parameter).all()))
-    if not broken:
-        return
-    first = next((entry["step"] for entry in log_history
-                  if any(isinstance(entry.get(key), float) and not math.isfinite(entry[key])
-                         for key in ("loss", "grad_norm"))), None)
-    seen = f", first logged at step {first}" if first is not None else ""
-    raise FinetuneError(f"stage {stage} diverged: {broken} weight tensor(s) are NaN or infinite after {steps} steps"
-                        f"{seen}; lower --learning-rate (or --scale) and run again (nothing was written)")
+    """Refuse a stage whose weights became NaN or infinite, before its model is saved anywhere."""
+    diverged = divergence(model, log_history)
+    if diverged:
+        raise FinetuneError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
+                            "--scale) and run again (nothing was written)")
 
 
 def _settings_key(model_args, data_args, loss_args, training_args) -> str:
@@ -840,7 +833,8 @@ def run_finetune(
         if data_args.eval_data:
             try:
                 evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
-                                output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing)
+                                output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
+                                overwrite=True)  # the run's own folder
             except UserError as error:
                 raise FinetuneError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
                                     "`retromae evaluate` once that is fixed") from None

@@ -2,9 +2,11 @@
 
 Validation (`validate_model_folder`), each failure a `PublishError` naming the file and the fix:
 
-* `modules.json` is present and well-formed, every module folder it names exists;
-* the Transformer module has `config.json`, weights as **safetensors** (`model.safetensors` or a sharded index;
-  pickle `*.bin` / `*.pt` files are refused, in every module folder) and tokenizer files;
+* `modules.json` is present and well-formed, every module folder it names exists (a Normalize module has no files,
+  so its folder may be absent);
+* the Transformer module has `config.json` with a `model_type` transformers knows (or an `auto_map`), weights as
+  **safetensors** (`model.safetensors` or a sharded index; pickle `*.bin` / `*.pt` files are refused, in every
+  module folder) and tokenizer files;
 * remote code: a module type outside `sentence_transformers.*` must be `"<file>.<Class>"` with `<file>.py` at the
   folder root, and so must every file it imports relatively (`from .x import ...`) and every `auto_map` entry of
   config.json; a type naming an installed package (`retromae.modeling...`) is refused, since users do not have it;
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import transformers
 import yaml
 from huggingface_hub import HfApi, ModelCard, constants
 from huggingface_hub.errors import (
@@ -44,7 +47,9 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from sentence_transformers import SentenceTransformer
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .core.arguments import start_command
 from .core.cards import find_local_paths
@@ -98,14 +103,22 @@ def _check_modules(folder: Path) -> list[dict[str, Any]]:
     ):
         raise PublishError('modules.json must be a non-empty list of {"idx", "name", "path", "type"} entries')
     for module in modules:
-        if not (folder / module["path"]).is_dir():
+        if not (folder / module["path"]).is_dir() and not _has_no_files(module):
             raise PublishError(f"modules.json names module folder {module['path']!r}, which does not exist")
     return modules
+
+
+def _has_no_files(module: dict[str, Any]) -> bool:
+    """sentence-transformers' Normalize saves nothing: an export may leave its folder out, and the Hub, which
+    stores no empty folder, always does; the model loads without it."""
+    return module["type"].startswith("sentence_transformers.") and module["type"].endswith(".Normalize")
 
 
 def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
     for module in modules:
         module_dir = folder / module["path"]
+        if not module_dir.is_dir():  # a module without files (`_has_no_files`)
+            continue
         pickles = sorted(p.name for p in module_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
         where = module["path"] or "the folder root"
         if pickles:
@@ -116,7 +129,8 @@ def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
         if module["type"].endswith("Transformer"):
             if not (module_dir / "config.json").is_file():
                 raise PublishError(f"{where} has no config.json for the Transformer module")
-            _read_json(module_dir / "config.json", f"{where}/config.json")
+            config_name = (Path(module["path"]) / "config.json").as_posix()
+            _check_model_type(_read_json(module_dir / "config.json", config_name), config_name)
             index = module_dir / "model.safetensors.index.json"
             if index.is_file():
                 shards = set(_read_json(index, "model.safetensors.index.json").get("weight_map", {}).values())
@@ -132,6 +146,17 @@ def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
                 )
             if not (module_dir / "tokenizer_config.json").is_file():
                 raise PublishError(f"{where} has no tokenizer_config.json")
+
+
+def _check_model_type(config: Any, config_name: str) -> None:
+    """A Transformer config whose model_type transformers does not know loads only through its own code
+    (auto_map)."""
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in CONFIG_MAPPING and not (isinstance(config, dict) and config.get("auto_map")):
+        raise PublishError(
+            f"{config_name}: model_type {model_type!r} is not one transformers {transformers.__version__} knows "
+            f"and the config has no auto_map; give the base's model_type (e.g. 'bert') or ship the model's code"
+        )
 
 
 def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]:
@@ -179,6 +204,9 @@ def _check_card(folder: Path) -> dict[str, Any]:
     text = readme.read_text(encoding="utf-8")
     if not text.startswith("---"):
         raise PublishError("README.md has no YAML metadata block (--- ... ---) at the top")
+    if not REGEX_YAML_BLOCK.search(text):
+        raise PublishError("README.md: the metadata block opened by '---' on line 1 is never closed; add a line '---' "
+                           "after its last field")
     card = _parse_card(text)
     metadata = card.data.to_dict()
     if not metadata.get("library_name"):
@@ -303,6 +331,10 @@ def publish(
     """
     if not is_hub_id(repo_id):
         raise PublishError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise PublishError(f"repo id {repo_id!r} is not one the Hub accepts: {error}") from None
     report = validate_model_folder(folder)
     if dry_run:
         return report, None

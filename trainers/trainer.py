@@ -36,6 +36,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
@@ -53,6 +54,7 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
+from .core.checkpoints import divergence
 from .core.errors import UserError
 from .core.folders import atomic_folder, clean_stale_siblings, sibling_target_name
 from .core.io import read_json_or_empty, write_json_atomic
@@ -251,6 +253,10 @@ class LogLastStepCallback(TrainerCallback):
         return control
 
 
+class TrainingDiverged(UserError):
+    """The weights became NaN or infinite; nothing more of the run is saved."""
+
+
 class RetroMAETrainer(Trainer):
     """Trainer for `*ForPretraining` models.
 
@@ -414,6 +420,8 @@ class RetroMAETrainer(Trainer):
             self._accuracy_sums, self._accuracy_counts = {}, {}
         if self.recipe.changes_optimizer and "learning_rate" in logs:
             logs["encoder_learning_rate"] = self._encoder_learning_rate(logs["learning_rate"])
+        if any(isinstance(value, float) and not math.isfinite(value) for value in logs.values()):
+            self._refuse_divergence()  # at once, not at the next save
         for callback in self.callback_handler.callbacks:  # e.g. validation.RetrievalValidationCallback's metrics
             if callable(getattr(callback, "pop_logs", None)):
                 logs.update(callback.pop_logs())
@@ -428,12 +436,25 @@ class RetroMAETrainer(Trainer):
         if self.args.should_save:
             write_json_atomic(folder / RUN_INFO_NAME, self.current_run_info())
 
+    def _refuse_divergence(self) -> None:
+        """Stop a run whose weights became NaN or infinite before it saves them (a checkpoint, the final model or
+        its export), naming the last checkpoint saved before."""
+        diverged = divergence(self.model, self.state.log_history)
+        if diverged is None:
+            return
+        last = last_complete_checkpoint(self.args.output_dir)
+        raise TrainingDiverged(
+            f"pre-training diverged at step {self.state.global_step}: {diverged}; nothing was saved"
+            f"{f' after {last.name}' if last else ''}. Lower --learning-rate (or raise --warmup-steps) and run again"
+        )
+
     def save_pretraining_model(self, output_dir: str | os.PathLike) -> None:
         """Save the full pre-training model (decoder included) + tokenizer + run info, e.g. at the end of training.
 
         The output root also holds the checkpoints, so it cannot be swapped whole: the files are built in
         `FINAL_BUILD_NAME`, then moved in one by one. `config.json` (which every reader needs) is removed first and
         moved in last, so a kill in between leaves a root that readers refuse rather than a mix of two saves."""
+        self._refuse_divergence()
         root = Path(output_dir)
         with self._atomic_save(root / FINAL_BUILD_NAME) as build:
             self.save_model(str(build), _internal_call=True)
@@ -447,6 +468,7 @@ class RetroMAETrainer(Trainer):
         a temporary sibling and renamed to `checkpoint-N` only when complete; then this run's older checkpoints are
         rotated. As the Trainer's, it records the best checkpoint so far (`state.best_model_checkpoint`, with
         `--metric-for-best-model`), which rotation keeps."""
+        self._refuse_divergence()
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
         run_dir = Path(self._get_output_dir(trial=trial))
@@ -577,7 +599,7 @@ class RetroMAETrainer(Trainer):
 
 
 __all__ = [
-    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "check_no_checkpoint_collision",
+    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "TrainingDiverged", "check_no_checkpoint_collision",
     "checkpoint_to_resume", "clean_killed_saves",
     "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 from functools import cache
@@ -233,10 +234,16 @@ def encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, 
             f"the checkpoint's encoder weights do not match its config: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]} (of {len(missing)} missing, {len(unexpected)} unexpected)"
         )
-    try:
-        encoder.load_state_dict(weights, strict=True)
-    except RuntimeError as error:  # shape mismatch
-        raise CheckpointError(f"the checkpoint's encoder weights do not match its config: {error}") from error
+    wrong = [(name, list(weights[name].shape), list(tensor.shape)) for name, tensor in encoder.state_dict().items()
+             if weights[name].shape != tensor.shape]
+    if wrong:
+        name, saved, configured = wrong[0]
+        raise CheckpointError(
+            f"the checkpoint's encoder weights do not match its config.json: {len(wrong)} weight(s) have another "
+            f"shape, e.g. {name} is {saved} where config.json gives {configured}; config.json was edited or belongs "
+            "to another model"
+        )
+    encoder.load_state_dict(weights, strict=True)
     return encoder.eval()
 
 
@@ -372,6 +379,20 @@ def needs_remote_code(folder: str | os.PathLike) -> bool:
     return any(not str(m.get("type", "")).startswith("sentence_transformers.") for m in modules if isinstance(m, dict))
 
 
+def divergence(model: nn.Module, log_history: list[dict[str, Any]]) -> str | None:
+    """None while every weight of `model` is finite; else what diverged, e.g. "37 weight tensor(s) are NaN or
+    infinite, the logged losses first at step 3" (the Trainer leaves non-finite losses out of the loss it reports,
+    so a diverged run otherwise looks finished)."""
+    broken = sum(1 for parameter in model.parameters() if not bool(torch.isfinite(parameter).all()))
+    if not broken:
+        return None
+    first = next((entry.get("step") for entry in log_history
+                  if any(isinstance(value, float) and not math.isfinite(value) for key, value in entry.items()
+                         if key.endswith("loss") or key == "grad_norm")), None)
+    return f"{broken} weight tensor(s) are NaN or infinite" + (
+        f", the logged losses first at step {first}" if first is not None else "")
+
+
 def is_dupmae_model(model: nn.Module) -> bool:
     """Whether a SentenceTransformer embeds with DupMAE's hybrid pooling (its loss needs the query/document routes)."""
     return any(is_dupmae_pooling(m) for m in model.modules())
@@ -448,6 +469,7 @@ __all__ = [
     "base_config_of",
     "bert_encoder_from_state_dict",
     "default_model_dir",
+    "divergence",
     "encoder_from_state_dict",
     "encoder_kwargs",
     "position_offset",

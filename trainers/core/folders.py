@@ -146,6 +146,14 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         raise IncompleteModelFolder(
             f"{purpose}: model folder {folder} is incomplete, it has no {'; no '.join(missing)}; {KILLED_SAVE_HINT}"
         )
+    config_file = _transformer_dir(folder, []) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise IncompleteModelFolder(f"{purpose}: {config_file} is not valid JSON ({error}); fix or restore the "
+                                    "file") from None
+    if not isinstance(config, dict):
+        raise IncompleteModelFolder(f"{purpose}: {config_file} is not a JSON object; fix or restore the file")
     for file in _safetensors_files(folder) if weights else []:
         problem = safetensors_problem(file)
         if problem:
@@ -308,6 +316,7 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
     `inputs` (description -> path, e.g. {"--model": ...}); without it, a non-empty folder."""
     if target.exists() and not target.is_dir():
         raise FolderError(f"output {target} exists and is not a folder")
+    check_folder_option("output", target)  # a file above it
     hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
     if hit is not None:
         raise FolderError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
