@@ -290,6 +290,32 @@ def test_negatives_file_reuse_and_distillation(spread_cls_bert, tiny_beir, tmp_p
         ])
 
 
+def test_negatives_read_before_training_are_built_and_reported_once(spread_cls_bert, tiny_beir, tmp_path, caplog):
+    """HEAD read a negatives file and built its datasets twice (before training, to check them, and at the stage),
+    so each warning about them was logged twice; and it refused a blank negative with its id ("'negative_ids' has 2
+    ids for 1 texts"): the reader dropped blank texts before pairing them with their ids."""
+    records = [{"query_id": f"q{q}", "query": "ignored", "positive_ids": [f"d{q}"], "positive": "x",
+                "negative_ids": [f"d{q + 1}", f"d{q + 2}"], "negatives": ["n1", "n2"]} for q in range(12)]
+    records[0].update(negative_ids=["d1"], negatives=["n1"])  # too few for --num-negatives 2: skipped, with a warning
+    records[1]["negatives"] = ["n1", "  "]  # a blank negative: dropped, with a count
+    negatives = write_jsonl(tmp_path / "negatives.jsonl", records)
+    scores = tmp_path / "teacher.tsv"
+    scores.write_text("".join(f"q{q}\td{q + k}\t{5.0 - k}\n" for q in range(3, 12) for k in range(3)),
+                      encoding="utf-8")  # q2 has none: skipped with --on-missing skip
+    with caplog.at_level(logging.WARNING):
+        assert finetune_command([
+            str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), "--stages",
+            "hard-negatives,distill", "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores",
+            str(scores), "--on-missing", "skip", *FAST,
+        ]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for expected in ("fewer than 2 negatives", "dropped 1 blank", "without a teacher score"):
+        assert sum(expected in w for w in warnings) == 1, (expected, warnings)
+    info = json.loads((tmp_path / "out" / "retromae_finetune.json").read_text())
+    assert [s["examples"] for s in info["stages"]] == [10, 9]
+    assert sum(info["train_data"]["dropped"].values()) == 1
+
+
 class _FixedVectors:
     """A stand-in for a SentenceTransformer: one fixed vector per text."""
 

@@ -364,14 +364,14 @@ def _group_from_record(record: Mapping[str, Any], where: str) -> TrainingGroup:
         raise RetrievalDataError(f"{where}: needs a string field 'query' (or 'anchor'), got keys {sorted(record)}")
     query = record[query_key]
     positive_key = next((k for k in POSITIVE_COLUMNS if k in record), "positive")
-    positives = [t for t in _text_list(record.get(positive_key), positive_key, where) if t.strip()]
+    # blank texts stay, paired with their ids: `clean_groups` drops them with a count
+    positives = _text_list(record.get(positive_key), positive_key, where)
     if "negatives" in record:
         negatives = _text_list(record["negatives"], "negatives", where)
     else:  # flat columns: negative, negative_1, negative_2, ...
         negative_keys = sorted((k for k in record if k == "negative" or k.startswith("negative_")),
                                key=lambda k: (len(k), k))
         negatives = [record[k] for k in negative_keys if isinstance(record[k], str)]
-    negatives = [t for t in negatives if t.strip()]
     positive_ids = _id_list(record.get("positive_ids", record.get("positive_id")), len(positives), "positive_ids", where)
     negative_ids = _id_list(record.get("negative_ids"), len(negatives), "negative_ids", where)
     query_id = str(record["query_id"]) if record.get("query_id") is not None else _content_id("q:", query)

@@ -637,42 +637,54 @@ def _model_after_finished_stages(model: SentenceTransformer, stages: list[str], 
     return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
 
 
+@dataclass
+class CheckedNegatives:
+    """What `_read_negatives_before_training` read, for the stages to use: the corpus to mine from, or the groups
+    with their negatives (cleaned; `dropped` counts what cleaning dropped) and each stage's dataset and report."""
+
+    pool: dict[str, str] | None = None
+    groups: list[TrainingGroup] | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+    datasets: dict[str, tuple[Dataset, dict[str, Any]]] = field(default_factory=dict)
+
+
 def _read_negatives_before_training(stages: list[str], groups: list[TrainingGroup], beir: RetrievalData | None,
                                     teacher_scores: dict[str, dict[str, float]] | None,
-                                    data_args: FinetuneDataArguments, seed: int) -> dict[str, str] | None:
+                                    data_args: FinetuneDataArguments, seed: int) -> CheckedNegatives:
     """Read what the stages after in-batch read, before anything trains: negatives from `--negatives-file` or the
-    training data must fill those stages' rows (with teacher scores for distill); for mining, the corpus is read
-    and returned as the pool. Negatives mined later are checked once mined."""
+    training data must fill those stages' rows (with teacher scores for distill); for mining, the corpus is read.
+    Negatives mined later are checked once mined."""
     if stages == ["in-batch"]:
-        return None
+        return CheckedNegatives()
     if not data_args.negatives_file and not any(g.negatives for g in groups):
-        return _corpus_pool(data_args, beir, groups)
+        return CheckedNegatives(pool=_corpus_pool(data_args, beir, groups))
     if data_args.negatives_file:
         groups = _negatives_from_file(data_args.negatives_file, groups)
-    groups, _ = clean_groups(groups)
+    checked = CheckedNegatives()
+    checked.groups, checked.dropped = clean_groups(groups)
     if "hard-negatives" in stages:
-        groups_to_dataset(groups, data_args.num_negatives, seed=seed)
+        checked.datasets["hard-negatives"] = groups_to_dataset(checked.groups, data_args.num_negatives, seed=seed)
     if "distill" in stages:
-        groups_to_distillation_dataset(groups, teacher_scores, data_args.num_negatives,
-                                       on_missing=data_args.on_missing, seed=seed)
-    return None
+        checked.datasets["distill"] = groups_to_distillation_dataset(
+            checked.groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed)
+    return checked
 
 
 def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
                       data_args: FinetuneDataArguments, training_args: FinetuneTrainingArguments,
                       beir: RetrievalData | None, work_dir: Path,
-                      pool: dict[str, str] | None) -> tuple[list[TrainingGroup], str]:
-    """`groups` with hard negatives, and where they came from: `--negatives-file`, the training data, the run
-    this one resumes, or mined now with `model` (saved to `NEGATIVES_FILE`, recorded in `state`)."""
-    if data_args.negatives_file:
-        return (_negatives_from_file(data_args.negatives_file, groups),
-                f"file {Path(data_args.negatives_file).name}")
-    if any(g.negatives for g in groups):
-        return groups, "supplied with the training data"
+                      checked: CheckedNegatives) -> tuple[list[TrainingGroup], dict[str, int], str]:
+    """`groups` with hard negatives, cleaned, what cleaning dropped, and where the negatives came from:
+    `--negatives-file` or the training data (as `checked` read them), the run this one resumes, or mined now with
+    `model` (saved to `NEGATIVES_FILE`, recorded in `state`)."""
+    if checked.groups is not None:
+        source = (f"file {Path(data_args.negatives_file).name}" if data_args.negatives_file
+                  else "supplied with the training data")
+        return checked.groups, checked.dropped, source
     if state["negatives"]:
-        return _negatives_from_file(work_dir / NEGATIVES_FILE, groups), state["negatives"]
+        return (*clean_groups(_negatives_from_file(work_dir / NEGATIVES_FILE, groups)), state["negatives"])
     groups = mine_negatives(
-        model, groups, pool if pool is not None else _corpus_pool(data_args, beir, groups),
+        model, groups, checked.pool if checked.pool is not None else _corpus_pool(data_args, beir, groups),
         num_negatives=data_args.num_negatives,
         range_min=data_args.mine_range_min, range_max=data_args.mine_range_max,
         sampling=data_args.mine_sampling, batch_size=training_args.per_device_train_batch_size * 4,
@@ -684,16 +696,17 @@ def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], s
     )
     if training_args.process_index == 0:  # a resumed run reads them from NEGATIVES_FILE
         write_json_atomic(work_dir / STATE_FILE, state)
-    return groups, state["negatives"]
+    return (*clean_groups(groups), state["negatives"])
 
 
 def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[TrainingGroup],
                          teacher_scores: dict[str, dict[str, float]] | None, data_args: FinetuneDataArguments,
-                         loss_args: FinetuneLossArguments, seed: int,
-                         gather: bool) -> tuple[Dataset, dict[str, Any], nn.Module, str]:
-    """A stage's dataset, its build report, its loss and the loss's description for the run record."""
+                         loss_args: FinetuneLossArguments, seed: int, gather: bool,
+                         built: tuple[Dataset, dict[str, Any]] | None) -> tuple[Dataset, dict[str, Any], nn.Module, str]:
+    """A stage's dataset, its build report (`built`, when read before training), its loss and the loss's
+    description for the run record."""
     if stage == "distill":
-        dataset, report = groups_to_distillation_dataset(
+        dataset, report = built or groups_to_distillation_dataset(
             groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed
         )
         loss = DistillationLoss(model, loss_args.distill_loss_weight, loss_args.contrastive_loss_weight,
@@ -703,7 +716,7 @@ def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[Tr
             description += f" + in-batch contrastive x {loss_args.contrastive_loss_weight:g}"
         return dataset, report, loss, description
     negatives = 0 if stage == "in-batch" else data_args.num_negatives
-    dataset, report = groups_to_dataset(groups, negatives, seed=seed)
+    dataset, report = built or groups_to_dataset(groups, negatives, seed=seed)
     description = "in-batch negatives" if stage == "in-batch" else f"{negatives} hard negatives + in-batch negatives"
     loss = contrastive_loss(model, loss_args.scale, gather, loss_args.mini_batch_size)
     name = "MultipleNegativesRankingLoss" if loss_args.mini_batch_size is None else (
@@ -791,7 +804,7 @@ def run_finetune(
 
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
     groups, dropped = clean_groups(groups)
-    pool = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
+    checked = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
     new_work_dir = not work_dir.exists()
     try:  # a pre-training checkpoint is exported into the work folder first
         model, model_info = load_as_sentence_transformer(
@@ -810,13 +823,13 @@ def run_finetune(
     negatives_source = None
     for stage in stages[len(state["stages"]):]:
         if stage != "in-batch" and negatives_source is None:  # the first stage that needs negatives gets them
-            groups, negatives_source = _attach_negatives(model, groups, state, data_args, training_args, beir,
-                                                         work_dir, pool)
-            groups, more_dropped = clean_groups(groups)
+            groups, more_dropped, negatives_source = _attach_negatives(model, groups, state, data_args,
+                                                                       training_args, beir, work_dir, checked)
             for key, value in more_dropped.items():
                 dropped[key] = dropped.get(key, 0) + value
         dataset, report, loss, description = _stage_data_and_loss(stage, model, groups, teacher_scores, data_args,
-                                                                  loss_args, training_args.seed, gather)
+                                                                  loss_args, training_args.seed, gather,
+                                                                  checked.datasets.get(stage))
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
         args = _stage_args(training_args, work_dir, stage, dataset.column_names, is_dupmae_model(model))
         record = {"stage": stage, "loss": description, "examples": len(dataset),
