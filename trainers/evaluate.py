@@ -17,7 +17,9 @@ index would be impractical (a flat index of |V|-wide vectors holds the whole cor
 Outputs under ``--output-dir``::
 
     mteb/results/<model>/<revision>/<Task>.json   mteb's result JSON (mteb.ResultCache layout)
-    summary.json, summary.md                      NDCG@10 (main), MRR@10, Recall@100, Recall@1000 per task and split
+    summary.json, summary.md                      NDCG@10 (main), MRR@10, Recall@100, Recall@1000 per task and split;
+                                                  summary.json names the model (a folder holding another model's
+                                                  summary is refused without --overwrite)
 
 ``--update-card`` adds the results to the model folder's card (folders written by `retromae finetune`).
 Registered tasks (``--tasks SciFact,NFCorpus``) download their data from the Hub; offline that fails with a clear
