@@ -430,7 +430,8 @@ def export_command(argv: list[str]) -> int:
     (args,) = start_command(
         argv, ExportArguments, prog="retromae export",
         description="Export the encoder of a pre-training checkpoint as a sentence-transformers model "
-        "(CLS pooling, dot product by default; cosine for SentMAE's cosine loss) with a model card. Usage: retromae export CHECKPOINT OUTPUT_DIR",
+        "(CLS pooling, dot product by default; cosine for SentMAE's cosine loss) with a model card. "
+        "Usage: retromae export CHECKPOINT OUTPUT_DIR",
         positional=["checkpoint", "output_dir"],
     )
     out = export_sentence_transformer(args.checkpoint, args.output_dir, overwrite=args.overwrite,
