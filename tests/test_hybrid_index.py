@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -322,12 +323,12 @@ def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypa
 
     out = tmp_path / "index"
     out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / hybrid_index.MANIFEST).write_text("{}")  # an earlier index
     monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
     with pytest.raises(FolderError, match=r"output folder .*index already exists.*--overwrite"):
         index_command(["--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.jsonl"),
                        "--output-dir", str(out)])
-    assert (out / "keep.txt").read_text() == "mine"
+    assert (out / hybrid_index.MANIFEST).read_text() == "{}"
 
 
 def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
@@ -420,6 +421,48 @@ def test_search_output_is_refused_before_the_search_when_it_would_lose_a_file(tm
     with pytest.raises(FolderError, match="is --queries"):
         search_command([*common, "--output", str(queries), "--overwrite"])
     assert queries.read_text() == "fruit\n" and earlier.read_text() == "mine\n"
+    for folder, flag in [("index", "--index"), ("model", "--model")]:  # HEAD replaced the file, exit 0
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ids.json").write_text("[]")
+        with pytest.raises(FolderError, match=rf"lies in {flag} .*which writing it would change"):
+            search_command([*common, "--output", str(tmp_path / folder / "ids.json"), "--overwrite"])
+        assert (tmp_path / folder / "ids.json").read_text() == "[]"
+
+
+def test_index_overwrite_replaces_an_index_only(tmp_path, monkeypatch):
+    """HEAD's `index --overwrite` deleted any folder, the user's files in it too."""
+    from retromae.trainers.hybrid_index import index_command
+
+    monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
+    mine = tmp_path / "mydocs"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for flags in ([], ["--overwrite"]):
+        with pytest.raises(HybridIndexError, match="holds no hybrid index .*--overwrite replaces an index only"):
+            index_command(["--model", "m", "--corpus", "c.jsonl", "--output-dir", str(mine), *flags])
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_a_damaged_model_folder_or_manifest_is_one_line(st_models, tmp_path):
+    """HEAD: tracebacks (TypeError, SafetensorError, ModuleNotFoundError) from deep inside the loaders."""
+    import shutil
+
+    from retromae.trainers.export_dupmae import save_dupmae_sentence_transformer
+    from retromae.trainers.hybrid_index import _load_hybrid_model
+
+    model, _ = st_models
+    save_dupmae_sentence_transformer(model, tmp_path / "model")
+    for damage, message in [("1_DupMAEPooling/config.json", "TypeError"), ("st_dupmae.py", "ModuleNotFoundError")]:
+        damaged = Path(shutil.copytree(tmp_path / "model", tmp_path / f"damaged-{damage.replace('/', '-')}"))
+        (damaged / damage).unlink()
+        with pytest.raises(HybridIndexError, match=rf"--model .*damaged.* does not load \({message}: .*export it again"):
+            _load_hybrid_model(str(damaged), "index")
+    folder = HybridIndex.build(model, DOCS[:4], ids=[f"d{i}" for i in range(4)]).save(tmp_path / "index")
+    manifest = json.loads((folder / hybrid_index.MANIFEST).read_text())
+    for field, value in [("dense_dim", "16"), ("index_params", {"foo": 1})]:
+        (folder / hybrid_index.MANIFEST).write_text(json.dumps({**manifest, field: value}))
+        with pytest.raises(HybridIndexError, match="manifest.json: .*the index folder is corrupted: rebuild it"):
+            HybridIndex.load(folder)
 
 
 def test_corpus_ids_are_kept_whichever_line_holds_the_first_id(tmp_path):
@@ -437,7 +480,28 @@ def test_corpus_ids_are_kept_whichever_line_holds_the_first_id(tmp_path):
         _documents(str(mixed))
     plain = tmp_path / "plain.jsonl"
     plain.write_text('{"text": "apples"}\n{"text": "pears"}\n')
-    assert _documents(str(plain)) == (["0", "1"], ["apples", "pears"])
+    assert _documents(str(plain)) == (["1", "2"], ["apples", "pears"])
+
+
+def test_a_corpus_without_ids_is_numbered_by_line_so_blank_passages_shift_no_id(tmp_path):
+    """HEAD numbered the passages it kept: a blank record, or the blank line that makes a .txt file a file of
+    blocks, shifted every later id, and the results named the wrong documents (exit 0)."""
+    from retromae.trainers.hybrid_index import _documents
+
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"text": "zero apples"}\n{"text": ""}\n{"text": "two river tigers"}\n')
+    assert _documents(str(jsonl)) == (["1", "3"], ["zero apples", "two river tigers"])
+    lines = tmp_path / "lines.txt"
+    lines.write_text("apples\n   \npears\n")
+    assert _documents(str(lines)) == (["1", "3"], ["apples", "pears"])
+    blocks = tmp_path / "blocks.txt"
+    blocks.write_text("line zero apples\nline one dogs\n\nline three river\nline four tigers\n")
+    assert _documents(str(blocks)) == (["1", "4"], ["line zero apples line one dogs",
+                                                    "line three river line four tigers"])
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"text": " "}\n')
+    with pytest.raises(HybridIndexError, match="every passage is blank"):
+        _documents(str(blank))
 
 
 def test_queries_files_are_read_with_their_place_named(tmp_path):
@@ -462,6 +526,10 @@ def test_queries_files_are_read_with_their_place_named(tmp_path):
         read(blank)
     with pytest.raises(HybridIndexError, match="is a folder; give a file"):
         read(tmp_path)
+    for name, text in [("queries.json", '[{"_id": "q1", "text": "fruit"}]\n'), ("queries.tsv", "q1\tfruit\n")]:
+        (tmp_path / name).write_text(text)  # HEAD searched each line as a query text, exit 0
+        with pytest.raises(HybridIndexError, match=rf"--queries .*{name}: give a BEIR queries.jsonl or a .txt file"):
+            read(tmp_path / name)
 
 
 OURS = {"format": hybrid_index.FORMAT, "format_version": hybrid_index.FORMAT_VERSION}

@@ -66,6 +66,7 @@ __all__ = [
     "code_fingerprint",
     "iter_decoded_lines",
     "masking_generator",
+    "numbered_passages",
     "read_corpus",
     "special_template",
     "tokenize_corpus",
@@ -362,10 +363,9 @@ def _generate_passages(
     With ``require_passages`` an empty result raises ``CorpusError`` (not for streaming, where a shard of the files
     may legitimately be empty).
     """
-    readers = {"jsonl": _iter_jsonl, "lines": _iter_text_lines, "blocks": _iter_text_blocks}
     count = 0
     for path, fmt, _size, _mtime in sources:
-        for text in readers[fmt](path):
+        for _line_no, text in _READERS[fmt](path):
             count += 1
             yield {"text": text}
     if require_passages and count == 0:
@@ -387,41 +387,52 @@ def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
             yield line_no, line.rstrip("\r\n")
 
 
-def _iter_text_lines(path: str) -> Iterator[str]:
-    """One passage per non-empty line (whitespace collapsed)."""
-    for _line_no, line in iter_decoded_lines(path):
+def numbered_passages(path: str | os.PathLike, text_format: TextFormat = "auto") -> Iterator[tuple[int, str]]:
+    """``(line, passage)`` for each passage of one ``.txt`` or ``.jsonl`` file, as ``read_corpus`` reads it; ``line``
+    is the 1-based line the passage starts on (an id that blank passages, which are skipped, do not shift)."""
+    return _READERS[_describe_file(Path(path), text_format)[1]](str(path))
+
+
+def _iter_text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """One passage per non-empty line (whitespace collapsed), with its line number."""
+    for line_no, line in iter_decoded_lines(path):
         text = " ".join(line.split())
         if text:
-            yield text
+            yield line_no, text
 
 
-def _iter_text_blocks(path: str) -> Iterator[str]:
-    """Passages separated by empty lines; the lines of a block are joined with a space.
+def _iter_text_blocks(path: str) -> Iterator[tuple[int, str]]:
+    """Passages separated by empty lines, with the line each starts on; the lines of a block are joined with a space.
 
     A line of only spaces or tabs is skipped without ending the block (Wikipedia-style dumps keep such lines inside
     articles; ``awk`` paragraph mode counts the same way).
     """
     block: list[str] = []
-    for _line_no, line in iter_decoded_lines(path):
+    start = 0
+    for line_no, line in iter_decoded_lines(path):
         text = " ".join(line.split())
         if text:
+            start = start if block else line_no
             block.append(text)
         elif not line and block:
-            yield " ".join(block)
+            yield start, " ".join(block)
             block = []
     if block:
-        yield " ".join(block)
+        yield start, " ".join(block)
 
 
-def _iter_jsonl(path: str) -> Iterator[str]:
-    """One passage per JSON line: ``text``, or ``title + " " + text`` when a title is given."""
+def _iter_jsonl(path: str) -> Iterator[tuple[int, str]]:
+    """One passage per JSON line, with its line number: ``text``, or ``title + " " + text`` when a title is given."""
     for where, record in iter_jsonl(path, error=CorpusError, example='{"text": "..."}'):
         _check_jsonl_record(record, where)
         title = record.get("title")
         text = f"{title} {record['text']}" if isinstance(title, str) and title.strip() else record["text"]
         text = " ".join(text.split())
         if text:
-            yield text
+            yield int(where.rsplit(":", 1)[1]), text
+
+
+_READERS = {"jsonl": _iter_jsonl, "lines": _iter_text_lines, "blocks": _iter_text_blocks}
 
 
 def _check_jsonl_record(record: dict[str, Any], where: str) -> None:

@@ -52,10 +52,10 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
 from .core.checkpoints import is_dupmae_model
-from .core.errors import UserError
+from .core.errors import UserError, one_line_message
 from .core.folders import atomic_folder, check_destination, check_model_folder, check_output_file, is_local_path
 from .core.io import atomic_file
-from .data import iter_decoded_lines, read_corpus
+from .data import iter_decoded_lines, numbered_passages, read_corpus
 from .export_dupmae import load_dupmae_sentence_transformer
 
 logger = logging.getLogger(__name__)
@@ -505,7 +505,7 @@ class HybridIndex:
         """Write the index to `folder` atomically: a temporary sibling folder is filled, then renamed into place
         (a previous index there is removed only after the new one is complete)."""
         folder = Path(folder)
-        check_destination(folder, overwrite)  # FolderError before the work, not after it
+        check_index_destination(folder, overwrite)  # before the work, not after it
         self._finalize()
         with atomic_folder(folder, overwrite=overwrite) as tmp:
             files = []
@@ -587,14 +587,18 @@ class HybridIndex:
             if verify_checksums and _sha256(path) != meta["sha256"]:
                 raise HybridIndexError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
         params = manifest["index_params"]
-        index = cls(
-            manifest["dense_dim"],
-            manifest["vocab_size"],
-            manifest["doc_top_k"],
-            index_type=manifest["index_type"],
-            model_fingerprint=manifest["model_fingerprint"],
-            **params,
-        )
+        try:
+            index = cls(
+                manifest["dense_dim"],
+                manifest["vocab_size"],
+                manifest["doc_top_k"],
+                index_type=manifest["index_type"],
+                model_fingerprint=manifest["model_fingerprint"],
+                **params,
+            )
+        except (TypeError, ValueError) as error:  # a field of another type, an unknown parameter
+            raise HybridIndexError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
+                                   "rebuild it") from None
         index.ids = json.loads((folder / IDS_FILE).read_text(encoding="utf-8"))
         if DENSE_FILE in manifest["files"]:
             index._dense = faiss.read_index(str(folder / DENSE_FILE))
@@ -615,6 +619,17 @@ class HybridIndex:
         if any(v != num for v in sizes.values()):
             raise HybridIndexError(f"{folder}: manifest says {num} documents, the files hold {sizes}")
         return index
+
+
+def check_index_destination(folder: Path, overwrite: bool,
+                            inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
+    """`check_destination`, where `overwrite` replaces an index only: a non-empty folder without a manifest holds
+    the user's files, and is refused either way."""
+    check_destination(folder, True, inputs)  # a file, the working directory or an input: refused in any case
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file():
+        raise HybridIndexError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
+                               "empty folder (--overwrite replaces an index only)")
+    check_destination(folder, overwrite, inputs)
 
 
 def _top_columns(scores: np.ndarray, n: int) -> np.ndarray:
@@ -664,7 +679,8 @@ __all__ = ["HybridIndex", "HybridIndexError", "ModelMismatchError", "model_finge
 class IndexArguments:
     model: str = field(metadata={"help": "a DupMAE sentence-transformers folder (`retromae export` of a dupmae run)"})
     corpus: str = field(metadata={"help": "documents: a BEIR folder / corpus.jsonl (ids from `_id`) or any corpus "
-                                  "`retromae pretrain` reads (ids = passage numbers)"})
+                                  "`retromae pretrain` reads (ids: a .txt or .jsonl file's line numbers, else passage "
+                                  "numbers from 0)"})
     output_dir: str = field(metadata={"help": "the index folder to write"})
     index_type: Literal["flat", "hnsw", "ivf"] = field(default="flat", metadata={"help": "dense part: exact (flat) or approximate"})
     batch_size: int = field(default=32, metadata={"help": "documents per encoding batch"})
@@ -687,7 +703,8 @@ class SearchArguments:
 
 def _documents(corpus: str) -> tuple[list[str], list[str]]:
     """Ids and texts: a BEIR folder, or a .jsonl where any record has an `_id` (then every record needs one), keeps
-    its ids; any other corpus is numbered."""
+    its ids; a .txt or other .jsonl file is numbered by the line each passage starts on, so blank passages (not
+    indexed) shift no id; any other corpus (a folder of files, a datasets folder) by passage, from 0."""
     path = Path(corpus)
     beir_file = path / "corpus.jsonl" if is_beir_folder(path) else path
     if beir_file.suffix.lower() == ".jsonl" and beir_file.is_file():
@@ -696,6 +713,11 @@ def _documents(corpus: str) -> tuple[list[str], list[str]]:
         if has_ids or beir_file != path:
             docs = read_beir_corpus(beir_file)
             return list(docs), [doc_text(d.get("title"), d["text"]) for d in docs.values()]
+    if path.is_file() and path.suffix in {".txt", ".jsonl"}:
+        numbered = list(numbered_passages(path))
+        if not numbered:
+            raise HybridIndexError(f"--corpus {corpus}: every passage is blank; nothing to index")
+        return [str(line) for line, _ in numbered], [text for _, text in numbered]
     texts = list(read_corpus(corpus)["text"])
     return [str(i) for i in range(len(texts))], texts
 
@@ -706,6 +728,9 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
         path = Path(args.queries)
         if not path.is_file():
             raise HybridIndexError(f"--queries {path} " + ("is a folder; give a file" if path.is_dir() else "not found"))
+        if path.suffix.lower() not in {".jsonl", ".txt"}:
+            raise HybridIndexError(f"--queries {path}: give a BEIR queries.jsonl or a .txt file with one query per "
+                                   f"line (a {path.suffix or 'suffix-less'} file would be read line by line as queries)")
         if path.suffix.lower() == ".jsonl":
             read = read_beir_queries(path).items()
             blank = next((qid for qid, text in read if not text.strip()), None)
@@ -727,7 +752,13 @@ def _load_hybrid_model(folder: str, command: str) -> Any:
         fix = (f"pass its exported encoder, {export}" if (export / "modules.json").is_file()
                else f"export it first: retromae export {folder} OUTPUT_DIR")
         raise HybridIndexError(f"--model {folder} is not a sentence-transformers folder (no modules.json): {fix}")
-    model = load_dupmae_sentence_transformer(folder)
+    try:
+        model = load_dupmae_sentence_transformer(folder)
+    except Exception as error:  # a damaged folder (a module's files missing), an unknown or unreachable Hub id
+        fix = ("export it again (a module's files are missing or damaged)" if Path(folder).exists()
+               else "give a local folder, or a Hub id that exists (and the network)")
+        raise HybridIndexError(f"--model {folder} does not load ({type(error).__name__}: "
+                               f"{one_line_message(error)}); {fix}") from None
     if not is_dupmae_model(model):
         raise HybridIndexError(
             f"--model {folder} is not a DupMAE hybrid model (it has no DupMAEPooling module): retromae {command} is "
@@ -742,7 +773,8 @@ def index_command(argv: list[str]) -> int:
     (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__,
                             positive=("batch_size",))
     # refused before hours of encoding, not after
-    check_destination(Path(args.output_dir), args.overwrite, inputs={"--model": args.model, "--corpus": args.corpus})
+    check_index_destination(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
+                                                                          "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")
     ids, texts = _documents(args.corpus)
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
@@ -758,7 +790,8 @@ def search_command(argv: list[str]) -> int:
     (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__,
                             positive=("top_n",))
     if args.output:
-        check_output_file(Path(args.output), "--output", args.overwrite, inputs={"--queries": args.queries})
+        check_output_file(Path(args.output), "--output", args.overwrite,
+                          inputs={"--queries": args.queries, "--index": args.index, "--model": args.model})
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it

@@ -330,15 +330,21 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
 
 def check_output_file(target: Path, flag: str, overwrite: bool,
                       inputs: Mapping[str, str | os.PathLike | None] | None = None) -> None:
-    """Refuse an output file that is a folder, lies under a file or is one of `inputs` (even with `overwrite`);
-    without `overwrite`, one that exists."""
+    """Refuse an output file that is a folder, lies under a file, is one of `inputs` or lies in a folder of them
+    (even with `overwrite`); without `overwrite`, one that exists."""
     if target.is_dir():
         raise FolderError(f"{flag} {target} is a folder; give a file path")
     check_folder_option(flag, target.parent)
-    hit = would_delete(target, {**COMMAND_INPUTS.get(), **(inputs or {})})
+    protected = {**COMMAND_INPUTS.get(), **(inputs or {})}
+    hit = would_delete(target, protected)
     if hit is not None:
         raise FolderError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
                           "file")
+    inside = next(((what, path) for what, path in protected.items()
+                   if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
+    if inside is not None:
+        raise FolderError(f"{flag} {target} lies in {inside[0]} ({inside[1]}), which writing it would change; choose "
+                          "a file outside it")
     if target.exists() and not overwrite:
         raise FolderError(f"{flag} {target} already exists; pass --overwrite to replace it")
 
