@@ -196,6 +196,25 @@ def scripted_ndcg(monkeypatch, values: list[float]) -> None:
                         lambda *args, **kwargs: {"ndcg@10": next(scores), "mrr@10": 0.5, "recall@100": 0.5})
 
 
+def test_an_evaluation_between_saves_is_never_the_best(tiny_bert, corpus, beir_folder, tmp_path, monkeypatch,
+                                                        capsys):
+    """With --eval-steps 1 --save-steps 2 the 0.6 of step 3 has no checkpoint: HEAD recorded it as the best, loaded
+    checkpoint-2 at the end, and said the final weights were step 3's. The best is chosen among saved steps."""
+    out = tmp_path / "best"
+    scripted_ndcg(monkeypatch, [0.2, 0.5, 0.6, 0.3])
+    flags = [value if i != BEST.index("--save-steps") + 1 else "2" for i, value in enumerate(BEST)]
+    assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(beir_folder), *flags,
+                              "--no-export", "true")) == 0
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert [e["eval_ndcg@10"] for e in state["log_history"] if "eval_ndcg@10" in e] == [0.2, 0.5, 0.6, 0.3]
+    assert (state["best_global_step"], state["best_metric"]) == (2, 0.5)
+    assert f"best checkpoint: step 2, ndcg@10 0.5000 ({out / 'checkpoint-2'})" in capsys.readouterr().out
+    info = json.loads((out / "retromae_run.json").read_text())
+    assert (info["weights_step"], info["best_metric"]) == (2, {"ndcg@10": 0.5})
+    best, final = (load_file(str(out / name)) for name in ("checkpoint-2/model.safetensors", "model.safetensors"))
+    assert all(torch.equal(best[k], final[k]) for k in best)
+
+
 def test_load_best_model_at_end_saves_and_exports_the_best_checkpoint(tiny_bert, corpus, beir_folder, tmp_path,
                                                                       monkeypatch, capsys):
     plain, out = tmp_path / "plain", tmp_path / "best"

@@ -52,7 +52,7 @@ from safetensors.torch import load_file, save_file
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
 
 from .core.checkpoints import divergence
 from .core.errors import UserError
@@ -357,6 +357,10 @@ class RetroMAETrainer(Trainer):
 
     def _determine_best_metric(self, metrics: dict[str, float], trial) -> bool:
         if self.validation is not None and not metrics:  # a failed retrieval validation (warned) is no best
+            return False
+        if self.args.save_strategy != SaveStrategy.BEST and not self.control.should_save:
+            # an evaluation between saves (--eval-steps below --save-steps): no checkpoint holds its weights, and
+            # the Trainer would record it as best yet load an older checkpoint at the end
             return False
         return super()._determine_best_metric(metrics, trial)
 
