@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,6 +214,26 @@ def test_an_evaluation_between_saves_is_never_the_best(tiny_bert, corpus, beir_f
     assert (info["weights_step"], info["best_metric"]) == (2, {"ndcg@10": 0.5})
     best, final = (load_file(str(out / name)) for name in ("checkpoint-2/model.safetensors", "model.safetensors"))
     assert all(torch.equal(best[k], final[k]) for k in best)
+
+
+def test_resuming_after_the_validation_files_changed_is_refused(tiny_bert, corpus, beir_folder, tmp_path, monkeypatch,
+                                                                capsys):
+    """HEAD resumed a best-checkpoint run whose validation qrels had been rewritten in place, and compared the new
+    scores with the recorded best's."""
+    import shutil
+
+    folder = Path(shutil.copytree(beir_folder, tmp_path / "beir"))
+    out = tmp_path / "run"
+    scripted_ndcg(monkeypatch, [0.2, 0.5, 0.3, 0.4])
+    assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(folder), *BEST,
+                              "--no-export", "true")) == 0
+    qrels = folder / "qrels" / "dev.tsv"
+    qrels.write_text(qrels.read_text() + qrels.read_text().splitlines()[-1] + "\n")
+    scripted_ndcg(monkeypatch, [0.3, 0.4])
+    assert main(["pretrain", "--output-dir", str(tmp_path / "resumed"), "--resume-from-checkpoint",
+                 str(out / "checkpoint-2")]) == 2
+    err = capsys.readouterr().err
+    assert f"--eval-beir-folder file {qrels} changed size" in err and "compared with the recorded best's" in err, err
 
 
 def test_load_best_model_at_end_saves_and_exports_the_best_checkpoint(tiny_bert, corpus, beir_folder, tmp_path,

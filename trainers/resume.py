@@ -10,8 +10,9 @@ On resume the recorded values are the defaults, so `--output-dir X --resume-from
 the same run. A flag given again with the recorded value is fine; one that changes what is trained (model, corpus,
 method and its options, lengths, batch, steps, schedule, seed, ...) is refused with one line. Options in
 `MAY_CHANGE` (where and how often the run logs and saves, the device, precision, workers, export) may change.
-The size and modification time of every corpus / pairs file are recorded too: a run whose text changed size since is
-not resumed (a modification of the same size is a warning).
+The size and modification time of every corpus / pairs file are recorded too, and of the validation folder's files
+for a run that keeps its best checkpoint: a run whose files changed size since is not resumed (a modification of the
+same size is a warning).
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ BEST_MODEL_DATA = frozenset({"eval_beir_folder", "eval_split", "eval_max_queries
 
 
 # The training text: a resumed run must read what the run read (its data order is replayed), so its files' sizes and
-# modification times are recorded (cheap: no reading) and compared.
-TEXT_OPTIONS = ("corpus", "pairs")
+# modification times are recorded (cheap: no reading) and compared; so are the validation data's of a run that
+# keeps its best checkpoint (its scores are compared with the recorded best's). Option -> what a change would do.
+TEXT_OPTIONS = {"corpus": "it would continue on other text", "pairs": "it would continue on other text"}
+BEST_MODEL_FILES = {"eval_beir_folder": "its scores would be compared with the recorded best's, from other data"}
 
 
 class ResumeConflict(UserError):
@@ -89,7 +92,7 @@ def text_file_stamps(values: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
     """For each local training-text option in `values` (`TEXT_OPTIONS`): `[size, mtime_ns]` of its file, or of
     every file below its folder (hidden ones skipped, as the corpus reader does), by path relative to it."""
     stamps = {}
-    for name in TEXT_OPTIONS:
+    for name in _stamped(values):
         value = values.get(name)
         if not isinstance(value, str) or not os.path.exists(value):  # unset, the built-in corpus or a Hub name
             continue
@@ -101,6 +104,11 @@ def text_file_stamps(values: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
         stamps[name] = {file.relative_to(root).as_posix(): [file.stat().st_size, file.stat().st_mtime_ns]
                         for file in files}
     return stamps
+
+
+def _stamped(values: dict[str, Any]) -> dict[str, str]:
+    """The options whose files a run records (`TEXT_OPTIONS`, and `BEST_MODEL_FILES` when it keeps its best)."""
+    return {**TEXT_OPTIONS, **(BEST_MODEL_FILES if values.get("metric_for_best_model") else {})}
 
 
 def check_text_unchanged(recorded: dict[str, Any], checkpoint: str) -> None:
@@ -120,13 +128,15 @@ def check_text_unchanged(recorded: dict[str, Any], checkpoint: str) -> None:
             path = Path(recorded["settings"][name]) / file  # "." for a file: the file itself
             if old is not None and new is not None and old[0] == new[0]:
                 logger.warning("--%s file %s was modified since the run being resumed from %s started (same size); "
-                               "if its text changed, the resumed run continues on other text", name, path, checkpoint)
+                               "if its content changed, %s", name.replace("_", "-"), path, checkpoint,
+                               _stamped(recorded["settings"])[name])
                 continue
             change = "is gone" if new is None else "is new" if old is None else f"changed size ({old[0]} -> {new[0]} bytes)"
+            flag = "--" + name.replace("_", "-")
             raise ResumeConflict(
-                f"--{name} file {path} {change} since the run being resumed from {checkpoint} started; it would "
-                "continue on other text: restore the file, or start a new run in another --output-dir (--model "
-                "CHECKPOINT continues its weights)"
+                f"{flag} file {path} {change} since the run being resumed from {checkpoint} started; "
+                f"{_stamped(recorded['settings'])[name]}: restore the file, or start a new run in another --output-dir "
+                "(--model CHECKPOINT continues its weights)"
             )
 
 
