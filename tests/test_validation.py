@@ -127,18 +127,22 @@ def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_
     ("qrels", "is missing qrels/dev.tsv"),
     ("corpus.jsonl", "is missing corpus.jsonl"),
     ("queries.jsonl", "is missing queries.jsonl"),
+    ("empty queries.jsonl", "toy/queries.jsonl holds no query"),  # HEAD named the qrels
 ])
 def test_bad_folder_refused_before_training(tiny_bert, corpus, tmp_path, capsys, damage, expected):
     import shutil
 
     folder = write_beir(tmp_path / "toy")
-    target = folder / damage
-    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    target = folder / damage.removeprefix("empty ")
+    if damage.startswith("empty "):
+        target.write_text("")
+    else:
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
     out = tmp_path / "run"
     assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(folder))) == 2
     error = capsys.readouterr().err.strip()
-    assert error.startswith(f"retromae pretrain: error: --eval-beir-folder {folder} (--eval-split dev): BEIR folder "
-                            "toy ") and expected in error and len(error.splitlines()) == 1
+    assert error.startswith(f"retromae pretrain: error: --eval-beir-folder {folder} (--eval-split dev): ")
+    assert expected in error and len(error.splitlines()) == 1, error
     assert not out.exists(), "refused before the output folder is touched"
 
 
@@ -178,6 +182,8 @@ def test_best_model_needs_the_validation_folder(tiny_bert, corpus, tmp_path, cap
     (["--eval-split", "test", "--eval-coverage", "true"], "--eval-split, --eval-coverage configure the validation"),
     (["--eval-beir-folder", "FOLDER", "--eval-steps", "0"], "--eval-steps 0.0: give a positive number"),
     (["--eval-beir-folder", "FOLDER", "--eval-steps", "-2"], "--eval-steps -2.0: give a positive number"),
+    (["--eval-beir-folder", "FOLDER", "--per-device-eval-batch-size", "0"],  # HEAD: every evaluation failed
+     "--per-device-eval-batch-size 0: give a positive integer"),
 ])
 def test_validation_options_that_cannot_work_are_refused_before_training(tiny_bert, corpus, beir_folder, tmp_path,
                                                                          capsys, flags, expected):

@@ -176,6 +176,8 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
     qrels_file = check_beir_layout(folder, split)
     corpus = read_beir_corpus(folder / "corpus.jsonl")
     all_queries = read_beir_queries(folder / "queries.jsonl")
+    if not all_queries:
+        raise RetrievalDataError(f"{folder.name}/queries.jsonl holds no query; add the queries of qrels/{split}.tsv")
     qrels, report = _known_qrels(read_qrels(qrels_file), all_queries, corpus, on_missing, qrels_file)
     positives = {qid: {d: s for d, s in docs.items() if s > 0} for qid, docs in qrels.items()}
     without = sorted(qid for qid, docs in positives.items() if not docs)
@@ -219,7 +221,7 @@ def _known_qrels(raw_qrels: dict[str, dict[str, int]], queries: Mapping[str, Any
         )
         if on_missing == "error":
             raise RetrievalDataError(message + "; fix the files, or pass --on-missing skip to drop those lines")
-        logger.warning("%s; skipped (--on-missing skip)", message)
+        logger.warning("%s; those lines are skipped", message)
     return qrels, report
 
 

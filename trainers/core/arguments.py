@@ -209,7 +209,7 @@ def check_training_arguments(args: Any) -> None:
     epochs = getattr(args, "num_train_epochs", 1.0)
     if max_steps == -1 and epochs <= 0:
         raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
-    check_positive(args, "per_device_train_batch_size", "gradient_accumulation_steps")
+    check_positive(args, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
     learning_rate = getattr(args, "learning_rate", 0.0)
     if not 0 <= learning_rate < math.inf:  # also NaN
         raise UserError(f"--learning-rate {learning_rate}: give a finite learning rate >= 0 (e.g. 1e-4)")
