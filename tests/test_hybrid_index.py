@@ -498,6 +498,7 @@ def test_a_corpus_without_ids_is_numbered_by_line_so_blank_passages_shift_no_id(
     blocks.write_text("line zero apples\nline one dogs\n\nline three river\nline four tigers\n")
     assert _documents(str(blocks)) == (["1", "4"], ["line zero apples line one dogs",
                                                     "line three river line four tigers"])
+    assert _documents(str(blocks), "lines")[0] == ["1", "2", "4", "5"]  # index --text-format lines
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": " "}\n')
     with pytest.raises(HybridIndexError, match="every passage is blank"):

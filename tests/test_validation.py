@@ -107,7 +107,7 @@ def test_dupmae_scores_its_hybrid_and_its_cls_part(tokenizer, tmp_path):
 
 
 def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_folder, tmp_path, monkeypatch,
-                                                        caplog):
+                                                        caplog, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory")
 
@@ -119,6 +119,12 @@ def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_
     assert "retrieval validation on toy (dev) failed at step 1 (RuntimeError: out of memory)" in caplog.text
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and not any("eval_ndcg@10" in entry for entry in state["log_history"])
+    capsys.readouterr()
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "best", "--no-export", "true", "--max-steps", "2",
+                              "--eval-beir-folder", str(beir_folder), *BEST)) == 0
+    # HEAD's summary said nothing of the best checkpoint when no evaluation succeeded
+    assert "best checkpoint: none (no evaluation at a saved step succeeded); the final save is the last step's" in \
+        capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("damage", "expected"), [

@@ -390,7 +390,11 @@ def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
 def numbered_passages(path: str | os.PathLike, text_format: TextFormat = "auto") -> Iterator[tuple[int, str]]:
     """``(line, passage)`` for each passage of one ``.txt`` or ``.jsonl`` file, as ``read_corpus`` reads it; ``line``
     is the 1-based line the passage starts on (an id that blank passages, which are skipped, do not shift)."""
-    return _READERS[_describe_file(Path(path), text_format)[1]](str(path))
+    fmt = _describe_file(Path(path), text_format)[1]
+    if fmt != "jsonl":
+        logger.info("%s: one passage per %s (text format %s)", Path(path).name,
+                    "line" if fmt == "lines" else "block of lines between blank lines", text_format)
+    return _READERS[fmt](str(path))
 
 
 def _iter_text_lines(path: str) -> Iterator[tuple[int, str]]:

@@ -682,6 +682,9 @@ class IndexArguments:
                                   "`retromae pretrain` reads (ids: a .txt or .jsonl file's line numbers, else passage "
                                   "numbers from 0)"})
     output_dir: str = field(metadata={"help": "the index folder to write"})
+    text_format: Literal["auto", "lines", "blocks"] = field(default="auto", metadata={
+        "help": "how a .txt corpus splits into documents: lines (one per line), blocks (separated by blank lines) or "
+        "auto (blocks when a blank line separates two text lines), as `retromae pretrain` reads it"})
     index_type: Literal["flat", "hnsw", "ivf"] = field(default="flat", metadata={"help": "dense part: exact (flat) or approximate"})
     batch_size: int = field(default=32, metadata={"help": "documents per encoding batch"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing index folder"})
@@ -701,7 +704,7 @@ class SearchArguments:
     overwrite: bool = field(default=False, metadata={"help": "replace an existing --output file"})
 
 
-def _documents(corpus: str) -> tuple[list[str], list[str]]:
+def _documents(corpus: str, text_format: str = "auto") -> tuple[list[str], list[str]]:
     """Ids and texts: a BEIR folder, or a .jsonl where any record has an `_id` (then every record needs one), keeps
     its ids; a .txt or other .jsonl file is numbered by the line each passage starts on, so blank passages (not
     indexed) shift no id; any other corpus (a folder of files, a datasets folder) by passage, from 0."""
@@ -714,11 +717,11 @@ def _documents(corpus: str) -> tuple[list[str], list[str]]:
             docs = read_beir_corpus(beir_file)
             return list(docs), [doc_text(d.get("title"), d["text"]) for d in docs.values()]
     if path.is_file() and path.suffix in {".txt", ".jsonl"}:
-        numbered = list(numbered_passages(path))
+        numbered = list(numbered_passages(path, text_format))
         if not numbered:
             raise HybridIndexError(f"--corpus {corpus}: every passage is blank; nothing to index")
         return [str(line) for line, _ in numbered], [text for _, text in numbered]
-    texts = list(read_corpus(corpus)["text"])
+    texts = list(read_corpus(corpus, text_format=text_format)["text"])
     return [str(i) for i in range(len(texts))], texts
 
 
@@ -776,7 +779,7 @@ def index_command(argv: list[str]) -> int:
     check_index_destination(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
                                                                           "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")
-    ids, texts = _documents(args.corpus)
+    ids, texts = _documents(args.corpus, args.text_format)
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
                               show_progress_bar=True)
     folder = index.save(args.output_dir, overwrite=args.overwrite)

@@ -784,10 +784,13 @@ def final_save_done(output_dir: str, step: int) -> bool:
 
 
 def best_summary(trainer: RetroMAETrainer) -> str | None:
-    """The summary line of the best checkpoint (`--metric-for-best-model`), or None when none was selected."""
+    """The summary line of the best checkpoint (`--metric-for-best-model`), or None without that option."""
     state, args = trainer.state, trainer.args
-    if args.metric_for_best_model is None or state.best_global_step is None or state.best_metric is None:
+    if args.metric_for_best_model is None:
         return None
+    if state.best_global_step is None or state.best_metric is None:
+        return ("  best checkpoint: none (no evaluation at a saved step succeeded); the final save is the last "
+                "step's")
     name = args.metric_for_best_model.removeprefix("eval_")
     where = ("; the final save and export are its weights" if args.load_best_model_at_end
              else "; the final save is the last step's (--load-best-model-at-end loads the best)")

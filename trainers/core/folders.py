@@ -323,7 +323,7 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
                           "choose another folder")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FolderError(
-            f"output folder {target} already exists and is not empty; pass overwrite=True (CLI: --overwrite) "
+            f"output folder {target} already exists and is not empty; pass --overwrite (Python: overwrite=True) "
             "to replace it"
         )
 
