@@ -174,7 +174,7 @@ def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    with pytest.raises(FolderError, match=r"not empty; pass overwrite=True \(CLI: --overwrite\)"):
+    with pytest.raises(FolderError, match=r"not empty; pass --overwrite \(Python: overwrite=True\)"):
         export_sentence_transformer(checkpoint, out)
     assert (out / "keep.txt").read_text() == "user data" and not (out / "modules.json").exists()
 
