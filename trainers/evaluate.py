@@ -463,8 +463,7 @@ def evaluate(
 def default_output_dir(model: str | os.PathLike) -> Path:
     """`eval-results/<model folder name>` (a Hub id's last part): two copies of one fine-tune (same --model-name)
     get a folder each."""
-    path = Path(model).expanduser()
-    return Path("eval-results") / (path.resolve().name if path.exists() else os.fspath(model).split("/")[-1])
+    return Path("eval-results") / model_location(model).split("/")[-1]
 
 
 def _mteb_model_name(model: str | os.PathLike) -> str:

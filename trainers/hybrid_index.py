@@ -625,11 +625,11 @@ def check_index_destination(folder: Path, overwrite: bool,
                             inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
     """`check_destination`, where `overwrite` replaces an index only: a non-empty folder without a manifest holds
     the user's files, and is refused either way."""
-    check_destination(folder, True, inputs)  # a file, the working directory or an input: refused in any case
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file():
+    user_files = folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file()
+    check_destination(folder, overwrite or user_files, inputs)  # user files: refused below, whatever the flag says
+    if user_files:
         raise HybridIndexError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
                                "empty folder (--overwrite replaces an index only)")
-    check_destination(folder, overwrite, inputs)
 
 
 def _top_columns(scores: np.ndarray, n: int) -> np.ndarray:

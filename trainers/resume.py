@@ -119,24 +119,23 @@ def check_text_unchanged(recorded: dict[str, Any], checkpoint: str) -> None:
     if not isinstance(before, dict):
         return
     now = text_file_stamps(recorded["settings"])
+    consequences = _stamped(recorded["settings"])
     for name, files in before.items():
-        current = now.get(name, {})
+        current, flag = now.get(name, {}), "--" + name.replace("_", "-")
         for file in sorted(files.keys() | current.keys()):
             old, new = files.get(file), current.get(file)
             if old == new:
                 continue
             path = Path(recorded["settings"][name]) / file  # "." for a file: the file itself
             if old is not None and new is not None and old[0] == new[0]:
-                logger.warning("--%s file %s was modified since the run being resumed from %s started (same size); "
-                               "if its content changed, %s", name.replace("_", "-"), path, checkpoint,
-                               _stamped(recorded["settings"])[name])
+                logger.warning("%s file %s was modified since the run being resumed from %s started (same size); "
+                               "if its content changed, %s", flag, path, checkpoint, consequences[name])
                 continue
             change = "is gone" if new is None else "is new" if old is None else f"changed size ({old[0]} -> {new[0]} bytes)"
-            flag = "--" + name.replace("_", "-")
             raise ResumeConflict(
                 f"{flag} file {path} {change} since the run being resumed from {checkpoint} started; "
-                f"{_stamped(recorded['settings'])[name]}: restore the file, or start a new run in another --output-dir "
-                "(--model CHECKPOINT continues its weights)"
+                f"{consequences[name]}: restore the file, or start a new run in another --output-dir (--model "
+                "CHECKPOINT continues its weights)"
             )
 
 
