@@ -227,8 +227,13 @@ class DupMAEPooling(Module):
             revision=revision,
             local_files_only=local_files_only,
         )
-        module = cls(**cls.load_config(model_name_or_path, **hub))
-        return cls.load_torch_weights(model_name_or_path, model=module, **hub)
+        config = cls.load_config(model_name_or_path, **hub)
+        missing = [key for key in ("hidden_size", "vocab_size") if key not in config]
+        if missing:  # load_config gives {} for a missing file: say which, not a TypeError from __init__
+            where = Path(model_name_or_path) / subfolder / "config.json"
+            raise ValueError(f"{where} is missing or lacks {', '.join(missing)} (the DupMAEPooling module's config "
+                             "is damaged)")
+        return cls.load_torch_weights(model_name_or_path, model=cls(**config), **hub)
 
 
 def save_sentence_transformer(model: torch.nn.Module, path: str | Path, **save_kwargs: Any) -> Path:

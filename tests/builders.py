@@ -443,3 +443,12 @@ def save_tiny_masked_lm(folder: Path, family: str, tokenizer, seed: int = 0, hea
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return Path(folder)
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended (what a killed writer leaves in its temporary folders' names)."""
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from retromae.trainers.beir import RetrievalDataError, read_beir, read_qrels
+from retromae.trainers.core.errors import UserError
 from retromae.trainers.core.folders import FolderError
 from retromae.trainers.evaluate import (
     EvaluateError,
@@ -434,6 +435,41 @@ def test_a_bad_config_and_a_tokenizer_larger_than_the_vocabulary_get_one_line(sp
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and re.search(message, err), err
 
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing 1_DupMAEPooling/config.json",
+     r"cannot load the sentence-transformers folder .*dup \(ValueError: .*dup/1_DupMAEPooling/config.json is missing or "
+     r"lacks hidden_size, vocab_size .*\); a module's files are missing or damaged: export the model again"),
+    ("bad 1_DupMAEPooling/config.json", r"evaluate --model: .*dup/1_DupMAEPooling/config.json is not valid JSON "
+                                        r"\(Expecting value.*\); restore the file, or export the model again"),
+    ("truncated 1_DupMAEPooling/model.safetensors", r"evaluate --model: weights file .*dup/1_DupMAEPooling/"
+                                                    r"model.safetensors is incomplete: it has 300 bytes"),
+    ("missing st_dupmae.py", r"cannot load the sentence-transformers folder .*dup \(ModuleNotFoundError: No module "
+                             r"named 'st_dupmae'\); a module's files are missing or damaged: export the model again"),
+])
+def test_a_damaged_dupmae_export_gets_one_line(tokenizer, tiny_beir, tmp_path, capsys, damage, message):
+    """HEAD: a TypeError or SafetensorError traceback from inside sentence-transformers' module loader."""
+    from retromae.modeling.configuration_dupmae import DupMAEConfig
+    from retromae.modeling.modeling_dupmae import DupMAEForPretraining
+    from retromae.trainers.cli import main
+
+    folder = tmp_path / "dup"
+    build_dupmae_sentence_transformer(DupMAEForPretraining(DupMAEConfig(**tiny_bert_kwargs(), dense_dim=16)),
+                                      tokenizer, folder, max_seq_length=32)
+    kind, name = damage.split(" ")
+    if kind == "missing":
+        (folder / name).unlink()
+    elif kind == "bad":
+        (folder / name).write_text('{"hidden_size":\n')
+    else:
+        (folder / name).write_bytes((folder / name).read_bytes()[:300])
+    assert main(["evaluate", str(folder), "--beir-folder", str(tiny_beir), "--split", "dev",
+                 "--output-dir", str(tmp_path / "eval"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
+    with pytest.raises(UserError, match=message.replace("evaluate --model", "--model")):  # finetune's loader
+        load_as_sentence_transformer(folder)
 
 # ---- same-named BEIR folders, output folder, --update-card, paths in the Python API -----------------------------
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from transformers import BertConfig, BertModel
 
-from .builders import tiny_bert_kwargs
+from .builders import dead_pid, tiny_bert_kwargs
 
 MAX_SEQ_LENGTH = 64
 RUN_INFO = {
@@ -403,15 +403,6 @@ def _killed_mid_save(pretrained, folder: Path) -> Path:
     return folder
 
 
-def _dead_pid() -> int:
-    import subprocess
-    import sys
-
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
-
-
 def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
     """On HEAD the export loaded a 5-token tokenizer (every word [UNK]) and wrote a folder that looked valid."""
     from transformers import AutoTokenizer
@@ -472,7 +463,7 @@ def test_a_swap_killed_between_its_renames_is_restored(pretrained, tmp_path):
     _, checkpoint = pretrained
     out = export_sentence_transformer(checkpoint, tmp_path / "retromae-tiny")
     before = (out / "model.safetensors").read_bytes()
-    pid = _dead_pid()
+    pid = dead_pid()
     out.rename(tmp_path / f".retromae-tiny.old-{pid}-0123abcd")
     (tmp_path / f".retromae-tiny.tmp-{pid}-4567cdef").mkdir()
     with pytest.raises(FolderError, match="already exists and is not empty"):  # restored, so not overwritten

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -15,9 +16,15 @@ from retromae.modeling.modeling_dupmae import DupMAEModel
 from retromae.trainers import hybrid_index
 from retromae.trainers.core.folders import FolderError
 from retromae.trainers.export import build_dupmae_sentence_transformer
-from retromae.trainers.hybrid_index import HybridIndex, HybridIndexError, ModelMismatchError, model_fingerprint
+from retromae.trainers.hybrid_index import (
+    HybridIndex,
+    HybridIndexError,
+    ModelMismatchError,
+    check_index_destination,
+    model_fingerprint,
+)
 
-from .builders import tiny_bert_kwargs
+from .builders import dead_pid, tiny_bert_kwargs
 
 D, V, K = 16, 1000, 20  # dense_dim, vocab_size, doc_top_k of the random corpus
 SCIFACT_MAX_SEQ_LENGTH = 16
@@ -154,6 +161,20 @@ def test_save_is_atomic_and_refuses_to_clobber(tmp_path):
     smaller, _, _, _ = make_index(20)
     smaller.save(folder, overwrite=True)
     assert len(HybridIndex.load(folder)) == 20
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
+
+
+def test_a_rebuild_killed_between_its_renames_gives_the_index_back(tmp_path):
+    """HEAD: `search` found no index (it lay hidden in `.index.old-PID-…`), and `index` encoded the whole corpus
+    before refusing the folder the swap restored."""
+    index, _, _, _ = make_index(30)
+    folder = index.save(tmp_path / "index")
+    folder.rename(tmp_path / f".index.old-{dead_pid()}-0123abcd")
+    assert len(HybridIndex.load(folder)) == 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
+    folder.rename(tmp_path / f".index.old-{dead_pid()}-0123abcd")
+    with pytest.raises(FolderError, match="already exists and is not empty"):  # before any encoding
+        check_index_destination(folder, overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
 
 
@@ -452,7 +473,7 @@ def test_a_damaged_model_folder_or_manifest_is_one_line(st_models, tmp_path):
 
     model, _ = st_models
     save_dupmae_sentence_transformer(model, tmp_path / "model")
-    for damage, message in [("1_DupMAEPooling/config.json", "TypeError"), ("st_dupmae.py", "ModuleNotFoundError")]:
+    for damage, message in [("1_DupMAEPooling/config.json", "ValueError"), ("st_dupmae.py", "ModuleNotFoundError")]:
         damaged = Path(shutil.copytree(tmp_path / "model", tmp_path / f"damaged-{damage.replace('/', '-')}"))
         (damaged / damage).unlink()
         with pytest.raises(HybridIndexError, match=rf"--model .*damaged.* does not load \({message}: .*export it again"):
@@ -481,6 +502,18 @@ def test_corpus_ids_are_kept_whichever_line_holds_the_first_id(tmp_path):
     plain = tmp_path / "plain.jsonl"
     plain.write_text('{"text": "apples"}\n{"text": "pears"}\n')
     assert _documents(str(plain)) == (["1", "2"], ["apples", "pears"])
+
+
+def test_blank_beir_documents_keep_their_ids_and_are_named(tmp_path, caplog):
+    """HEAD indexed them as empty texts without a word."""
+    from retromae.trainers.hybrid_index import _documents
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"_id": "a", "text": "apples"}\n{"_id": "b", "title": " ", "text": ""}\n'
+                      '{"_id": "c", "text": "pears"}\n')
+    with caplog.at_level(logging.WARNING):
+        assert _documents(str(corpus)) == (["a", "b", "c"], ["apples", "", "pears"])
+    assert "corpus.jsonl: 1 document(s) without title or text are indexed as empty texts (ids: b)" in caplog.text
 
 
 def test_a_corpus_without_ids_is_numbered_by_line_so_blank_passages_shift_no_id(tmp_path):

@@ -283,3 +283,35 @@ def test_a_diverged_run_stops_before_saving_nan_weights(tiny_bert, corpus, tmp_p
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2"]
     saved = load_file(out / "checkpoint-2" / "model.safetensors")
     assert all(bool(tensor.float().isfinite().all()) for tensor in saved.values())
+
+
+def _divergence_seen_by(rank: int, world_size: int, port: int, results) -> None:
+    """Rank 1 holds the only NaN weight, as one FSDP shard can."""
+    import torch
+    from retromae.trainers.core.checkpoints import divergence_on_any_process
+
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world_size)
+    try:
+        shard = torch.nn.Linear(2, 2)
+        if rank == 1:
+            shard.weight.data[0, 0] = float("nan")
+        results[rank] = divergence_on_any_process(shard, [])
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_every_process_stops_when_one_shard_diverged():
+    """HEAD checked each process's own weights: with sharded weights (FSDP, ZeRO-3) only the process holding the NaN
+    stopped, and the others waited in their next collective for ever."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_divergence_seen_by, args=(2, port, results), nprocs=2, join=True)
+        seen = dict(results)
+    assert seen == {0: "the weights of 1 other process(es) are NaN or infinite",
+                    1: "1 weight tensor(s) are NaN or infinite"}

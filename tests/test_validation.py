@@ -158,7 +158,9 @@ BEST = ("--eval-strategy", "steps", "--eval-steps", "1", "--save-steps", "1", "-
 
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--eval-max-queries", "0"], "--eval-max-queries 0"),
-    (["--load-best-model-at-end", "true"], "--load-best-model-at-end requires the save and eval strategy to match"),
+    (["--load-best-model-at-end", "true"], "--load-best-model-at-end keeps the saved checkpoint with the best "
+                                           "validation: add --eval-strategy steps --eval-steps N (--save-steps a "
+                                           "multiple of N)"),
     (["--metric-for-best-model", "ndcg@10"], "--metric-for-best-model ndcg@10 compares the Trainer's evaluations"),
     (["--eval-strategy", "steps", "--eval-steps", "2", "--load-best-model-at-end", "true"],
      "--metric-for-best-model loss: the retrieval validation logs ndcg@10, mrr@10, recall@100"),

@@ -53,7 +53,14 @@ from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
 from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError, one_line_message
-from .core.folders import atomic_folder, check_destination, check_model_folder, check_output_file, is_local_path
+from .core.folders import (
+    atomic_folder,
+    check_destination,
+    check_model_folder,
+    check_output_file,
+    clean_stale_siblings,
+    is_local_path,
+)
 from .core.io import atomic_file
 from .data import iter_decoded_lines, numbered_passages, read_corpus
 from .export_dupmae import load_dupmae_sentence_transformer
@@ -550,6 +557,7 @@ class HybridIndex:
             HybridIndexError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
         """
         folder = Path(folder)
+        clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
         manifest_path = folder / MANIFEST
         if not manifest_path.is_file():
             raise FileNotFoundError(
@@ -625,6 +633,7 @@ def check_index_destination(folder: Path, overwrite: bool,
                             inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
     """`check_destination`, where `overwrite` replaces an index only: a non-empty folder without a manifest holds
     the user's files, and is refused either way."""
+    clean_stale_siblings(folder)  # a rebuild killed mid-swap: its previous index comes back before it is judged
     user_files = folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file()
     check_destination(folder, overwrite or user_files, inputs)  # user files: refused below, whatever the flag says
     if user_files:
@@ -715,7 +724,12 @@ def _documents(corpus: str, text_format: str = "auto") -> tuple[list[str], list[
             has_ids = any('"_id"' in line for line in handle)  # a key: inside a JSON string the quotes are escaped
         if has_ids or beir_file != path:
             docs = read_beir_corpus(beir_file)
-            return list(docs), [doc_text(d.get("title"), d["text"]) for d in docs.values()]
+            texts = [doc_text(d.get("title"), d["text"]) for d in docs.values()]
+            blank = [doc_id for doc_id, text in zip(docs, texts, strict=True) if not text]
+            if blank:  # kept, as BEIR and mteb keep them: ids must match the qrels
+                logger.warning("%s: %d document(s) without title or text are indexed as empty texts (ids: %s)",
+                               beir_file, len(blank), ", ".join(blank[:5]) + (", ..." if len(blank) > 5 else ""))
+            return list(docs), texts
     if path.is_file() and path.suffix in {".txt", ".jsonl"}:
         numbered = list(numbered_passages(path, text_format))
         if not numbered:

@@ -299,6 +299,10 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     except ValueError as error:  # TrainingArguments' own checks of --load-best-model-at-end, in one line
         if "load_best_model_at_end" not in str(error):
             raise
+        if "strategy to match" in str(error):  # its message names the enums, not the flags to add
+            raise UserError("--load-best-model-at-end keeps the saved checkpoint with the best validation: add "
+                            "--eval-strategy steps --eval-steps N (--save-steps a multiple of N), --eval-beir-folder "
+                            "FOLDER and --metric-for-best-model ndcg@10") from None
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
     check_validation_options(training, validation, model.method)
     check_from_scratch_options(model)

@@ -54,7 +54,7 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
 
-from .core.checkpoints import divergence
+from .core.checkpoints import divergence_on_any_process
 from .core.errors import UserError
 from .core.folders import atomic_folder, clean_stale_siblings, sibling_target_name
 from .core.io import read_json_or_empty, write_json_atomic
@@ -443,7 +443,7 @@ class RetroMAETrainer(Trainer):
     def _refuse_divergence(self) -> None:
         """Stop a run whose weights became NaN or infinite before it saves them (a checkpoint, the final model or
         its export), naming the last checkpoint saved before."""
-        diverged = divergence(self.model, self.state.log_history)
+        diverged = divergence_on_any_process(self.model, self.state.log_history)
         if diverged is None:
             return
         last = last_complete_checkpoint(self.args.output_dir)

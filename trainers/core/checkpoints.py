@@ -393,6 +393,22 @@ def divergence(model: nn.Module, log_history: list[dict[str, Any]]) -> str | Non
         f", the logged losses first at step {first}" if first is not None else "")
 
 
+def divergence_on_any_process(model: nn.Module, log_history: list[dict[str, Any]]) -> str | None:
+    """`divergence`, agreed on by every process of a distributed run (a collective: call it on all of them).
+
+    FSDP and ZeRO-3 shard the weights, so a NaN may lie in one process's shard only; a process stopping alone would
+    leave the others waiting in their next collective."""
+    diverged = divergence(model, log_history)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return diverged
+    flag = torch.tensor([int(diverged is not None)], device=next(model.parameters()).device)  # nccl: on the GPU
+    torch.distributed.all_reduce(flag)
+    others = int(flag.item()) - int(diverged is not None)
+    if diverged is None and others:
+        return f"the weights of {others} other process(es) are NaN or infinite"
+    return diverged
+
+
 def is_dupmae_model(model: nn.Module) -> bool:
     """Whether a SentenceTransformer embeds with DupMAE's hybrid pooling (its loss needs the query/document routes)."""
     return any(is_dupmae_pooling(m) for m in model.modules())
@@ -443,8 +459,11 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
             )
         try:
             return SentenceTransformer(str(path), trust_remote_code=needs_remote_code(path), device=device)
-        except (OSError, ValueError, KeyError, ImportError) as error:
-            raise CheckpointError(f"cannot load the sentence-transformers folder {path.name}: {error}") from None
+        except Exception as error:  # a module's file missing or damaged: its loader fails with anything
+            raise CheckpointError(
+                f"cannot load the sentence-transformers folder {path} ({type(error).__name__}: "
+                f"{one_line_message(error)}); a module's files are missing or damaged: export the model again"
+            ) from None
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path.name} holds neither modules.json nor config.json; not a model folder")
     pooling = pooling or "cls"
@@ -470,6 +489,7 @@ __all__ = [
     "bert_encoder_from_state_dict",
     "default_model_dir",
     "divergence",
+    "divergence_on_any_process",
     "encoder_from_state_dict",
     "encoder_kwargs",
     "position_offset",

@@ -154,17 +154,35 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
                                     "file") from None
     if not isinstance(config, dict):
         raise IncompleteModelFolder(f"{purpose}: {config_file} is not a JSON object; fix or restore the file")
-    for file in _safetensors_files(folder) if weights else []:
+    if not weights:
+        return
+    for file in _module_files(folder, "*.json"):
+        try:
+            json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise IncompleteModelFolder(f"{purpose}: {file} is not valid JSON ({error}); restore the file, or "
+                                        "export the model again") from None
+    for file in _module_files(folder, "*.safetensors"):
         problem = safetensors_problem(file)
         if problem:
             raise IncompleteModelFolder(f"{purpose}: weights file {file} is incomplete: {problem}; "
                                         f"{KILLED_SAVE_HINT} (or download it again)")
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    """The safetensors files of a model folder: its own and those of its sentence-transformers Transformer module."""
-    folders = {folder, _transformer_dir(folder, [])}
-    return sorted(file for path in folders for file in path.glob("*.safetensors") if file.is_file())
+def _module_files(folder: Path, pattern: str) -> list[Path]:
+    """The files matching `pattern` in a model folder and in every sentence-transformers module folder it lists."""
+    folders = {folder, _transformer_dir(folder, []), *_module_dirs(folder)}
+    return sorted(file for path in folders for file in path.glob(pattern) if file.is_file())
+
+
+def _module_dirs(folder: Path) -> list[Path]:
+    """The existing module folders a sentence-transformers folder's modules.json lists (none for other folders)."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+        paths = [str(module.get("path", "")) for module in modules]
+    except (OSError, ValueError, AttributeError, TypeError):  # absent, or refused by `missing_model_files`
+        return []
+    return [folder / path for path in paths if path and (folder / path).is_dir()]
 
 
 def safetensors_problem(file: Path) -> str | None:
