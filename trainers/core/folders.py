@@ -118,8 +118,8 @@ def is_trainer_checkpoint(folder: Path) -> bool:
 
 def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer: bool = True,
                        weights: bool = True) -> None:
-    """Refuse a local model folder that a complete save would not look like (files missing, or a safetensors file
-    shorter than its header says); Hub ids pass through unchecked.
+    """Refuse a local model folder that a complete save would not look like (files missing, a safetensors file
+    shorter than its header says, a JSON file that does not parse); Hub ids pass through unchecked.
 
     Args:
         path_or_id: a local folder or a Hub model id.
@@ -171,7 +171,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
 
 def _module_files(folder: Path, pattern: str) -> list[Path]:
     """The files matching `pattern` in a model folder and in every sentence-transformers module folder it lists."""
-    folders = {folder, _transformer_dir(folder, []), *_module_dirs(folder)}
+    folders = {folder, *_module_dirs(folder)}
     return sorted(file for path in folders for file in path.glob(pattern) if file.is_file())
 
 
