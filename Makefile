@@ -2,7 +2,7 @@
 # Both create the virtual environment on first use.
 PYTHON ?= python3
 VENV ?= .venv
-# The CPU build of torch; on a CUDA machine use e.g. `make TORCH=torch demo`.
+# torch's version; the build is the index's (README: Quick start). On a CUDA machine e.g. `make TORCH=torch demo`.
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.retromae-installed

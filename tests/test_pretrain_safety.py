@@ -92,6 +92,17 @@ def test_an_export_dir_over_the_run_or_its_inputs_is_refused_even_with_overwrite
         assert not (work / "out").exists(), "refused before training"
 
 
+def test_an_input_inside_the_default_export_dir_is_refused_with_a_fix_that_helps(tiny_bert, corpus, tmp_path, capsys):
+    """HEAD suggested the very folder it refused: "choose another --export-dir, e.g. OUT/encoder (the default)"."""
+    out = tmp_path / "run"
+    beir = write_beir(out / "encoder" / "beir")
+    assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(beir))) == 2
+    assert one_line(capsys) == (
+        f"retromae pretrain: error: the export into {out / 'encoder'} (the default --export-dir) would delete the "
+        f"--eval-beir-folder ({beir}): move it out of that folder, or pass another --export-dir (or --no-export)")
+    assert sorted(p.name for p in out.iterdir()) == ["encoder"] and (beir / "corpus.jsonl").is_file()
+
+
 @pytest.mark.parametrize(("flag", "inside", "what"), [("--model", ".", "the model"), ("--model", "checkpoint-2", "the model"),
                                                      ("--corpus", "checkpoint-4/corpus.txt", "the corpus")])
 def test_overwrite_output_dir_refuses_to_delete_an_input_in_the_output_dir(finished_run, tiny_bert, corpus, tmp_path,

@@ -454,6 +454,9 @@ def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None
     hit = would_delete(target, {"the working directory": Path.cwd()}) or next(
         ((what, path) for what, path in made.items() if resolved == path or resolved in path.parents), None
     ) or would_delete(target, run_inputs(run))
+    if hit is not None and resolved == output / "encoder":  # the default: suggesting it again would not help
+        raise UserError(f"the export into {target} (the default --export-dir) would delete {hit[0]} ({hit[1]}): "
+                        "move it out of that folder, or pass another --export-dir (or --no-export)")
     if hit is not None:
         raise UserError(f"--export-dir {target} would delete {hit[0]} ({hit[1]}), even with --overwrite-export; "
                         f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
