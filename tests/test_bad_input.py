@@ -84,8 +84,10 @@ BAD_TRAINING_FLAGS = [
     (["--learning-rate", "nan"], "--learning-rate nan: give a finite learning rate >= 0"),
     (["--fp16", "true", "--bf16", "true"], "--fp16 and --bf16 are both true; keep one"),
     (["--max-steps", "-1", "--num-train-epochs", "0"], "--num-train-epochs 0.0: give a positive number of epochs"),
+    (["--logging-steps", "0"], "--logging-steps 0: give a positive number of optimizer steps"),
+    # HEAD: accepted, and a run saved no checkpoint at all
+    (["--save-strategy", "steps", "--save-steps", "0"], "--save-steps 0: give a positive number of optimizer steps"),
     # refused by TrainingArguments itself: its message, in one line
-    (["--logging-steps", "0"], "requires non-zero --logging_steps"),
     (["--warmup-steps", "-1"], "Expected value warmup_steps >= 0"),
 ]
 

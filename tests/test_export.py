@@ -472,6 +472,23 @@ def test_a_swap_killed_between_its_renames_is_restored(pretrained, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["retromae-tiny"]
 
 
+def test_a_model_that_is_a_file_or_has_a_mistyped_config_gets_one_line(tiny_bert, tmp_path):
+    """HEAD: "model folder ... does not exist" for a file, and transformers' "Field 'hidden_size' expected int"
+    naming no file."""
+    from retromae.trainers.core.checkpoints import CheckpointError, load_sentence_transformer
+
+    file = tmp_path / "corpus.txt"
+    file.write_text("text\n")
+    with pytest.raises(CheckpointError, match=r"--model .*corpus.txt is a file; give the model's folder"):
+        load_sentence_transformer(file)
+    model = Path(shutil.copytree(tiny_bert, tmp_path / "m"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_size": "big"}))
+    with pytest.raises(CheckpointError, match=r"cannot load the model folder .*m \(.*'hidden_size' expected int.*\); "
+                                              r"fix .*m/config.json or save the model again"):
+        load_sentence_transformer(model)
+
+
 def test_check_model_folder_layouts(pretrained, tmp_path, minilm_dir):
     from retromae.trainers.core.folders import IncompleteModelFolder, check_model_folder
 

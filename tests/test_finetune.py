@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,13 @@ def test_jsonl_errors_name_the_line(tmp_path):
     path.write_text('{"query": "q", "positive": "p"}\nnot json\n', encoding="utf-8")
     with pytest.raises(RetrievalDataError, match=r"\.jsonl:2: not valid JSON"):
         read_training_jsonl(path)
+    # HEAD dropped such negatives silently and mined others instead
+    path.write_text('{"query": "q", "positive": "p", "negative_1": "n", "negative_2": 5}\n', encoding="utf-8")
+    with pytest.raises(RetrievalDataError, match=r"bad\.jsonl:1: field 'negative_2' must be a string, got 5"):
+        read_training_jsonl(path)
+    path.write_text('{"query": "q", "positive": "p", "negative_1": "n", "negative_2": null, "negative_ids": ["d"]}\n',
+                    encoding="utf-8")
+    assert read_training_jsonl(path)[0].negatives == [("d", "n")]
 
 
 def test_beir_training_data_with_unknown_qrels(tmp_path):
@@ -369,12 +377,49 @@ def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, t
     with pytest.raises(FolderError, match="already exists and is not empty.*--overwrite"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST])
     assert (out / "keep.txt").is_file()
+    # HEAD deleted a folder of the user's own files with --overwrite
+    with pytest.raises(FinetuneError, match=r"--output-dir .*out holds no model \(no modules.json or config.json\), "
+                                            r"so --overwrite will not replace it: choose a new or empty folder"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST, "--overwrite"])
+    assert (out / "keep.txt").is_file() and not (tmp_path / "out.work").exists()
     with pytest.raises(FinetuneError, match="needs cross-encoder scores"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--stages", "in-batch,distill"])
     with pytest.raises(FinetuneError, match="in the order"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--stages", "hard-negatives,in-batch"])
+
+
+def test_a_second_run_into_a_work_folder_in_use_is_refused_before_it_trains(spread_cls_bert, tiny_beir, tmp_path):
+    """HEAD trained both runs into the same checkpoints, and refused the second only at its end."""
+    from retromae.trainers.core.lock import FolderLocked, folder_lock
+
+    with folder_lock(tmp_path / "out.work"), pytest.raises(FolderLocked, match=r"out.work"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists()
+
+
+@pytest.mark.parametrize("case", ["pool too small", "positives unscored", "some positives unscored"])
+def test_what_a_later_stage_cannot_use_is_refused_before_the_first_trains(spread_cls_bert, tiny_beir, tmp_path, case):
+    """HEAD trained the in-batch stage and mined first, then refused."""
+    docs = sum(1 for line in (tiny_beir / "corpus.jsonl").read_text().splitlines() if line.strip())
+    qrels = [line.split("\t") for line in (tiny_beir / "qrels" / "train.tsv").read_text().splitlines()[1:]]
+    teacher = tmp_path / "teacher.tsv"
+    scored = [] if case == "positives unscored" else qrels[1:]
+    teacher.write_text("".join(f"{query}\t{doc}\t1.0\n" for query, doc, _ in scored) + "unknown\tdoc\t1.0\n")
+    flags = {"pool too small": ["--stages", "in-batch,hard-negatives", "--num-negatives", str(docs),
+                                "--mine-range-min", "1", "--mine-range-max", str(10 * docs)],
+             "positives unscored": ["--stages", "in-batch,distill", "--teacher-scores", str(teacher)],
+             "some positives unscored": ["--stages", "in-batch,distill", "--teacher-scores", str(teacher)]}[case]
+    message = {"pool too small": rf"ranks the {docs} documents of the corpus and takes negatives from ranks \[1, "
+                                 rf"{docs}\): at most {docs - 1} per query, fewer than --num-negatives {docs}",
+               "positives unscored": r"scores no positive of (\d+) of the \1 training queries .*check that its query "
+                                     r"and document ids",
+               "some positives unscored": r"scores no positive of 1 of the \d+ training queries \(e.g. query "
+                                          rf"'{qrels[0][0]}'.*pass --on-missing skip"}[case]
+    with pytest.raises(FinetuneError, match=message):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST, *flags])
+    assert not (tmp_path / "out.work").exists()
 
 
 def test_hybrid_dupmae_model_trains_its_dense_projection(tokenizer, tiny_beir, tmp_path):
@@ -651,14 +696,16 @@ def test_a_run_killed_in_its_first_stage_resumes_only_with_its_own_settings(spre
     out = tmp_path / "out"
     with pytest.raises(_Killed):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args])
-    with pytest.raises(FinetuneError, match="used other settings"):
+    with pytest.raises(FinetuneError, match=r"used other settings \(--learning-rate 2e-05 -> 0\.001\)"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
                           "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
     resuming, trained = _kill_at("none", -1)
     monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", resuming)
-    assert finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
+    monkeypatch.chdir(tmp_path)  # the same folders, spelt relative to it (HEAD refused that as other settings)
+    assert finetune_command([str(spread_cls_bert), os.path.relpath(tiny_beir), "--output-dir", "out", *args,
                              "--resume-from-checkpoint", "last"]) == 0
-    assert trained == [("stage-in-batch", str(tmp_path / "out.work" / "stage-in-batch" / "checkpoint-2"))]
+    assert [(stage, Path(resumed).resolve()) for stage, resumed in trained] == [
+        ("stage-in-batch", tmp_path / "out.work" / "stage-in-batch" / "checkpoint-2")]
 
 
 def test_local_starting_model_is_not_written_as_a_hub_id(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):

@@ -371,9 +371,14 @@ def _group_from_record(record: Mapping[str, Any], where: str) -> TrainingGroup:
     if "negatives" in record:
         negatives = _text_list(record["negatives"], "negatives", where)
     else:  # flat columns: negative, negative_1, negative_2, ...
-        negative_keys = sorted((k for k in record if k == "negative" or k.startswith("negative_")),
+        negative_keys = sorted((k for k in record if k != "negative_ids" and (k == "negative"
+                                                                          or k.startswith("negative_"))),
                                key=lambda k: (len(k), k))
-        negatives = [record[k] for k in negative_keys if isinstance(record[k], str)]
+        wrong = next((k for k in negative_keys if not isinstance(record[k], str | None)), None)
+        if wrong is not None:
+            raise RetrievalDataError(f"{where}: field {wrong!r} must be a string, got {record[wrong]!r:.60}")
+        # None: a dataset row with fewer negatives than its table has columns
+        negatives = [record[k] for k in negative_keys if record[k] is not None]
     positive_ids = _id_list(record.get("positive_ids", record.get("positive_id")), len(positives), "positive_ids", where)
     negative_ids = _id_list(record.get("negative_ids"), len(negatives), "negative_ids", where)
     query_id = str(record["query_id"]) if record.get("query_id") is not None else _content_id("q:", query)

@@ -42,17 +42,21 @@ from tqdm.auto import tqdm
 from .core.arguments import LIST_FLAG, start_command
 from .core.checkpoints import default_model_dir, load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
 from .core.errors import UserError
-from .core.folders import check_folder_option, check_model_folder
-from .core.io import atomic_file, write_json_atomic
+from .core.folders import check_folder_option, check_model_folder, model_location
+from .core.io import atomic_file, read_json_or_empty, write_json_atomic
 from .data import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, read_corpus, unknown_token_share
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_KS", "DEFAULT_MAX_SEQ_LENGTH", "PROJECTIONS", "CoverageError", "coverage_at_k",
-           "input_token_coverage", "plot_coverage", "run_coverage"]
+__all__ = ["DEFAULT_KS", "DEFAULT_MAX_SEQ_LENGTH", "MIN_SEQ_LENGTH", "PROJECTIONS", "CoverageError",
+           "check_coverage_run", "coverage_at_k", "input_token_coverage", "plot_coverage", "run_coverage"]
 
 DEFAULT_KS = (10, 20, 50, 100)
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text unless given; capped at the model's positions
+MIN_SEQ_LENGTH = 3  # [CLS] + one text token + [SEP]: with 2, no text keeps a token to cover
+COVERAGE_JSON = "coverage.json"
+COVERAGE_PNG = "coverage.png"
+METRIC = "input token coverage@k (Ma et al., 2024, Algorithm 1)"  # also marks a coverage.json as ours
 PROJECTIONS = ("embeddings", "lm_head")
 Projection = Literal["embeddings", "lm_head"]
 LM_HEAD_HINT = "; projection='lm_head' needs a pre-training or masked-LM checkpoint, use projection='embeddings'"
@@ -200,7 +204,8 @@ def input_token_coverage(
         texts: the texts; each is tokenized without masking, truncated to `max_seq_length`.
         ks: top-k cut-offs.
         batch_size: texts per forward pass.
-        max_seq_length: truncation length in tokens (special tokens included), 2 to the encoder's usable positions;
+        max_seq_length: truncation length in tokens (special tokens included), `MIN_SEQ_LENGTH` (3) to the
+            encoder's usable positions;
             None: `DEFAULT_MAX_SEQ_LENGTH`, capped at those positions (logged).
         device: where to run; default the module's device, else CUDA when available.
         projection: "embeddings" (h · Eᵀ) or "lm_head" (the checkpoint's trained MLM head); see the module doc.
@@ -261,9 +266,10 @@ def _sequence_length(max_seq_length: int | None, encoder: nn.Module, model_name:
                         model_name, DEFAULT_MAX_SEQ_LENGTH)
             return limit
         return DEFAULT_MAX_SEQ_LENGTH
-    if max_seq_length < 2 or (limit is not None and max_seq_length > limit):
-        raise CoverageError(f"--max-seq-length {max_seq_length}: give 2 to {limit or 'the encoder limit'} for "
-                            f"{model_name} (tokens per text, special tokens included)")
+    if max_seq_length < MIN_SEQ_LENGTH or (limit is not None and max_seq_length > limit):
+        raise CoverageError(f"--max-seq-length {max_seq_length}: give {MIN_SEQ_LENGTH} to "
+                            f"{limit or 'the encoder limit'} for {model_name} (tokens per text, special tokens "
+                            "included: [CLS], at least one text token and [SEP])")
     return max_seq_length
 
 
@@ -321,33 +327,96 @@ def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathL
     return path
 
 
-def run_coverage(
-    models: Sequence[str | os.PathLike],
-    texts: Iterable[str],
-    tokenizer=None,
-    output_dir: str | os.PathLike = ".",
-    **options: Any,
-) -> dict[str, dict[int, float]]:
-    """Coverage@k of several models on the same texts; writes `coverage.json` and `coverage.png` to `output_dir`.
+def check_coverage_run(models: Sequence[str | os.PathLike], output_dir: str | os.PathLike, *,
+                       tokenizer_given: bool = False, overwrite: bool = False) -> list[str]:
+    """Everything `run_coverage` checks before any model loads, so that a bad second model or a taken output folder
+    never costs a scored first model: the models (none, one twice, a local folder that is missing or incomplete, see
+    `check_model_folder`) and `output_dir` (see `_check_results_folder`).
 
     Args:
-        models: checkpoint directories / Hub ids; each is reported under the string given.
-        texts: the corpus texts (materialised once and shared by all models).
-        tokenizer: one tokenizer for every model; None loads each model's own.
-        output_dir: created if missing (a file there is refused before any model loads); both files are replaced
-            atomically.
-        options: the settings of `input_token_coverage` (ks, batch_size, max_seq_length, device, projection,
-            show_progress_bar), its defaults for those not given.
+        models: checkpoint directories / Hub ids (Hub ids are not checked here).
+        output_dir: where coverage.json and coverage.png will go.
+        tokenizer_given: one tokenizer is given for every model, so a folder need not carry its own.
+        overwrite: replace coverage.json / coverage.png that are not ours or hold other models' results.
 
     Returns:
-        `{model: {k: coverage@k}}`.
+        The models as strings, the names they are reported under.
+
+    Raises:
+        UserError: `CoverageError` or `FolderError`, one line naming the model or file and the fix.
     """
-    check_folder_option("--output-dir", output_dir)  # before any model loads
+    check_folder_option("--output-dir", output_dir)
     names = [str(m) for m in models]
     if not names:
         raise CoverageError("no models given")
     if len(set(names)) != len(names):
         raise CoverageError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+    _check_results_folder(Path(output_dir), names, overwrite)
+    for name in names:
+        check_model_folder(name, purpose="coverage --model", tokenizer=not tokenizer_given)
+    return names
+
+
+def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bool) -> None:
+    """Refuse a folder in place of coverage.json or coverage.png; without `overwrite`, also a coverage.json that this
+    command did not write or that scored other models (every run's default `out/coverage` is the same folder), and a
+    coverage.png without a coverage.json (ours always has one: the JSON is written first). The same models, by any
+    path to them, may replace their own results."""
+    results, plot = output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG
+    for path in (results, plot):
+        if path.is_dir():
+            raise CoverageError(f"{path} is a folder; choose another --output-dir")
+    if overwrite:
+        return
+    if not results.is_file():
+        if plot.exists():
+            raise CoverageError(f"{plot} is a plot that `retromae coverage` did not write (no {COVERAGE_JSON} beside "
+                                "it); choose another --output-dir, or pass --overwrite to replace it")
+        return
+    record = read_json_or_empty(results)
+    scored = record.get("model_paths")
+    if not isinstance(scored, list):  # written before coverage.json recorded its models: the names given then
+        scored, given = list(record.get("coverage") or {}), sorted(models)
+    else:
+        given = sorted(model_location(m) for m in models)
+    if record.get("metric") != METRIC:
+        whose = "results that `retromae coverage` did not write"
+    elif sorted(map(str, scored)) != given:
+        whose = f"the coverage of {', '.join(map(str, scored))}"
+    else:
+        return
+    raise CoverageError(f"{results} holds {whose}; choose another --output-dir, or pass --overwrite to replace them")
+
+
+def run_coverage(
+    models: Sequence[str | os.PathLike],
+    texts: Iterable[str],
+    tokenizer=None,
+    output_dir: str | os.PathLike = ".",
+    *,
+    overwrite: bool = False,
+    **options: Any,
+) -> dict[str, dict[int, float]]:
+    """Coverage@k of several models on the same texts; writes `coverage.json` (which records the models' resolved
+    paths or Hub ids) and `coverage.png` to `output_dir`.
+
+    Args:
+        models: checkpoint directories / Hub ids; each is reported under the string given.
+        texts: the corpus texts (materialised once and shared by all models).
+        tokenizer: one tokenizer for every model; None loads each model's own.
+        output_dir: created if missing; both files are replaced atomically.
+        overwrite: replace a coverage.json (and coverage.png) there that this command did not write or that holds
+            other models' results; without it they are refused before any model loads.
+        options: the settings of `input_token_coverage` (ks, batch_size, max_seq_length, device, projection,
+            show_progress_bar), its defaults for those not given.
+
+    Returns:
+        `{model: {k: coverage@k}}`.
+
+    Raises:
+        UserError: what `check_coverage_run` refuses, before any model loads.
+    """
+    names = check_coverage_run(models, output_dir, tokenizer_given=tokenizer is not None, overwrite=overwrite)
     texts = [t for t in texts]
     settings = inspect.signature(input_token_coverage).bind(None, tokenizer, texts, **options)
     settings.apply_defaults()
@@ -360,7 +429,8 @@ def run_coverage(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {
-        "metric": "input token coverage@k (Ma et al., 2024, Algorithm 1)",
+        "metric": METRIC,
+        "model_paths": [model_location(name) for name in names],  # tells our results for other models apart
         "projection": settings.arguments["projection"],
         "representation": "last-layer [CLS] state of the unmasked input",
         "denominator": "k",
@@ -369,8 +439,8 @@ def run_coverage(
         "max_seq_length": settings.arguments["max_seq_length"] or DEFAULT_MAX_SEQ_LENGTH,  # less where capped
         "coverage": {name: {str(k): v for k, v in cov.items()} for name, cov in results.items()},
     }
-    write_json_atomic(out / "coverage.json", payload)
-    plot_coverage(results, out / "coverage.png")
+    write_json_atomic(out / COVERAGE_JSON, payload)  # first: a coverage.png without it is not ours
+    plot_coverage(results, out / COVERAGE_PNG)
     return results
 
 
@@ -384,8 +454,8 @@ class CoverageArguments:
     corpus: str | None = field(default=None, metadata={"help": "texts to probe (same formats as `retromae pretrain`)"})
     max_texts: int = field(default=1000, metadata={"help": "use the first N passages of the corpus"})
     max_seq_length: int | None = field(
-        default=None, metadata={"help": f"tokens per text (default: {DEFAULT_MAX_SEQ_LENGTH}, capped at the model's "
-                                "position limit)"}
+        default=None, metadata={"help": f"tokens per text, {MIN_SEQ_LENGTH} or more (default: {DEFAULT_MAX_SEQ_LENGTH}, "
+                                "capped at the model's position limit)"}
     )
     batch_size: int = field(default=32, metadata={"help": "texts per forward pass"})
     output_dir: str = field(default="out/coverage", metadata={"help": "where coverage.json and coverage.png go"})
@@ -395,6 +465,10 @@ class CoverageArguments:
                   "(the paper's figures; needs a pre-training or masked-LM checkpoint)", "choices": list(PROJECTIONS)},
     )
     progress: bool = field(default=True, metadata={"help": "show a progress bar per model (--no-progress: none)"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace a coverage.json / coverage.png in --output-dir that holds other "
+                                 "models' results or was not written by `retromae coverage`"}
+    )
 
 
 def coverage_command(argv: list[str]) -> int:
@@ -406,15 +480,16 @@ def coverage_command(argv: list[str]) -> int:
         "pre-training worked. Writes coverage.json and coverage.png.",
         positive=("max_texts", "batch_size"),
     )
-    check_folder_option("--output-dir", args.output_dir)
+    # every model and the output folder before the corpus is read
+    models = check_coverage_run(args.model or [default_model_dir()], args.output_dir, overwrite=args.overwrite)
     corpus = read_corpus(args.corpus)
     texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
-    models = args.model or [default_model_dir()]
-    results = run_coverage(models, texts, output_dir=args.output_dir, max_seq_length=args.max_seq_length,
-                           batch_size=args.batch_size, projection=args.projection, show_progress_bar=args.progress)
+    results = run_coverage(models, texts, output_dir=args.output_dir, overwrite=args.overwrite,
+                           max_seq_length=args.max_seq_length, batch_size=args.batch_size, projection=args.projection,
+                           show_progress_bar=args.progress)
     width = max(len(m) for m in results)
     print(f"{'model':{width}s}  " + "  ".join(f"cov@{k:<4d}" for k in DEFAULT_KS))
     for name, by_k in results.items():
         print(f"{name:{width}s}  " + "  ".join(f"{by_k[k]:8.4f}" for k in DEFAULT_KS))
-    print(f"retromae: wrote {Path(args.output_dir) / 'coverage.json'} and coverage.png", flush=True)
+    print(f"retromae: wrote {Path(args.output_dir) / COVERAGE_JSON} and {COVERAGE_PNG}", flush=True)
     return 0

@@ -48,7 +48,7 @@ from .core.arguments import LIST_FLAG, start_command
 from .core.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
-from .core.folders import check_folder_option, check_model_folder, is_local_path
+from .core.folders import check_folder_option, check_model_folder, is_local_path, model_location
 from .core.io import read_json_or_empty, write_json_atomic, write_text_atomic
 from .export import load_as_sentence_transformer
 from .methods import METHODS
@@ -302,12 +302,6 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     write_json_atomic(output_dir / SUMMARY_JSON,
                       {"model": model_name, "model_path": model, "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
-
-
-def model_location(model: str | os.PathLike) -> str:
-    """The absolute path of a local model, else the Hub id: what a results folder records to tell models apart."""
-    path = Path(model).expanduser()
-    return str(path.resolve()) if path.exists() else os.fspath(model)
 
 
 def check_results_folder(output_dir: Path, model: str | os.PathLike, overwrite: bool) -> None:

@@ -108,8 +108,16 @@ from .core.arguments import check_training_arguments, start_command
 from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from .core.checkpoints import divergence, is_dupmae_model, save_without_pooler
 from .core.errors import UserError
-from .core.folders import atomic_folder, check_destination, hub_id_of_model, is_hub_id, public_name
+from .core.folders import (
+    atomic_folder,
+    check_destination,
+    hub_id_of_model,
+    is_hub_id,
+    is_local_path,
+    public_name,
+)
 from .core.io import read_json_or_empty, write_json_atomic
+from .core.lock import folder_lock
 from .core.versions import library_versions, package_version
 from .evaluate import evaluate_folder
 from .export import load_as_sentence_transformer
@@ -580,25 +588,42 @@ def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]],
                             "--scale) and run again (nothing was written)")
 
 
-def _settings_key(model_args, data_args, loss_args, training_args) -> str:
-    """A fingerprint of the settings that decide what the stages train (not `MAY_CHANGE_ON_RESUME`)."""
+def _run_settings(model_args, data_args, loss_args, training_args) -> dict[str, Any]:
+    """The settings that decide what the stages train (not `MAY_CHANGE_ON_RESUME`), JSON-safe; an existing local
+    path resolved, so that `./data` and `/abs/data` are one setting."""
     values = {**dataclasses.asdict(model_args), **dataclasses.asdict(data_args), **dataclasses.asdict(loss_args),
               **training_args.to_dict()}
     kept = {name: value for name, value in values.items() if name not in MAY_CHANGE_ON_RESUME}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    for name, value in kept.items():
+        if isinstance(value, str) and value and (name in {"output_dir", "work_dir"}  # may not exist yet
+                                                 or is_local_path(value) and Path(value).exists()):
+            kept[name] = str(Path(value).expanduser().resolve())
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
 
 
-def _read_state(work_dir: Path, settings_key: str, resume: bool,
+def _settings_key(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
                 main_process: bool) -> tuple[dict[str, Any], bool]:
-    """The run's state (`{"settings_key": ..., "stages": [...], "negatives": ...}`) and whether it continues an
-    earlier run: the work folder's when resuming a run with the same settings, else a fresh one, saved at once (the
-    main process) so that a run killed in its first stage is resumed only with its own settings."""
+    """The run's state (`{"settings_key": ..., "settings": ..., "stages": [...], "negatives": ...}`) and whether it
+    continues an earlier run: the work folder's when resuming a run with the same settings, else a fresh one, saved
+    at once (the main process) so that a run killed in its first stage is resumed only with its own settings."""
     state = read_json_or_empty(work_dir / STATE_FILE)
+    key = _settings_key(settings)
     if resume and state:
-        if state.get("settings_key") != settings_key:
+        if state.get("settings_key") != key:
+            recorded = state.get("settings") or {}
+            changed = sorted(name for name in recorded.keys() | settings.keys()
+                             if recorded.get(name) != settings.get(name))
+            shown = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {settings.get(name)!r}"
+                              for name in changed[:3]) + (", ..." if len(changed) > 3 else "")
             raise FinetuneError(
-                f"--resume-from-checkpoint: the run in {work_dir} used other settings; give the same options as that "
-                "run (output, logging and evaluation options may change), or drop the flag to start over"
+                f"--resume-from-checkpoint: the run in {work_dir} used other settings "
+                f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
+                "(output, logging and evaluation options may change), or start over in another --output-dir "
+                "(without the flag, this one starts over and clears its stages)"
             )
         return state, True
     if resume:
@@ -606,7 +631,7 @@ def _read_state(work_dir: Path, settings_key: str, resume: bool,
     elif state.get("stages"):
         logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (continue a run with "
                        "--resume-from-checkpoint last)", work_dir, len(state["stages"]))
-    fresh = {"settings_key": settings_key, "stages": [], "negatives": None}
+    fresh = {"settings_key": key, "settings": settings, "stages": [], "negatives": None}
     if main_process:  # before a stage folder of an earlier run is cleared
         write_json_atomic(work_dir / STATE_FILE, fresh)
     return fresh, False
@@ -657,7 +682,11 @@ def _read_negatives_before_training(stages: list[str], groups: list[TrainingGrou
     if stages == ["in-batch"]:
         return CheckedNegatives()
     if not data_args.negatives_file and not any(g.negatives for g in groups):
-        return CheckedNegatives(pool=_corpus_pool(data_args, beir, groups))
+        pool = _corpus_pool(data_args, beir, groups)
+        _check_pool_holds_negatives(len(pool), data_args)
+        if "distill" in stages:
+            _check_positives_scored(groups, teacher_scores or {}, data_args)
+        return CheckedNegatives(pool=pool)
     if data_args.negatives_file:
         groups = _negatives_from_file(data_args.negatives_file, groups)
     checked = CheckedNegatives()
@@ -668,6 +697,34 @@ def _read_negatives_before_training(stages: list[str], groups: list[TrainingGrou
         checked.datasets["distill"] = groups_to_distillation_dataset(
             checked.groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed)
     return checked
+
+
+def _check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments) -> None:
+    """Refuse mining that cannot give any query `--num-negatives` negatives: the ranks it takes them from,
+    [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
+    available = min(data_args.mine_range_max, pool_size) - data_args.mine_range_min
+    if available < data_args.num_negatives:
+        raise FinetuneError(
+            f"mining ranks the {pool_size} documents of the corpus and takes negatives from ranks "
+            f"[{data_args.mine_range_min}, {min(data_args.mine_range_max, pool_size)}): at most {max(available, 0)} "
+            f"per query, fewer than --num-negatives {data_args.num_negatives}; lower --num-negatives or "
+            "--mine-range-min, or give a larger --corpus"
+        )
+
+
+def _check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[str, dict[str, float]],
+                            data_args: FinetuneDataArguments) -> None:
+    """Refuse teacher scores that miss every positive of a query (the distill stage needs the positive's score as
+    much as its mined negatives'): any query with `--on-missing error`, all of them otherwise."""
+    unscored = [g for g in groups if not any(doc_id in teacher_scores.get(g.query_id, {}) for doc_id, _ in g.positives)]
+    if not unscored or (data_args.on_missing != "error" and len(unscored) < len(groups)):
+        return
+    example = unscored[0]
+    fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
+           else "check that its query and document ids are those of --train-data")
+    raise FinetuneError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
+                        f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
+                        f"{example.positives[0][0]!r}); {fix}")
 
 
 def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
@@ -735,6 +792,10 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
              "--teacher-scores": data_args.teacher_scores}
     check_destination(output_dir, training_args.overwrite, inputs={
         "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
+    if (training_args.overwrite and output_dir.is_dir() and any(output_dir.iterdir())
+            and not any((output_dir / name).is_file() for name in ("modules.json", "config.json"))):
+        raise FinetuneError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
+                            "--overwrite will not replace it: choose a new or empty folder")
     work_dir = Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
         raise FinetuneError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
@@ -797,25 +858,35 @@ def run_finetune(
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                             "names no local paths: omit the flag to record the starting model as local")
-    output_dir = Path(training_args.output_dir)
     work_dir = _check_run_inputs(model_args, data_args, training_args, stages)
+    new_work_dir = not work_dir.exists()
+    # one run per work folder: a second would train into the first one's checkpoints
+    with folder_lock(work_dir, enabled=training_args.process_index == 0):
+        try:
+            return _run_stages(model_args, data_args, loss_args, training_args, stages, work_dir)
+        except UserError:
+            if new_work_dir and not (work_dir / STATE_FILE).is_file():  # refused before training: no folder left
+                shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+
+
+def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
+                loss_args: FinetuneLossArguments, training_args: FinetuneTrainingArguments, stages: list[str],
+                work_dir: Path) -> FinetuneResult:
+    """`run_finetune` once its inputs are checked and its work folder is locked."""
+    output_dir = Path(training_args.output_dir)
     teacher_scores = read_teacher_scores(data_args.teacher_scores) if "distill" in stages else None
     set_seed(training_args.seed)
 
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
     groups, dropped = clean_groups(groups)
     checked = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
-    new_work_dir = not work_dir.exists()
-    try:  # a pre-training checkpoint is exported into the work folder first
-        model, model_info = load_as_sentence_transformer(
-            model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
-        )
-    except UserError:
-        if new_work_dir:  # a refused input leaves no folder
-            shutil.rmtree(work_dir, ignore_errors=True)
-        raise
+    # a pre-training checkpoint is exported into the work folder first
+    model, model_info = load_as_sentence_transformer(
+        model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
+    )
     work_dir.mkdir(parents=True, exist_ok=True)
-    state, resume = _read_state(work_dir, _settings_key(model_args, data_args, loss_args, training_args),
+    state, resume = _read_state(work_dir, _run_settings(model_args, data_args, loss_args, training_args),
                                 training_args.resume_from_checkpoint in RESUME_LAST, training_args.process_index == 0)
     model = _model_after_finished_stages(model, stages, state, work_dir)
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)

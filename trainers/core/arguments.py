@@ -210,6 +210,11 @@ def check_training_arguments(args: Any) -> None:
     if max_steps == -1 and epochs <= 0:
         raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
     check_positive(args, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+    for kind in ("save", "logging"):  # 0 with the "steps" strategy: never saves (a killed run loses everything)
+        steps = getattr(args, f"{kind}_steps", 1)
+        if getattr(args, f"{kind}_strategy", "steps") == "steps" and not steps > 0:
+            raise UserError(f"--{kind}-steps {steps:g}: give a positive number of optimizer steps (or a fraction of "
+                            "the run below 1)")
     learning_rate = getattr(args, "learning_rate", 0.0)
     if not 0 <= learning_rate < math.inf:  # also NaN
         raise UserError(f"--learning-rate {learning_rate}: give a finite learning rate >= 0 (e.g. 1e-4)")

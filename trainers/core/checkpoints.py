@@ -443,6 +443,8 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     """
     path = Path(path_or_id).expanduser()
     if not path.is_dir():
+        if path.exists():
+            raise CheckpointError(f"--model {path_or_id} is a file; give the model's folder")
         if is_local_path(path_or_id):
             raise CheckpointError(f"model folder {path_or_id} does not exist")
         try:
@@ -470,7 +472,11 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     similarity = POOLING_SIMILARITY[pooling]
     logger.warning(NO_MODULES_WARNING.format(model=path.name, pooling=pooling.upper(), similarity=similarity))
     model_type = read_json_or_empty(path / "config.json").get("model_type")
-    transformer = Transformer(str(path), model_kwargs=encoder_kwargs(model_type))
+    try:
+        transformer = Transformer(str(path), model_kwargs=encoder_kwargs(model_type))
+    except Exception as error:  # e.g. a config.json field of the wrong type, found by transformers' validation
+        raise CheckpointError(f"cannot load the model folder {path} ({type(error).__name__}: "
+                              f"{one_line_message(error)}); fix {path / 'config.json'} or save the model again") from None
     modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)]
     if similarity == "cosine":  # as `retromae export --pooling mean` builds it
         modules.append(Normalize())

@@ -240,6 +240,12 @@ def _rel(path: Path, folder: Path) -> str:
     return path.relative_to(folder).as_posix()
 
 
+def model_location(model: str | os.PathLike) -> str:
+    """The absolute path of a local model, else the Hub id: what a results folder records to tell models apart."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else os.fspath(model)
+
+
 def is_hub_id(name: object) -> bool:
     """`owner/name` as the Hub spells model and dataset ids (our own `local/<name>` labels excluded)."""
     return (isinstance(name, str) and bool(HUB_ID.match(name)) and ".." not in name
@@ -469,6 +475,7 @@ __all__ = [
     "clean_stale_siblings",
     "hub_id_of_model",
     "is_hub_id",
+    "model_location",
     "public_name",
     "sibling_target_name",
     "LOCAL_PATH",

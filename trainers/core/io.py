@@ -82,6 +82,9 @@ def iter_jsonl(path: str | os.PathLike, *, error: type[UserError] = UserError,
                     f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line, "
                     f"e.g. {example}"
                 ) from None
+            except RecursionError:  # the parser recurses per nesting level
+                raise error(f"{where}: JSON nested too deeply to read; write one flat JSON object per line, "
+                            f"e.g. {example}") from None
             if not isinstance(record, dict):
                 raise error(f"{where}: expected a JSON object, found a JSON {json_type(record)}; write one object per "
                             f"line, e.g. {example}")
