@@ -97,7 +97,7 @@ def test_lm_head_projection_uses_the_trained_head(tokenizer, tmp_path):
 
 
 def test_lm_head_projection_needs_a_head(minilm_dir, tokenizer):
-    with pytest.raises(CheckpointError, match=r"no trained MLM head.*projection='embeddings'"):
+    with pytest.raises(CheckpointError, match=r"no trained MLM head.*use --projection embeddings \(projection='embeddings' in Python\)"):
         input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="lm_head")
     with pytest.raises(CheckpointError, match=r"no trained MLM head"):
         load_mlm_head(minilm_dir)

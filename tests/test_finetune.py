@@ -798,6 +798,9 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
     with pytest.raises(_Killed):
         finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), *args])
     assert not out.exists() and [name for name, _ in trained] == ["stage-in-batch", "stage-hard-negatives"]
+    work = out.parent / "killed.work"  # a finished stage keeps its model, not its Trainer checkpoints (HEAD: all)
+    assert sorted(p.name for p in (work / "stage-in-batch").iterdir()) == ["model"]
+    assert (work / "stage-hard-negatives" / "checkpoint-2").is_dir()
 
     resuming, trained = _kill_at("none", -1)
     monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", resuming)

@@ -59,7 +59,8 @@ COVERAGE_PNG = "coverage.png"
 METRIC = "input token coverage@k (Ma et al., 2024, Algorithm 1)"  # also marks a coverage.json as ours
 PROJECTIONS = ("embeddings", "lm_head")
 Projection = Literal["embeddings", "lm_head"]
-LM_HEAD_HINT = "; projection='lm_head' needs a pre-training or masked-LM checkpoint, use projection='embeddings'"
+LM_HEAD_HINT = ("; --projection lm_head needs a pre-training or masked-LM checkpoint: use --projection embeddings "
+                "(projection='embeddings' in Python)")
 
 
 class CoverageError(UserError):

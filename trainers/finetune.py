@@ -87,6 +87,7 @@ from sentence_transformers.util import (
 )
 from torch import nn
 from transformers import set_seed
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .beir import (
     ON_MISSING,
@@ -640,12 +641,16 @@ def _read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
 def _finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransformer, record: dict[str, Any],
                   main_process: bool) -> None:
     """Add the stage's record to `state` and save it with the stage's model in the work folder (the main process),
-    so that a resumed run starts after this stage."""
+    so that a resumed run starts after this stage; then the stage's Trainer checkpoints, which no resume reads any
+    more (hundreds of MB each, optimizer included), are deleted."""
     state["stages"].append(record)
     if main_process:
-        with atomic_folder(work_dir / f"stage-{record['stage']}" / STAGE_MODEL, overwrite=True) as build_dir:
+        stage_dir = work_dir / f"stage-{record['stage']}"
+        with atomic_folder(stage_dir / STAGE_MODEL, overwrite=True) as build_dir:
             _save_model(model, build_dir)
         write_json_atomic(work_dir / STATE_FILE, state)
+        for checkpoint in stage_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def _model_after_finished_stages(model: SentenceTransformer, stages: list[str], state: dict[str, Any],
