@@ -203,6 +203,8 @@ BAD_FILES = {
     "text_number": ("c.jsonl", (GOOD_LINE + '{"text": 123}\n').encode(), ":2:",
                     'the "text" field must be a string, found 123 (JSON number); write the passage in quotes'),
     "not_object": ("c.jsonl", (GOOD_LINE + '["a", "b"]\n').encode(), ":2:", 'found a JSON array'),
+    "truncated": ("c.jsonl", (GOOD_LINE + '{"text": "fine"\n').encode(), ":2:",
+                  "not valid JSON (Expecting ',' delimiter at column 16)"),  # HEAD: "column 1", of the newline
     "too_deep": ("c.jsonl", (GOOD_LINE + "[" * 100_000 + "]" * 100_000 + "\n").encode(), ":2:",
                  "JSON nested too deeply to read"),  # HEAD: a RecursionError inside datasets' generator
     "latin1_jsonl": ("c.jsonl", (GOOD_LINE * 2).encode() + '{"text": "café"}\n'.encode("latin-1"), ":3:", "UTF-8"),

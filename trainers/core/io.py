@@ -76,11 +76,11 @@ def iter_jsonl(path: str | os.PathLike, *, error: type[UserError] = UserError,
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.rstrip("\r\n"))  # with the newline, a truncated line fails at "column 1"
             except json.JSONDecodeError as exc:
                 raise error(
-                    f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line, "
-                    f"e.g. {example}"
+                    f"{where}: not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); write one JSON "
+                    f"object per line, e.g. {example}"
                 ) from None
             except RecursionError:  # the parser recurses per nesting level
                 raise error(f"{where}: JSON nested too deeply to read; write one flat JSON object per line, "
