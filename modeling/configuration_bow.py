@@ -28,12 +28,12 @@ class BoWConfig(BertConfig):
 
     model_type = "bow_prediction"
 
-    encoder_mask_ratio: float = 0.3
+    encoder_mask_ratio: float | int = 0.3
     whole_word_mask: bool = True
-    encoder_loss_weight: float = 1.0
-    bow_loss_weight: float = 1.0
+    encoder_loss_weight: float | int = 1.0
+    bow_loss_weight: float | int = 1.0
     bow_weight_schedule: Literal["constant", "cosine"] = "constant"
-    bow_weight_final: float = 0.1
+    bow_weight_final: float | int = 0.1
     loss_chunk_size: int = 4096
 
     def validate_bow_fields(self) -> None:

@@ -74,7 +74,7 @@ class DupMAEConfig(RetroMAEConfig):
 
     model_type = "dupmae"
 
-    bow_loss_weight: float = 1.0
+    bow_loss_weight: float | int = 1.0
     bow_normalization: Literal["unique", "all_tokens"] = "unique"
     cls_decoding: bool = True
     ot_decoding: bool = True
@@ -84,7 +84,7 @@ class DupMAEConfig(RetroMAEConfig):
     doc_top_k: int = 384
     query_top_k: int | None = None
     ot_activation: OTActivation = "none"
-    sparse_weight: float = 1.0
+    sparse_weight: float | int = 1.0
     special_token_ids: list[int] | None = None
 
     def validate_dupmae_fields(self) -> None:

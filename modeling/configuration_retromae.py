@@ -102,14 +102,14 @@ class RetroMAEConfig(BertConfig):
 
     model_type = "retromae"
 
-    encoder_mask_ratio: float = 0.3
-    decoder_mask_ratio: float = 0.5
+    encoder_mask_ratio: float | int = 0.3
+    decoder_mask_ratio: float | int = 0.5
     decoding: Literal["enhanced", "basic"] = "enhanced"
     num_decoder_layers: int = 1
     query_stream: Literal["position", "embeddings"] = "position"
     whole_word_mask: bool = True
-    encoder_loss_weight: float = 1.0
-    decoder_loss_weight: float = 1.0
+    encoder_loss_weight: float | int = 1.0
+    decoder_loss_weight: float | int = 1.0
     decoder_init: Literal["bert", "copy_last_layer"] = "bert"
     mask_token_id: int | None = None
     loss_chunk_size: int = 4096

@@ -35,12 +35,12 @@ class SEEDConfig(LegacyKeysMixin, BertConfig):
 
     model_type = "seed_encoder"
 
-    encoder_mask_ratio: float = 0.3
+    encoder_mask_ratio: float | int = 0.3
     whole_word_mask: bool = True
     num_decoder_layers: int = 3
     attention_window: int = 2
-    encoder_loss_weight: float = 1.0
-    decoder_loss_weight: float = 1.0
+    encoder_loss_weight: float | int = 1.0
+    decoder_loss_weight: float | int = 1.0
     decoder_init: Literal["bert", "copy_last_layer"] = "bert"
     loss_chunk_size: int = 4096
     attention_window_scope: Literal["per_layer", "total"] = "per_layer"

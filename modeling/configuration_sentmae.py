@@ -40,8 +40,8 @@ class SentMAEConfig(LegacyKeysMixin, RetroMAEConfig):
 
     model_type = "sentmae"
 
-    contrastive_loss_weight: float = 1.0
-    temperature: float = 0.05
+    contrastive_loss_weight: float | int = 1.0
+    temperature: float | int = 0.05
     similarity: Literal["cos", "dot"] = "cos"
     positives: Literal["spans", "pairs"] = "spans"
 

@@ -5,6 +5,7 @@ code with `auto_map` for AutoConfig / AutoModel / AutoModelForPreTraining).
 Hub remote code: torch/transformers only, relative imports for our own files.
 """
 
+import dataclasses
 import logging
 import os
 import re
@@ -433,7 +434,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         """
         model_type, backbone = _checked_types(model_name_or_path)
         fields = base_config_fields(model_name_or_path, model_type)
-        config = cls.config_class(**{**fields, **config_overrides})
+        config = cls.config_class(**{**fields, **cls._known_options(config_overrides)})
         model, info = cls.from_pretrained(
             model_name_or_path, config=config, output_loading_info=True, attn_implementation=attn_implementation
         )
@@ -469,11 +470,22 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         """
         model_type, _ = _checked_types(model_name_or_path)
         fields = base_config_fields(model_name_or_path, model_type, architecture_overrides)
-        config = cls.config_class(**{**fields, **config_overrides})
+        config = cls.config_class(**{**fields, **cls._known_options(config_overrides)})
         attention = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = cls._from_config(config, **attention)
         model.after_encoder_checkpoint_loaded(set(model.state_dict()))
         return model
+
+    @classmethod
+    def _known_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """`options`, after refusing any the config class does not define (a config would keep a misspelt option as
+        a stray attribute and train with the default)."""
+        known = {f.name for f in dataclasses.fields(cls.config_class)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.config_class.__name__} option(s) {unknown}; see its docstring for the "
+                             "method's options")
+        return options
 
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
         """With `config.decoder_init == "copy_last_layer"`, each decoder layer absent from the checkpoint
@@ -510,7 +522,15 @@ def _pretraining_classes() -> list[type]:
 
 def _checked_types(model_name_or_path: str | os.PathLike) -> tuple[str, type]:
     """The `model_type` of a checkpoint's config and its family's backbone; `ValueError` (naming the supported
-    types) for any other than a supported base or one of our pre-training checkpoints."""
+    types) for any other than a supported base or one of our pre-training checkpoints, and for a local folder that
+    is missing or lacks config.json (transformers would take it for a malformed Hub id)."""
+    if not isinstance(model_name_or_path, str | os.PathLike):
+        raise ValueError(f"model_name_or_path must be a folder or a Hub id, got {model_name_or_path!r}")
+    path = os.path.expanduser(os.fspath(model_name_or_path))
+    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.isdir(path)
+    if looks_local and not os.path.isfile(os.path.join(path, "config.json")):
+        problem = "has no config.json" if os.path.isdir(path) else "does not exist"
+        raise ValueError(f"model folder {model_name_or_path} {problem}; give a saved model's folder or a Hub id")
     config_dict = BertConfig.get_config_dict(model_name_or_path)[0]
     model_type = config_dict.get("model_type") or "bert"
     method_types = {c.config_class.model_type for c in _pretraining_classes()}

@@ -489,6 +489,24 @@ def test_a_model_that_is_a_file_or_has_a_mistyped_config_gets_one_line(tiny_bert
         load_sentence_transformer(model)
 
 
+def test_overwrite_never_replaces_a_runs_folder_nor_exports_an_unknown_pooling(pretrained, tmp_path):
+    """HEAD replaced a pre-training run's output folder, checkpoints included, with `overwrite=True`; wrote
+    `similarity="l2"` (loaded back as cosine); raised a bare KeyError for `pooling="max"`."""
+    _, checkpoint = pretrained
+    run = tmp_path / "run"
+    shutil.copytree(checkpoint, run / "checkpoint-2")
+    (run / "checkpoint-2" / "optimizer.pt").write_bytes(b"state")  # what makes it a Trainer checkpoint
+    with pytest.raises(FolderError, match=r"output folder .*run holds the training checkpoint checkpoint-2, which "
+                                          r"replacing it would delete; choose another folder"):
+        export_sentence_transformer(checkpoint, run, overwrite=True)
+    assert (run / "checkpoint-2" / "optimizer.pt").is_file()
+    for option, message in [({"pooling": "max"}, "pooling 'max': give one of cls, mean"),
+                            ({"similarity": "l2"}, "similarity 'l2': give one of dot, cosine")]:
+        with pytest.raises(UserError, match=message):
+            export_sentence_transformer(checkpoint, tmp_path / "out", **option)
+    assert not (tmp_path / "out").exists()
+
+
 def test_check_model_folder_layouts(pretrained, tmp_path, minilm_dir):
     from retromae.trainers.core.folders import IncompleteModelFolder, check_model_folder
 

@@ -1,6 +1,8 @@
 """Every method on RoBERTa, XLM-R and ModernBERT bases: the base's own encoder, MLM head and positions; the decoders'
 positions; checkpoints that load as remote code without our package."""
 
+import dataclasses
+
 import pytest
 import torch
 from retromae.modeling.backbones import DecoderEmbeddings
@@ -54,7 +56,8 @@ def family_batch(folder, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def method_model(klass, folder, options: dict):
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    extra = {"mask_token_id": tokenizer.mask_token_id} if klass is not BoWForPretraining else {}
+    has_mask_id = "mask_token_id" in {f.name for f in dataclasses.fields(klass.config_class)}
+    extra = {"mask_token_id": tokenizer.mask_token_id} if has_mask_id else {}
     torch.manual_seed(0)
     return klass.from_encoder_checkpoint(folder, **extra, **options).eval()
 

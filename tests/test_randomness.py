@@ -194,3 +194,12 @@ def test_span_cuts_differ_across_batches_with_workers(tokenizer, same_rows, tmp_
     assert len(batches) == 4 and all("positive_input_ids" in batch for batch in batches)
     cuts = {tuple(batch[key].flatten().tolist()) for batch in batches for key in ("input_ids", "positive_input_ids")}
     assert len(cuts) == 8, "spans (and masks) of their own for every batch, anchors and positives apart"
+
+
+def test_a_trainer_without_a_collator_names_the_one_to_pass(tokenizer, rows, tmp_path):
+    """HEAD trained with the Trainer's padding collator, masked nothing and failed in transformers on a None loss."""
+    from retromae.trainers.core.errors import UserError
+
+    with pytest.raises(UserError, match=r"needs data_collator=PretrainingCollator\(tokenizer, mask_ratio=\.\.\.\)"):
+        RetroMAETrainer(model=tiny_model(), args=training_args(tmp_path), train_dataset=rows,
+                        processing_class=tokenizer)

@@ -55,6 +55,31 @@ def test_invalid_config_names_the_field(kwargs, field):
         tiny_config(**kwargs)
 
 
+def test_whole_numbers_are_accepted_for_weights_and_ratios_of_every_method():
+    """HEAD refused `bow_loss_weight=1` ("expected float, got int"), which --method-options and config.json give."""
+    from retromae.modeling.configuration_bow import BoWConfig
+    from retromae.modeling.configuration_sentmae import SentMAEConfig
+
+    assert tiny_config(decoder_loss_weight=2).decoder_loss_weight == 2
+    assert BoWConfig(**tiny_bert_kwargs(), bow_loss_weight=1).bow_loss_weight == 1
+    assert SentMAEConfig(**tiny_bert_kwargs(), contrastive_loss_weight=0).contrastive_loss_weight == 0
+
+
+def test_from_encoder_checkpoint_names_a_missing_folder_and_a_misspelt_option(tmp_path):
+    """HEAD: transformers' "Repo id must be in the form ..." for a missing folder, and a misspelt option kept as a
+    stray attribute while the run used the default."""
+    for missing, problem in [(tmp_path / "nope", "does not exist"), (tmp_path, "has no config.json")]:
+        with pytest.raises(ValueError, match=rf"model folder {missing} {problem}; give a saved model's folder"):
+            RetroMAEForPretraining.from_encoder_checkpoint(missing)
+    with pytest.raises(ValueError, match="must be a folder or a Hub id, got None"):
+        RetroMAEForPretraining.from_encoder_checkpoint(None)
+    folder = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(**tiny_bert_kwargs())).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"unknown RetroMAEConfig option\(s\) \['encoder_mask_ratoi'\]"):
+        RetroMAEForPretraining.from_encoder_checkpoint(folder, encoder_mask_ratoi=0.1)
+    assert RetroMAEForPretraining.from_encoder_checkpoint(folder, encoder_mask_ratio=0.2).config.encoder_mask_ratio == 0.2
+
+
 def test_choice_fields_name_the_field_and_its_choices_also_on_assignment():
     """Choice fields are `Literal`s: @strict names the field and the allowed values, and checks assignments too."""
     with pytest.raises(StrictDataclassError, match=r"'decoding' expected one of \('enhanced', 'basic'\), got fancy"):

@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from .core.arguments import start_command
 from .core.checkpoints import (
     CheckpointError,
+    check_pooling,
     load_sentence_transformer,
     load_tokenizer,
     needs_remote_code,
@@ -95,6 +96,7 @@ def export_sentence_transformer(
         UserError: the folder is not a complete checkpoint of one of our methods (`ExportError`, `FolderError`), or
             `output_dir` exists and `overwrite` is False.
     """
+    check_pooling(pooling, similarity)
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)
     check_destination(output_dir, overwrite, inputs={"the checkpoint": checkpoint})

@@ -276,6 +276,9 @@ class RetroMAETrainer(Trainer):
                  recipe: RecipeArguments | None = None, **kwargs):
         # a callback that can score the model (`validation.RetrievalValidationCallback`; not imported: it sits a
         # layer above the trainer, beside the coverage diagnostic it reuses)
+        if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
+            raise UserError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
+                            "collator of your own that returns the model's labels)")
         validation = next((c for c in kwargs.get("callbacks") or [] if callable(getattr(c, "evaluate_model", None))),
                           None)
         if validation is not None and kwargs.get("eval_dataset") is None:

@@ -425,6 +425,14 @@ def save_without_pooler(model: SentenceTransformer, folder: str | os.PathLike) -
         write_json_atomic(config_file, config)
 
 
+def check_pooling(pooling: str | None, similarity: str | None = None) -> None:
+    """Refuse a pooling or similarity that an export cannot have (`POOLING_SIMILARITY`); None passes."""
+    if pooling is not None and pooling not in POOLING_SIMILARITY:
+        raise CheckpointError(f"pooling {pooling!r}: give one of {', '.join(POOLING_SIMILARITY)}")
+    if similarity is not None and similarity not in POOLING_SIMILARITY.values():
+        raise CheckpointError(f"similarity {similarity!r}: give one of {', '.join(POOLING_SIMILARITY.values())}")
+
+
 def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | None = None,
                               device: str | None = None) -> SentenceTransformer:
     """A `SentenceTransformer` from a folder or Hub id.
@@ -441,6 +449,7 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
         FolderError: an incomplete local folder.
         CheckpointError: the folder cannot be loaded, or `pooling` is given for a sentence-transformers folder.
     """
+    check_pooling(pooling)
     path = Path(path_or_id).expanduser()
     if not path.is_dir():
         if path.exists():
@@ -494,6 +503,7 @@ __all__ = [
     "base_config_of",
     "bert_encoder_from_state_dict",
     "default_model_dir",
+    "check_pooling",
     "divergence",
     "divergence_on_any_process",
     "encoder_from_state_dict",

@@ -336,8 +336,8 @@ def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]
 
 def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | os.PathLike | None] | None = None,
                       ) -> None:
-    """Refuse a target that is a file; even with `overwrite`, one that is or holds the working directory or one of
-    `inputs` (description -> path, e.g. {"--model": ...}); without it, a non-empty folder."""
+    """Refuse a target that is a file; even with `overwrite`, one that is or holds the working directory, one of
+    `inputs` (description -> path, e.g. {"--model": ...}) or a Trainer checkpoint; without it, a non-empty folder."""
     if target.exists() and not target.is_dir():
         raise FolderError(f"output {target} exists and is not a folder")
     check_folder_option("output", target)  # a file above it
@@ -345,6 +345,10 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
     if hit is not None:
         raise FolderError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
                           "choose another folder")
+    held = next((p for p in sorted(target.glob("checkpoint-*")) if is_trainer_checkpoint(p)), None)
+    if held is not None:  # a run's output folder: replacing it would end the run's resumability
+        raise FolderError(f"output folder {target} holds the training checkpoint {held.name}, which replacing it "
+                          "would delete; choose another folder")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FolderError(
             f"output folder {target} already exists and is not empty; pass --overwrite (Python: overwrite=True) "
