@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -472,6 +472,13 @@ class CoverageArguments:
     )
 
 
+def _first_texts(corpus: str | None, max_texts: int) -> Iterator[str]:
+    """The first `max_texts` passages of `corpus`, read only when iterated: `run_coverage` checks every model and
+    the output folder first."""
+    passages = read_corpus(corpus)
+    yield from passages.select(range(min(max_texts, len(passages))))["text"]
+
+
 def coverage_command(argv: list[str]) -> int:
     """`retromae coverage`: the BoW paper's input-token coverage (Algorithm 1) for one or more models."""
     (args,) = start_command(
@@ -481,13 +488,10 @@ def coverage_command(argv: list[str]) -> int:
         "pre-training worked. Writes coverage.json and coverage.png.",
         positive=("max_texts", "batch_size"),
     )
-    # every model and the output folder before the corpus is read
-    models = check_coverage_run(args.model or [default_model_dir()], args.output_dir, overwrite=args.overwrite)
-    corpus = read_corpus(args.corpus)
-    texts = list(corpus.select(range(min(args.max_texts, len(corpus))))["text"])
-    results = run_coverage(models, texts, output_dir=args.output_dir, overwrite=args.overwrite,
-                           max_seq_length=args.max_seq_length, batch_size=args.batch_size, projection=args.projection,
-                           show_progress_bar=args.progress)
+    models = args.model or [default_model_dir()]
+    results = run_coverage(models, _first_texts(args.corpus, args.max_texts), output_dir=args.output_dir,
+                           overwrite=args.overwrite, max_seq_length=args.max_seq_length, batch_size=args.batch_size,
+                           projection=args.projection, show_progress_bar=args.progress)
     width = max(len(m) for m in results)
     print(f"{'model':{width}s}  " + "  ".join(f"cov@{k:<4d}" for k in DEFAULT_KS))
     for name, by_k in results.items():

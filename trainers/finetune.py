@@ -114,7 +114,7 @@ from .core.folders import (
     check_destination,
     hub_id_of_model,
     is_hub_id,
-    is_local_path,
+    model_location,
     public_name,
 )
 from .core.io import read_json_or_empty, write_json_atomic
@@ -596,9 +596,10 @@ def _run_settings(model_args, data_args, loss_args, training_args) -> dict[str, 
               **training_args.to_dict()}
     kept = {name: value for name, value in values.items() if name not in MAY_CHANGE_ON_RESUME}
     for name, value in kept.items():
-        if isinstance(value, str) and value and (name in {"output_dir", "work_dir"}  # may not exist yet
-                                                 or is_local_path(value) and Path(value).exists()):
+        if name in {"output_dir", "work_dir"} and value:  # may not exist yet
             kept[name] = str(Path(value).expanduser().resolve())
+        elif isinstance(value, str) and value:
+            kept[name] = model_location(value)
     return json.loads(json.dumps(kept, sort_keys=True, default=str))
 
 

@@ -176,13 +176,9 @@ def _module_files(folder: Path, pattern: str) -> list[Path]:
 
 
 def _module_dirs(folder: Path) -> list[Path]:
-    """The existing module folders a sentence-transformers folder's modules.json lists (none for other folders)."""
-    try:
-        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-        paths = [str(module.get("path", "")) for module in modules]
-    except (OSError, ValueError, AttributeError, TypeError):  # absent, or refused by `missing_model_files`
-        return []
-    return [folder / path for path in paths if path and (folder / path).is_dir()]
+    """The existing module folders a sentence-transformers folder's modules.json lists (none for other folders; an
+    invalid modules.json is refused by `missing_model_files`)."""
+    return [folder / path for _, path in _modules(folder) or [] if path and (folder / path).is_dir()]
 
 
 def safetensors_problem(file: Path) -> str | None:
@@ -204,18 +200,26 @@ def safetensors_problem(file: Path) -> str | None:
     return None
 
 
-def _transformer_dir(folder: Path, missing: list[str]) -> Path:
-    """Where config/weights/tokenizer live: the root, or a sentence-transformers folder's Transformer module path."""
+def _modules(folder: Path) -> list[tuple[str, str]] | None:
+    """The (type, path) of each module a sentence-transformers folder's modules.json lists; [] without the file,
+    None when it is not a JSON list of modules."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
-        return folder
+        return []
     try:
         modules = json.loads(modules_file.read_text(encoding="utf-8"))
-        paths = [(str(m.get("type", "")), str(m.get("path", ""))) for m in modules]
-    except (ValueError, AttributeError, TypeError):
+        return [(str(m.get("type", "")), str(m.get("path", ""))) for m in modules]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _transformer_dir(folder: Path, missing: list[str]) -> Path:
+    """Where config/weights/tokenizer live: the root, or a sentence-transformers folder's Transformer module path."""
+    modules = _modules(folder)
+    if modules is None:
         missing.append("valid modules.json (the file is not a JSON list of modules)")
         return folder
-    transformer = [p for kind, p in paths if kind.rsplit(".", 1)[-1].endswith("Transformer")]
+    transformer = [p for kind, p in modules if kind.rsplit(".", 1)[-1].endswith("Transformer")]
     return folder / transformer[0] if transformer else folder
 
 
