@@ -184,5 +184,23 @@ def test_resume_continues_the_legacy_run_exactly(method, tmp_path):
             assert logged[step][name] == pytest.approx(value, abs=2e-4), (step, name)
     legacy, resumed = load_file(final_save(method) / "model.safetensors"), load_file(run / "model.safetensors")
     assert resumed.keys() == legacy.keys()
-    for key, value in legacy.items():
-        torch.testing.assert_close(resumed[key], value, atol=ATOL, rtol=0, msg=key)
+    learning_rates = [logged[step]["learning_rate"] for step in ("3", "4")]
+    assert_same_weights(resumed, legacy, noise_atol=2 * sum(learning_rates))
+
+
+def is_rounding_noise(name: str) -> bool:
+    """A key bias adds one constant to every score of a query's softmax, which ignores it: its true gradient is zero
+    and what it receives is rounding noise, which Adam turns into full-size steps whose sign depends on the CPU."""
+    return name.endswith("attention.self.key.bias")
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], noise_atol: float) -> None:
+    """Every weight within ATOL of `want`, but those trained on rounding noise: within `noise_atol` (Adam moves a
+    weight by at most about the learning rate a step, whatever its gradient)."""
+    far = {}
+    for key, value in want.items():
+        atol = noise_atol if is_rounding_noise(key) else ATOL
+        difference = (got[key] - value).abs().max().item()
+        if difference > atol:
+            far[key] = f"max |diff| {difference:.2e} > {atol:.0e} (largest |value| {value.abs().max().item():.2e})"
+    assert not far, "\n".join(f"{key}: {why}" for key, why in far.items())
