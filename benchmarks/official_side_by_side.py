@@ -26,6 +26,10 @@ window's ends. Timing: the first W batches (W workers: the first wave, worker st
 steps are untimed; then a window of a multiple of W steps, so that with round-robin workers every worker delivers the
 same number of batches inside it. samples/s = window steps x B / window seconds.
 
+``--feed workers`` (the default) is a data-fed ratio: it depends on how many CPU cores collate for the GPU (the
+official collator is Python). ``--feed prebuilt`` collates, masks and moves every batch to the device before the
+window, so both sides time training compute only.
+
 Writes ``benchmarks/results/official_side_by_side_<device>.json``: ``environment`` {device_name, dtype, date, ...}
 and ``rows`` [{size, length, official_samples_per_s, ours_samples_per_s, ratio}], after every size (``partial``
 true until the end). ``--tiny`` (a 64-wide 2-layer model, L=64, CPU, fp32: bf16 matmuls are slow on most CPUs) only
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -125,6 +130,23 @@ def make_loader(items: list[dict[str, Any]], collate, batch_size: int, workers: 
                                        num_workers=workers, pin_memory=device.type == "cuda", drop_last=True)
 
 
+class Prebuilt(list):
+    """Batches collated, prepared and moved to the device before the timed loop (``--feed prebuilt``)."""
+
+    def __init__(self, loader, prepare, count: int):
+        super().__init__(prepare(batch) for batch in itertools.islice(loader, count))
+        self.batch_size = loader.batch_size
+
+
+def feed(args, loader, prepare):
+    """What `time_loop` iterates and the `prepare` it applies: the loader itself (``--feed workers``: collation
+    timed), or every batch built in advance (``--feed prebuilt``: training compute only)."""
+    if args.feed == "workers":
+        return loader, prepare
+    untimed, timed = window(args.workers, args.burn_in, args.steps)
+    return Prebuilt(loader, prepare, untimed + timed), lambda batch: batch
+
+
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
@@ -168,7 +190,7 @@ def official_side(args) -> dict[str, Any]:
     model = RetroMAEForPretraining(bert, ModelArguments(pretrain_method="retromae")).to(device).train()
     items = dataset_items(examples, args.batch_size, args.workers, args.burn_in, args.steps)
     loader = make_loader(items, collator, args.batch_size, args.workers, device)
-    result = time_loop(model, loader, lambda b: to_device(b, device), lambda out: out[0], device, args)
+    result = time_loop(model, *feed(args, loader, lambda b: to_device(b, device)), lambda out: out[0], device, args)
     return {**result, "transformers": transformers.__version__, "tokenizer_class": type(tokenizer).__name__,
             "encoder_attn_implementation": bert.config._attn_implementation}
 
@@ -206,7 +228,7 @@ def ours_side(args, size: str, tokenizer, rows: list[dict[str, Any]]) -> dict[st
 
     items = dataset_items(rows, args.batch_size, args.workers, args.burn_in, args.steps)
     loader = make_loader(items, collator.pad, args.batch_size, args.workers, device)
-    result = time_loop(model, loader, prepare, lambda out: out.loss, device, args)
+    result = time_loop(model, *feed(args, loader, prepare), lambda out: out.loss, device, args)
     import transformers
 
     return {**result, "transformers": transformers.__version__, "attn_implementation": args.attn_implementation}
@@ -247,7 +269,7 @@ def run_official(args, size: str, rows_path: Path, tokenizer_path: str, workdir:
 def shared_flags(args) -> list[str]:
     return ["--device", args.device, "--length", str(args.length), "--batch-size", str(args.batch_size),
             "--workers", str(args.workers), "--burn-in", str(args.burn_in), "--steps", str(args.steps),
-            "--seed", str(args.seed), "--dtype", args.dtype]
+            "--seed", str(args.seed), "--dtype", args.dtype, "--feed", args.feed]
 
 
 def default_output(args, device_name: str) -> Path:
@@ -266,7 +288,7 @@ def environment(args, device: torch.device) -> dict[str, Any]:
     return {**common.machine_facts(device), "dtype": args.dtype, "torch": torch.__version__,
             "transformers_ours": transformers.__version__, "batch_size": args.batch_size, "length": args.length,
             "workers": args.workers, "burn_in": args.burn_in, "steps": args.steps, "tiny": args.tiny,
-            "attn_implementation_ours": args.attn_implementation}
+            "attn_implementation_ours": args.attn_implementation, "feed": args.feed}
 
 
 def write(report: dict[str, Any], output: Path, partial: bool) -> None:
@@ -277,8 +299,10 @@ def write(report: dict[str, Any], output: Path, partial: bool) -> None:
 
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
+    fed = ("collation included" if env.get("feed", "workers") == "workers" else
+           "batches built in advance: training compute only")
     lines = [f"## Official RetroMAE code vs ours — {env['device_name']}, {env['dtype']}, batch {env['batch_size']}, "
-             f"{env['workers']} DataLoader workers, collation included ({env['date']})", "",
+             f"{env['workers']} DataLoader workers, {fed} ({env['date']})", "",
              "| size | L | official samples/s | ours samples/s | ours / official |", "|---|---:|---:|---:|---:|"]
     for row in report["rows"]:
         lines.append(f"| {row['size']} | {row['length']} | {row['official_samples_per_s']:.1f} | "
@@ -341,6 +365,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--burn-in", type=int, default=5, help="untimed steps (at least one wave of W batches)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps (rounded up to a multiple of W)")
     parser.add_argument("--attn-implementation", default="sdpa", help="our model's attn_implementation")
+    parser.add_argument("--feed", choices=("workers", "prebuilt"), default="workers",
+                        help="workers: the DataLoader feeds each step (collation timed); prebuilt: every batch is "
+                             "collated, masked and on the device before the window (training compute only)")
     parser.add_argument("--official-timeout", type=float, default=None, help="seconds for the official subprocess")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None,

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # before torch: OMP_WAIT_POLICY (see the module docstring)
+import phases
 import torch
 from common import (
     SIZES,
@@ -113,6 +114,17 @@ TABLE_VARIANTS = "enhanced,dupmae,bow,seed"  # issue 32's bf16 table (hf_mlm alw
 # issue 32's targets for that table (bf16, L=512, x hf_mlm samples/s); stretch: enhanced at base >= 35% MFU
 BF16_TARGETS = {"base": {"enhanced": 1.2, "dupmae": 1.0, "seed": 1.0, "bow": 1.5}, "minilm": {"enhanced": 1.0}}
 MFU_STRETCH = {("base", "enhanced"): 0.35}
+# Fast paths a row may turn on (`--paths`; a row label is `variant` or `variant@path+path`): fused AdamW, each layer
+# compiled (`retromae pretrain --compile-layers`), the vocabulary losses' compiled softmax (`--compile-loss`), the
+# whole model under torch.compile.
+PATHS = ("fused_adamw", "compile_layers", "compile_loss", "compile_model")
+COMPILED_BASELINE = "hf_mlm@compile_model+fused_adamw"  # the peer a careful user picks (`--compiled-baseline`)
+# issue 51's targets (bf16, L=512, batch up to 64, the best path of each variant): MFU, x stock HF MLM, x compiled
+ISSUE51_TARGETS = {
+    ("base", "enhanced"): {"mfu": 0.40, "vs_hf_mlm": 1.5, "vs_hf_mlm_compiled": 1.0},
+    ("base", "dupmae"): {"mfu": 0.35}, ("base", "seed"): {"mfu": 0.35}, ("base", "bow"): {"mfu": 0.40},
+    ("minilm", "enhanced"): {"mfu": 0.20},
+}
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
 SHAPES: dict[str, dict[str, int]] = {**SIZES, "tiny": TINY}
 # Dense bf16 tensor-core peaks, TFLOP/s, from the NVIDIA H100 and H200 datasheets (half the "with sparsity" figure),
@@ -269,10 +281,27 @@ def build_model(variant: str, size: str, mask_token_id: int, seed: int, attn: st
     return RetroMAEForPretraining(config)
 
 
-def build_trainable(variant: str, size: str, mask_token_id: int, device: torch.device, seed: int,
+def split_label(label: str) -> tuple[str, tuple[str, ...]]:
+    """A row label's variant and fast paths: `enhanced@compile_layers+fused_adamw` -> ("enhanced", (...))."""
+    variant, _, paths = label.partition("@")
+    return variant, tuple(path for path in paths.split("+") if path and path != "eager")
+
+
+def build_trainable(label: str, size: str, mask_token_id: int, device: torch.device, seed: int,
                     attn: str = "sdpa"):
+    """Model (the compiled wrapper under `compile_model`) and AdamW of a row label (`split_label`)."""
+    variant, paths = split_label(label)
     model = build_model(variant, size, mask_token_id, seed, attn).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused_adamw" in paths)
+    if "compile_layers" in paths or "compile_loss" in paths:
+        from retromae.trainers.fast_paths import compile_layers, compile_loss
+
+        if "compile_layers" in paths:
+            compile_layers(model)
+        if "compile_loss" in paths:
+            compile_loss(model)
+    if "compile_model" in paths:
+        model = torch.compile(model)
     return model, optimizer
 
 
@@ -397,20 +426,20 @@ def label_shares(batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     return {"encoder": encoder, "decoder": decoder}
 
 
-def attn_for(variant: str, args) -> str:
-    return args.baseline_attn_implementation if variant == "hf_mlm" else args.attn_implementation
+def attn_for(label: str, args) -> str:
+    return args.baseline_attn_implementation if split_label(label)[0] == "hf_mlm" else args.attn_implementation
 
 
 def build_trainables(size: str, mask_token_id: int, args, device: torch.device) -> tuple[dict, dict[str, str]]:
     """Model and optimizer of every variant; a variant whose model refuses its attention implementation is skipped
     (the baseline never is) and its reason returned."""
     trainables, skipped = {}, {}
-    for variant in args.variant_list:
+    for variant in args.row_list:
         try:
             trainables[variant] = build_trainable(variant, size, mask_token_id, device, args.seed,
                                                   attn_for(variant, args))
         except (ValueError, ImportError) as error:
-            if variant == "hf_mlm":
+            if split_label(variant)[0] == "hf_mlm":
                 raise
             skipped[variant] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
             log(f"  {variant}: skipped ({skipped[variant]})")
@@ -428,15 +457,16 @@ def utilisation(forward_mflops_per_token: float, tokens: int, step_s: float, pea
 def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, Any]:
     """Interleaved burn-in + timed training steps of the selected variants at one (size, length)."""
     trainables, skipped = build_trainables(size, tokenizer.mask_token_id, args, device)
-    variants = [v for v in args.variant_list if v in trainables]
+    variants = [v for v in args.row_list if v in trainables]
     n_batches = args.burn_in + args.steps
     batches = {}
     for variant in variants:
-        collator = make_collator(variant, tokenizer, args.seed)
-        batches[variant] = [dict(collator(source.features(variant, i, args.batch_size))) for i in range(n_batches)]
-    if len(variants) < 2:
+        base = split_label(variant)[0]
+        collator = make_collator(base, tokenizer, args.seed)
+        batches[variant] = [dict(collator(source.features(base, i, args.batch_size))) for i in range(n_batches)]
+    if not any(split_label(v)[0] != "hf_mlm" for v in variants):
         raise RuntimeError(f"every variant besides hf_mlm was skipped: {skipped}")
-    ours = next(v for v in variants if v != "hf_mlm")  # every one of ours gets the same batches (same seed)
+    ours = next(v for v in variants if split_label(v)[0] != "hf_mlm")  # ours all get the same batches (same seed)
     shares = label_shares(batches[ours])
     hf_share = statistics.mean(float((b["labels"] != -100).float().mean()) for b in batches["hf_mlm"])
     device_batches = {v: [to_device(b, device) for b in batches[v]] for v in variants}
@@ -482,12 +512,15 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
             "other_processes_cpu_share": median_or_none(others[variant]),
             "parameters": sum(p.numel() for p in model.parameters()),
             "final_loss": float(losses[variant][-1]),
+            "path": list(split_label(variant)[1]) or ["eager"],
         }
     base = result["variants"]["hf_mlm"]["samples_per_s"]
+    compiled = result["variants"].get(COMPILED_BASELINE, {}).get("samples_per_s")
     implemented, minimal = mflops["as_implemented"], mflops["minimal"]
-    for variant in variants:
-        entry = result["variants"][variant]
+    for label in variants:
+        entry, variant = result["variants"][label], split_label(label)[0]
         entry["throughput_vs_hf_mlm"] = entry["samples_per_s"] / base
+        entry["throughput_vs_hf_mlm_compiled"] = entry["samples_per_s"] / compiled if compiled else None
         # the same ratio from each variant's fastest timed step: a cross-check of the median under heavy load
         entry["throughput_vs_hf_mlm_fastest_steps"] = (
             result["variants"]["hf_mlm"]["ms_per_step_min"] / entry["ms_per_step_min"]
@@ -503,6 +536,214 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, float]:
+    """Median ms per batch of what feeds a step: collation in a DataLoader worker (one torch thread: ours pads, the
+    HF collator masks too) and, for ours, masking in the training process on the device (`RetroMAETrainer`)."""
+    from retromae.trainers.data import masking_generator
+
+    collator, generator = make_collator(variant, tokenizer, args.seed), masking_generator(args.seed, 0)
+    collate = collator if variant == "hf_mlm" else collator.pad
+    threads = torch.get_num_threads()
+    collation, masking = [], []
+    for index in range(max(args.collation_reps, 5)):
+        features = source.features(variant, index, args.batch_size)
+        torch.set_num_threads(1)
+        tick = time.perf_counter()
+        batch = collate(features)
+        collation.append(time.perf_counter() - tick)
+        torch.set_num_threads(threads)
+        if variant != "hf_mlm":
+            batch = to_device(batch, device)
+            synchronize(device)
+            tick = time.perf_counter()
+            collator.mask_batch(batch, generator)
+            synchronize(device)
+            masking.append(time.perf_counter() - tick)
+    return {"collation_ms": 1e3 * statistics.median(collation),
+            "masking_ms": 1e3 * statistics.median(masking) if masking else 0.0}
+
+
+def breakdown_row(label: str, size: str, length: int, source: BatchSource, tokenizer, args,
+                  device: torch.device) -> dict[str, Any]:
+    """Where one row's training step goes (`phases`): ms per phase (mean over the timed steps), collation and
+    masking per batch, and on CUDA the device's busy share under torch.profiler."""
+    variant, paths = split_label(label)
+    model, optimizer = build_trainable(label, size, tokenizer.mask_token_id, device, args.seed, attn_for(label, args))
+    collator = make_collator(variant, tokenizer, args.seed)
+    count = args.burn_in + args.steps
+    batches = [to_device(dict(collator(source.features(variant, i, args.batch_size))), device) for i in range(count)]
+    clock = phases.PhaseClock(device)
+    if "compile_model" not in paths:  # hooks inside a whole-model graph would change what is compiled
+        phases.instrument(model, clock)
+    totals: dict[str, float] = {}
+    step_ms = []
+    for index, batch in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        clock.reset()
+        tick = time.perf_counter()
+        clock.mark("start")
+        with autocast(device, args.dtype):
+            loss = model(**batch).loss
+        clock.mark("other forward")
+        loss.backward()
+        clock.mark("rest of backward")
+        optimizer.step()
+        clock.mark("optimizer")
+        synchronize(device)
+        if index >= args.burn_in:
+            step_ms.append(1e3 * (time.perf_counter() - tick))
+            for phase, ms in clock.phase_times().items():
+                totals[phase] = totals.get(phase, 0.0) + ms
+    if not torch.isfinite(loss.detach().float()).all():
+        raise RuntimeError(f"{label}: non-finite loss")
+    phase_ms = {phase: ms / args.steps for phase, ms in totals.items()}
+    step = statistics.median(step_ms)
+    row = {"size": size, "length": length, "variant": variant, "label": label, "path": list(paths) or ["eager"],
+           "batch_size": args.batch_size, "ms_per_step": step, "phases_ms": phase_ms,
+           "phases_share": {phase: ms / step for phase, ms in phase_ms.items()},
+           **feeding_ms(variant, source, tokenizer, args, device)}
+    row["collation_masking_share"] = (row["collation_ms"] + row["masking_ms"]) / step
+    if device.type == "cuda":
+        clock.reset()
+        busy = phases.busy_share(lambda: train_step(model, optimizer, batches[0], device, args.dtype), 3)
+        row.update(busy, idle_share=1 - busy["busy_share"])
+    return row
+
+
+def breakdown_main(args, device: torch.device, environment: dict[str, Any], started: float) -> None:
+    """`--breakdown`: one row per (size, L, row label) -> step_breakdown_<device>.json, written after every row."""
+    output = Path(args.output) if args.output else breakdown_output(args, environment["device_name"])
+    tokenizer = load_tokenizer()
+    report: dict[str, Any] = {"environment": environment, "rows": [], "skipped": {}}
+    for length in args.length_list:
+        source = BatchSource(tokenizer, length)
+        for size in args.size_list:
+            for label in args.row_list:
+                log(f"breakdown: {size} L={length} {label}")
+                try:
+                    row = breakdown_row(label, size, length, source, tokenizer, args, device)
+                except (ValueError, ImportError, RuntimeError) as error:  # a refused attention or a failed compile
+                    report["skipped"][f"{size}/{length}/{label}"] = f"{type(error).__name__}: {str(error)[:300]}"
+                    log(f"  skipped: {report['skipped'][f'{size}/{length}/{label}']}")
+                    continue
+                finally:  # the row's model and batches are gone: free their device memory for the next
+                    gc.collect()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                report["rows"].append(row)
+                log("  " + ", ".join(f"{phase} {ms:.1f}" for phase, ms in row["phases_ms"].items())
+                    + f" | step {row['ms_per_step']:.1f} ms, collation {row['collation_ms']:.2f}, masking "
+                    f"{row['masking_ms']:.2f}" + (f", idle {100 * row['idle_share']:.0f}%" if "idle_share" in row else ""))
+                common.write_json(output, {**report, "partial": True})
+    report["partial"] = False
+    common.finish_report(report, started, render_breakdown, output)
+
+
+def breakdown_output(args, device_name: str) -> Path:
+    if args.tiny:
+        return common.ROOT / "out" / "step_breakdown_tiny.json"
+    slug = "cpu" if args.device == "cpu" else device_slug(device_name)
+    return common.RESULTS_DIR / f"step_breakdown_{slug}.json"
+
+
+def render_breakdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    names = ["encoder forward", "decoder forward", "vocabulary losses", "other forward", *phases.BACKWARD_PHASES,
+             "optimizer"]
+    lines = [f"## Step breakdown — {env['device_name']}, {env['dtype']}, batch {env['batch_size']} ({env['date']})", "",
+             "Share of the median step per phase (CUDA events at the phase boundaries; `benchmarks/phases.py`), "
+             "collation (one worker) + masking (training process) per batch over the step, and the device's idle "
+             "share (1 - kernel time / wall time under torch.profiler).", "",
+             "| size | L | row | ms/step | " + " | ".join(names) + " | collation + masking | idle |",
+             "|---|---|---|---:|" + "---:|" * len(names) + "---:|---:|"]
+    for row in report["rows"]:
+        shares = " | ".join(percent(row["phases_share"].get(name)) if name in row["phases_share"] else "–"
+                            for name in names)
+        idle = percent(row.get("idle_share"))
+        lines.append(f"| {row['size']} | {row['length']} | {row['label']} | {row['ms_per_step']:.1f} | {shares} | "
+                     f"{100 * row['collation_masking_share']:.1f}% | {idle} |")
+    return "\n".join(lines)
+
+
+# What a fast path may change of one eval-mode step (dropout off), relative to eager mode: each loss, and the norm
+# of the difference of each parameter's gradient over the eager gradient's norm. bf16 keeps 8 significant bits.
+# The attention key biases are left out: softmax ignores them, so their true gradient is zero and what they get is
+# rounding noise, different in every kernel order.
+NOISE_GRADIENT = "attention.self.key.bias"
+CHECK_TOLERANCE = {"bf16": {"loss": 2e-2, "gradient": 5e-2}, "fp32": {"loss": 1e-4, "gradient": 1e-3}}
+
+
+def step_outcome(label: str, size: str, batch: dict[str, torch.Tensor], mask_token_id: int, args,
+                 device: torch.device) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """The losses and parameter gradients of one eval-mode step of a row label, the random masks drawn from
+    `args.seed`."""
+    model, _ = build_trainable(label, size, mask_token_id, device, args.seed, attn_for(label, args))
+    model.eval()
+    torch.manual_seed(args.seed)
+    with autocast(device, args.dtype):
+        output = model(**batch)
+    output.loss.backward()
+    losses = {name: float(value.detach()) for name, value in output.items() if name.endswith("loss")}
+    grads = {name.removeprefix("_orig_mod."): param.grad.float() for name, param in model.named_parameters()
+             if param.grad is not None}
+    return losses, grads
+
+
+def check_paths_main(args, device: torch.device, environment: dict[str, Any], started: float) -> None:
+    """`--check-paths`: every row label with a fast path against its variant in eager mode, on the same batch
+    -> fast_path_check_<device>.json (`passed` per row)."""
+    slug = "tiny" if args.tiny else "cpu" if args.device == "cpu" else device_slug(environment["device_name"])
+    output = Path(args.output) if args.output else common.RESULTS_DIR / f"fast_path_check_{slug}.json"
+    tolerance = CHECK_TOLERANCE[args.dtype]
+    tokenizer = load_tokenizer()
+    report: dict[str, Any] = {"environment": environment, "tolerance": tolerance, "rows": []}
+    for length in args.length_list:
+        source = BatchSource(tokenizer, length)
+        for size in args.size_list:
+            for label in args.row_list:
+                variant, paths = split_label(label)
+                if not set(paths) - {"fused_adamw"}:  # eager, or a path that changes only the optimizer
+                    continue
+                collator = make_collator(variant, tokenizer, args.seed)
+                batch = to_device(dict(collator(source.features(variant, 0, args.batch_size))), device)
+                eager_losses, eager_grads = step_outcome(variant, size, batch, tokenizer.mask_token_id, args, device)
+                path_losses, path_grads = step_outcome(label, size, batch, tokenizer.mask_token_id, args, device)
+                loss_errors = {name: abs(path_losses[name] - value) / max(abs(value), 1.0)
+                               for name, value in eager_losses.items()}
+                grad_errors = {name: float((path_grads[name] - grad).norm() / grad.norm().clamp_min(1e-12))
+                               for name, grad in eager_grads.items() if not name.endswith(NOISE_GRADIENT)}
+                worst = max(grad_errors, key=grad_errors.get)
+                row = {"size": size, "length": length, "label": label, "eager_losses": eager_losses,
+                       "path_losses": path_losses, "loss_relative_error": loss_errors,
+                       "gradient_relative_error_max": grad_errors[worst], "gradient_worst": worst,
+                       "same_gradient_names": path_grads.keys() == eager_grads.keys()}
+                row["passed"] = (row["same_gradient_names"] and max(loss_errors.values()) <= tolerance["loss"]
+                                 and grad_errors[worst] <= tolerance["gradient"])
+                report["rows"].append(row)
+                log(f"check {size} L={length} {label}: losses {max(loss_errors.values()):.2e}, gradients "
+                    f"{grad_errors[worst]:.2e} ({worst}) -> {'passed' if row['passed'] else 'FAILED'}")
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                common.write_json(output, {**report, "partial": True})
+    report["passed"] = all(row["passed"] for row in report["rows"])
+    report["partial"] = False
+    common.finish_report(report, started, render_check, output)
+
+
+def render_check(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [f"## Fast paths against eager mode — {env['device_name']}, {env['dtype']} ({env['date']})", "",
+             f"Relative errors of one eval-mode step; tolerance {report['tolerance']}.", "",
+             "| size | L | row | worst loss error | worst gradient error | |", "|---|---|---|---:|---:|---|"]
+    for row in report["rows"]:
+        lines.append(f"| {row['size']} | {row['length']} | {row['label']} | "
+                     f"{max(row['loss_relative_error'].values()):.1e} | {row['gradient_relative_error_max']:.1e} | "
+                     f"{'passed' if row['passed'] else 'FAILED'} |")
+    return "\n".join(lines)
 
 
 def memory_probe_main(args) -> None:
@@ -582,17 +823,26 @@ def peak_note(env: dict[str, Any]) -> str:
 
 def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat row per (size, L, variant): the figures issue 32's table needs, with its targets (bf16, L=512)."""
-    bf16 = report["environment"]["dtype"] == "bf16"
-    return [
-        {"size": run["size"], "length": run["length"], "variant": variant,
-         "attn_implementation": run.get("attn_implementation", {}).get(variant),
-         "ms_per_step": entry["ms_per_step"], "samples_per_s": entry["samples_per_s"],
-         "ratio": entry["throughput_vs_hf_mlm"], "model_tflops_per_s": entry["model_tflops_per_s"],
-         "mfu": entry["mfu"],
-         "issue32_target": BF16_TARGETS.get(run["size"], {}).get(variant) if bf16 and run["length"] == 512 else None,
-         "issue32_mfu_stretch": MFU_STRETCH.get((run["size"], variant)) if bf16 and run["length"] == 512 else None}
-        for run in report["steps"] for variant, entry in run["variants"].items()
-    ]
+    env = report["environment"]
+    at_target = env["dtype"] == "bf16"
+    rows = []
+    for run in report["steps"]:
+        for label, entry in run["variants"].items():
+            variant, paths = split_label(label)
+            targeted = at_target and run["length"] == 512
+            rows.append({
+                "size": run["size"], "length": run["length"], "variant": variant, "label": label,
+                "path": list(paths) or ["eager"], "batch_size": env["batch_size"],
+                "attn_implementation": run.get("attn_implementation", {}).get(label),
+                "ms_per_step": entry["ms_per_step"], "samples_per_s": entry["samples_per_s"],
+                "ratio": entry["throughput_vs_hf_mlm"], "throughput_vs_hf_mlm": entry["throughput_vs_hf_mlm"],
+                "throughput_vs_hf_mlm_compiled": entry.get("throughput_vs_hf_mlm_compiled"),
+                "model_tflops_per_s": entry["model_tflops_per_s"], "mfu": entry["mfu"],
+                "issue32_target": BF16_TARGETS.get(run["size"], {}).get(label) if targeted else None,
+                "issue32_mfu_stretch": MFU_STRETCH.get((run["size"], label)) if targeted else None,
+                "issue51_targets": ISSUE51_TARGETS.get((run["size"], variant)) if targeted else None,
+            })
+    return rows
 
 
 def render(report: dict[str, Any]) -> str:
@@ -615,13 +865,13 @@ def render(report: dict[str, Any]) -> str:
             ratio, limit = entry["throughput_vs_hf_mlm"], entry["analytic_limit_vs_hf_mlm"]
             minimal, of_minimal = entry["minimal_limit_vs_hf_mlm"], entry["share_of_minimal_limit"]
             target = verdict(ratio, entry.get("target_vs_hf_mlm"))
-            if variant == "seed" and target:
+            if split_label(variant)[0] == "seed" and target:
                 target += f" ({SEED_LIMIT_SHARE:g} × minimal limit)"
-            baseline = variant == "hf_mlm"
+            baseline = split_label(variant)[0] == "hf_mlm"
             lines.append(
                 f"| {run['size']} | {run['length']} | {variant} | {entry['ms_per_step']:.1f} | "
                 f"{entry['samples_per_s']:.2f} | {entry['tokens_per_s']:.0f} | "
-                f"{'1.00' if baseline else f'{ratio:.2f}'} | {'1.00' if baseline else f'{limit:.2f}'} | "
+                f"{ratio:.2f} | {'1.00' if baseline else f'{limit:.2f}'} | "
                 f"{'1.00' if baseline else f'{minimal:.2f}'} | "
                 f"{'' if baseline else f'{of_minimal:.2f}'} | {target} | {entry['model_tflops_per_s']:.3g} | "
                 f"{percent(entry['mfu'])} | {percent(entry['other_processes_cpu_share'])} |"
@@ -727,6 +977,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--merge", action="store_true",
                         help="keep the other (size, L) entries of an existing --output of the same device and dtype")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--paths", default="eager",
+                        help=f"comma-separated fast-path sets our variants run under, each eager or '+'-joined from "
+                             f"{','.join(PATHS)} (e.g. eager,compile_layers+fused_adamw): one row per variant and set")
+    parser.add_argument("--compiled-baseline", action="store_true",
+                        help="also time BertForMaskedLM under torch.compile with fused AdamW (hf_mlm@...)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="instead of the throughput table: where each row's step time goes (phases, collation "
+                             "and masking, device idle) -> step_breakdown_<device>.json")
+    parser.add_argument("--check-paths", action="store_true",
+                        help="instead of the throughput table: each row with a fast path against eager mode, losses "
+                             "and gradients of one eval-mode step -> fast_path_check_<device>.json")
     parser.add_argument(
         "--memory-variants", default="hf_mlm,enhanced,dupmae",
         help="variants whose peak memory is measured at the largest L (among --variants; hf_mlm always)",
@@ -776,6 +1037,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(args.variant_list) < 2:
         parser.error("--variants: name at least one variant besides the hf_mlm baseline")
     args.memory_variant_list = [v for v in args.variant_list if v in memory_chosen | {"hf_mlm"}]
+    args.path_list = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = sorted({path for spec in args.path_list for path in split_label(f"x@{spec}")[1]} - set(PATHS))
+    if unknown or not args.path_list:
+        parser.error(f"--paths: unknown fast path(s) {unknown}; give eager or '+'-joined names from {list(PATHS)}")
+    args.row_list = ["hf_mlm", *([COMPILED_BASELINE] if args.compiled_baseline else [])] + [
+        variant if spec == "eager" else f"{variant}@{spec}" for variant in args.variant_list[1:] for spec in args.path_list
+    ]
     args.collation_reps, args.collation_seconds = (3, 0.1) if args.tiny else (20, 1.0)
     return args
 
@@ -813,8 +1081,9 @@ def write_partial(report: dict[str, Any], previous: dict[str, Any] | None, outpu
 
 def collation_shares(report: dict[str, Any], batch_size: int) -> None:
     """Collation cost relative to the step it feeds (enhanced RetroMAE, else the first of ours), per (size, L)."""
-    variants = report["environment"]["variants"]
-    fed = "enhanced" if "enhanced" in variants else variants[1]
+    labels = report["environment"]["rows"]
+    ours = [label for label in labels if split_label(label)[0] != "hf_mlm"]
+    fed = next((label for label in ours if split_label(label)[0] == "enhanced"), ours[0])
     report["collation_step_variant"] = fed
     for run in report["steps"]:
         collation = report["collation"].get(str(run["length"]))
@@ -835,6 +1104,7 @@ def run_environment(args, device: torch.device) -> dict[str, Any]:
         "cuda": torch.version.cuda if device.type == "cuda" else None, "threads": torch.get_num_threads(),
         "dtype": args.dtype, "batch_size": args.batch_size, "steps": args.steps, "burn_in": args.burn_in,
         "sizes": args.size_list, "lengths": args.length_list, "variants": args.variant_list,
+        "rows": args.row_list, "paths": args.path_list,
         "memory_variants": [] if args.no_memory else args.memory_variant_list,
         "attn_implementation": args.attn_implementation,
         "baseline_attn_implementation": args.baseline_attn_implementation,
@@ -856,6 +1126,12 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     environment = run_environment(args, device)
     args.peak_tflops = environment["peak_bf16_tflops"]
+    if args.breakdown:
+        breakdown_main(args, device, environment, started)
+        return
+    if args.check_paths:
+        check_paths_main(args, device, environment, started)
+        return
     output = Path(args.output) if args.output else default_output(args, environment["device_name"])
     previous = common.read_json(output) if args.merge and output.is_file() else None
     if args.tiny:

@@ -34,10 +34,11 @@ def _fused_cross_entropy(
     chunk_size: int,
     compute_dtype: torch.dtype,
     needs_grad: tuple[bool, bool, bool],
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Summed cross-entropy over chunks of rows, plus the unscaled gradients of the summed loss w.r.t. `hidden`,
     `weight` and `bias` for the inputs flagged in `needs_grad` (None for the others; no (V, H) buffer at all when
-    none is flagged, as in evaluation)."""
+    none is flagged, as in evaluation). `compiled`: each chunk's softmax in one compiled kernel (`_chunk_terms`)."""
     num_rows = hidden.shape[0]  # N
     any_grad = any(needs_grad)
     w = weight.to(compute_dtype)
@@ -49,14 +50,20 @@ def _fused_cross_entropy(
     for start in range(0, num_rows, chunk_size):
         h = hidden[start : start + chunk_size].to(compute_dtype)  # (n, H)
         y = labels[start : start + chunk_size]  # (n,)
-        logits = torch.addmm(bias.to(compute_dtype), h, w.t()).to(acc_dtype)  # (n, V)
-        lse = torch.logsumexp(logits, dim=-1)  # (n,)
-        total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+        logits = torch.addmm(bias.to(compute_dtype), h, w.t())  # (n, V)
+        if compiled:
+            chunk_total, grad_logits = _compiled_chunk_terms()(logits, y, any_grad)
+            total += chunk_total
+        else:
+            logits = logits.to(acc_dtype)
+            lse = torch.logsumexp(logits, dim=-1)  # (n,)
+            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            if any_grad:
+                grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                grad_logits[torch.arange(y.shape[0], device=y.device), y] -= 1.0
+                grad_logits = grad_logits.to(compute_dtype)
         if not any_grad:
             continue
-        grad_logits = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-        grad_logits[torch.arange(y.shape[0], device=y.device), y] -= 1.0
-        grad_logits = grad_logits.to(compute_dtype)
         if grad_hidden is not None:
             grad_hidden[start : start + chunk_size] = (grad_logits @ w).to(hidden.dtype)  # (n, H)
         if grad_weight is not None and compute_dtype == acc_dtype:
@@ -66,6 +73,32 @@ def _fused_cross_entropy(
         if grad_bias is not None:
             grad_bias += grad_logits.to(acc_dtype).sum(0)
     return total, grad_hidden, grad_weight, grad_bias
+
+
+def _chunk_terms(logits: torch.Tensor, labels: torch.Tensor, with_grad: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Summed cross-entropy of `logits` `(n, V)` against `labels` `(n,)`, in fp32 at least, and its gradient
+    w.r.t. the logits (softmax - one-hot) in their dtype, or None. Out of place, so that compiled it is one pass
+    for the log-sum-exp and one for the gradient, not one pass per eager op over fp32 logits."""
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    lse = torch.logsumexp(scores, dim=-1)  # (n,)
+    total = (lse - scores.gather(1, labels[:, None]).squeeze(1)).sum()
+    if not with_grad:
+        return total, None
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    grad = (scores - lse[:, None]).exp() - (columns == labels[:, None]).to(scores.dtype)
+    return total, grad.to(logits.dtype)
+
+
+_compiled_chunk = None
+
+
+def _compiled_chunk_terms():
+    """`_chunk_terms` under torch.compile, built on first use (dynamic: every chunk and batch has its own row count)."""
+    global _compiled_chunk
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(_chunk_terms, dynamic=True)
+    return _compiled_chunk
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -78,10 +111,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size: int, compute_dtype: torch.dtype):
+    def forward(ctx, hidden, weight, bias, labels, chunk_size: int, compute_dtype: torch.dtype, compiled: bool):
         needs_grad = tuple(ctx.needs_input_grad[:3])
         total, grad_hidden, grad_weight, grad_bias = _fused_cross_entropy(
-            hidden, weight, bias, labels, chunk_size, compute_dtype, needs_grad
+            hidden, weight, bias, labels, chunk_size, compute_dtype, needs_grad, compiled
         )
         scale = 1.0 / max(hidden.shape[0], 1)
         ctx.backward_done = False
@@ -103,7 +136,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             )
         ctx.backward_done = True
         grads = [g.mul_(grad_output) if g is not None else None for g in ctx.saved_tensors]
-        return grads[0], grads[1], grads[2], None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None
 
 
 @torch.no_grad()
@@ -126,6 +159,7 @@ def linear_cross_entropy(
     bias: torch.Tensor,
     labels: torch.Tensor,
     chunk_size: int = 4096,
+    compiled: bool = False,
 ) -> torch.Tensor:
     """Mean cross-entropy of the vocabulary projection of `hidden`.
 
@@ -137,6 +171,8 @@ def linear_cross_entropy(
         bias: `(vocab_size,)`.
         labels: `(num_rows,)` target ids, all valid (no -100).
         chunk_size: rows per chunk.
+        compiled: each chunk's softmax and gradient in one compiled kernel (fewer passes over the logits; the
+            same result within rounding).
 
     Returns:
         Scalar mean loss; exactly 0 (still attached to the graph) when there are no rows.
@@ -149,9 +185,9 @@ def linear_cross_entropy(
     with torch.autocast(device_type, enabled=False):
         if not tracks_grad:
             no_grad = (False, False, False)
-            total = _fused_cross_entropy(hidden, weight, bias, labels, chunk_size, compute_dtype, no_grad)[0]
+            total = _fused_cross_entropy(hidden, weight, bias, labels, chunk_size, compute_dtype, no_grad, compiled)[0]
             return total * (1.0 / hidden.shape[0])
-        return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype)
+        return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype, compiled)
 
 
 # The mask samplers (random_row_mask, enhanced_visibility_mask, reference_visibility_mask) run eagerly inside a

@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 UNUSED_BERT_KEYS = (r"(^|\.)pooler\.", r"^cls\.seq_relationship\.")
 # config keys that describe a file, not the architecture
 CONFIG_META_KEYS = {"model_type", "architectures", "auto_map", "transformers_version"}
+# tokenizer ids a method's config keeps only where its model reads them (RetroMAE's basic decoding); for the others
+# why they are not needed. Dropped with a warning there, not refused: the README's RetroMAE call passes them.
+COLLATOR_OPTIONS = {
+    "mask_token_id": "its model reads no mask token (the collator masks the encoder input with the tokenizer's)",
+}
 # a base config's fields under the names of BERT's that our decoders (BertLayers) read
 BERT_FIELD_ALIASES = {
     "hidden_act": "hidden_activation",
@@ -135,7 +140,33 @@ class PretrainingOutput(ModelOutput):
     decoder_accuracy: torch.Tensor | None = None
 
 
-class ClsEncoderModel(QuietLoadReportMixin, BertModel):
+class BaseLayoutMixin:
+    """`from_pretrained` / `_from_config` of a method's encoder class that build the method's encoder class for the
+    config's base instead when they differ (`encoder_class` on BERT, `any_encoder_class` on the others).
+
+    Why: transformers names the remote code of a local folder after the folder's name and the code's hash, so
+    `checkpoint-3` of a BERT run and of a RoBERTa run (the same code) share one module, hence one config class, and
+    AutoModel maps that class to the encoder class of whichever was loaded first; the second checkpoint would be
+    built with the other base's class, every weight unexpected. Only a given `config` is looked at (AutoModel
+    always passes one).
+    """
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        target = _encoder_class_for(cls, kwargs.get("config"))
+        if target is not cls:
+            return target.from_pretrained(*args, **kwargs)
+        return super().from_pretrained(*args, **kwargs)
+
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        target = _encoder_class_for(cls, config)
+        if target is not cls:
+            return target._from_config(config, **kwargs)
+        return super()._from_config(config, **kwargs)
+
+
+class ClsEncoderModel(BaseLayoutMixin, QuietLoadReportMixin, BertModel):
     """The `AutoModel` of a BERT-based checkpoint: a plain `BertModel` (same parameter names, no pooler) whose
     `pooler_output` is the last-layer [CLS] state, the sentence embedding of the CLS-based methods. Loads a
     pre-training checkpoint by stripping the `bert.` prefix; the checkpoint's heads (`cls.*`, `decoder.*`) and
@@ -168,7 +199,7 @@ class BaseInitMixin:
             encoder._init_weights(module)
 
 
-class AnyEncoderModel(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
+class AnyEncoderModel(BaseLayoutMixin, BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     """The `AutoModel` of a checkpoint on a RoBERTa, XLM-R or ModernBERT base: the base's own model under its
     pre-training name (`roberta`, `model`), so the pre-training checkpoint's keys load as they are; `pooler_output`
     is the last-layer first-token state (<s> / [CLS]). Each method subclasses it with its `config_class`. (A BERT
@@ -237,6 +268,8 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     # set for the forwards whose accuracies are wanted (the Trainer: the steps it logs): one more vocabulary
     # projection per cross-entropy term, without gradient
     measure_accuracy: bool = False
+    # the vocabulary losses' softmax in one compiled kernel per chunk (a runtime choice, never saved)
+    compile_loss: bool = False
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -292,6 +325,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
             bias,
             labels.reshape(-1)[keep],
             chunk_size=self.config.loss_chunk_size,
+            compiled=self.compile_loss,
         )
 
     def mlm_accuracy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -479,8 +513,14 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     @classmethod
     def _known_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         """`options`, after refusing any the config class does not define (a config would keep a misspelt option as
-        a stray attribute and train with the default)."""
+        a stray attribute and train with the default); a `COLLATOR_OPTIONS` key the config lacks is dropped with a
+        warning saying why."""
         known = {f.name for f in dataclasses.fields(cls.config_class)}
+        dropped = (set(options) & set(COLLATOR_OPTIONS)) - known
+        for name in sorted(dropped):
+            logger.warning("%s=%r ignored: %s has no %s, %s", name, options[name], cls.config_class.__name__, name,
+                           COLLATOR_OPTIONS[name])
+        options = {name: value for name, value in options.items() if name not in dropped}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown {cls.config_class.__name__} option(s) {unknown}; see its docstring for the "
@@ -520,18 +560,41 @@ def _pretraining_classes() -> list[type]:
     return found
 
 
+def _encoder_class_for(klass: type, config: PreTrainedConfig | None) -> type:
+    """The encoder class of `klass`'s method for `config`'s base; `klass` itself without a config or when it is no
+    method's encoder class (e.g. a user's subclass)."""
+    if not isinstance(config, PreTrainedConfig):
+        return klass
+    for method in _pretraining_classes():
+        if klass in (method.encoder_class, method.any_encoder_class):
+            return method.encoder_class if backbone_of(config) is BertBackbone else method.any_encoder_class
+    return klass
+
+
 def _checked_types(model_name_or_path: str | os.PathLike) -> tuple[str, type]:
     """The `model_type` of a checkpoint's config and its family's backbone; `ValueError` (naming the supported
     types) for any other than a supported base or one of our pre-training checkpoints, and for a local folder that
-    is missing or lacks config.json (transformers would take it for a malformed Hub id)."""
+    is missing or lacks config.json (transformers would take it for a malformed Hub id): a name that starts with
+    `/`, `.` or `~`, has two `/` or more, or whose parent folder exists. Another name that is no local folder and
+    fails as a Hub id gets a one-line `OSError` naming both."""
     if not isinstance(model_name_or_path, str | os.PathLike):
         raise ValueError(f"model_name_or_path must be a folder or a Hub id, got {model_name_or_path!r}")
     path = os.path.expanduser(os.fspath(model_name_or_path))
-    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.isdir(path)
+    parent = os.path.dirname(path.rstrip("/"))
+    looks_local = (os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.isdir(path)
+                   or (parent != "" and os.path.isdir(parent)))  # `models/nope` beside an existing `models/`
     if looks_local and not os.path.isfile(os.path.join(path, "config.json")):
         problem = "has no config.json" if os.path.isdir(path) else "does not exist"
         raise ValueError(f"model folder {model_name_or_path} {problem}; give a saved model's folder or a Hub id")
-    config_dict = BertConfig.get_config_dict(model_name_or_path)[0]
+    try:
+        config_dict = BertConfig.get_config_dict(model_name_or_path)[0]
+    except OSError as error:
+        if os.path.exists(path) or error.errno is not None:  # a real folder, or a system error (disk full ...)
+            raise
+        # `owner/name` may be a Hub id or a folder not made yet: say both, in one line (transformers' spans three)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise OSError(f"{model_name_or_path}: no local folder of that name ({os.path.abspath(path)} does not exist), "
+                      f"and as a Hub id it could not be loaded: {reason}") from error
     model_type = config_dict.get("model_type") or "bert"
     method_types = {c.config_class.model_type for c in _pretraining_classes()}
     if model_type not in (*SUPPORTED_ENCODER_TYPES, *method_types):

@@ -270,11 +270,12 @@ def load_script(name: str) -> ModuleType:
 
 
 def benchmark_script(name: str) -> ModuleType:
-    """A script as `python benchmarks/NAME.py` loads it: its `import common` finds benchmarks/common.py (registered
-    only while the script loads; sys.path is left alone)."""
+    """A script as `python benchmarks/NAME.py` loads it: its `import common` and `import phases` find the modules
+    of benchmarks/ (registered only while the script loads; sys.path is left alone)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "environ", dict(os.environ))  # the scripts' environment defaults stay out of other tests
         patch.setitem(sys.modules, "common", load_script("common"))
+        patch.setitem(sys.modules, "phases", load_script("phases"))
         return load_script(name)
 
 

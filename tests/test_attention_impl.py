@@ -1,7 +1,8 @@
 """Attention implementations: the encoder may run on any implementation transformers offers (eager, sdpa,
 flash_attention_*, flex_attention); the decoders, which need a dense per-row mask, run on the encoder's when it takes
 one (eager, sdpa) and on sdpa otherwise (`decoder_attn_implementation`). `retromae pretrain --attn-implementation`.
-And torch.compile (transformers' `--torch-compile`): compiled and eager models give the same losses."""
+And torch.compile, of the whole model (transformers' `--torch-compile`) or of each layer (`--compile-layers`): compiled
+and eager models give the same losses."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.trainers import pretrain as pretrain_module
 from retromae.trainers.cli import main
 from retromae.trainers.core.errors import UserError
+from retromae.trainers.fast_paths import compile_layers, compile_loss, repeated_layers
 from retromae.trainers.pretrain import attn_implementation_for
+from safetensors.torch import load_file
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_flash_attn_2_available
@@ -299,3 +302,95 @@ def test_pretrain_cli_torch_compile_logs_the_eager_losses(tiny_bert, corpus, tmp
 
     eager = logged_losses(tmp_path / "eager")
     assert logged_losses(tmp_path / "compiled", "--torch-compile-backend", "aot_eager") == eager
+
+
+# ---- regional compilation (`--compile-layers`) -----------------------------------------------------------------------
+
+
+def regionally_compiled_and_eager(model, batch: dict, backend: str) -> tuple[dict, dict, dict, dict]:
+    """As `compiled_and_eager`, with each repeated layer compiled on its own (`compile_layers`)."""
+    eager_losses, eager_grads = losses_and_gradients(model, batch)
+    assert compile_layers(model, backend=backend) == len(repeated_layers(model)) > 0
+    compiled_losses, compiled_grads = losses_and_gradients(model, batch)
+    return eager_losses, compiled_losses, eager_grads, compiled_grads
+
+
+def losses_and_gradients(model, batch: dict) -> tuple[dict, dict]:
+    result = losses(model, batch)
+    result["loss"].backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return {name: value.detach() for name, value in result.items()}, grads
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_regionally_compiled_layers_give_the_eager_losses_and_gradients(method):
+    """Every encoder and decoder layer compiled (`aot_eager`: the capture of each layer, a few seconds)."""
+    model = build(method)
+    names = {name for name, _ in model.named_parameters()}
+    eager, compiled, eager_grads, compiled_grads = regionally_compiled_and_eager(model, masked_batch(), "aot_eager")
+    assert_same_losses(compiled, eager, atol=1e-6)
+    assert compiled_grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-6), name
+    assert {name for name, _ in model.named_parameters()} == names  # no `_orig_mod.`: checkpoints load either way
+
+
+@pytest.mark.long
+def test_inductor_compiled_layers_give_the_eager_losses_and_gradients():
+    """The default backend, as `--compile-layers` runs it (C++ code generation on CPU: about 25 s cold)."""
+    eager, compiled, eager_grads, compiled_grads = regionally_compiled_and_eager(build("dupmae"), masked_batch(),
+                                                                                 "inductor")
+    assert_same_losses(compiled, eager, atol=1e-5)
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_pretrain_compile_layers_logs_the_eager_losses(tiny_bert, corpus, tmp_path, monkeypatch):
+    """`--compile-layers true` compiles the layers of the model it trains (here with aot_eager, which draws dropout
+    as eager mode does, so the logged losses are identical) and saves the usual weight names."""
+    compiled = []
+
+    def compile_with_aot_eager(model):
+        compiled.append(compile_layers(model, backend="aot_eager"))
+        return compiled[-1]
+
+    def logged_losses(run, *extra) -> list[float]:
+        assert main(pretrain_args(tiny_bert, corpus, run, "--no-export", "true", *extra)) == 0
+        state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
+        return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+    eager = logged_losses(tmp_path / "eager")
+    monkeypatch.setattr(pretrain_module, "compile_layers", compile_with_aot_eager)
+    assert logged_losses(tmp_path / "compiled", "--compile-layers", "true") == eager
+    assert compiled and compiled[0] > 0
+    assert load_file(tmp_path / "compiled" / "model.safetensors").keys() == \
+        load_file(tmp_path / "eager" / "model.safetensors").keys()
+
+
+@pytest.mark.parametrize("method", ["retromae", "dupmae", "seed"])
+def test_compiled_loss_gives_the_eager_losses_and_gradients(method):
+    """`compile_loss` (`--compile-loss`): the vocabulary losses' compiled softmax leaves losses and gradients as
+    eager mode computes them, within float32 rounding."""
+    model = build(method)
+    eager, eager_grads = losses_and_gradients(model, masked_batch())
+    assert compile_loss(model) and model.compile_loss
+    compiled, compiled_grads = losses_and_gradients(model, masked_batch())
+    assert_same_losses(compiled, eager, atol=1e-5)
+    for name, grad in eager_grads.items():
+        assert torch.allclose(compiled_grads[name], grad, atol=1e-5, rtol=1e-4), name
+    assert not compile_loss(torch.nn.Linear(2, 2))  # nothing to compile in a model without our losses
+
+
+def test_pretrain_compile_loss_flag_turns_it_on(tiny_bert, corpus, tmp_path, monkeypatch):
+    """`--compile-loss true` turns the compiled softmax on for the model it trains."""
+    models = []
+
+    def record(model):
+        models.append(model)
+        return compile_loss(model)
+
+    monkeypatch.setattr(pretrain_module, "compile_loss", record)
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--no-export", "true", "--max-steps", "2",
+                              "--compile-loss", "true")) == 0
+    assert len(models) == 1 and models[0].compile_loss

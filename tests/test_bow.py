@@ -171,6 +171,20 @@ def test_from_encoder_checkpoint_minilm_reports_only_the_mlm_head_new(minilm_dir
     assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
 
 
+@pytest.mark.parametrize("build", ["from_encoder_checkpoint", "from_encoder_config"])
+def test_mask_token_id_of_the_readme_example_is_ignored_with_its_reason(build, minilm_dir, caplog):
+    """The README's RetroMAE call passes `mask_token_id` (RetroMAE's basic decoding reads it); BoWConfig has no such
+    field, as BoW's model reads no mask token (the collator masks the encoder input), so it is dropped with a
+    warning that says why, not refused."""
+    caplog.set_level(logging.WARNING, logger="retromae.modeling.pretraining_base")
+    model = getattr(BoWForPretraining, build)(minilm_dir, mask_token_id=103, bow_weight_schedule="cosine")
+    assert model.config.bow_weight_schedule == "cosine" and "mask_token_id" not in model.config.to_dict()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [m for m in warnings if m.startswith("mask_token_id=103 ignored: BoWConfig has no mask_token_id")]
+    with pytest.raises(ValueError, match=r"unknown BoWConfig option\(s\) \['mask_token'\]"):  # a typo still fails
+        getattr(BoWForPretraining, build)(minilm_dir, mask_token=103)
+
+
 @pytest.mark.long
 def test_checkpoint_loads_as_remote_code_in_a_fresh_process(run_without_retromae, tmp_path):
     torch.manual_seed(0)

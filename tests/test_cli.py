@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import errno
+import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from retromae.trainers import cli
 from retromae.trainers import finetune as finetune_module
+from retromae.trainers.core import lock as lock_module
+from retromae.trainers.core.arguments import start_command
 from retromae.trainers.core.errors import UserError
+from retromae.trainers.core.folders import is_local_path
+from retromae.trainers.evaluate import EvaluateArguments
+from retromae.trainers.hybrid_index import IndexArguments, SearchArguments
+
+from .builders import pretrain_args
 
 # the values a command needs before it looks at the rest of its options
 REQUIRED = {"export": ["ckpt", "out"], "finetune": ["model", "data"], "evaluate": ["model"], "publish": ["f", "o/n"],
@@ -239,3 +250,203 @@ def test_an_abbreviation_of_one_option_is_that_option():
     with pytest.raises(UserError, match="ambiguous option: --o could match --output-dir, --overwrite"):
         start_command(["ckpt", "--o", "out"], ExportArguments, prog="retromae export", description=None,
                       positional=["checkpoint"])
+
+
+# ---- output paths: `~`, folders that cannot be written, symlink loops, long names (a user probe) --------------------
+
+
+@pytest.fixture(scope="module")
+def run(tiny_bert, corpus, tmp_path_factory) -> Path:
+    """A finished 2-step pre-training run, its encoder exported to encoder/."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    assert cli.main(pretrain_args(tiny_bert, corpus, out, "--max-steps", "2", "--save-steps", "2")) == 0
+    return out
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """HOME under tmp_path, which is also the working directory: an unexpanded `~` would show as a folder `./~`."""
+    folder = tmp_path / "home"
+    folder.mkdir()
+    monkeypatch.setenv("HOME", str(folder))
+    monkeypatch.chdir(tmp_path)
+    return folder
+
+
+def test_a_tilde_in_a_path_is_the_home_folder_on_the_command_line_and_in_a_config_file(run, corpus, home, tmp_path):
+    """HEAD wrote `export RUN "~/enc"`, and coverage and index, into a folder named `~` in the working directory."""
+    assert cli.main(["export", str(run), "~/enc"]) == 0
+    assert (home / "enc" / "modules.json").is_file()
+    shutil.copy(corpus, home / "corpus.txt")
+    (home / "coverage.yaml").write_text(f"model: ['{run / 'encoder'}']\ncorpus: ~/corpus.txt\noutput_dir: ~/cov\n"
+                                        "max_texts: 4\n")
+    assert cli.main(["coverage", "--config", "~/coverage.yaml", "--no-progress"]) == 0
+    assert (home / "cov" / "coverage.json").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize(("arguments", "argv", "expected"), [
+    (IndexArguments, ["--model", "~/m", "--corpus", "~/c.txt", "--output-dir", "~/index"],
+     {"model": "{home}/m", "corpus": "{home}/c.txt", "output_dir": "{home}/index"}),
+    (SearchArguments, ["--index", "~", "--model", "m", "--query", "~/not a path", "--output", "~/hits.jsonl"],
+     {"index": "{home}", "query": ["~/not a path"], "output": "{home}/hits.jsonl"}),  # a query is text
+    (EvaluateArguments, ["--model", "m", "--beir-folder", "~/a", "~/b", "--output-dir", "~/eval", "--model-name",
+                         "~/name"],
+     {"beir_folder": ["{home}/a", "{home}/b"], "output_dir": "{home}/eval", "model_name": "~/name"}),
+], ids=["index", "search", "evaluate"])
+def test_every_path_option_expands_a_tilde_and_a_text_option_keeps_it(arguments, argv, expected, home, tmp_path):
+    """On the command line and in a `--config` file alike."""
+    want = {name: [v.format(home=home) for v in value] if isinstance(value, list) else value.format(home=home)
+            for name, value in expected.items()}
+    (args,) = start_command(argv, arguments, prog="retromae x", description=None)
+    assert {name: getattr(args, name) for name in expected} == want
+    values: dict[str, list[str]] = {}
+    for arg in argv:  # the same settings as a config file
+        if arg.startswith("--"):
+            name = arg[2:].replace("-", "_")
+            values[name] = []
+        else:
+            values[name].append(arg)
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml.safe_dump({k: v if k in {"beir_folder", "query"} else v[0] for k, v in values.items()}))
+    (args,) = start_command(["--config", str(config)], arguments, prog="retromae x", description=None)
+    assert {name: getattr(args, name) for name in expected} == want
+
+
+@pytest.mark.parametrize(("command", "error", "expected"), [
+    ("export", OSError(errno.EROFS, "Read-only file system", "/mnt/models/.enc.tmp-42-1a2b3c4d"),
+     "cannot write in /mnt/models: read-only file system; make it writable, or choose another OUTPUT_DIR"),
+    ("search", OSError(errno.EACCES, "Permission denied", "/srv/shared/hits.jsonl"),
+     "cannot write in /srv/shared: permission denied; make it writable, or choose another --output"),
+    ("pretrain", OSError(errno.EROFS, "Read-only file system", "/mnt/runs/run/.retromae.lock"),
+     "cannot write in /mnt/runs/run: read-only file system; make it writable, or choose another --output-dir"),
+    ("evaluate", PermissionError(errno.EPERM, "Operation not permitted", "eval-results/m"),
+     "cannot write in eval-results: permission denied; make it writable, or choose another --output-dir"),
+], ids=["export-read-only", "search-permission", "pretrain-lock", "evaluate-default-folder"])
+def test_a_write_refused_by_a_read_only_or_forbidden_folder_is_one_line(command, error, expected, monkeypatch,
+                                                                         capsys):
+    """HEAD printed `OSError: [Errno 30]` / `[Errno 13]` with its traceback (the disk-full line's mechanism)."""
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(error))
+    assert cli.main([command]) == 2
+    assert capsys.readouterr().err == f"retromae {command}: error: {expected}\n"
+
+
+def test_a_file_that_cannot_be_read_is_one_line(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text\n")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == corpus and mode & os.R_OK
+                        else real_access(path, mode, **kw))  # tests run as root, which reads every file
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(
+        PermissionError(errno.EACCES, "Permission denied", str(corpus))))
+    assert cli.main(["index"]) == 2
+    assert capsys.readouterr().err == (f"retromae index: error: cannot read {corpus}: permission denied; make it "
+                                       "readable (chmod u+r), or give another file\n")
+
+
+@pytest.mark.parametrize("command", ["export", "index", "search", "coverage", "evaluate", "finetune"])
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(command, run, tmp_path, monkeypatch,
+                                                                           capsys):
+    """HEAD found out when it wrote (index after encoding the corpus, search after searching, evaluate in its default
+    folder beside a read-only working directory). Tests run as root, whom permissions do not stop: `os.access` says
+    what it says for a folder on a read-only file system."""
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path).absolute() == locked and mode &
+                        os.W_OK else real_access(path, mode, **kw))
+    argv = {
+        "export": ["export", str(run), str(locked / "enc")],
+        "index": ["index", "--model", "m", "--corpus", "c", "--output-dir", str(locked / "index")],
+        "search": ["search", "--index", "i", "--model", "m", "--query", "q", "--output", str(locked / "hits.jsonl")],
+        "coverage": ["coverage", "--model", "m", "--output-dir", str(locked / "cov")],
+        "evaluate": ["evaluate", "m", "--beir-folder", "b"],  # into eval-results/m in the working directory
+        "finetune": ["finetune", "m", "d", "--output-dir", str(locked / "ft")],
+    }[command]
+    if command == "evaluate":
+        monkeypatch.chdir(locked)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    flag = {"search": "--output", "coverage": "--output-dir", "evaluate": "--output-dir"}.get(command, "output")
+    assert err.startswith(f"retromae {command}: error: {flag} ") and err.count("\n") == 1, err
+    assert err.endswith(f": {locked} cannot be written (no write permission); make it writable, or choose another "
+                        "folder\n"), err
+
+
+def test_a_pretraining_output_folder_that_cannot_be_written_is_one_line(tiny_bert, corpus, tmp_path, monkeypatch,
+                                                                        capsys):
+    out = tmp_path / "run"
+
+    def read_only(lock: Path):
+        raise OSError(errno.EROFS, "Read-only file system", str(lock))
+
+    monkeypatch.setattr(lock_module, "_acquire", read_only)
+    assert cli.main(pretrain_args(tiny_bert, corpus, out)) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"retromae pretrain: error: cannot write in {out}: read-only file system; make it writable, or choose "
+        "another --output-dir")
+
+
+@pytest.mark.parametrize("command", ["export", "index", "search", "coverage", "evaluate", "finetune", "pretrain"])
+def test_a_symlink_loop_as_the_output_is_one_line(command, run, tiny_bert, corpus, tmp_path, capsys):
+    """HEAD: `RuntimeError: Symlink loop from ...` with its traceback."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    argv = {
+        "export": ["export", str(run), str(loop)],
+        "index": ["index", "--model", "m", "--corpus", "c", "--output-dir", str(loop)],
+        "search": ["search", "--index", "i", "--model", "m", "--query", "q", "--output", str(loop)],
+        "coverage": ["coverage", "--model", "m", "--output-dir", str(loop / "cov")],
+        "evaluate": ["evaluate", "m", "--beir-folder", "b", "--output-dir", str(loop)],
+        "finetune": ["finetune", "m", "d", "--output-dir", str(loop)],
+        "pretrain": pretrain_args(tiny_bert, corpus, tmp_path / "out", "--export-dir", str(loop)),
+    }[command]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"retromae {command}: error: ") and err.endswith(
+        f"{loop} is a symbolic link that leads back to itself (a loop); remove it, or choose another folder"), err
+
+
+def test_a_very_long_model_name_is_a_name_not_a_path(run, tmp_path):
+    """HEAD: `OSError: File name too long`, from asking the file system whether the name is a path."""
+    name = "my-org/" + "x" * 300
+    assert not is_local_path(name) and not is_local_path("x" * 5000)
+    assert cli.main(["export", str(run), str(tmp_path / "enc"), "--model-name", name]) == 0
+    assert name in (tmp_path / "enc" / "README.md").read_text()
+
+
+def test_a_value_that_starts_with_a_dash_is_named(capsys):
+    """argparse said only `argument --model-name: expected one argument`."""
+    assert cli.main(["export", "ckpt", "out", "--model-name", "-x"]) == 2
+    assert capsys.readouterr().err == (
+        "retromae export: error: --model-name -x: a value that starts with '-' reads as an option; if -x is the "
+        "value, write --model-name=-x\n")
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    """HEAD printed KeyboardInterrupt's traceback (`pretrain` names its folder: test_pretrain_safety.py)."""
+    monkeypatch.setattr(cli, "_command", lambda name: _command_raising(KeyboardInterrupt()))
+    try:
+        statuses = [cli.main(["index"]), capsys.readouterr().err, cli.main(["finetune"])]
+    except KeyboardInterrupt:  # not to pytest: it would end the session
+        pytest.fail("KeyboardInterrupt escaped with its traceback")
+    assert statuses == [130, "retromae index: interrupted\n", 130]
+    assert capsys.readouterr().err == ("retromae finetune: interrupted; to continue, run the same command again with "
+                                       "--resume-from-checkpoint last\n")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--extend-position-embeddings", "0"],
+     "--extend-position-embeddings 0: give the number of positions to grow the table to, at least --max-seq-length "
+     "32, or leave the option out"),
+    (["--extend-position-embeddings", "150", "--max-seq-length", "200"],
+     "--extend-position-embeddings 150 is below --max-seq-length 200, so the grown table would still be too short; "
+     "pass --extend-position-embeddings 200 or more"),
+], ids=["zero", "below-max-seq-length"])
+def test_an_extension_that_cannot_hold_the_sequence_is_refused_naming_the_fix(extra, message, tiny_bert, corpus,
+                                                                               tmp_path, capsys):
+    """HEAD ignored 0 (and refused -1), and for 150 < 200 named `150, max_position_embeddings` and suggested
+    the flag already given."""
+    assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "run", *extra)) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"retromae pretrain: error: {message}"
+    assert not (tmp_path / "run").exists()

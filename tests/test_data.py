@@ -150,6 +150,31 @@ def test_directory_of_files_sorted(tmp_path):
     assert texts(corpus) == ["from a", "from jsonl", "c block one still one", "c block two"]
 
 
+def test_a_folder_corpus_reads_symlinked_subfolders(tmp_path):
+    """HEAD: `Path.rglob` did not descend into the link, so the run trained on a.jsonl's 30 passages of 70."""
+    write(tmp_path / "corpus" / "a.jsonl", jsonl(*({"text": f"a {i}"} for i in range(30))))
+    write(tmp_path / "elsewhere" / "b.jsonl", jsonl(*({"text": f"b {i}"} for i in range(40))))
+    (tmp_path / "corpus" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert len(read_corpus(tmp_path / "corpus")) == 30 + 40
+
+
+@pytest.mark.parametrize("target", ["..", "."], ids=["parent", "itself"])
+def test_a_symlink_loop_in_a_corpus_folder_is_refused(tmp_path, target):
+    write(tmp_path / "corpus" / "sub" / "a.txt", "one passage\n")
+    (tmp_path / "corpus" / "sub" / "loop").symlink_to(target, target_is_directory=True)
+    with pytest.raises(CorpusError, match=r"sub/loop is a symbolic link to .*, a folder that holds it \(a loop\); "
+                                          r"remove the link$"):
+        read_corpus(tmp_path / "corpus")
+
+
+def test_a_folder_reached_twice_through_a_symlink_is_refused(tmp_path):
+    write(tmp_path / "corpus" / "real" / "a.txt", "one passage\n")
+    (tmp_path / "corpus" / "again").symlink_to(tmp_path / "corpus" / "real", target_is_directory=True)
+    with pytest.raises(CorpusError, match=r"real and again are the same folder through a symbolic link, so its files "
+                                          r"would be read twice; remove the link$"):
+        read_corpus(tmp_path / "corpus")
+
+
 def test_streaming_yields_the_same_texts(tmp_path):
     write(tmp_path / "a.txt", "one\ntwo\n")
     write(tmp_path / "b.jsonl", jsonl({"title": "T", "text": "three"}))
@@ -225,6 +250,23 @@ def test_bad_file_names_file_and_line(tmp_path, case, streaming):
     message = str(excinfo.value)
     assert f"{path.resolve()}{line}" in message
     assert reason in message
+
+
+@pytest.mark.parametrize(("codec", "iconv"), [
+    ("utf-16", "utf-16"),  # with a byte-order mark
+    ("utf-16-le", "utf-16le"), ("utf-16-be", "utf-16be"),  # without one: NUL bytes beside the ASCII characters
+    ("utf-32", "utf-32"), ("utf-32-le", "utf-32le"),
+])
+@pytest.mark.parametrize("name", ["c.txt", "c.jsonl"])
+def test_a_utf16_or_utf32_corpus_names_its_encoding(tmp_path, codec, iconv, name):
+    """HEAD: a UTF-16 .txt was told "iconv -f latin1" (with a BOM) or read as text full of NULs (without one)."""
+    content = "first passage\nsecond passage\n" if name.endswith(".txt") else jsonl({"text": "first"}, {"text": "x"})
+    path = write(tmp_path / name, content.encode(codec))
+    with pytest.raises(CorpusError) as excinfo:
+        read_corpus(path)
+    message = str(excinfo.value)
+    assert message.startswith(str(path.resolve())) and f"iconv -f {iconv} -t utf-8" in message
+    assert "latin1" not in message
 
 
 def test_missing_path(tmp_path):
@@ -365,6 +407,29 @@ def test_tokenize_needs_text_column(tokenizer):
 def test_tokenize_max_seq_length_too_small(tokenizer):
     with pytest.raises(ValueError, match="max_seq_length=2"):
         tokenize_corpus(datasets.Dataset.from_dict({"text": ["a"]}), tokenizer, max_seq_length=2)
+
+
+@pytest.mark.parametrize("value", ["32", 32.0, None, True])
+def test_tokenize_max_seq_length_must_be_a_whole_number(tokenizer, value):
+    """HEAD: "32" failed on `'<=' not supported between instances of 'str' and 'int'`."""
+    with pytest.raises(TypeError, match=rf"^tokenize_corpus: max_seq_length={re.escape(repr(value))} is not a whole "
+                                        r"number .*max_seq_length=256$"):
+        tokenize_corpus(datasets.Dataset.from_dict({"text": ["a"]}), tokenizer, max_seq_length=value)
+
+
+def test_tokenize_corpus_takes_a_list_of_strings(tokenizer):
+    """HEAD: `AttributeError: 'list' object has no attribute 'column_names'`."""
+    passages = ["one passage", "another passage"]
+    from_list = tokenize_corpus(passages, tokenizer, max_seq_length=16)
+    from_dataset = tokenize_corpus(datasets.Dataset.from_dict({"text": passages}), tokenizer, max_seq_length=16)
+    assert from_list["input_ids"] == from_dataset["input_ids"]
+
+
+@pytest.mark.parametrize("corpus", ["one passage", [1, 2], {"text": ["a"]}], ids=["str", "ints", "dict"])
+def test_tokenize_corpus_refuses_other_inputs_naming_the_accepted_types(tokenizer, corpus):
+    with pytest.raises(TypeError, match=r"^tokenize_corpus takes a datasets.Dataset, datasets.IterableDataset or a list "
+                                        r"of strings .*, got "):
+        tokenize_corpus(corpus, tokenizer, max_seq_length=16)
 
 
 def test_num_proc_only_for_large_datasets():

@@ -239,7 +239,7 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
         tmp_path / "empty": r"empty is not a retromae checkpoint: no config.json",
         tmp_path / "missing": r"missing does not exist",
         no_weights: r"export: model folder .*no-weights is incomplete, it has no model.safetensors",
-        no_tokenizer: r"export: model folder .*no-tokenizer is incomplete, it has no tokenizer.json",
+        no_tokenizer: r"export: .*no-tokenizer has no tokenizer \(the model was saved without one\); save it into",
     }
     for source, message in cases.items():
         with pytest.raises(UserError, match=message):  # ExportError, or FolderError for an incomplete folder
@@ -423,6 +423,27 @@ def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
     (unfinished / "optimizer.pt").write_bytes(b"partial")
     with pytest.raises(FolderError, match=r"no trainer_state.json \(the Trainer writes it last"):
         export_sentence_transformer(unfinished, tmp_path / "out")
+
+
+def test_a_model_saved_without_its_tokenizer_is_told_how_to_add_it(pretrained, tokenizer, tmp_path, capsys):
+    """`save_pretrained` of the model alone, then `retromae export`: HEAD blamed "a run killed mid-save". The folder
+    never had a tokenizer: the one line says so and how to add it, and the export works once it is added."""
+    model, _ = pretrained
+    folder = tmp_path / "my-model"
+    model.save_pretrained(folder)
+    expected = (rf"^export: {re.escape(str(folder))} has no tokenizer \(the model was saved without one\); save it "
+                rf"into the folder with tokenizer.save_pretrained\('{re.escape(str(folder))}'\), then run again$")
+    with pytest.raises(FolderError, match=expected):
+        export_sentence_transformer(folder, tmp_path / "out")
+    from retromae.trainers.cli import main
+
+    assert main(["export", str(folder), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no tokenizer" in err and "killed mid-save" not in err, err
+    assert not (tmp_path / "out").exists()
+    tokenizer.save_pretrained(folder)
+    export_sentence_transformer(folder, tmp_path / "out")
+    assert (tmp_path / "out" / "modules.json").is_file()
 
 
 def test_pretrain_model_refuses_an_incomplete_folder(pretrained, tmp_path):

@@ -390,6 +390,24 @@ def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, t
                           "--stages", "hard-negatives,in-batch"])
 
 
+
+def test_resuming_a_finished_finetune_says_so_and_trains_nothing(spread_cls_bert, tiny_beir, tmp_path, monkeypatch,
+                                                                  capsys):
+    """HEAD told the same command plus `--resume-from-checkpoint last` to pass --overwrite, which trains again;
+    `pretrain` says its run finished. Other settings are still another run, which --overwrite starts."""
+    out = tmp_path / "out"
+    args = [str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), "--stages", "in-batch", *FAST]
+    assert finetune_command(args) == 0
+    written = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    capsys.readouterr()
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", None)  # nothing may train
+    assert finetune_command([*args, "--resume-from-checkpoint", "last"]) == 0
+    assert capsys.readouterr().out == (f"retromae: this fine-tuning had already finished (stages: in-batch); its "
+                                       f"model is {out}; nothing was trained\n")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == written
+    with pytest.raises(FolderError, match="already exists and is not empty.*--overwrite"):
+        finetune_command([*args, "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
+
 def test_a_second_run_into_a_work_folder_in_use_is_refused_before_it_trains(spread_cls_bert, tiny_beir, tmp_path):
     """HEAD trained both runs into the same checkpoints, and refused the second only at its end."""
     from retromae.trainers.core.lock import FolderLocked, folder_lock

@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     **{f"core.{path.stem}": 0 for path in (TRAINERS / "core").glob("*.py")},
     # 1: the parts the methods are made of (data, collators, the Trainer, exporters)
     "data": 1, "beir": 1, "contrastive_data": 1, "schedules": 1, "resume": 1, "recipe": 1, "trainer": 1,
-    "export_cls": 1, "export_dupmae": 1, "positions": 1,
+    "export_cls": 1, "export_dupmae": 1, "positions": 1, "fast_paths": 1,
     # 2: the method registry, the one place that knows how the methods differ
     "methods": 2,
     # 3: the drivers, one per command

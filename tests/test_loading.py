@@ -1,11 +1,14 @@
 """Loading checkpoints into our classes: no load-report table for the keys a load is meant to skip or create, the
 full table for any other key, and non-BERT architectures refused by `from_encoder_checkpoint`."""
 
+import json
 import logging
+import os
 
 import pytest
 import torch
 from retromae.modeling.backbones import SUPPORTED_ENCODER_TYPES
+from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
@@ -135,3 +138,70 @@ def test_a_checkpoint_tokenizer_loads_without_a_model_type_warning(klass, tokeni
     loaded = load_tokenizer(tmp_path)
     assert loaded("a retrieval test")["input_ids"] == tokenizer("a retrieval test")["input_ids"]
     assert not [m for m in transformers_warnings if "to instantiate a model of type" in m]
+
+
+# Run in a fresh interpreter without retromae: load each folder of argv[1:] through AutoModel as remote code, in that
+# order; prints one JSON line: per folder its class, its missing weights and the [CLS] states of fixed ids.
+LOAD_IN_ORDER_SCRIPT = r"""
+import json, sys, torch
+from transformers import AutoModel
+ids = torch.tensor([[0, 5, 6, 7, 8, 2]])
+report = []
+for folder in sys.argv[1:]:
+    model, info = AutoModel.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)
+    with torch.no_grad():
+        cls = model.eval()(input_ids=ids, attention_mask=torch.ones_like(ids)).pooler_output
+    report.append({"class": type(model).__name__, "missing": sorted(info["missing_keys"]), "cls": cls.tolist()})
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("first", ["bert", pytest.param("roberta", marks=pytest.mark.long)])  # one load order in `make test`
+def test_same_named_checkpoints_of_two_bases_each_load_as_themselves(first, tiny_roberta, tmp_path,
+                                                                    run_without_retromae):
+    """`checkpoint-3` of a BERT run and of a RoBERTa run hold byte-identical code, so transformers gives both one
+    dynamic module (folder name + code hash), hence one config class; AutoModel's registry, keyed on that class,
+    handed the second checkpoint the first one's encoder class (every weight unexpected, the encoder random)."""
+    torch.manual_seed(0)
+    models = {"bert": RetroMAEForPretraining(tiny_pretraining_config(RetroMAEConfig)).eval(),
+              "roberta": RetroMAEForPretraining.from_encoder_checkpoint(tiny_roberta).eval()}
+    folders = {name: tmp_path / f"run_{name}" / "checkpoint-3" for name in models}
+    for name, model in models.items():
+        model.save_pretrained(folders[name])
+    order = [first, *(name for name in models if name != first)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = run_without_retromae(LOAD_IN_ORDER_SCRIPT, [str(folders[name]) for name in order], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = dict(zip(order, json.loads(result.stdout.strip().splitlines()[-1]), strict=True))
+    ids = torch.tensor([[0, 5, 6, 7, 8, 2]])
+    for name, model in models.items():
+        expected_class = model.encoder_class if name == "bert" else model.any_encoder_class
+        assert report[name]["class"] == expected_class.__name__, name
+        assert report[name]["missing"] == [], name
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=torch.ones_like(ids)).sentence_embedding
+        assert torch.allclose(torch.tensor(report[name]["cls"]), expected, atol=1e-6), name
+
+
+def test_a_missing_folder_under_an_existing_one_is_named_not_looked_up_on_the_hub(tmp_path, monkeypatch):
+    """`models/nope` in a folder that has `models/`: the folder is meant, not a Hub id (it was looked up on the Hub,
+    and the error spoke of connecting to huggingface.co)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    for build in (RetroMAEForPretraining.from_encoder_checkpoint, RetroMAEForPretraining.from_encoder_config):
+        with pytest.raises(ValueError, match="^model folder models/nope does not exist; give a saved model's folder"
+                           ) as error:
+            build("models/nope")
+        assert "\n" not in str(error.value)
+
+
+def test_a_missing_folder_that_could_be_a_hub_id_names_both(tmp_path, monkeypatch):
+    """`models/nope` where nothing named `models` exists may be a Hub id: the one-line error says that no such local
+    folder exists (naming it) as well as why the Hub lookup failed (the suite runs offline)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OSError, match=r"^models/nope: no local folder of that name \(") as error:
+        RetroMAEForPretraining.from_encoder_checkpoint("models/nope")
+    message = str(error.value)
+    assert str(tmp_path / "models" / "nope") in message and "Hub" in message
+    assert "\n" not in message

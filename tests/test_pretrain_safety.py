@@ -3,6 +3,7 @@ checkpoints, output paths that are files."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
+from retromae.trainers.core import lock as lock_module
 from retromae.trainers.core.lock import LOCK_NAME, FolderLocked, folder_lock
+from retromae.trainers.pretrain import pretrain_arguments
+from retromae.trainers.trainer import RetroMAETrainer
 from safetensors.torch import load_file
 
 from .builders import SENTENCES, pretrain_args, write_beir, write_lines
@@ -326,3 +330,85 @@ def test_every_process_stops_when_one_shard_diverged():
         seen = dict(results)
     assert seen == {0: "the weights of 1 other process(es) are NaN or infinite",
                     1: "1 weight tensor(s) are NaN or infinite"}
+
+
+# ---- a user probe: `~` in a config file, a read-only finished run, Ctrl-C, the summary --------------------------------
+
+
+def test_a_config_file_output_dir_under_the_home_folder_is_resumed(finished_run, tmp_path, monkeypatch):
+    """HEAD looked for `--resume-from-checkpoint last` in a folder literally named `~/run` (the checkpoint is located
+    before the full parse, from the file's raw values)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "..")
+    copy_of(finished_run, tmp_path)
+    config = tmp_path / "resume.yaml"
+    config.write_text("output_dir: ~/run\nresume_from_checkpoint: last\n")
+    run = pretrain_arguments(["--config", str(config)])
+    assert (run.resume, run.training.output_dir) == (str(tmp_path / "run" / "checkpoint-4"), str(tmp_path / "run"))
+
+
+def test_resuming_a_finished_run_in_a_read_only_folder_exits_0(finished_run, tmp_path, monkeypatch, capsys):
+    """The README: a finished run resumed writes only what is missing and exits 0. HEAD took the folder's lock even
+    with nothing to write, which fails in a read-only folder (tests run as root: the lock's creation stands for it)."""
+    out = copy_of(finished_run, tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+
+    def read_only(lock: Path):
+        raise OSError(errno.EROFS, "Read-only file system", str(lock))
+
+    monkeypatch.setattr(lock_module, "_acquire", read_only)
+    assert main(resume(out)) == 0
+    assert "had already finished at step 4" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+
+
+def _interrupt_at(step: int):
+    """RetroMAETrainer.training_step with Ctrl-C pressed when step `step + 1` starts."""
+    real_step = RetroMAETrainer.training_step
+
+    def training_step(self, *args, **kwargs):
+        if self.state.global_step == step:
+            raise KeyboardInterrupt
+        return real_step(self, *args, **kwargs)
+
+    return training_step
+
+
+def _main_interrupted(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except KeyboardInterrupt:  # not to pytest: it would end the session
+        pytest.fail("KeyboardInterrupt escaped with its traceback")
+
+
+def test_ctrl_c_names_the_command_that_resumes_and_exits_130(tiny_bert, corpus, tmp_path, monkeypatch, capsys):
+    """HEAD printed KeyboardInterrupt's traceback; its lock, checkpoint and resume were right, and still are."""
+    monkeypatch.setattr(RetroMAETrainer, "training_step", _interrupt_at(3))
+    out = tmp_path / "run"
+    assert _main_interrupted(pretrain_args(tiny_bert, corpus, out)) == 130
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    assert stderr.splitlines()[-1] == (f"retromae pretrain: interrupted after checkpoint-2; resume with: retromae "
+                                       f"pretrain --output-dir {out} --resume-from-checkpoint last")
+    assert not (out / LOCK_NAME).exists()
+    monkeypatch.undo()
+    assert main(resume(out)) == 0 and (out / "checkpoint-4").is_dir()
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tiny_bert, corpus, tmp_path, monkeypatch,
+                                                                              capsys):
+    monkeypatch.setattr(RetroMAETrainer, "training_step", _interrupt_at(0))
+    out = tmp_path / "run"
+    assert _main_interrupted(pretrain_args(tiny_bert, corpus, out)) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"retromae pretrain: interrupted before the first checkpoint of {out}; nothing to resume: run the command "
+        "again")
+
+
+def test_the_summary_names_what_the_checkpoint_holds_besides_the_encoder(tiny_bert, corpus, tmp_path, capsys):
+    """HEAD said `decoder included` for BoW, which has none (its heads: the MLM and bag-of-words predictions)."""
+    out = tmp_path / "bow"
+    assert main(pretrain_args(tiny_bert, corpus, out, "--method", "bow", "--max-steps", "2", "--no-export",
+                              "true")) == 0
+    summary = capsys.readouterr().out
+    assert f"  pre-training checkpoint (heads included): {out}" in summary and "decoder" not in summary

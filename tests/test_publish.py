@@ -94,13 +94,27 @@ def test_dry_run_and_bad_repo_id_upload_nothing(cls_folder):
         assert commit is None
         with pytest.raises(PublishError, match="owner/name"):
             publish(cls_folder, "no-owner")
-        for repo_id, reason in [("my-org/my--model", "Cannot have -- or .."), ("my-org/model.git", "'.git'"),
-                                ("my-org/-model", "cannot start or end with '-'")]:  # HEAD accepted these
+        for repo_id, reason in [("my-org/my--model", "the name 'my--model' contains '--'"),
+                                ("my-org/model.git", "ends with '.git'"),
+                                ("my-org/-model", "the name '-model' starts with '-'")]:  # HEAD accepted these
             with pytest.raises(PublishError, match=rf"repo id '{re.escape(repo_id)}' is not one the Hub accepts: "
                                rf".*{re.escape(reason)}"):
                 publish(cls_folder, repo_id, dry_run=True)
     upload.assert_not_called()
 
+
+
+@pytest.mark.parametrize(("repo", "reason"), [
+    (["--repo-id", "-bad/name"], "the owner '-bad' starts with '-'; start and end it with a letter or digit"),
+    (["--repo-id", "owner/na..me"], "the name 'na..me' contains '..', which the Hub refuses; use a single '.'"),
+    (["--repo-id", "owner/my model"], "the name 'my model' contains ' '; use letters, digits, '-', '_' and '.'"),
+], ids=["leading-dash", "double-dot", "space"])
+def test_a_repo_id_the_hub_refuses_is_one_line_naming_what_is_wrong(repo, reason, cls_folder, capsys):
+    """HEAD: argparse's `expected one argument` for `-bad/name` (it reads as an option), and `must look like
+    'owner/name'` for `owner/na..me`, which does."""
+    assert cli.main(["publish", str(cls_folder), *repo, "--dry-run"]) == 2
+    assert capsys.readouterr().err == (f"retromae publish: error: repo id {repo[1]!r} is not one the Hub accepts: "
+                                       f"{reason}\n")
 
 def _break(folder, what):
     if what == "modules.json":

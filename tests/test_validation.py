@@ -51,6 +51,37 @@ def test_chunked_search_equals_full_search():
     assert [len(r) for r in few.ranking()] == [5] * 7, "depth capped by the corpus size"
 
 
+def test_tied_scores_are_ranked_as_pytrec_eval_and_mteb_rank_them():
+    """Documents with equal scores rank by document id, last id first, as pytrec_eval (mteb's Recall@100, NDCG@10)
+    and mteb's own MRR@10 order them; HEAD kept whichever ties torch.topk returned, so a tie across rank 100 gave
+    another Recall@100 than `retromae evaluate`. The validation set's document index is the rank of the id in
+    sorted order, so the last id is the highest index."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    # 154 documents: 0-2 ahead of a 4-way tie (3-6), 80 distinct ones (7-86), then 67 tied (87-153) at ranks 88-154,
+    # across the cut-off of Recall@100: the 13 kept are 153 down to 141
+    scores = torch.cat([torch.tensor([9.0, 8.5, 8.0]), torch.full((4,), 7.0), torch.linspace(6.0, 2.0, 80),
+                        torch.full((67,), 1.0)])
+    scores = scores[None, :].expand(2, -1).clone()
+    scores[1, 6] = 6.99  # query 2: documents 3-5 tied, 6 just below them
+    qrels = [{4: 1, 100: 1, 150: 1}, {3: 1, 140: 2}]
+    top = RunningTopK(2, depth=100)
+    for start in range(0, scores.shape[1], 32):
+        top.add(scores[:, start : start + 32], start)
+    ranked = top.ranking()
+    assert ranked[0][3:7] == [6, 5, 4, 3] and ranked[0][87:100] == list(range(153, 140, -1))
+    assert ranked[1][3:7] == [5, 4, 3, 6]
+    doc_ids = [f"d{i:03d}" for i in range(scores.shape[1])]  # sorted order = index order, as load_validation_set's
+    run = {f"q{q}": {doc_ids[d]: float(scores[q, d]) for d in range(scores.shape[1])} for q in range(2)}
+    judged = {f"q{q}": {doc_ids[d]: rel for d, rel in qrel.items()} for q, qrel in enumerate(qrels)}
+    per_query = pytrec_eval.RelevanceEvaluator(judged, {"ndcg_cut.10", "recall.100"}).evaluate(run)
+    metrics = retrieval_metrics(ranked, qrels)
+    # query 1: 4 and 150 in the top 100 (100 is not), query 2: 3 (140 is not): (2/3 + 1/2) / 2
+    assert metrics["recall@100"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert metrics["recall@100"] == pytest.approx(sum(q["recall_100"] for q in per_query.values()) / 2)
+    assert metrics["ndcg@10"] == pytest.approx(sum(q["ndcg_cut_10"] for q in per_query.values()) / 2)
+    assert metrics["mrr@10"] == pytest.approx((1 / 6 + 1 / 6) / 2)  # doc 4 at rank 6, doc 3 at rank 6
+
+
 def test_validation_set_caps_queries_by_sorted_id(beir_folder):
     data = load_validation_set(beir_folder, "dev", max_queries=4)
     assert data.query_ids == sorted(f"q{i}" for i in range(12, 18))[:4]

@@ -2,8 +2,9 @@
 `(argv) -> exit status`, imported only when the command runs (`retromae pretrain` lives in `pretrain.py`, ...).
 
 A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) and a write
-that the disk refused (ENOSPC, EDQUOT, EFBIG, or torch.save's write failure) are printed as one line with exit
-status 2; any other exception is a bug and keeps its traceback
+that the disk refused (ENOSPC, EDQUOT, EFBIG, torch.save's write failure, a read-only file system or a folder
+without write permission) are printed as one line with exit status 2; Ctrl-C is one line with exit status 130 (for
+`pretrain`: the command that resumes the run); any other exception is a bug and keeps its traceback
 (`RETROMAE_DEBUG=1` shows it for those too).
 """
 
@@ -21,6 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from huggingface_hub.errors import StrictDataclassError
 
 from .core.errors import UserError, one_line_message
+from .core.folders import INTERRUPTED_HINT
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers warns when DataLoader workers fork
 
@@ -44,6 +46,15 @@ DISK_FULL = {
     errno.EDQUOT: "disk quota exceeded",
     errno.EFBIG: "file too large for the file system or the file-size limit (ulimit -f)",
 }
+# what a folder that may not be written raises (read-only file system, no permission), as the line names it
+NOT_WRITABLE = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+# each command's option for where it writes, the fix a refused write names
+OUTPUT_OPTION = {"pretrain": "--output-dir", "export": "OUTPUT_DIR", "index": "--output-dir", "search": "--output",
+                 "finetune": "--output-dir (or --work-dir)", "evaluate": "--output-dir", "coverage": "--output-dir"}
 # torch.save writes through a C++ stream that loses the errno: these are its texts for a refused write
 TORCH_WRITE_FAILED = re.compile(r"PytorchStreamWriter failed writing|inline_container\.cc.*unexpected pos|iostream error")
 # the commands that resume from a checkpoint
@@ -70,15 +81,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage}\n\nretromae: error: unknown command {argv[0]!r}", file=sys.stderr)
         return 2
     command = _command(argv[0])
+    context = contextvars.copy_context()  # what the command sets stays in it (INTERRUPTED_HINT: read after a Ctrl-C)
     try:
-        return contextvars.copy_context().run(command, argv[1:])  # what the command sets stays in it
+        return context.run(command, argv[1:])
     except (UserError, StrictDataclassError) as error:  # the user's input (a config field's validator included)
         if os.environ.get("RETROMAE_DEBUG"):
             raise
         print(f"retromae {argv[0]}: error: {one_line_message(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if os.environ.get("RETROMAE_DEBUG"):
+            raise
+        hint = context.get(INTERRUPTED_HINT)
+        print(f"retromae {argv[0]}: {hint() if hint else interrupted_message(argv[0])}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
     except Exception as error:
-        message = disk_full_message(error, argv[0])
+        message = refused_write_message(error, argv[0])
         if message is None or os.environ.get("RETROMAE_DEBUG"):
             raise
         print(f"retromae {argv[0]}: error: {message}", file=sys.stderr)
@@ -99,8 +117,9 @@ def version_line() -> str:
     return f"retromae {installed('retromae')} ({libraries})"
 
 
-def disk_full_message(error: BaseException, command: str) -> str | None:
-    """One line for a write the disk refused (`DISK_FULL`) while `command` ran, or None for any other error.
+def refused_write_message(error: BaseException, command: str) -> str | None:
+    """One line for a write the disk refused (`DISK_FULL`) or a folder refused (`NOT_WRITABLE`) while `command`
+    ran, or None for any other error.
 
     The error or one it was raised from must be an `OSError` with such an errno, carry the system's text for it
     (safetensors reports a Rust I/O error as text), or be torch.save's write failure, which names no cause.
@@ -113,15 +132,36 @@ def disk_full_message(error: BaseException, command: str) -> str | None:
     while error is not None and id(error) not in seen:  # the error, then what it was raised from
         seen.add(id(error))
         code = error.errno if isinstance(error, OSError) else None
-        code = code or next((c for c in DISK_FULL if os.strerror(c) in str(error)), None)
+        # by text too, but not EPERM's: "Operation not permitted" is also other libraries' wording for other things
+        code = code or next((c for c in (*DISK_FULL, errno.EROFS, errno.EACCES) if os.strerror(c) in str(error)), None)
+        name = getattr(error, "filename", None)
         if code in DISK_FULL:
-            name = getattr(error, "filename", None)
             return f"{DISK_FULL[code]} while writing{f' {name}' if name else ''}; free space, then {then}"
+        if code in NOT_WRITABLE:
+            return not_writable_message(code, name, command)
         if TORCH_WRITE_FAILED.search(str(error)):
             return (f"torch.save could not write a file ({one_line_message(error)}): most likely the disk is full or "
                     f"a file-size limit was reached; free space, then {then}")
         error = error.__cause__ or error.__context__
     return None
+
+
+def not_writable_message(code: int, name: str | os.PathLike | None, command: str) -> str:
+    """The line for an `OSError` of `NOT_WRITABLE` on `name`: a file that exists and may not be read was being
+    read (an input); anything else was being written, in the folder the line names."""
+    if name is not None and os.path.isfile(name) and not os.access(name, os.R_OK):
+        return f"cannot read {name}: {NOT_WRITABLE[code]}; make it readable (chmod u+r), or give another file"
+    folder = name if name is None or os.path.isdir(name) else os.path.dirname(name) or "."
+    where = f" in {os.fspath(folder)}" if folder is not None else ""
+    return (f"cannot write{where}: {NOT_WRITABLE[code]}; make it writable, or choose another "
+            f"{OUTPUT_OPTION.get(command, 'output folder')}")
+
+
+def interrupted_message(command: str) -> str:
+    """The line for Ctrl-C of a command that set no `INTERRUPTED_HINT`: how a resumable one continues."""
+    if command in RESUMABLE:
+        return "interrupted; to continue, run the same command again with --resume-from-checkpoint last"
+    return "interrupted"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ builder takes and returns (``methods.Method.training_data``; the builders are in
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import importlib
@@ -25,6 +26,7 @@ import inspect
 import itertools
 import json
 import logging
+import numbers
 import os
 import pkgutil
 import re
@@ -103,8 +105,9 @@ def read_corpus(
     - A BEIR folder (``corpus.jsonl`` beside ``queries.jsonl`` or ``qrels/``): its ``corpus.jsonl``.
     - A directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``"train"``
       split is used) with a ``"text"`` column.
-    - Any other directory: every ``.txt`` and ``.jsonl`` file below it (recursively, hidden files skipped), in sorted
-      path order; a file of another type there is refused (it would be left out silently).
+    - Any other directory: every ``.txt`` and ``.jsonl`` file below it (recursively, through symbolic links to
+      folders too; hidden files skipped), in sorted path order; a file of another type there is refused (it would be
+      left out silently), and so is a link that loops or reaches a folder a second time.
     - Otherwise a Hub dataset name, loaded with ``datasets.load_dataset(name, split="train")``. A source that looks
       like a path (absolute, starting with ``.`` or ``~``, or ending in a file suffix) and does not exist is reported
       as missing instead.
@@ -123,9 +126,9 @@ def read_corpus(
         A ``datasets.Dataset`` (or ``datasets.IterableDataset`` when ``streaming=True``) with the column ``"text"``.
 
     Raises:
-        CorpusError: The path is missing, a file is malformed (not UTF-8, a line that is not JSON or has no string
-            ``"text"``; the message gives the file and 1-based line), a folder holds files of other types (which
-            would be left out), or the corpus holds no passage at all.
+        CorpusError: The path is missing, a file is malformed (not UTF-8, UTF-16 or UTF-32 named as such, a line that
+            is not JSON or has no string ``"text"``; the message gives the file and 1-based line), a folder holds
+            files of other types (which would be left out) or a looping link, or the corpus holds no passage at all.
         ValueError: ``text_format`` is not one of ``"auto"``, ``"lines"``, ``"blocks"``.
     """
     if text_format not in TEXT_FORMATS:
@@ -172,10 +175,7 @@ def _read_directory(
         return _read_files([path / "corpus.jsonl"], text_format, streaming)
     if any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
         return _load_saved_dataset(path, streaming)
-    found = sorted(
-        p for p in path.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-    )
+    found = _files_below(path)
     files = [p for p in found if p.suffix in CORPUS_SUFFIXES]
     others = [p for p in found if p.suffix not in CORPUS_SUFFIXES]
     if not files:
@@ -193,9 +193,41 @@ def _read_directory(
     return _read_files(files, text_format, streaming)
 
 
+def _files_below(folder: Path) -> list[Path]:
+    """The files below ``folder`` (hidden ones and those in hidden folders left out), in sorted path order, through
+    symbolic links to folders too: ``Path.rglob`` does not enter those, and their passages were left out silently.
+
+    Raises:
+        CorpusError: a link to a folder that holds it (walking on would never end), or to a folder reached already
+            (its files would be read twice); the message names the link.
+    """
+    found: list[Path] = []
+    reached: dict[str, Path] = {}  # real path -> the path it was first reached by
+    for root, subfolders, names in os.walk(folder, followlinks=True):
+        here = Path(root)
+        real = os.path.realpath(here)
+        if real in reached:
+            raise CorpusError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
+                              f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
+                              "its files would be read twice; remove the link")
+        reached[real] = here
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        for link in (here / name for name in subfolders if (here / name).is_symlink()):
+            target = Path(os.path.realpath(link))
+            if Path(real).is_relative_to(target):
+                raise CorpusError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
+                                  f"{target}, a folder that holds it (a loop); remove the link")
+        found += [here / name for name in names if not name.startswith(".") and (here / name).is_file()]
+    return sorted(found)
+
+
+def _relative(path: Path, folder: Path) -> str:
+    return path.relative_to(folder).as_posix()
+
+
 def _some_names(paths: list[Path], folder: Path, shown: int = 5) -> str:
     """The first ``shown`` paths relative to ``folder``, and how many more."""
-    names = ", ".join(p.relative_to(folder).as_posix() for p in paths[:shown])
+    names = ", ".join(_relative(p, folder) for p in paths[:shown])
     return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
@@ -348,7 +380,7 @@ def code_fingerprint(*functions: Any) -> str:
 def _reader_fingerprint() -> str:
     return code_fingerprint(
         _generate_passages, iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl, _check_jsonl_record,
-        iter_jsonl, json_type,
+        iter_jsonl, json_type, check_text_encoding, wide_encoding,
     )
 
 
@@ -373,8 +405,46 @@ def _generate_passages(
         raise CorpusError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
+# byte-order marks, UTF-32's first: its little-endian mark starts with UTF-16's
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+              (codecs.BOM_UTF16_BE, "utf-16"))
+ENCODING_PROBE_BYTES = 4096
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The ``iconv`` name of the UTF-16 or UTF-32 encoding of a file that starts with ``head``, or None: read off a
+    byte-order mark, else off the NUL bytes that UTF-8 text lacks: UTF-32 has two in each 4-byte unit of a character
+    below U+10000 (the last two little-endian), UTF-16 one in each 2-byte unit of a character below U+0100."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            return name
+    if len(head) < 4:
+        return None
+    nul_share = [head[i::4].count(0) / len(head[i::4]) for i in range(4)]  # by position in a 4-byte unit
+    if min(nul_share[2:]) > 0.9:
+        return "utf-32le"
+    if min(nul_share[:2]) > 0.9:
+        return "utf-32be"
+    odd, even = (nul_share[1] + nul_share[3]) / 2, (nul_share[0] + nul_share[2]) / 2
+    if max(odd, even) > 0.5:
+        return "utf-16le" if odd > even else "utf-16be"
+    return None
+
+
+def check_text_encoding(path: str | os.PathLike) -> None:
+    """Refuse a UTF-16 or UTF-32 file (``wide_encoding``), naming the ``iconv`` call that converts it: decoded as
+    UTF-8 it fails at the first byte or, without a byte-order mark, reads as text full of NUL characters."""
+    with open(path, "rb") as handle:
+        encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
+    if encoding is not None:
+        raise CorpusError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
+                          f"{encoding} -t utf-8 in > out")
+
+
 def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
-    """Yields ``(1-based line number, line without its end)``, raising ``CorpusError`` on bytes that are not UTF-8."""
+    """Yields ``(1-based line number, line without its end)``, raising ``CorpusError`` on bytes that are not UTF-8
+    (``check_text_encoding`` first, so that UTF-16 and UTF-32 are named as such)."""
+    check_text_encoding(path)
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
@@ -427,6 +497,7 @@ def _iter_text_blocks(path: str) -> Iterator[tuple[int, str]]:
 
 def _iter_jsonl(path: str) -> Iterator[tuple[int, str]]:
     """One passage per JSON line, with its line number: ``text``, or ``title + " " + text`` when a title is given."""
+    check_text_encoding(path)
     for where, record in iter_jsonl(path, error=CorpusError, example='{"text": "..."}'):
         _check_jsonl_record(record, where)
         title = record.get("title")
@@ -606,7 +677,7 @@ def _is_method(attr: Any) -> bool:
 
 
 def tokenize_corpus(
-    dataset: datasets.Dataset | datasets.IterableDataset,
+    dataset: datasets.Dataset | datasets.IterableDataset | Sequence[str],
     tokenizer: Any,
     *,
     max_seq_length: int,
@@ -627,7 +698,7 @@ def tokenize_corpus(
 
     Args:
         dataset: A ``datasets.Dataset`` or ``datasets.IterableDataset`` with a ``"text"`` column, e.g. from
-            :func:`read_corpus`.
+            :func:`read_corpus`, or a list of passage strings.
         tokenizer: A fast (``tokenizers``-backed) tokenizer; ``word_ids()`` gives the word boundaries.
         max_seq_length: Maximum tokens per sequence, special tokens included.
         packing: Concatenate passages into full-length blocks instead of truncating each one.
@@ -640,10 +711,16 @@ def tokenize_corpus(
         0 for the continuation pieces of a word). All input columns are removed.
 
     Raises:
+        TypeError: ``dataset`` is none of the accepted types, or ``max_seq_length`` is not an integer.
         ValueError: The tokenizer is not fast, or ``max_seq_length`` leaves no room for an ordinary token.
         CorpusError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
             text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
     """
+    dataset = _as_dataset(dataset)
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, numbers.Integral):
+        raise TypeError(f"tokenize_corpus: max_seq_length={max_seq_length!r} is not a whole number of tokens; pass an "
+                        "int, e.g. max_seq_length=256")
+    max_seq_length = int(max_seq_length)  # e.g. a numpy integer
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
             f"tokenize_corpus needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}; "
@@ -699,6 +776,26 @@ def tokenize_corpus(
     logger.info("Tokenized %d passages into %d sequences (packing=%s)", len(dataset), len(tokenized), packing)
     _check_unknown_tokens(tokenized, tokenizer, source)
     return tokenized
+
+
+def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
+    """``corpus`` as a dataset: a list (or tuple) of passage strings becomes one with a ``"text"`` column.
+
+    Raises:
+        TypeError: anything else, naming the accepted types.
+    """
+    if isinstance(corpus, datasets.Dataset | datasets.IterableDataset):
+        return corpus
+    if isinstance(corpus, list | tuple):
+        other = next((item for item in corpus if not isinstance(item, str)), None)
+        if other is None:
+            return datasets.Dataset.from_dict({"text": list(corpus)},
+                                              features=datasets.Features({"text": datasets.Value("string")}))
+        got = f"a {type(corpus).__name__} holding {type(other).__name__}"
+    else:
+        got = type(corpus).__name__
+    raise TypeError(f"tokenize_corpus takes a datasets.Dataset, datasets.IterableDataset or a list of strings (one "
+                    f"passage each; for files, read_corpus(path)), got {got}")
 
 
 def unknown_token_share(tokenizer: Any, rows: Iterable[Sequence[int]]) -> float | None:

@@ -35,6 +35,7 @@ from .core.arguments import start_command
 from .core.checkpoints import (
     CheckpointError,
     check_pooling,
+    check_tokenizer_saved,
     load_sentence_transformer,
     load_tokenizer,
     needs_remote_code,
@@ -105,6 +106,7 @@ def export_sentence_transformer(
     if in_checkpoint is not None:
         raise ExportError(f"output folder {output_dir} is or lies in the training checkpoint {in_checkpoint}, which "
                           "resuming the run needs; choose another folder")
+    check_tokenizer_saved(checkpoint, purpose="export")  # saved without one: say how to add it
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
     request = ExportRequest(
@@ -215,6 +217,8 @@ def build_dupmae_sentence_transformer(
                       inputs={"the encoder": encoder} if isinstance(encoder, str | os.PathLike) else None)
     if isinstance(encoder, str | os.PathLike):
         folder = Path(encoder)
+        if tokenizer is None:
+            check_tokenizer_saved(folder, purpose="export")
         check_model_folder(folder, purpose="export", tokenizer=tokenizer is None)
         folder_config = read_json_or_empty(folder / "config.json")
         if (is_pretraining_checkpoint_of(folder_config, DUPMAE) and tokenizer is None and not representation

@@ -286,6 +286,7 @@ class FinetuneTrainingArguments(SentenceTransformerTrainingArguments):
 class FinetuneResult:
     output_dir: Path
     info: dict[str, Any]
+    already_finished: bool = False  # resumed after its end: nothing was trained or written
 
 
 # ---- describing the model ------------------------------------------------------------------------------------------
@@ -802,7 +803,7 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
             and not any((output_dir / name).is_file() for name in ("modules.json", "config.json"))):
         raise FinetuneError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
                             "--overwrite will not replace it: choose a new or empty folder")
-    work_dir = Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
+    work_dir = _work_dir(training_args)
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
         raise FinetuneError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
                             f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
@@ -831,6 +832,32 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
         raise FinetuneError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
                             "always 0): give a batch of 2 or more queries")
     return work_dir
+
+
+def _work_dir(training_args: FinetuneTrainingArguments) -> Path:
+    """--work-dir, by default OUTPUT_DIR.work beside the output folder."""
+    output_dir = Path(training_args.output_dir)
+    return Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
+
+
+def _finished_run(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
+                  loss_args: FinetuneLossArguments, training_args: FinetuneTrainingArguments,
+                  stages: list[str]) -> FinetuneResult | None:
+    """The result of this very run when `--resume-from-checkpoint last` finds it finished: its work folder records
+    every stage under the same settings and its output folder holds the model those stages wrote. None otherwise
+    (the output folder is then refused as any other, `check_destination`)."""
+    if training_args.resume_from_checkpoint not in RESUME_LAST:
+        return None
+    state = read_json_or_empty(_work_dir(training_args) / STATE_FILE)
+    settings = _run_settings(model_args, data_args, loss_args, training_args)
+    if state.get("settings_key") != _settings_key(settings):
+        return None
+    output_dir = Path(training_args.output_dir)
+    info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
+    done = [record.get("stage") for record in state.get("stages") or []]
+    if done != stages or [record.get("stage") for record in info.get("stages") or []] != stages:
+        return None
+    return FinetuneResult(output_dir, info, already_finished=True)
 
 
 def _check_work_dir(work_dir: Path) -> None:
@@ -864,6 +891,9 @@ def run_finetune(
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                             "names no local paths: omit the flag to record the starting model as local")
+    finished = _finished_run(model_args, data_args, loss_args, training_args, stages)
+    if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
+        return finished
     work_dir = _check_run_inputs(model_args, data_args, training_args, stages)
     new_work_dir = not work_dir.exists()
     # one run per work folder: a second would train into the first one's checkpoints
@@ -1067,7 +1097,11 @@ def finetune_command(argv: list[str]) -> int:
         result = run_finetune(model_args, data_args, loss_args, training_args)
     except RetrievalDataError as error:
         raise FinetuneError(str(error)) from None
-    if training_args.process_index == 0:
+    if training_args.process_index == 0 and result.already_finished:
+        stages = ", ".join(stage["stage"] for stage in result.info["stages"])
+        print(f"retromae: this fine-tuning had already finished (stages: {stages}); its model is {result.output_dir}; "
+              "nothing was trained", flush=True)
+    elif training_args.process_index == 0:
         lines = [f"retromae: fine-tuned model written to {result.output_dir}"]
         for stage in result.info["stages"]:
             resumed = stage.get("train_loss_from_step")

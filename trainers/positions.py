@@ -32,6 +32,24 @@ def tiled_rows(table: torch.Tensor, offset: int, length: int) -> torch.Tensor:
     return torch.cat([table[:offset], learned.repeat(repeats, 1)[:length]])
 
 
+def check_extension_length(length: int | None, max_seq_length: int) -> None:
+    """Refuse, before any model is loaded, an `--extend-position-embeddings` that grows no table (0 or less; None
+    is the option left out) or one too short for `--max-seq-length`: the run would stop on the length later.
+
+    Raises:
+        UserError: one line naming both values and the value to pass.
+    """
+    if length is None:
+        return
+    if length < 1:
+        raise UserError(f"--extend-position-embeddings {length}: give the number of positions to grow the table to, "
+                        f"at least --max-seq-length {max_seq_length}, or leave the option out")
+    if length < max_seq_length:
+        raise UserError(f"--extend-position-embeddings {length} is below --max-seq-length {max_seq_length}, so the "
+                        f"grown table would still be too short; pass --extend-position-embeddings {max_seq_length} "
+                        "or more")
+
+
 def extend_position_embeddings(model: nn.Module, tokenizer, length: int) -> None:
     """Grow the encoder's learned absolute position table (BERT, RoBERTa, XLM-R) to `length` usable positions by
     copying the learned table repeatedly (RoBERTa / XLM-R keep their padding offset); update
@@ -72,4 +90,39 @@ def extend_position_embeddings(model: nn.Module, tokenizer, length: int) -> None
                 length, current)
 
 
-__all__ = ["extend_position_embeddings", "tiled_rows"]
+def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str,
+                              from_scratch: bool = False) -> None:
+    """Refuse, in one line, a tokenizer larger than the embedding matrix and a --max-seq-length beyond the encoder's
+    usable positions (`core.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table);
+    `from_scratch`: the fix named is a --config-overrides size."""
+    config = model.config
+    if len(tokenizer) > config.vocab_size:
+        fix = ("raise vocab_size in --config-overrides (or drop it)" if from_scratch
+               else "use the tokenizer that belongs to the model (--tokenizer)")
+        raise UserError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model {model_ref} has only {config.vocab_size} "
+            f"embedding rows; {fix}"
+        )
+    limit, offset = usable_positions(config), position_offset(config)
+    if max_seq_length > limit:
+        where = (f"max_position_embeddings {config.max_position_embeddings} - padding offset {offset}" if offset
+                 else "max_position_embeddings")
+        grow = (" (or raise it: --config-overrides max_position_embeddings=N)" if from_scratch
+                else " (or grow the table: --extend-position-embeddings N)" if backbone_of(config).has_position_table
+                else "")
+        raise UserError(
+            f"--max-seq-length {max_seq_length} exceeds the model's position limit "
+            f"({limit}, {where} in {model_ref}); use a value <= that{grow}"
+        )
+    if max_seq_length < 8:
+        raise UserError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
+    # the Trainer sets config.pad_token_id to the tokenizer's, and RoBERTa / XLM-R count positions from it
+    if offset and tokenizer.pad_token_id != config.pad_token_id:
+        raise UserError(
+            f"the tokenizer's pad token id {tokenizer.pad_token_id} differs from pad_token_id {config.pad_token_id} "
+            f"of the model {model_ref}, from which its positions are counted; set pad_token in tokenizer_config.json "
+            f"to the model's (id {config.pad_token_id}), or use the tokenizer that belongs to the model (--tokenizer)"
+        )
+
+
+__all__ = ["check_extension_length", "check_model_and_tokenizer", "extend_position_embeddings", "tiled_rows"]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
+import os
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,20 +36,29 @@ from .core.arguments import (
     DefaultsHelpFormatter,
     config_argument,
     configure_logging,
+    expand_home,
     merge_file_mappings,
     parse,
     split_config,
 )
-from .core.checkpoints import default_model_dir, load_tokenizer, position_offset, usable_positions
+from .core.checkpoints import default_model_dir, load_tokenizer
 from .core.errors import UserError
-from .core.folders import TRAINER_CHECKPOINT, check_folder_option, check_model_folder, public_name, would_delete
+from .core.folders import (
+    INTERRUPTED_HINT,
+    TRAINER_CHECKPOINT,
+    check_folder_option,
+    check_model_folder,
+    public_name,
+    would_delete,
+)
 from .core.io import read_json_or_empty
 from .core.lock import LOCK_NAME, folder_lock
 from .core.versions import package_version
 from .data import DataInputs
 from .export import export_from_model
+from .fast_paths import compile_layers, compile_loss
 from .methods import METHODS, Method, MethodArguments, get_method
-from .positions import extend_position_embeddings
+from .positions import check_extension_length, check_model_and_tokenizer, extend_position_embeddings
 from .recipe import RecipeArguments, suggest_recipe
 from .resume import (
     check_given_options,
@@ -223,6 +235,16 @@ class PretrainingArguments(TrainingArguments):
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "a checkpoint folder, or `last` for the newest complete one in OUTPUT_DIR"}
     )
+    compile_layers: bool = field(
+        default=False,
+        metadata={"help": "compile each encoder and decoder layer with torch.compile (one compiled graph reused by "
+                  "every layer of a stack; the mask samplers stay eager); --torch-compile compiles the whole model"},
+    )
+    compile_loss: bool = field(
+        default=False,
+        metadata={"help": "compute the vocabulary losses' softmax and its gradient in one compiled kernel per chunk "
+                  "of rows (fewer passes over the logits; the same losses within rounding)"},
+    )
 
 
 @dataclass
@@ -282,7 +304,8 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
         parse(pretrain_parser(), argv)
     parser = pretrain_parser()
-    given = {**file_values, **given_options(parser, merge_file_mappings(parser, flags, file_values, log=False))}
+    merged = merge_file_mappings(parser, flags, file_values, log=False)
+    given = {**expand_home(file_values), **given_options(parser, merged)}  # `~` as the full parse expands it
     demo = not {"corpus", "pairs"} & given.keys() and flags == argv  # no --config
     defaults = DEMO_DEFAULTS if demo else {}
     output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
@@ -306,6 +329,7 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
     check_validation_options(training, validation, model.method)
     check_from_scratch_options(model)
+    check_extension_length(model.extend_position_embeddings, data.max_seq_length)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
     found = config_argument(argv)
     return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation,
@@ -437,6 +461,7 @@ def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
         return None, False
     own = Path(run.training.output_dir) / "encoder"
     target = Path(run.run.export_dir) if run.run.export_dir else own
+    check_folder_option("--export-dir", target, writable=False)  # a symlink loop: before resolve() raises on it
     return target, run.run.overwrite_export or target.resolve() == own.resolve()
 
 
@@ -624,42 +649,17 @@ def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
                         "it a template that starts with one, or pass --tokenizer")
 
 
-def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str,
-                              from_scratch: bool = False) -> None:
-    """Refuse, in one line, a tokenizer larger than the embedding matrix and a --max-seq-length beyond the encoder's
-    usable positions (`core.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table);
-    `from_scratch`: the fix named is a --config-overrides size."""
-    config = model.config
-    if len(tokenizer) > config.vocab_size:
-        fix = ("raise vocab_size in --config-overrides (or drop it)" if from_scratch
-               else "use the tokenizer that belongs to the model (--tokenizer)")
-        raise UserError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model {model_ref} has only {config.vocab_size} "
-            f"embedding rows; {fix}"
-        )
-    limit, offset = usable_positions(config), position_offset(config)
-    if max_seq_length > limit:
-        where = (f"max_position_embeddings {config.max_position_embeddings} - padding offset {offset}" if offset
-                 else "max_position_embeddings")
-        grow = (" (or raise it: --config-overrides max_position_embeddings=N)" if from_scratch
-                else " (or grow the table: --extend-position-embeddings N)" if backbone_of(config).has_position_table
-                else "")
-        raise UserError(
-            f"--max-seq-length {max_seq_length} exceeds the model's position limit "
-            f"({limit}, {where} in {model_ref}); use a value <= that{grow}"
-        )
-    if max_seq_length < 8:
-        raise UserError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
-    # the Trainer sets config.pad_token_id to the tokenizer's, and RoBERTa / XLM-R count positions from it
-    if offset and tokenizer.pad_token_id != config.pad_token_id:
-        raise UserError(
-            f"the tokenizer's pad token id {tokenizer.pad_token_id} differs from pad_token_id {config.pad_token_id} "
-            f"of the model {model_ref}, from which its positions are counted; set pad_token in tokenizer_config.json "
-            f"to the model's (id {config.pad_token_id}), or use the tokenizer that belongs to the model (--tokenizer)"
-        )
-
-
 # ---- the run --------------------------------------------------------------------------------------------------------
+
+
+def resume_hint(output_dir: str) -> str:
+    """The line for a run stopped by Ctrl-C: the command that resumes it from its newest checkpoint (a checkpoint is
+    installed only when complete), or that there is none yet."""
+    newest = last_complete_checkpoint(output_dir)
+    if newest is None:
+        return f"interrupted before the first checkpoint of {output_dir}; nothing to resume: run the command again"
+    return (f"interrupted after {newest.name}; resume with: retromae pretrain --output-dir "
+            f"{shlex.quote(os.fspath(output_dir))} --resume-from-checkpoint last")
 
 
 def pretrain(argv: list[str]) -> int:
@@ -668,14 +668,15 @@ def pretrain(argv: list[str]) -> int:
     resumed trains nothing: it writes only what is missing of its final save and export."""
     run = pretrain_arguments(argv)
     args = run.training
+    INTERRUPTED_HINT.set(functools.partial(resume_hint, args.output_dir))  # what `cli.main` says after a Ctrl-C
     configure_logging(args.get_process_log_level())
     set_seed(args.seed)
     if args.dataloader_pin_memory and args.device.type == "cpu":
         args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
     if run.data.streaming and args.max_steps <= 0:
         raise UserError("--streaming needs --max-steps (a streamed corpus has no length)")
-    check_folder_option("--output-dir", args.output_dir)
     finished = finished_step(run.resume, args.max_steps) if run.resume else None
+    check_folder_option("--output-dir", args.output_dir, writable=finished is None)  # a finished run may write nothing
     recorded = read_settings(run.resume) if run.resume and finished is None else None
     if recorded:  # a finished run reads no text: it only writes what is missing of its save and export
         check_text_unchanged(recorded, run.resume)
@@ -691,8 +692,10 @@ def pretrain(argv: list[str]) -> int:
     if finished is not None:  # nothing to train or evaluate: the Trainer would want an evaluation set
         args.eval_strategy = IntervalStrategy.NO
 
-    with folder_lock(args.output_dir, enabled=args.should_save):
-        prepare_output_dir(args.output_dir, run.run, run.resume, args.should_save, inputs=run_inputs(run))
+    # a finished run with nothing missing writes nothing: it may read a read-only folder, without the lock
+    writes = finished is None or save_final or write_export
+    with folder_lock(args.output_dir, enabled=args.should_save, required=writes) as lock:
+        prepare_output_dir(args.output_dir, run.run, run.resume, lock is not None, inputs=run_inputs(run))
         trainer, tokenizer, seconds = train_model(run, validation)
         if save_final:
             trainer.save_pretraining_model(args.output_dir)
@@ -754,6 +757,10 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
         extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
     check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref, scratch)
+    if args.compile_layers:
+        compile_layers(model)
+    if args.compile_loss:
+        compile_loss(model)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
     if data.drop_last and not args.dataloader_drop_last:
@@ -814,6 +821,11 @@ def start_description(info: dict[str, Any]) -> str:
     return f"random weights (--seed), with the architecture of {start.get('architecture_of')}{overrides}"
 
 
+def checkpoint_extras(method: str) -> str:
+    """What a method's pre-training checkpoint holds besides the encoder: its decoder, or (BoW: none) its heads."""
+    return "decoder" if "num_decoder_layers" in get_method(method).config_fields else "heads"
+
+
 def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | None, seconds: float,
                   finished_checkpoint: str | None = None) -> None:
     """Where everything is, the first and last losses and accuracies, and an example encoding;
@@ -833,7 +845,7 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
         f"  started from: {start_description(info)}",
         f"  losses ({window}): {losses}",
         *([f"  top-1 accuracies ({window}): {accuracies}"] if accuracies else []),
-        f"  pre-training checkpoint (decoder included): {output_dir}",
+        f"  pre-training checkpoint ({checkpoint_extras(info['method'])} included): {output_dir}",
     ]
     validated = [line for line in (validation_summary(trainer.state.log_history), best_summary(trainer)) if line]
     lines[-1:-1] = validated

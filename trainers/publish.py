@@ -51,7 +51,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from sentence_transformers import SentenceTransformer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from .core.arguments import start_command
+from .core.arguments import DashValueError, start_command
 from .core.cards import find_local_paths
 from .core.errors import UserError, one_line_message, yaml_error_message
 from .core.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
@@ -63,7 +63,8 @@ IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
 RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
 CARD_FIX = "fix the metadata block (a YAML mapping between the --- lines) at the top of README.md"
 
-__all__ = ["PublishError", "ValidationReport", "publish", "publish_command", "validate_model_folder"]
+__all__ = ["PublishError", "ValidationReport", "check_repo_id", "publish", "publish_command", "repo_id_problem",
+           "validate_model_folder"]
 
 
 class PublishError(UserError):
@@ -329,12 +330,7 @@ def publish(
     Returns:
         `(report, commit_info)`; `commit_info` is None with `dry_run=True`.
     """
-    if not is_hub_id(repo_id):
-        raise PublishError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise PublishError(f"repo id {repo_id!r} is not one the Hub accepts: {error}") from None
+    check_repo_id(repo_id)
     report = validate_model_folder(folder)
     if dry_run:
         return report, None
@@ -352,6 +348,43 @@ def publish(
             ignore_patterns=IGNORE_PATTERNS,
         )
     return report, commit
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """What makes `repo_id` one the Hub refuses, with the fix (the rules of huggingface_hub's `validate_repo_id`,
+    which says only which rule of several broke), or None when it looks like `owner/name`."""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(parts):
+        return None  # `check_repo_id` asks for owner/name
+    for role, part in zip(("owner", "name"), parts, strict=True):
+        others = sorted(set(re.sub(r"[\w.-]", "", part)))
+        if others:
+            return (f"the {role} {part!r} contains {', '.join(map(repr, others))}; use letters, digits, '-', '_' "
+                    "and '.'")
+        for end, char in (("starts", part[0]), ("ends", part[-1])):
+            if char in "-.":
+                return f"the {role} {part!r} {end} with {char!r}; start and end it with a letter or digit"
+        pair = next((pair for pair in ("--", "..") if pair in part), None)
+        if pair:
+            return f"the {role} {part!r} contains {pair!r}, which the Hub refuses; use a single {pair[0]!r}"
+        if len(part) > 96:
+            return f"the {role} has {len(part)} characters; the Hub takes at most 96"
+    if repo_id.endswith(".git"):
+        return "the name ends with '.git', which the Hub refuses; drop it"
+    return None
+
+
+def check_repo_id(repo_id: str) -> None:
+    """Refuse, in one line naming what is wrong, a repo id the Hub would refuse (or read as another kind of id)."""
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise PublishError(f"repo id {repo_id!r} is not one the Hub accepts: {problem}")
+    if not is_hub_id(repo_id):
+        raise PublishError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:  # a rule `repo_id_problem` does not know
+        raise PublishError(f"repo id {repo_id!r} is not one the Hub accepts: {error}") from None
 
 
 @contextmanager
@@ -416,12 +449,17 @@ class PublishArguments:
 
 def publish_command(argv: list[str]) -> int:
     """`retromae publish FOLDER OWNER/NAME [--private] [--dry-run]` (alternative: `hf upload OWNER/NAME FOLDER .`)."""
-    (args,) = start_command(
-        argv, PublishArguments, prog="retromae publish",
-        description="Validate a sentence-transformers folder (weights, config, tokenizer, modules.json, remote code, "
-        "model card, and that it loads), then upload it with huggingface_hub. Log in first with `hf auth login`. "
-        "Without validation: hf upload OWNER/NAME FOLDER .", positional=["folder", "repo_id"],
-    )
+    try:
+        (args,) = start_command(
+            argv, PublishArguments, prog="retromae publish",
+            description="Validate a sentence-transformers folder (weights, config, tokenizer, modules.json, remote "
+            "code, model card, and that it loads), then upload it with huggingface_hub. Log in first with `hf auth "
+            "login`. Without validation: hf upload OWNER/NAME FOLDER .", positional=["folder", "repo_id"],
+        )
+    except DashValueError as error:  # `--repo-id -x/y`: no Hub id starts with '-', which says more than argparse
+        if error.dest == "repo_id":
+            check_repo_id(error.value)
+        raise
     report, commit = publish(
         args.folder, args.repo_id, private=args.private or None, revision=args.revision,
         commit_message=args.commit_message, create_pr=args.create_pr, dry_run=args.dry_run,

@@ -29,36 +29,50 @@
 - the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
   the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
   `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
+- what does not fit together is refused on construction, in one line, rather than deep in the first step: number
+  settings that are not numbers and the command line's checks of the training arguments, a dataset without
+  `input_ids` (not tokenized), a collator built from another tokenizer than `processing_class`, a tokenizer with more
+  ids than the embedding rows or rows longer than the position table (`positions.check_model_and_tokenizer`); a
+  tokenizer with under half as many ids as the embedding rows is warned about;
 - `save_model()` saves the model as `transformers.Trainer` does; the sentence-transformers export is a separate,
   explicit call (`export.export_from_model`), made by `retromae pretrain` after training.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
+import numbers
 import os
 import re
 import shutil
+import types
+import typing
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import datasets
+import pyarrow.compute as pc
 import retromae.modeling
 import torch
 from accelerate.utils import broadcast_object_list
 from retromae.modeling.configuration_retromae import hides_whole_words
 from safetensors.torch import load_file, save_file
-from transformers import Trainer, TrainerCallback
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
 
+from .core.arguments import check_training_arguments
 from .core.checkpoints import divergence_on_any_process
 from .core.errors import UserError
 from .core.folders import atomic_folder, clean_stale_siblings, sibling_target_name
 from .core.io import read_json_or_empty, write_json_atomic
 from .data import UNMASKED_KEY, PretrainingCollator, masking_generator
+from .positions import check_model_and_tokenizer
 from .recipe import (
     HeadWarmupCallback,
     RecipeArguments,
@@ -253,6 +267,84 @@ class LogLastStepCallback(TrainerCallback):
         return control
 
 
+@functools.cache
+def _number_fields() -> dict[str, tuple[bool, bool]]:
+    """TrainingArguments' fields typed int or float: name -> (integer, None allowed)."""
+    fields = {}
+    for name, hint in typing.get_type_hints(TrainingArguments).items():
+        kinds = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
+        if kinds & {int, float} and kinds <= {int, float, type(None)}:
+            fields[name] = (float not in kinds, type(None) in kinds)
+    return fields
+
+
+def check_number_fields(args: TrainingArguments) -> None:
+    """Refuse a number field of `args` holding something else: TrainingArguments keeps e.g. learning_rate="fast",
+    and the Trainer or torch fails on it later with "'<=' not supported between 'float' and 'str'".
+
+    Raises:
+        TypeError: one line naming the field, its value and the type to pass.
+    """
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+    for name, (integer, optional) in _number_fields().items():
+        value = getattr(args, name, None)
+        if (value is None and optional) or (not isinstance(value, bool) and isinstance(
+                value, numbers.Integral if integer else numbers.Real)):
+            continue
+        kind, example = ("a whole number", "an int") if integer else ("a number", "a float")
+        raise TypeError(f"TrainingArguments {name}={value!r} is not {kind}; pass {example}, e.g. "
+                        f"{name}={defaults[name]!r}")
+
+
+def check_tokenized(dataset: Any, name: str) -> None:
+    """Refuse a dataset (or a dict of them) without `input_ids`, e.g. read_corpus's text: transformers would say only
+    that no column matches the model."""
+    for key, part in (dataset.items() if isinstance(dataset, dict) else [(None, dataset)]):
+        columns = getattr(part, "column_names", None)
+        if isinstance(columns, list) and "input_ids" not in columns:
+            where = name if key is None else f"{name}[{key!r}]"
+            raise UserError(f"{where} has no 'input_ids' column (columns: {columns}); tokenize it first: "
+                            "retromae.tokenize_corpus(dataset, tokenizer, max_seq_length=...)")
+
+
+def _token_ids(tokenizer: Any) -> tuple[int | None, ...]:
+    """What masking and padding read off a tokenizer: its size and mask, pad, cls and sep ids."""
+    return (len(tokenizer), *(getattr(tokenizer, f"{kind}_token_id", None) for kind in ("mask", "pad", "cls", "sep")))
+
+
+def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
+    """Refuse a collator built from another tokenizer than the trainer's (`processing_class`): it would mask
+    special tokens as words, insert its own mask id and pad with its own pad id. Equal ids pass (a copy is fine).
+
+    Raises:
+        UserError: naming both tokenizers' classes, sizes and special ids.
+    """
+    if _token_ids(collator_tokenizer) == _token_ids(tokenizer):
+        return
+
+    def described(which: Any) -> str:
+        size, mask, pad, cls, sep = _token_ids(which)
+        return f"{type(which).__name__} ({size} tokens, mask {mask}, pad {pad}, cls {cls}, sep {sep})"
+
+    raise UserError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
+                    f"{described(tokenizer)}; build the collator from the same tokenizer: "
+                    "PretrainingCollator(processing_class, ...)")
+
+
+def longest_sequence(dataset: Any) -> int | None:
+    """The most tokens of a row of a `datasets.Dataset` (any `*input_ids` column), read off the Arrow list lengths
+    without decoding the rows; None for other datasets (a stream has no length to read)."""
+    if not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
+        return None
+    longest = 0
+    for column in (name for name in dataset.column_names if name.endswith("input_ids")):
+        lengths = pc.list_value_length(dataset.data.column(column))
+        if dataset._indices is not None:  # a select/shuffle view: only its rows
+            lengths = lengths.take(dataset._indices.column(0))
+        longest = max(longest, pc.max(lengths).as_py() or 0)
+    return longest
+
+
 class TrainingDiverged(UserError):
     """The weights became NaN or infinite; nothing more of the run is saved."""
 
@@ -279,6 +371,10 @@ class RetroMAETrainer(Trainer):
         if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
             raise UserError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
                             "collator of your own that returns the model's labels)")
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if training_args is not None:  # before the Trainer compares any of them
+            check_number_fields(training_args)
+            check_training_arguments(training_args)  # as the command line checks its flags
         validation = next((c for c in kwargs.get("callbacks") or [] if callable(getattr(c, "evaluate_model", None))),
                           None)
         if validation is not None and kwargs.get("eval_dataset") is None:
@@ -301,12 +397,41 @@ class RetroMAETrainer(Trainer):
         self._accuracy_counts: dict[str, torch.Tensor] = {}
         collator = self.data_collator
         self.masking_collator = collator if isinstance(collator, PretrainingCollator) else None
+        check_tokenized(self.train_dataset, "train_dataset")
+        if validation is None:  # the validation's BEIR split is text by design
+            check_tokenized(self.eval_dataset, "eval_dataset")
+        tokenizer = self.processing_class if isinstance(self.processing_class, PreTrainedTokenizerBase) else None
+        if tokenizer is not None and self.masking_collator is not None:
+            check_same_tokenizer(self.masking_collator.tokenizer, tokenizer)
+        if tokenizer is None:  # the collator's, which made the masks
+            tokenizer = getattr(self.masking_collator, "tokenizer", None)
+        if tokenizer is not None:
+            self._check_model_fits(tokenizer)
         if self.masking_collator is not None:
             self.data_collator = self.masking_collator.pad  # workers pad; masks are drawn in this process
         self._train_masking = masking_generator(self.args.seed, self.args.process_index)
         self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
         for callback in schedule_callbacks(self.model):
             self.add_callback(callback)
+
+    def _check_model_fits(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Refuse a tokenizer with ids beyond the embedding rows and sequences beyond the position table with the
+        command line's check (`positions.check_model_and_tokenizer`, on the longest sequence of the training data);
+        warn when the tokenizer uses under half of the embedding rows (most likely another model's tokenizer)."""
+        config = getattr(self.model, "config", None)
+        if not hasattr(config, "vocab_size") or not hasattr(config, "max_position_embeddings"):
+            return
+        longest = longest_sequence(self.train_dataset)
+        try:  # 8 is the command line's shortest --max-seq-length, no rule for the rows of a dataset
+            check_model_and_tokenizer(self.model, tokenizer, max(longest or 0, 8),
+                                      config._name_or_path or type(self.model).__name__)
+        except UserError as error:
+            rows = f"; train_dataset's longest sequence: {longest} tokens" if longest is not None else ""
+            raise UserError(f"RetroMAETrainer (tokenizer {type(tokenizer).__name__}{rows}): {error}") from None
+        if len(tokenizer) < config.vocab_size / 2:
+            logger.warning("the tokenizer (%s) has %d tokens but the model has %d embedding rows: it is most likely "
+                           "another model's, whose ids mean other words to this model; use the tokenizer that "
+                           "belongs to the model", type(tokenizer).__name__, len(tokenizer), config.vocab_size)
 
     # ---- masking ------------------------------------------------------------------------------------------------
 
@@ -607,6 +732,7 @@ class RetroMAETrainer(Trainer):
 
 __all__ = [
     "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "TrainingDiverged", "check_no_checkpoint_collision",
-    "checkpoint_to_resume", "clean_killed_saves",
+    "check_number_fields", "check_same_tokenizer", "check_tokenized", "checkpoint_to_resume", "clean_killed_saves",
+    "longest_sequence",
     "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files",
 ]

@@ -111,7 +111,9 @@ def load_validation_set(folder: str | os.PathLike, split: str = "dev", max_queri
 
 class RunningTopK:
     """The `depth` best documents of each query over score chunks seen one after the other (exact search with the
-    score matrix bounded to `(n_queries, depth + chunk)`)."""
+    score matrix bounded to `(n_queries, depth + chunk)`). Equal scores rank the highest document index first: as
+    pytrec_eval and mteb break ties (by document id, descending), since `ValidationSet` indexes its documents in
+    sorted-id order; a tie across a cut-off (rank 100) then keeps the documents `retromae evaluate` keeps."""
 
     def __init__(self, n_queries: int, depth: int = SEARCH_DEPTH, device: torch.device | str = "cpu"):
         self.depth = depth
@@ -122,8 +124,11 @@ class RunningTopK:
         """`scores`: `(n_queries, chunk)` of documents `first_id ..`."""
         ids = torch.arange(first_id, first_id + scores.shape[1], device=scores.device).expand(scores.shape[0], -1)
         merged, merged_ids = torch.cat([self.scores, scores.float()], dim=1), torch.cat([self.ids, ids], dim=1)
-        self.scores, top = merged.topk(min(self.depth, merged.shape[1]), dim=1)
-        self.ids = merged_ids.gather(1, top)
+        # highest index first, then a stable sort by score: ties keep that order (topk's order of ties is arbitrary)
+        by_id = merged_ids.argsort(dim=1, descending=True)  # (n_queries, kept + chunk)
+        merged, merged_ids = merged.gather(1, by_id), merged_ids.gather(1, by_id)
+        top = merged.argsort(dim=1, descending=True, stable=True)[:, : self.depth]  # (n_queries, <= depth)
+        self.scores, self.ids = merged.gather(1, top), merged_ids.gather(1, top)
 
     def ranking(self) -> list[list[int]]:
         """Per query, the document indices best first."""
@@ -136,7 +141,8 @@ def retrieval_metrics(ranked: Sequence[Sequence[int]], qrels: Sequence[dict[int,
     documents in the top 100).
 
     Args:
-        ranked: per query, document indices best first (at least the top 100 when there are that many).
+        ranked: per query, document indices best first (at least the top 100 when there are that many), ties
+            ordered as pytrec_eval orders them (`RunningTopK.ranking`).
         qrels: per query, document index -> relevance; only relevances > 0 count.
 
     Returns:

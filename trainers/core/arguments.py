@@ -12,6 +12,8 @@
   set up (`configure_logging`, the one logging set-up of every command).
 * `check_training_arguments(args)`: refuse training options that would train nothing, train forever or fail deep in
   the Trainer (`parse` calls it for every parser with a `TrainingArguments` before building it).
+* `expand_home(values)`: `~` in every path value expanded, as a shell would; `CommandParser` applies it to every
+  option it parses (flags and `--config` files alike), so no command sees a literal `~`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import argparse
 import json
 import logging
 import math
+import os
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,8 +45,37 @@ logger = logging.getLogger(__name__)
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
+# options whose values are text, never paths: a leading `~` there is the user's text
+TEXT_OPTIONS = frozenset({"query", "commit_message", "model_name", "base_model_name", "corpus_name", "run_name",
+                          "project", "prompts"})
+HOME_PREFIX = re.compile(r"^~[\w.-]*(?=[/\\]|$)")  # `~`, `~/x`, `~user/x`: what a shell expands
+EXPECTED_ONE = re.compile(r"^argument (?P<flags>\S+): expected (at least )?one argument$")
+
+
 class RepeatedFlagError(UserError):
     """A single-value flag was given more than once."""
+
+
+class DashValueError(UserError):
+    """A flag's value starts with '-', so argparse read it as an option and the flag as given without a value."""
+
+    def __init__(self, message: str, dest: str, value: str) -> None:
+        super().__init__(message)
+        self.dest, self.value = dest, value
+
+
+def expand_home(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` (option name -> value) with a leading `~` expanded in each string and list item, except in
+    `TEXT_OPTIONS`: a quoted `"~/x"` on the command line or `~/x` in a config file reaches us unexpanded."""
+
+    def expanded(value: Any) -> Any:
+        if isinstance(value, str) and HOME_PREFIX.match(value):
+            return os.path.expanduser(value)
+        if isinstance(value, list):
+            return [expanded(item) for item in value]
+        return value
+
+    return {name: value if name in TEXT_OPTIONS else expanded(value) for name, value in values.items()}
 
 
 class CollectValues(argparse.Action):
@@ -67,8 +100,33 @@ class CommandParser(HfArgumentParser):
     bad input), and an abbreviation that only `--name_with_underscores` and `--name-with-dashes` of one option
     match is that option (transformers registers both spellings; argparse called `--output` ambiguous)."""
 
+    _argv: Sequence[str] = ()  # the arguments of the last parse, for `error`
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(args) if args is not None else []
+        parsed, remaining = super().parse_known_args(args, namespace)
+        for name, value in expand_home(vars(parsed)).items():  # the one place paths are expanded
+            setattr(parsed, name, value)
+        return parsed, remaining
+
     def error(self, message: str):
+        dash_value = self._dash_value(message)
+        if dash_value is not None:
+            raise dash_value
         raise UserError(f"{message} (see {self.prog} --help)")
+
+    def _dash_value(self, message: str) -> DashValueError | None:
+        """The error for `--flag -value`, which argparse reports as `expected one argument` without the value."""
+        match = EXPECTED_ONE.match(message)
+        action = next((a for a in self._actions if match and "/".join(a.option_strings) == match["flags"]), None)
+        if action is None:
+            return None
+        at = next((i for i, arg in enumerate(self._argv) if arg in action.option_strings), None)
+        if at is None or at + 1 >= len(self._argv) or not self._argv[at + 1].startswith("-"):
+            return None
+        flag, value = flag_name(action), self._argv[at + 1]
+        return DashValueError(f"{flag} {value}: a value that starts with '-' reads as an option; if {value} is the "
+                              f"value, write {flag}={value}", action.dest, value)
 
     def _get_option_tuples(self, option_string: str):
         matches = super()._get_option_tuples(option_string)
@@ -296,8 +354,8 @@ def _add_config_option(parser) -> None:
 
 
 def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
-    """Where `--config FILE` (or `--config=FILE`) is in argv: `(index, tokens, FILE)`, None without one;
-    `--config` given twice is refused (`RepeatedFlagError`)."""
+    """Where `--config FILE` (or `--config=FILE`) is in argv: `(index, tokens, FILE)` (`~` expanded: argparse never
+    sees it), None without one; `--config` given twice is refused (`RepeatedFlagError`)."""
     found = [i for i, arg in enumerate(argv) if arg.partition("=")[0] == "--config"]
     if not found:
         return None
@@ -309,7 +367,7 @@ def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
         path = argv[at + 1] if at + 1 < len(argv) else ""
     if not path:
         raise UserError("--config needs a file name")
-    return at, 1 if equals else 2, path
+    return at, 1 if equals else 2, expand_home({"config": path})["config"]
 
 
 def split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
@@ -422,7 +480,8 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "LIST_FLAG", "PRESETS_DIR", "CollectValues", "RepeatedFlagError", "check_training_arguments", "configure_logging",
-    "config_argument", "merge_file_mappings", "parse", "rename_legacy_flags", "start_command",
+    "LIST_FLAG", "PRESETS_DIR", "TEXT_OPTIONS", "CollectValues", "DashValueError", "RepeatedFlagError",
+    "check_training_arguments", "configure_logging", "config_argument", "expand_home", "merge_file_mappings", "parse",
+    "rename_legacy_flags", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",
 ]

@@ -55,7 +55,13 @@ from transformers import (
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import UserError, one_line_message
-from .folders import check_model_folder, is_local_path
+from .folders import (
+    TOKENIZER_VOCAB_FILES,
+    IncompleteModelFolder,
+    check_model_folder,
+    is_local_path,
+    missing_model_files,
+)
 from .io import read_json_or_empty, write_json_atomic
 
 # the similarity a pooling implies when nothing says otherwise: CLS with the dot product (the papers' BEIR protocol),
@@ -124,6 +130,33 @@ def weight_names(folder: str | os.PathLike) -> list[str] | None:
     if index.is_file():
         return list(read_json_or_empty(index).get("weight_map") or {})
     return None
+
+
+# what `tokenizer.save_pretrained` writes: a folder with none of them never had a tokenizer saved into it (a save
+# killed midway leaves tokenizer_config.json or a vocabulary)
+TOKENIZER_SAVE_FILES = (*TOKENIZER_VOCAB_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                        "merges.txt")
+
+
+def check_tokenizer_saved(path_or_id: str | os.PathLike, *, purpose: str) -> None:
+    """Refuse, in one line saying how to add it, a local model folder complete but for a tokenizer it never had
+    (`model.save_pretrained` alone); Hub ids, and folders that lack more or hold part of a tokenizer, are left to
+    `check_model_folder` (whose message is about a save killed midway).
+
+    Raises:
+        IncompleteModelFolder: the folder has config and weights and no tokenizer file at all.
+    """
+    if not is_local_path(path_or_id):
+        return
+    folder = Path(path_or_id).expanduser()
+    if not folder.is_dir() or any((folder / name).exists() for name in TOKENIZER_SAVE_FILES):
+        return
+    if missing_model_files(folder, tokenizer=False):
+        return
+    raise IncompleteModelFolder(
+        f"{purpose}: {folder} has no tokenizer (the model was saved without one); save it into the folder with "
+        f"tokenizer.save_pretrained({str(folder)!r}), then run again"
+    )
 
 
 def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrainedTokenizerBase:
@@ -514,6 +547,7 @@ __all__ = [
     "load_bert_encoder",
     "load_mlm_head",
     "load_sentence_transformer",
+    "check_tokenizer_saved",
     "load_tokenizer",
     "needs_remote_code",
     "read_state_dict",

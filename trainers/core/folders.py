@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -50,6 +51,9 @@ _HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # hugging
 # what the running command reads besides its options' inputs (its `--config` file, set by `core.arguments.parse`;
 # `cli.main` runs each command in a context of its own): no output may replace it, whatever the flags
 COMMAND_INPUTS: ContextVar[Mapping[str, str]] = ContextVar("command_inputs", default=MappingProxyType({}))
+# what `cli.main` says when Ctrl-C stops the running command (set by `pretrain` once its output folder is known:
+# where the run continues)
+INTERRUPTED_HINT: ContextVar[Callable[[], str] | None] = ContextVar("interrupted_hint", default=None)
 # `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
@@ -84,10 +88,19 @@ def is_local_path(value: str | os.PathLike, *, beside: Path | None = None) -> bo
     if LOCAL_PATH.search(text) or text.lower().endswith(FILE_SUFFIXES):
         return True
     if beside is None:
-        return Path(text).exists() or text.count("/") > 1
+        return _exists(Path(text)) or text.count("/") > 1
     if " " in text or "/" not in text:
         return False
-    return text.count("/") > 1 or any((base / text).exists() for base in (Path.cwd(), beside))
+    return text.count("/") > 1 or any(_exists(base / text) for base in (Path.cwd(), beside))
+
+
+def _exists(path: Path) -> bool:
+    """`path.exists()`, False where the file system refuses to look the name up (a name too long for it, a
+    component without search permission): such a name is no existing path."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def missing_model_files(folder: Path, *, tokenizer: bool = True, weights: bool = True) -> list[str]:
@@ -247,7 +260,7 @@ def _rel(path: Path, folder: Path) -> str:
 def model_location(model: str | os.PathLike) -> str:
     """The absolute path of a local model, else the Hub id: what a results folder records to tell models apart."""
     path = Path(model).expanduser()
-    return str(path.resolve()) if path.exists() else os.fspath(model)
+    return str(path.resolve()) if _exists(path) else os.fspath(model)
 
 
 def is_hub_id(name: object) -> bool:
@@ -317,12 +330,42 @@ def _card_model_name(readme: Path) -> str:
 # ---- writing -------------------------------------------------------------------------------------------------------
 
 
-def check_folder_option(flag: str, path: str | os.PathLike) -> None:
-    """Refuse a folder option that names a file or a path under one (writing there would fail mid-run)."""
-    absolute = Path(path).absolute()
-    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+def check_folder_option(flag: str, path: str | os.PathLike, *, writable: bool = True) -> None:
+    """Refuse a folder option that names a file or a path under one, passes through a symbolic link loop, or (with
+    `writable`) lies in a folder that cannot be written: writing there would fail mid-run, or after hours of work."""
+    _check_folder(flag, path, Path(path), writable)
+
+
+def _check_folder(flag: str, path: str | os.PathLike, folder: Path, writable: bool) -> None:
+    """`check_folder_option` for `folder`, where the option's value is `path` (`folder` itself, a file written in
+    it, or a folder built in it and renamed to `path`): the message names the option as the user wrote it."""
+    absolute = folder.absolute()
+    for part in (absolute, *absolute.parents):
+        if part.exists():
+            break
+        check_no_symlink_loop(flag, path, part)
+    existing = part
     if not existing.is_dir():
         raise FolderError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
+    # os.access, not a test write: it refuses a read-only file system even to root, and leaves nothing behind
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        read_only = hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY
+        why = "a read-only file system" if read_only else "no write permission"
+        raise FolderError(f"{flag} {path}: {existing} cannot be written ({why}); make it writable, or choose "
+                          "another folder")
+
+
+def check_no_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> None:
+    """Refuse `part` of the option's `path` when it is a symbolic link that leads back to itself: every later
+    step (`resolve`, `mkdir`) would fail on it with a traceback."""
+    if not part.is_symlink():
+        return
+    try:
+        os.stat(part)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise FolderError(f"{flag} {path}: {part} is a symbolic link that leads back to itself (a loop); remove "
+                              "it, or choose another folder") from None
 
 
 def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]) -> tuple[str, Path] | None:
@@ -344,7 +387,9 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
     `inputs` (description -> path, e.g. {"--model": ...}) or a Trainer checkpoint; without it, a non-empty folder."""
     if target.exists() and not target.is_dir():
         raise FolderError(f"output {target} exists and is not a folder")
-    check_folder_option("output", target)  # a file above it
+    check_folder_option("output", target)  # a file above it, a loop, a folder that cannot be written
+    if target.exists():  # the new folder is built beside it and renamed into place
+        _check_folder("output", target, target.parent, writable=True)
     hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
     if hit is not None:
         raise FolderError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
@@ -366,7 +411,8 @@ def check_output_file(target: Path, flag: str, overwrite: bool,
     (even with `overwrite`); without `overwrite`, one that exists."""
     if target.is_dir():
         raise FolderError(f"{flag} {target} is a folder; give a file path")
-    check_folder_option(flag, target.parent)
+    check_no_symlink_loop(flag, target, target.absolute())
+    _check_folder(flag, target, target.parent, writable=True)  # written beside it first (`core.io.atomic_file`)
     protected = {**COMMAND_INPUTS.get(), **(inputs or {})}
     hit = would_delete(target, protected)
     if hit is not None:
@@ -480,6 +526,8 @@ __all__ = [
     "check_destination",
     "check_folder_option",
     "check_model_folder",
+    "check_no_symlink_loop",
+    "INTERRUPTED_HINT",
     "clean_stale_siblings",
     "hub_id_of_model",
     "is_hub_id",

@@ -4,11 +4,13 @@ The lock file is created exclusively (`O_EXCL`) and holds JSON: the holder's `pi
 run finds it and refuses in one line naming the holder. A lock whose holder died without releasing it (SIGKILL, power
 loss) is stale when its host is this machine and its pid no longer runs: it is taken over with a warning. A lock
 written on another machine cannot be checked and is never taken over. The lock is released on exit, exceptions
-included.
+included. A run that may write nothing (`required=False`) reads a folder it cannot lock (read-only, or not its
+user's) without the lock.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -26,6 +28,8 @@ from .folders import process_alive
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".retromae.lock"
+# what creating the lock raises in a folder that cannot be written
+NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class FolderLocked(UserError):
@@ -33,15 +37,17 @@ class FolderLocked(UserError):
 
 
 @contextmanager
-def folder_lock(folder: str | os.PathLike, *, enabled: bool = True) -> Iterator[Path | None]:
+def folder_lock(folder: str | os.PathLike, *, enabled: bool = True, required: bool = True) -> Iterator[Path | None]:
     """Hold `folder`'s lock (creating `folder` if needed) while the block runs.
 
     Args:
         folder: the folder one run at a time may write.
         enabled: False on processes that do not write it (DDP ranks other than the main one): nothing is locked.
+        required: False for a run that may write nothing (a finished run resumed): where the lock cannot be
+            created because the folder cannot be written, the block runs without it.
 
     Yields:
-        The lock file, or None when not `enabled`.
+        The lock file, or None when not `enabled` (or not `required` and not writable).
 
     Raises:
         FolderLocked: another run holds the lock; the message names the lock file, the holder and what to do.
@@ -51,9 +57,18 @@ def folder_lock(folder: str | os.PathLike, *, enabled: bool = True) -> Iterator[
         return
     folder = Path(folder)
     created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
     lock = folder / LOCK_NAME
-    mine = _acquire(lock)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        mine = _acquire(lock)
+    except OSError as error:
+        if required or error.errno not in NOT_WRITABLE:
+            raise
+        logger.info("%s cannot be written (%s): read without its lock", folder, error.strerror)
+        mine = None
+    if mine is None:
+        yield None
+        return
     try:
         yield lock
     finally:
