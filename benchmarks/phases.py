@@ -121,6 +121,8 @@ def busy_share(step, steps: int) -> dict[str, Any]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels[event.name] += event.device_time
     busy_us = sum(kernels.values())
+    if busy_us <= 0:  # a profiler that reported no device events: no share rather than a false 100% idle
+        return {"busy_share": None, "wall_ms_per_step": wall_us / 1e3 / steps, "top_kernels": []}
     top = sorted(kernels.items(), key=lambda item: -item[1])[:10]
     return {"busy_share": busy_us / wall_us, "wall_ms_per_step": wall_us / 1e3 / steps,
             "top_kernels": [{"name": name[:120], "share_of_busy": us / busy_us} for name, us in top]}

@@ -475,11 +475,20 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
     losses: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
     for step in range(n_batches):
         last = {}
-        for variant in variants:
+        for variant in list(variants):
             model, optimizer = trainables[variant]
             synchronize(device)
             tick, load_tick = time.perf_counter(), cpu_counters()
-            loss = train_step(model, optimizer, device_batches[variant][step], device, args.dtype)
+            try:
+                loss = train_step(model, optimizer, device_batches[variant][step], device, args.dtype)
+            except Exception as error:  # a fast path that fails to compile: the other rows are still measured
+                if step >= args.burn_in or variant == "hf_mlm":
+                    raise
+                skipped[variant] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                log(f"  {variant}: failed in burn-in, skipped ({skipped[variant]})")
+                variants.remove(variant)
+                trainables.pop(variant)
+                continue
             synchronize(device)
             last[variant] = time.perf_counter() - tick
             losses[variant].append(loss)
@@ -608,8 +617,12 @@ def breakdown_row(label: str, size: str, length: int, source: BatchSource, token
     row["collation_masking_share"] = (row["collation_ms"] + row["masking_ms"]) / step
     if device.type == "cuda":
         clock.reset()
-        busy = phases.busy_share(lambda: train_step(model, optimizer, batches[0], device, args.dtype), 3)
-        row.update(busy, idle_share=1 - busy["busy_share"])
+        try:
+            busy = phases.busy_share(lambda: train_step(model, optimizer, batches[0], device, args.dtype), 3)
+        except Exception as error:  # the profiler is a diagnosis: the row's timings stand without it
+            busy = {"busy_share": None, "profiler_error": f"{type(error).__name__}: {str(error)[:200]}"}
+        share = busy["busy_share"]
+        row.update(busy, idle_share=None if share is None else 1 - share)
     return row
 
 
@@ -636,7 +649,7 @@ def breakdown_main(args, device: torch.device, environment: dict[str, Any], star
                 report["rows"].append(row)
                 log("  " + ", ".join(f"{phase} {ms:.1f}" for phase, ms in row["phases_ms"].items())
                     + f" | step {row['ms_per_step']:.1f} ms, collation {row['collation_ms']:.2f}, masking "
-                    f"{row['masking_ms']:.2f}" + (f", idle {100 * row['idle_share']:.0f}%" if "idle_share" in row else ""))
+                    f"{row['masking_ms']:.2f}" + (f", idle {100 * row['idle_share']:.0f}%" if row.get("idle_share") is not None else ""))
                 common.write_json(output, {**report, "partial": True})
     report["partial"] = False
     common.finish_report(report, started, render_breakdown, output)
@@ -710,7 +723,13 @@ def check_paths_main(args, device: torch.device, environment: dict[str, Any], st
                 collator = make_collator(variant, tokenizer, args.seed)
                 batch = to_device(dict(collator(source.features(variant, 0, args.batch_size))), device)
                 eager_losses, eager_grads = step_outcome(variant, size, batch, tokenizer.mask_token_id, args, device)
-                path_losses, path_grads = step_outcome(label, size, batch, tokenizer.mask_token_id, args, device)
+                try:
+                    path_losses, path_grads = step_outcome(label, size, batch, tokenizer.mask_token_id, args, device)
+                except Exception as error:  # a path that does not run here: a failed row, the others still checked
+                    report["rows"].append({"size": size, "length": length, "label": label, "passed": False,
+                                           "error": f"{type(error).__name__}: {str(error)[:300]}"})
+                    log(f"check {size} L={length} {label}: FAILED to run ({report['rows'][-1]['error']})")
+                    continue
                 loss_errors = {name: abs(path_losses[name] - value) / max(abs(value), 1.0)
                                for name, value in eager_losses.items()}
                 grad_errors = {name: float((path_grads[name] - grad).norm() / grad.norm().clamp_min(1e-12))
@@ -740,6 +759,9 @@ def render_check(report: dict[str, Any]) -> str:
              f"Relative errors of one eval-mode step; tolerance {report['tolerance']}.", "",
              "| size | L | row | worst loss error | worst gradient error | |", "|---|---|---|---:|---:|---|"]
     for row in report["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['size']} | {row['length']} | {row['label']} | – | – | FAILED: {row['error']} |")
+            continue
         lines.append(f"| {row['size']} | {row['length']} | {row['label']} | "
                      f"{max(row['loss_relative_error'].values()):.1e} | {row['gradient_relative_error_max']:.1e} | "
                      f"{'passed' if row['passed'] else 'FAILED'} |")
