@@ -36,6 +36,12 @@ every arm's pre-training for ``--probe-steps`` steps on a slice of the corpus, a
     python benchmarks/from_scratch.py --arms dupmae --steps-from-probe benchmarks/results/from_scratch_probe.json \\
         --pretrain-seconds 150
     python benchmarks/from_scratch.py --report-only                   # table, JSON and plot of the ledger
+
+``--protocol from_mlm`` runs the papers' own setting instead: "the BERT" is pre-trained with MLM alone from the same
+init for the same steps (ledger ``bert``), and every arm (MLM only as the control, RetroMAE, DupMAE, BoW) continues
+from it for the same steps again; ``--arms retromae@43`` names a second pre-training seed (data order and masks).
+Its ledger and report are ``from_mlm_checkpoint_ledger/`` and ``from_mlm_checkpoint.{json,md}``, with each arm's
+gain over the control (paired over seeds) beside its gain from random initialisation (``from_scratch.json``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -56,6 +63,8 @@ import common  # before torch: environment defaults
 from common import ENWIKI, RESULTS_DIR, ROOT, SCIFACT, Phases, log, read_json, settings_hash, weights_digest, write_json
 
 ARMS = ["mlm", "retromae", "dupmae", "bow", "seed"]
+# protocol -> (the name of its ledger and report files, its arms)
+PROTOCOLS = {"scratch": ("from_scratch", ARMS), "from_mlm": ("from_mlm_checkpoint", ["mlm", "retromae", "dupmae", "bow"])}
 GROUPS = "mlm,retromae,bow/dupmae,seed"
 LABELS = {"mlm": "MLM only", "retromae": "RetroMAE (enhanced)", "dupmae": "DupMAE [CLS]",
           "dupmae_hybrid": "DupMAE hybrid [CLS ; OT]", "bow": "BoW prediction", "seed": "SEED-Encoder"}
@@ -83,6 +92,7 @@ PRESETS = {
 TINY_NOTE = ("--tiny smoke run: a tiny model, a few pre-training steps, a mini SciFact. These numbers prove "
              "nothing about the methods.")
 PRETRAIN_DONE = ".pretrain_done"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 # the budgets of the papers' own runs, from the presets in configs/ (steps x sequences x L = token positions)
 PAPER_BUDGETS = [
     ("SEED-Encoder, from scratch (configs/seed-wiki-book.yaml)", 1_000_000, 256, 512),
@@ -126,6 +136,65 @@ def library_versions() -> dict[str, str]:
         except PackageNotFoundError:
             found[name] = None
     return found
+
+
+def package_commit() -> str | None:
+    """The commit of the tree an arm ran with: RETROMAE_COMMIT (set where the tree has no .git, e.g. a copy on a
+    GPU machine), else git's."""
+    if os.environ.get("RETROMAE_COMMIT"):
+        return os.environ["RETROMAE_COMMIT"]
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def make_bert(out: Path, ledger: Path, init: Path, corpus: Path, cfg: dict, steps: int) -> Path:
+    """"The BERT" of the from_mlm protocol: MLM alone from the random init for `steps` (the ``mlm`` arm's
+    pre-training), saved as a plain `BertForMaskedLM` with its trained MLM head, as bert-base-uncased is; made once
+    per machine and settings. Every arm, the control included, continues from it."""
+    phases = Phases(ledger, "bert")
+    args = pretrain_args("mlm", init, corpus, cfg, steps)
+    key = settings_hash(args)
+    phases.run("init_weights", settings_hash([str(init)]), lambda: weights_digest(init))
+
+    def make() -> Path:
+        checkpoint = pretrain("bert", out / "bert" / f"pretrained-{key}", args, out / "bert" / "log.txt", cfg)
+        return masked_lm_folder(checkpoint, out / "bert" / f"bert-{key}")
+
+    return Made(phases, "bert", key, make, PRETRAIN_DONE).get()
+
+
+def masked_lm_folder(checkpoint: Path, target: Path) -> Path:
+    """The MLM-only pre-training `checkpoint` (keys `bert.*`, `cls.*`) as a `BertForMaskedLM` folder with its
+    tokenizer; every weight of it taken over (only the decoder tied to the word embeddings may be absent)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import BertConfig, BertForMaskedLM
+
+    fields = read_json(checkpoint / "config.json")
+    config = BertConfig(**{k: v for k, v in fields.items() if k in BertConfig().to_dict() and k != "model_type"})
+    model = BertForMaskedLM(config)
+    weights = load_file(checkpoint / "model.safetensors")
+    with torch.no_grad():
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}:
+        raise RuntimeError(f"{checkpoint} is not an MLM checkpoint of BERT's layout: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+    tmp = target.with_name(target.name + ".tmp")
+    model.save_pretrained(tmp)
+    for name in TOKENIZER_FILES:  # copied: loading would ask to trust the checkpoint's remote code
+        if (checkpoint / name).is_file():
+            shutil.copy(checkpoint / name, tmp / name)
+    (tmp / PRETRAIN_DONE).write_text("ok\n")
+    os.replace(tmp, target)
+    return target
+
+
+def parse_arm(spec: str, cfg: dict) -> tuple[str, int, str]:
+    """`arm` or `arm@PRETRAIN_SEED` -> (arm, its pre-training seed, its ledger name: `arm_pSEED` for a seed other
+    than the preset's)."""
+    arm, _, seed = spec.partition("@")
+    pretrain_seed = int(seed) if seed else cfg["pretrain_seed"]
+    return arm, pretrain_seed, arm if pretrain_seed == cfg["pretrain_seed"] else f"{arm}_p{pretrain_seed}"
 
 
 def make_init(out: Path, cfg: dict) -> Path:
@@ -286,13 +355,17 @@ class Made:
 
 
 def run_arm(arm: str, out: Path, ledger: Path, data: Path, init: Path, corpus: Path, cfg: dict, steps: int,
-            command: str = "") -> dict:
-    phases = Phases(ledger, arm)
-    folder, logf = out / arm, out / arm / "log.txt"
+            command: str = "", name: str | None = None) -> dict:
+    """Pre-train `arm` from `init`, then its coverage, zero-shot and fine-tuning phases; `name` (default `arm`)
+    names its ledger and folder (an arm run with another pre-training seed)."""
+    name = name or arm
+    phases = Phases(ledger, name)
+    folder, logf = out / name, out / name / "log.txt"
     args = pretrain_args(arm, init, corpus, cfg, steps)
     key = settings_hash(args)
     phases.run("command", key, lambda: command)  # the invocation that first ran the arm, for the report
     phases.run("libraries", key, library_versions)
+    phases.run("commit", key, package_commit)
     phases.run("init_weights", settings_hash([str(init)]), lambda: weights_digest(init))
     ckpt = Made(phases, "pretrain", key, lambda: pretrain(arm, folder / f"pretrained-{key}", args, logf, cfg),
                 PRETRAIN_DONE)
@@ -663,13 +736,119 @@ def report(results_dir: Path, ledger: Path, cfg: dict, meta: dict, bm25: dict | 
     return payload
 
 
+# ---- the from_mlm protocol's report -----------------------------------------------------------------------------------
+
+
+def from_mlm_runs(ledger: Path, cfg: dict) -> dict[str, list[dict]]:
+    """Each fine-tuned variant's rows over every pre-training seed: variant -> [{pretrain_seed, seed, ndcg@10, ...,
+    init_weights}] (DupMAE's hybrid as `dupmae_hybrid`)."""
+    runs: dict[str, list[dict]] = {}
+    for file in sorted(ledger.glob("*.phases.json")):
+        name = file.name.removesuffix(".phases.json")
+        arm, _, seed = name.partition("_p")
+        if arm not in PROTOCOLS["from_mlm"][1] or (seed and not seed.isdigit()):
+            continue  # the BERT's own ledger
+        done = read_json(file)
+        init = (done.get("init_weights") or {}).get("result")
+        for variant in VARIANTS.get(arm, (arm,)):
+            runs.setdefault(variant, []).extend(
+                {"pretrain_seed": int(seed) if seed else cfg["pretrain_seed"], **row, "init_weights": init}
+                for row in seed_rows(done, variant))
+    return runs
+
+
+def paired_gain(rows: list[dict], control: list[dict]) -> dict | None:
+    """The mean NDCG@10 gain over the control on the (pre-training seed, fine-tuning seed) pairs both have, and the
+    two-sided p of a paired t-test over them (None below 2 pairs)."""
+    base = {(r["pretrain_seed"], r["seed"]): r["ndcg@10"] for r in control}
+    diffs = [r["ndcg@10"] - base[(r["pretrain_seed"], r["seed"])] for r in rows if (r["pretrain_seed"], r["seed"]) in base]
+    if not diffs:
+        return None
+    p_value = None
+    if len(diffs) > 1 and any(diffs):
+        from scipy.stats import ttest_1samp
+
+        p_value = float(ttest_1samp(diffs, 0.0).pvalue)
+    return {"pairs": len(diffs), "mean": sum(diffs) / len(diffs), "paired_p": p_value}
+
+
+def scratch_gain(scratch: dict | None, variant: str) -> float | None:
+    """The same variant's mean NDCG@10 gain over MLM only from random initialisation (`from_scratch.json`)."""
+    for entry in (scratch or {}).get("versus_mlm", []):
+        if entry["label"] == LABELS[variant]:
+            return entry["ndcg@10_diff_mean"]
+    return None
+
+
+def report_from_mlm(results_dir: Path, ledger: Path, cfg: dict, meta: dict) -> dict:
+    """`from_mlm_checkpoint.{json,md}`: per variant its rows, mean and std over all rows and per pre-training seed,
+    its paired gain over the control and its gain from random initialisation."""
+    runs = from_mlm_runs(ledger, cfg)
+    scratch_file = results_dir / "from_scratch.json"
+    scratch = read_json(scratch_file) if scratch_file.is_file() else None
+    control = runs.get("mlm", [])
+    arms = {}
+    for variant, rows in runs.items():
+        by_seed = {}
+        for pretrain_seed in sorted({r["pretrain_seed"] for r in rows}):
+            chosen = [r["ndcg@10"] for r in rows if r["pretrain_seed"] == pretrain_seed]
+            mean, std = common.mean_std(chosen)
+            by_seed[str(pretrain_seed)] = {"ndcg@10": mean, "ndcg@10_std": std, "seeds": len(chosen)}
+        mean, std = common.mean_std([r["ndcg@10"] for r in rows]) if rows else (None, None)
+        gain = None if variant == "mlm" else paired_gain(rows, control)
+        arms[variant] = {
+            "label": LABELS[variant], "seeds": [{k: r[k] for k in ("pretrain_seed", "seed", "ndcg@10")} for r in rows],
+            "ndcg@10": mean, "ndcg@10_std": std, "by_pretrain_seed": by_seed, "gain_over_control": gain,
+            "gain_from_scratch": None if variant == "mlm" else scratch_gain(scratch, variant),
+            "berts": sorted({r["init_weights"] for r in rows if r["init_weights"]}),
+        }
+    commits = sorted({c for f in ledger.glob("*.phases.json") if (c := (read_json(f).get("commit") or {}).get("result"))})
+    hardware = sorted({r["hardware"] for rows in runs.values() for r in rows if r.get("hardware")})
+    payload = {"environment": {"device_name": hardware, "commit": commits, "date": meta["date"]},
+               "meta": meta, "settings": cfg, "arms": arms}
+    if meta["preset"] == "tiny":
+        payload["note"] = TINY_NOTE
+    payload["table_markdown"] = from_mlm_markdown(payload)
+    write_json(results_dir / "from_mlm_checkpoint.json", payload)
+    (results_dir / "from_mlm_checkpoint.md").write_text(payload["table_markdown"], encoding="utf-8")
+    return payload
+
+
+def from_mlm_markdown(payload: dict) -> str:
+    env = payload["environment"]
+    lines = [f"## Continued from an MLM checkpoint ({', '.join(env['device_name']) or 'no run yet'}; commit "
+             f"{', '.join(c[:12] for c in env['commit']) or '?'})", "",
+             "| arm | NDCG@10 (mean ± std, all seeds) | per pre-training seed | gain over MLM only (paired p) | "
+             "gain from random init |", "|---|---|---|---|---|"]
+    for record in payload["arms"].values():
+        per_seed = "; ".join(f"{seed}: {fmt(v['ndcg@10'], v['ndcg@10_std'])} ({v['seeds']})"
+                             for seed, v in record["by_pretrain_seed"].items())
+        gain = record["gain_over_control"]
+        gain_text = "control" if record["label"] == LABELS["mlm"] else "–" if gain is None else (
+            f"{gain['mean']:+.4f} over {gain['pairs']} pairs" + (f" (p = {gain['paired_p']:.3f})"
+                                                                 if gain["paired_p"] is not None else ""))
+        scratch = record["gain_from_scratch"]
+        lines.append(f"| {record['label']} | {fmt(record['ndcg@10'], record['ndcg@10_std'])} | {per_seed} | "
+                     f"{gain_text} | {'–' if scratch is None else f'{scratch:+.4f}'} |")
+    berts = {b for record in payload["arms"].values() for b in record["berts"]}
+    if len(berts) > 1:
+        lines += ["", f"The arms continued from {len(berts)} different BERTs ({', '.join(sorted(berts))}): GPU "
+                  "pre-training is not bit-reproducible, so compare only arms of one BERT."]
+    if payload.get("note"):
+        lines += ["", payload["note"]]
+    return "\n".join(lines) + "\n"
+
+
 # ---- main ------------------------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None):
     p = common.argument_parser(__doc__)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny model, 3 steps, mini SciFact; proves nothing")
-    p.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)} (default: all)")
+    p.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)} (default: the protocol's); "
+                   "from_mlm: ARM@SEED for another pre-training seed")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS), default="scratch",
+                   help="scratch: every arm from the random init; from_mlm: from the BERT (MLM alone from the init)")
     p.add_argument("--steps", type=int, help="pre-training steps of every arm")
     p.add_argument("--steps-from-probe", type=Path, help="a --probe result: steps so that the slowest arm fits "
                    "--pretrain-seconds")
@@ -677,7 +856,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--probe", action="store_true", help="measure each arm's seconds per step (see --groups)")
     p.add_argument("--groups", default=GROUPS, help=f"arms run side by side, groups split by '/' (default {GROUPS})")
     p.add_argument("--prepare", action="store_true", help="only make the random init and the corpus folder (before "
-                   "arms start side by side)")
+                   "arms start side by side); from_mlm: the BERT too (with the steps)")
     p.add_argument("--report-only", action="store_true", help="run nothing; report what the ledger holds")
     p.add_argument("--output-dir", help="default out/from_scratch (--tiny: out/from_scratch_tiny); with --tiny or "
                    "this flag the ledger and results go there too")
@@ -717,23 +896,28 @@ def settings(args) -> tuple[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     preset, cfg = settings(args)
-    arms = args.arms.split(",") if args.arms else list(ARMS)
-    if set(arms) - set(ARMS):
-        raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}; choose from {','.join(ARMS)}")
+    results_name, protocol_arms = PROTOCOLS[args.protocol]
+    arms = args.arms.split(",") if args.arms else list(protocol_arms)
+    unknown = sorted({a.partition("@")[0] for a in arms} - set(protocol_arms))
+    if unknown or (args.protocol == "scratch" and any("@" in a for a in arms)):
+        raise SystemExit(f"--arms: {unknown or 'ARM@SEED'} not in protocol {args.protocol}; choose from "
+                         f"{','.join(protocol_arms)}" + (" (ARM@SEED for another pre-training seed)"
+                                                         if args.protocol == "from_mlm" else ""))
     if not (SCIFACT / "corpus.jsonl").is_file() or not ENWIKI.is_file():
         print(f"SciFact or enwiki-sample not found under {common.DATA}; nothing to do", file=sys.stderr)
         return 0
     out = ROOT / (args.output_dir or ("out/from_scratch_tiny" if args.tiny else "out/from_scratch"))
     out.mkdir(parents=True, exist_ok=True)
     results_dir = args.results_dir or (out if (args.tiny or args.output_dir) else RESULTS_DIR)
-    ledger = results_dir / "from_scratch_ledger"
+    ledger = results_dir / f"{results_name}_ledger"
     argv_used = sys.argv[1:] if argv is None else argv
-    meta = {"date": common.utc_now(), "preset": preset, "arms": arms,
+    meta = {"date": common.utc_now(), "preset": preset, "arms": arms, "protocol": args.protocol,
             "command": " ".join(["python benchmarks/from_scratch.py", *argv_used])}
     bm25 = None if args.tiny else lexical_reference(SCIFACT)
+    write_report = (partial(report_from_mlm, results_dir, ledger, cfg, meta) if args.protocol == "from_mlm"
+                    else partial(report, results_dir, ledger, cfg, meta, bm25))
     if args.report_only:
-        payload = report(results_dir, ledger, cfg, meta, bm25)
-        print(payload["table_markdown"], flush=True)
+        print(write_report()["table_markdown"], flush=True)
         return 0
     data = common.make_quick_beir(out) if args.tiny else SCIFACT
     init = make_init(out, cfg)
@@ -746,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({a: r["seconds_per_step"] for a, r in result["arms"].items()}), flush=True)
         return 0
     corpus = make_corpus(out, data, cfg["enwiki_articles"])
-    if args.prepare:
+    if args.prepare and args.protocol == "scratch":
         return 0
     if args.steps_from_probe:
         if not args.pretrain_seconds:
@@ -758,17 +942,24 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("the gpu preset needs --steps N or --steps-from-probe FILE --pretrain-seconds S "
                              "(benchmarks/device/README.md)")
     cfg["steps"] = meta["steps"] = steps
+    if args.protocol == "from_mlm":  # every arm continues from the BERT: made first (--prepare: only that)
+        init = make_bert(out, ledger, init, corpus, cfg, steps)
+        meta["bert_weights"] = weights_digest(init)
+        if args.prepare:
+            return 0
     started, failed = time.perf_counter(), {}
-    for arm in arms:
+    for spec in arms:
+        arm, pretrain_seed, name = parse_arm(spec, cfg)
         try:
-            run_arm(arm, out, ledger, data, init, corpus, cfg, steps, meta["command"])
+            run_arm(arm, out, ledger, data, init, corpus, {**cfg, "pretrain_seed": pretrain_seed}, steps,
+                    meta["command"], name)
         except Exception as error:
-            failed[arm] = common.arm_failed(arm, error)
+            failed[name] = common.arm_failed(name, error)
     meta.update(wall_s=round(time.perf_counter() - started, 1), failed_arms=failed)
-    payload = report(results_dir, ledger, cfg, meta, bm25)
+    payload = write_report()
     print(payload["table_markdown"] + ("\nFailed arms (rerun to continue): " + "; ".join(
         f"{a}: {e}" for a, e in failed.items()) if failed else ""), flush=True)
-    log(f"results: {results_dir / 'from_scratch.json'}, .md, _ndcg.png; {meta['wall_s']:.0f} s")
+    log(f"results: {results_dir / results_name}.json and .md; {meta['wall_s']:.0f} s")
     return 1 if failed else 0
 
 

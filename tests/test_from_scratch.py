@@ -248,6 +248,23 @@ def test_tiny_two_arms_end_to_end(fs, shared_data, tmp_path):
     assert again["arms"] == saved["arms"] and table.split("Report:")[0] == again["table_markdown"].split("Report:")[0]
 
 
+@pytest.mark.experiment
+def test_tiny_from_mlm_checkpoint_end_to_end(fs, shared_data, tmp_path):
+    """--tiny --protocol from_mlm: the BERT (MLM alone, saved as BertForMaskedLM), then the control and RetroMAE with
+    a second pre-training seed continue from it, each fine-tuned and scored. Proves the plumbing."""
+    out = tmp_path / "fm"
+    assert fs.main(["--tiny", "--output-dir", str(out), "--protocol", "from_mlm", "--arms", "mlm,retromae@43",
+                    "--seeds", "42"]) == 0
+    bert = next((out / "bert").glob("bert-*"))
+    assert json.loads((bert / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    saved = json.loads((out / "from_mlm_checkpoint.json").read_text(encoding="utf-8"))
+    assert sorted(saved["arms"]) == ["mlm", "retromae"]
+    assert saved["arms"]["retromae"]["seeds"][0]["pretrain_seed"] == 43
+    assert saved["arms"]["retromae"]["gain_over_control"] is None  # no shared (pre-training seed, seed) pair
+    assert saved["arms"]["mlm"]["berts"] == saved["arms"]["retromae"]["berts"] == [fs.weights_digest(bert)]
+    assert (out / "from_mlm_checkpoint_ledger" / "retromae_p43.phases.json").is_file()
+
+
 def test_gpu_preset_fine_tunes_in_bf16_with_workers_and_the_tiny_one_in_fp32(fs, tmp_path, monkeypatch):
     """The `retromae finetune` command of the GPU preset carries `--bf16 true` (bf16 mixed precision) and DataLoader
     workers, which leave the fine-tuning's settings key as it was; the tiny preset's (CPU) carries neither, unless
@@ -321,3 +338,41 @@ def test_an_arms_wall_time_counts_phases_side_by_side_once(fs):
     ledger = {**arm_ledger("mlm", {42: 0.4}), **done}  # its entries have no finish time: their seconds add
     loose = sum(e["seconds"] for e in ledger.values() if "finished" not in e)
     assert fs.arm_record(ledger, "mlm")["wall_s"] == 160.0 + loose
+
+
+def test_from_mlm_report_pairs_each_arm_with_the_control_over_both_seeds(fs, tmp_path):
+    """from_mlm_checkpoint.json: per variant its rows over pre-training seeds (`arm_pSEED` ledgers), the mean ± std
+    over all and per pre-training seed, the gain over MLM only paired on (pre-training seed, seed), and the same
+    variant's gain from random initialisation (from_scratch.json); the BERT's own ledger is not an arm."""
+    ledger = tmp_path / "from_mlm_checkpoint_ledger"
+    ledger.mkdir()
+    fs.write_json(ledger / "bert.phases.json", {"pretrain": {"key": "k", "result": "out/bert"}})
+    fs.write_json(ledger / "mlm.phases.json", arm_ledger("mlm", {42: 0.30, 43: 0.32}))
+    fs.write_json(ledger / "mlm_p43.phases.json", arm_ledger("mlm", {42: 0.31, 43: 0.29}))
+    fs.write_json(ledger / "retromae.phases.json", arm_ledger("retromae", {42: 0.40, 43: 0.43}))
+    fs.write_json(ledger / "retromae_p43.phases.json", arm_ledger("retromae", {42: 0.41, 43: 0.42}))
+    fs.write_json(ledger / "dupmae.phases.json", arm_ledger("dupmae", {42: 0.35}, fs.VARIANTS["dupmae"]))
+    fs.write_json(tmp_path / "from_scratch.json", {"versus_mlm": [
+        {"label": fs.LABELS["retromae"], "ndcg@10_diff_mean": 0.07}]})
+    _, cfg = fs.settings(fs.parse_args(["--seeds", "42,43"]))
+    fs.report_from_mlm(tmp_path, ledger, cfg, {"preset": "gpu", "command": "c", "date": "d"})
+    saved = json.loads((tmp_path / "from_mlm_checkpoint.json").read_text(encoding="utf-8"))
+    assert sorted(saved["arms"]) == ["dupmae", "dupmae_hybrid", "mlm", "retromae"]
+    retromae = saved["arms"]["retromae"]
+    assert [(r["pretrain_seed"], r["seed"]) for r in retromae["seeds"]] == [(42, 42), (42, 43), (43, 42), (43, 43)]
+    assert retromae["ndcg@10"] == pytest.approx(0.415)
+    assert retromae["by_pretrain_seed"]["43"]["ndcg@10"] == pytest.approx(0.415)
+    gain = retromae["gain_over_control"]  # pairs: 0.10, 0.11, 0.10, 0.13
+    assert gain["pairs"] == 4 and gain["mean"] == pytest.approx(0.11) and gain["paired_p"] < 0.01
+    assert retromae["gain_from_scratch"] == pytest.approx(0.07)
+    assert saved["arms"]["mlm"]["gain_over_control"] is None and saved["arms"]["dupmae"]["gain_from_scratch"] is None
+    assert saved["arms"]["dupmae_hybrid"]["gain_over_control"]["pairs"] == 1  # one pair: no test
+    assert saved["arms"]["dupmae_hybrid"]["gain_over_control"]["paired_p"] is None
+    assert set(saved["environment"]) == {"device_name", "commit", "date"}
+    assert "+0.1100 over 4 pairs" in (tmp_path / "from_mlm_checkpoint.md").read_text(encoding="utf-8")
+
+
+def test_from_mlm_arms_name_a_second_pretraining_seed(fs):
+    _, cfg = fs.settings(fs.parse_args([]))
+    assert fs.parse_arm("retromae", cfg) == ("retromae", cfg["pretrain_seed"], "retromae")
+    assert fs.parse_arm("retromae@43", cfg) == ("retromae", 43, "retromae_p43")

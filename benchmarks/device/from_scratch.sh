@@ -16,6 +16,13 @@
 set -uo pipefail
 ARMS=${1:?arms, e.g. mlm,retromae}
 STEPS=${STEPS:-auto}
+# PROTOCOL=from_mlm: every arm continues from the BERT (benchmarks/from_scratch.py --protocol from_mlm); ARMS may then
+# name a second pre-training seed, e.g. mlm,retromae,mlm@43,retromae@43. Its budget (STEPS=auto): the from-scratch
+# ledger's steps, for the BERT and again for every arm.
+PROTOCOL=${PROTOCOL:-scratch}
+PROTO=(--protocol "$PROTOCOL")
+NAME=$([ "$PROTOCOL" = from_mlm ] && echo from_mlm_checkpoint || echo from_scratch)
+LEDGERS=$(for a in ${ARMS//,/ }; do echo -n "${a/@/_p} "; done)$([ "$PROTOCOL" = from_mlm ] && echo bert)
 PRETRAIN_SECONDS=${PRETRAIN_SECONDS:-150}
 PROBE_ARMS=${PROBE_ARMS:-dupmae,bow,seed}  # the first session's binding group (its probe is committed)
 DEADLINE=${DEADLINE:-$([ "${SMOKE:-0}" = 1 ] && echo 3000 || echo 520)}
@@ -88,7 +95,7 @@ print({p: m.version(p) for p in ("torch", "transformers", "sentence-transformers
 PY
 echo "set-up: $(( $(date +%s) - START )) s"
 
-L=$RESULTS/from_scratch_ledger KEPT=$WORK/ledger_kept
+L=$RESULTS/${NAME}_ledger KEPT=$WORK/ledger_kept
 # this machine's last call, when it is still warm: its ledgers, where they hold every phase the tree's hold
 [ -d "$KEPT" ] && "${PY[@]}" - "$KEPT" "$L" <<'PY'
 import json, pathlib, shutil, sys
@@ -102,11 +109,11 @@ for file in sorted(kept.glob("*.phases.json")):
 PY
 save() {
   mkdir -p "$KEPT"
-  for a in ${ARMS//,/ }; do cp "$L/$a.phases.json" "$OUT/$a.phases.json" 2>/dev/null
+  for a in $LEDGERS; do cp "$L/$a.phases.json" "$OUT/$a.phases.json" 2>/dev/null
     cp "$L/$a.phases.json" "$KEPT/$a.phases.json" 2>/dev/null; done
   [ "$RESULTS/from_scratch_probe.json" -nt /tmp/fs_start ] && cp "$RESULTS/from_scratch_probe.json" "$OUT/"
   { for a in ${ARMS//,/ }; do echo "==== $a"; tail -c 30000 "/tmp/fs_$a.log"; echo "==== $a: retromae log";
-    tail -c 60000 "$WORK/$a/log.txt"; done; } > "$OUT/arms.txt" 2>/dev/null
+    tail -c 60000 "$WORK/${a/@/_p}/log.txt"; done; } > "$OUT/arms.txt" 2>/dev/null
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu \
     --format=csv,noheader >> "$OUT/gpu.csv"
 }
@@ -116,7 +123,7 @@ if [ "$STEPS" = auto ]; then
   STEPS=$("${PY[@]}" -c "
 import json, pathlib
 steps = {json.loads(f.read_text()).get('pretraining_record', {}).get('result', {}).get('steps')
-         for f in pathlib.Path('$L').glob('*.phases.json')} - {None}
+         for f in pathlib.Path('$RESULTS/from_scratch_ledger').glob('*.phases.json')} - {None}
 print(steps.pop() if len(steps) == 1 else '')" 2>/dev/null)
   if [ -n "$STEPS" ]; then
     echo "steps: $STEPS, the ledger's"; STEP_FLAGS=(--steps "$STEPS")
@@ -133,15 +140,18 @@ else
 fi
 save
 echo "arms start at $(( $(date +%s) - START )) s with ${STEP_FLAGS[*]}; $(left) s left"
-"${PY[@]}" benchmarks/from_scratch.py --prepare "${PRESET[@]}" || { echo "prepare failed"; exit 5; }
+# from_mlm: the BERT every arm continues from, made here first (once per call: GPU pre-training is not bit-reproducible)
+"${PY[@]}" benchmarks/from_scratch.py --prepare "${PROTO[@]}" "${STEP_FLAGS[@]}" "${PRESET[@]}" \
+  --pretrain-timeout $(( PRETRAIN_SECONDS * 2 + 120 )) > /tmp/fs_prepare.log 2>&1 || {
+  tail -20 /tmp/fs_prepare.log; echo "prepare failed"; save; exit 5; }
 for a in ${ARMS//,/ }; do
-  timeout "$(left 25)" "${PY[@]}" benchmarks/from_scratch.py --arms "$a" "${STEP_FLAGS[@]}" "${PRESET[@]}" \
+  timeout "$(left 25)" "${PY[@]}" benchmarks/from_scratch.py --arms "$a" "${PROTO[@]}" "${STEP_FLAGS[@]}" "${PRESET[@]}" \
     --parallel-seeds "$PARALLEL" --pretrain-timeout $(( PRETRAIN_SECONDS * 2 + 120 )) --stage-timeout 300 \
     > "/tmp/fs_$a.log" 2>&1 &
 done
 while [ -n "$(jobs -rp)" ]; do sleep 10; save; done  # (no bare `wait`: it would wait for tee's pipe too)
 save
-"${PY[@]}" benchmarks/from_scratch.py --report-only "${PRESET[@]}" > /dev/null 2>&1
+"${PY[@]}" benchmarks/from_scratch.py --report-only "${PROTO[@]}" "${PRESET[@]}" > /dev/null 2>&1
 for a in ${ARMS//,/ }; do echo "== $a"; tail -4 "/tmp/fs_$a.log"; done
-cat "$RESULTS/from_scratch.md" 2>/dev/null  # the table, into log.txt (at most 8 files come back: 5 ledgers and 3 logs)
+cat "$RESULTS/$NAME.md" 2>/dev/null  # the table, into log.txt (at most 8 files come back: 5 ledgers and 3 logs)
 echo "done in $(( $(date +%s) - START )) s"
