@@ -1,13 +1,7 @@
-"""The seam between the pre-training methods and the encoder: one small adapter per base family (BERT, RoBERTa /
-XLM-R, ModernBERT) that builds the base's own encoder and MLM head under the base's own names, and gives the
-methods what they need of it: the encoder's states, token and position embeddings for the decoders, the MLM head as
-(transform, weight, bias), and the encoder's last layer.
-
-The family is the method config's `encoder_type` (absent: "bert", so every checkpoint written before the field
-existed loads as it did). The method config carries the base's own fields besides BERT's, so the base's model class
-is built from it directly and follows its `_attn_implementation`.
-
-Hub remote code: torch/transformers only, relative imports for our own files.
+"""The seam between the methods and the encoder: one adapter per base family (BERT, RoBERTa / XLM-R, ModernBERT)
+that builds the base's encoder and MLM head under the base's own names and hands the methods the encoder's states,
+its token and position embeddings, the MLM head as (transform, weight, bias) and its last layer. The method config
+carries the base's own fields, so the base's model class is built from it and follows its `_attn_implementation`.
 """
 
 from collections.abc import Callable, Mapping
@@ -31,8 +25,7 @@ def encoder_type_of(config) -> str:
 
 
 def encoder_type_of_config(config: dict) -> str:
-    """The base family of a config dict (config.json): a base's own `model_type`, else a method config's
-    `encoder_type` ("bert" when absent, as in every checkpoint written before the field existed)."""
+    """The base family of a config.json dict: a base's own `model_type`, else `encoder_type` ("bert" when absent)."""
     model_type = config.get("model_type")
     if model_type in SUPPORTED_ENCODER_TYPES:
         return model_type
@@ -53,14 +46,12 @@ class BertBackbone:
     has_position_table = True
     takes_token_type_ids = True
 
-    # the MLM head's state-dict names (`build_head`): its transform's dense and norm layers, its output layer, and
-    # the head's own output bias tied to the output layer's (None: the output layer's bias only)
+    # the MLM head's state-dict names (`build_head`); `head_bias`: the head's own bias, tied to the output layer's
     head_dense = "predictions.transform.dense."
     head_norm = "predictions.transform.LayerNorm."
     head_decoder = "predictions.decoder."
     head_bias: str | None = "predictions.bias"
-    # the prefixes of a base masked-LM checkpoint's head where they are not `{head_name}.` (it loads through
-    # `load_base_head`); quiet in the load report
+    # where a base masked-LM checkpoint's head lies if not under `{head_name}.` (`load_base_head`); quiet in reports
     base_head_prefixes: tuple[str, ...] = ()
 
     @classmethod
@@ -75,10 +66,8 @@ class BertBackbone:
 
     @classmethod
     def head_state(cls, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        """The state dict of `build_head`'s module from a checkpoint's weights (`{head_name}.*`, else the base's
-        own `base_head_prefixes`), the tied output weight filled in from the word embeddings (at `{prefix}.` or at
-        the top, as an encoder checkpoint holds them) and the tied biases from each other; None when the weights
-        hold no trained head."""
+        """The state dict of `build_head`'s module from a checkpoint's weights (`{head_name}.*`, else
+        `base_head_prefixes`), tied weight and biases filled in; None when the weights hold no trained head."""
         head_prefix = f"{cls.head_name}."
         weights = {k[len(head_prefix):]: v for k, v in state_dict.items() if k.startswith(head_prefix)}
         if not weights and cls.base_head_prefixes:
@@ -102,8 +91,7 @@ class BertBackbone:
 
     @classmethod
     def head_options(cls, config: Mapping) -> dict:
-        """The MLM-head transform's activation and norm epsilon (and, where a family sets them, its biases) from a
-        config dict, as `DupMAEPooling` takes them."""
+        """The MLM-head transform's options from a config dict, as `DupMAEPooling` takes them."""
         return {"hidden_act": config.get("hidden_act", "gelu"), "layer_norm_eps": config.get("layer_norm_eps", 1e-12)}
 
     @classmethod
@@ -162,8 +150,7 @@ class BertBackbone:
 
 
 class RobertaBackbone(BertBackbone):
-    """RoBERTa: encoder `roberta`, head `lm_head` (`RobertaForMaskedLM`'s names). Its position table starts at
-    padding_idx + 1 (row padding_idx is the padding's), which `position_ids` applies."""
+    """RoBERTa: encoder `roberta`, head `lm_head` (`RobertaForMaskedLM`'s names); positions from padding_idx + 1."""
 
     display_name = "RoBERTa"
     model_types = ("roberta",)
@@ -227,8 +214,7 @@ class XLMRobertaBackbone(RobertaBackbone):
 
 
 class ModernBertLMHead(nn.Module):
-    """`ModernBertForMaskedLM`'s `head` and `decoder` under one name, `lm_head`: the methods' own decoder is
-    `decoder`. `from_encoder_checkpoint` loads the base's head into it (`ModernBertBackbone.load_base_head`)."""
+    """`ModernBertForMaskedLM`'s `head` and `decoder` under one name, `lm_head` (`decoder` is the methods' own)."""
 
     def __init__(self, config):
         super().__init__()
@@ -261,8 +247,6 @@ class ModernBertBackbone(BertBackbone):
 
     @classmethod
     def load_base_head(cls, head: nn.Module, model_name_or_path) -> bool:
-        # ModernBertForMaskedLM's `head` and `decoder` are `lm_head.head` / `lm_head.decoder` here (`decoder` is
-        # the methods' own); the base's class loads them under its names
         base, info = ModernBertForMaskedLM.from_pretrained(model_name_or_path, output_loading_info=True)
         if any(k.startswith(cls.base_head_prefixes) for k in info["missing_keys"]):
             return False
@@ -339,13 +323,10 @@ def backbone_of(config) -> type[BertBackbone]:
 
 
 class DecoderEmbeddings:
-    """What the decoders take from the encoder's embeddings, for any family (paper eq. 4-5: h + p_i, e(x_i) + p_i).
+    """What the decoders take from the encoder's embeddings (paper eq. 4-5: h + p_i, e(x_i) + p_i), for any family.
 
-    BERT / RoBERTa / XLM-R: the encoder's own embedding module (word + learned absolute position + token type,
-    LayerNorm, dropout) and its position table, at the base's position ids (RoBERTa's offset included).
-    ModernBERT has rotary positions inside attention and no table, while the decoder's queries must carry the
-    position they rebuild: `own_positions` is then a table the decoder learns (`decoder.position_embeddings`,
-    initialised as BERT's), added to the encoder's embedding output (token embedding, LayerNorm, dropout).
+    BERT / RoBERTa / XLM-R: the encoder's embedding module and position table, at the base's position ids.
+    ModernBERT has no table: `own_positions` is one the decoder learns, added to the embedding module's output.
     """
 
     def __init__(self, backbone: type[BertBackbone], encoder: nn.Module, own_positions: nn.Embedding | None = None):

@@ -1,4 +1,4 @@
-"""Bag-of-Word prediction configuration (Hub remote code: torch/transformers imports only)."""
+"""Bag-of-Word prediction configuration."""
 
 from typing import Literal
 
@@ -8,22 +8,18 @@ from transformers import BertConfig
 
 @strict
 class BoWConfig(BertConfig):
-    r"""BERT encoder pre-trained with encoder MLM plus Bag-of-Word prediction from [CLS] (Ma et al., 2024,
-    "Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense Passage Retrieval").
-
-    Loss = encoder_loss_weight * L_mlm + bow_loss_weight * s * L_bow, where s is the schedule factor
-    (`BoWForPretraining.bow_schedule_factor`, set each optimizer step by `retromae.trainers.schedules.
-    BoWScheduleCallback`).
+    r"""BERT encoder pre-trained with encoder MLM plus Bag-of-Word prediction from [CLS] (Ma et al., 2024, "Drop your
+    Decoder"). Loss = encoder_loss_weight * L_mlm + bow_loss_weight * s * L_bow, s the schedule factor
+    (`BoWForPretraining.set_training_progress`).
 
     Args:
-        encoder_mask_ratio: share of ordinary tokens the collator masks in the encoder input (reference recipe: 0.3).
-        whole_word_mask: mask whole words (all word pieces together) in the encoder input.
-        encoder_loss_weight: weight of the encoder MLM loss (paper eq. 13: 1).
-        bow_loss_weight: weight of the BoW loss at the start of training (paper eq. 13: 1; reference default 1).
-        bow_weight_schedule: ``"constant"`` (the paper: plain sum) or ``"cosine"`` (the reference recipe: the BoW
-            weight decays on a half cosine from 1 to `bow_weight_final` over the optimizer steps of the run).
-        bow_weight_final: schedule factor at the end of a cosine schedule (reference: 0.1).
-        loss_chunk_size: rows per chunk of the fused vocabulary projection + cross-entropy of the MLM loss.
+        encoder_mask_ratio: share of ordinary tokens masked in the encoder input, in (0, 1) (reference: 0.3).
+        whole_word_mask: mask whole words in the encoder input.
+        encoder_loss_weight / bow_loss_weight: >= 0 (paper eq. 13: 1 each).
+        bow_weight_schedule: ``"constant"`` (the paper) or ``"cosine"`` (the reference: from 1 down to
+            `bow_weight_final` over the run's optimizer steps).
+        bow_weight_final: >= 0, the cosine schedule's final factor (reference: 0.1).
+        loss_chunk_size: >= 1, rows per chunk of the fused MLM projection + cross-entropy.
     """
 
     model_type = "bow_prediction"

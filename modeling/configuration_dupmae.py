@@ -1,4 +1,4 @@
-"""DupMAE configuration (Hub remote code: torch/transformers imports only, relative imports for our files)."""
+"""DupMAE configuration."""
 
 from typing import Literal
 
@@ -7,8 +7,7 @@ from huggingface_hub.dataclasses import strict
 from .configuration_retromae import RetroMAEConfig
 from .layers_dupmae import REPRESENTATIONS, OTActivation, Representation, check_representation
 
-# Table 4 (lower part) of the DupMAE paper for BERT-base (hidden_size 768, |V| 30522), as config values.
-# Pass one of them as keyword arguments: `DupMAEConfig(**TABLE4_REPRESENTATIONS["CLS:384+OT:260"], ...)`.
+# DupMAE Table 4 (lower part, BERT-base) as config keywords: `DupMAEConfig(**TABLE4_REPRESENTATIONS["CLS:768"])`
 TABLE4_REPRESENTATIONS: dict[str, dict] = {
     "CLS:768": {"representation": "cls", "dense_dim": 768},  # the [CLS] state itself, no projection, no sparse part
     "OT:768": {"representation": "ot", "doc_top_k": 768},  # top-768 entries of mu only
@@ -19,57 +18,32 @@ TABLE4_REPRESENTATIONS: dict[str, dict] = {
 
 @strict
 class DupMAEConfig(RetroMAEConfig):
-    r"""RetroMAE's [CLS] decoding plus DupMAE's ordinary-token (OT) decoding (Liu et al., 2023, "RetroMAE-2 /
-    DupMAE: Duplex Masked Auto-Encoder for Pre-Training Retrieval-Oriented Language Models").
+    r"""RetroMAE's [CLS] decoding plus DupMAE's ordinary-token (OT) decoding (Liu et al., 2023, "RetroMAE-2 / DupMAE").
 
-    All RetroMAE fields apply to the [CLS] decoder (`decoding`, `decoder_mask_ratio`, `query_stream` ...; the default
-    query stream is the paper's h + p_i, the official DupMAE code passes h through the embedding module:
-    `query_stream="embeddings"`).
-
-    Pre-training loss = encoder_loss_weight * L_mlm + decoder_loss_weight * L_dec + bow_loss_weight * L_BoW
-    (terms switched off by `cls_decoding` / `ot_decoding` are left out).
+    The RetroMAE fields configure the [CLS] decoder (the official DupMAE code uses `query_stream="embeddings"`).
+    Loss = encoder_loss_weight * L_mlm + decoder_loss_weight * L_dec + bow_loss_weight * L_BoW, less the terms
+    `cls_decoding` / `ot_decoding` switch off.
 
     Args:
-        bow_loss_weight: weight w of the OT-decoding bag-of-words loss. Paper eq. 9 is a plain sum (w = 1, our
-            default); the official code (staoxiao/RetroMAE `--bow_loss_weight`) uses 0.1 together with
-            ``bow_normalization="all_tokens"``. Must be >= 0.
-        bow_normalization: the bag-of-words target of a row whose n ordinary tokens hold the unique set S.
-            ``"unique"`` (default): 1/|S| on each id of S, so the row's loss is the mean of -log p(x) over the
-            unique tokens. ``"all_tokens"`` (the official code's `bag_word_weight`): 1/n on each id of S, n counting
-            repeats, so the loss is the sum of -log p(x) over S divided by n, i.e. |S|/n times the "unique" loss
-            (|S|/n is about 0.39 on packed 512-token text). The same bow_loss_weight therefore weighs the BoW
-            term less under "all_tokens": the official setting is w = 0.1 with "all_tokens", about 0.039 with
-            "unique".
-        cls_decoding: train the [CLS] embedding with RetroMAE's decoder (Table 4 ablation "CLS decoding").
-        ot_decoding: train the ordinary-token states with the bag-of-words objective (Table 4 ablation "OT
-            decoding"). At least one of the two must be on.
-        representation: what the encoder (`DupMAEModel`, the sentence-transformers module) represents a text by
-            (paper §3.4, Table 4): ``"hybrid"`` = [W h ; top-k(mu)] (paper default), ``"cls"`` = the [CLS] state
-            h itself (no projection, no sparse part; "CLS:768"), ``"ot"`` = top-k(mu) only ("OT:768").
-        dense_dim: d', the size of the projected [CLS] embedding W^cls h (paper eq. 10; default 384). Allowed
-            1..hidden_size: the projection is a *reduction*; a d' > d map has rank <= d, so it adds memory and
-            inner-product cost without adding information. With ``representation="cls"`` there is no projection
-            and dense_dim must equal hidden_size.
-        dense_proj_seed: seed of the projection W^cls before it is fine-tuned (a random Johnson-Lindenstrauss map,
-            `initial_dense_projection`). The encoder and the sentence-transformers export both draw it from this
-            seed, never from the global RNG, so they give the same dense vectors (default 0).
-        doc_top_k: k, the entries of mu kept for a document (paper eq. 11; default 384). Allowed 1..vocab_size.
-            260 is the paper's "same memory as a 768-d vector" setting (Table 4) -- that equality assumes ~15-bit
-            packed indices; our index stores int32 ids + float32 weights (8 bytes per entry).
-        query_top_k: entries of mu kept for a query; None (default) keeps the full mu, as eq. 12 does
-            (the score only reads the query at the document's top-k ids). Allowed None or 1..vocab_size.
-        ot_activation: the values of mu a representation uses: ``"none"`` (default) = the max-pooled logits as in
-            eq. 6-7; ``"log1p_relu"`` = SPLADE's saturation log(1 + relu(mu)). Pre-training is unaffected.
-        sparse_weight: lambda, the weight of the sparse term in eq. 12's score: dense . dense + lambda * sum mu_q mu_d
-            (default 1.0, the paper). The sparse part of each embedding is scaled by sqrt(lambda). Must be > 0.
-        special_token_ids: ids of the tokenizer's special tokens ([CLS], [SEP], [PAD], [MASK], <s>, </s> ...),
-            excluded from mu when encoding raw text (`DupMAEModel`). Set it from `tokenizer.all_special_ids`. When
-            absent (None), the encoder falls back to excluding position 0 and the last real position of every row
-            (the BERT/RoBERTa single-sequence layout `[CLS] ... [SEP]`). Pre-training does not need it: the collator's
-            labels already mark the ordinary tokens.
-
-    \* Table 4's "CLS:384+OT:260" matches CLS:768's memory with packed 15-bit indices (384*32 + 260*(32+15) bits ~
-    768*32 bits); with int32 ids it costs 384*4 + 260*8 = 3,616 bytes vs 3,072.
+        bow_loss_weight: w >= 0 of the BoW loss (paper eq. 9: 1; official code: 0.1 with ``"all_tokens"``).
+        bow_normalization: the BoW target of a row with n ordinary tokens, unique set S: 1/|S| on each id of S
+            (``"unique"``) or 1/n (``"all_tokens"``, the official code's: |S|/n, ~0.39 on packed 512-token text, times
+            the "unique" loss, so the official w = 0.1 is ~0.039 under "unique").
+        cls_decoding / ot_decoding: train [CLS] with RetroMAE's decoder / the ordinary-token states with the BoW
+            objective (Table 4 ablations); at least one must be on.
+        representation: what a text is represented by (paper §3.4): ``"hybrid"`` = [W h ; top-k(mu)] (default),
+            ``"cls"`` = h itself ("CLS:768"), ``"ot"`` = top-k(mu) only ("OT:768").
+        dense_dim: d' of W^cls h (eq. 10), in 1..hidden_size; equal to hidden_size with ``"cls"``.
+        dense_proj_seed: seed of the untrained W^cls (`initial_dense_projection`).
+        doc_top_k: k, the entries of mu kept for a document (eq. 11), in 1..vocab_size. Table 4's 260 matches CLS:768's
+            memory with 15-bit indices; int32 ids + float32 weights take 384*4 + 260*8 = 3,616 bytes vs 3,072.
+        query_top_k: entries of mu kept for a query: None (the full mu, as eq. 12) or 1..vocab_size.
+        ot_activation: ``"none"`` (mu, eq. 6-7) or ``"log1p_relu"`` (SPLADE's log(1 + relu(mu))); pre-training is
+            unaffected.
+        sparse_weight: lambda > 0 in eq. 12's score dense . dense + lambda * sum mu_q mu_d; the sparse part is
+            scaled by sqrt(lambda).
+        special_token_ids: ids in [0, vocab_size) excluded from mu when encoding raw text (set from
+            `tokenizer.all_special_ids`); None excludes position 0 and the last real position (`[CLS] ... [SEP]`).
     """
 
     model_type = "dupmae"

@@ -1,4 +1,4 @@
-"""RetroMAE configuration (Hub remote code: torch/transformers imports only, relative imports for our files)."""
+"""RetroMAE configuration, and the config helpers every method shares."""
 
 import logging
 from collections.abc import Mapping
@@ -11,9 +11,8 @@ logger = logging.getLogger(__name__)
 
 
 def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
-    """Pop from `settings` the keys a config had before a rename (`renames`: old name -> new name) and return their
-    values under the new names, with a deprecation warning each: config.json files and `--method-options` written
-    before the rename keep loading."""
+    """Pop from `settings` the keys renamed in `renames` (old -> new name) and return their values under the new
+    names, with a deprecation warning each."""
     renamed = {}
     for old_name, new_name in renames.items():
         value = settings.pop(old_name, None)
@@ -28,9 +27,8 @@ def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapp
 
 
 class LegacyKeysMixin:
-    """For a config with renamed fields: the keys of its `legacy_keys` (old key -> field, a class constant and not a
-    config field) are read under their old names from config.json or keyword arguments, with a deprecation warning,
-    and are not kept as stray attributes under the old name."""
+    """Reads the keys of `legacy_keys` (old key -> field; a class constant) under their old names from config.json or
+    keyword arguments, with a deprecation warning, so configs written before a rename keep loading."""
 
     legacy_keys = {}
 
@@ -50,8 +48,7 @@ def check_loss_settings(config: Any) -> None:
 
 
 def hides_whole_words(config: Any) -> bool:
-    """Whether the decoder's visibility is sampled over whole words (`decoder_visibility="reference"`), which needs
-    the batch's word starts. Only the configs of methods with a RetroMAE decoder have the field."""
+    """Whether the decoder hides whole words (`decoder_visibility="reference"`), which needs the batch's word starts."""
     return getattr(config, "decoder_visibility", None) == "reference"
 
 
@@ -65,39 +62,25 @@ class RetroMAEConfig(BertConfig):
     r"""BERT encoder plus a RetroMAE decoder (Xiao et al., 2022, "RetroMAE").
 
     Args:
-        encoder_mask_ratio: share of ordinary tokens the collator masks in the encoder input (paper: 0.15-0.3).
-        decoder_mask_ratio: share of positions hidden from each decoder row (enhanced decoding) or replaced by
-            [MASK] in the decoder input (basic decoding). Paper: 0.5 (enhanced) / 0.7 (basic) are best.
-        decoding: ``"enhanced"`` (paper §3.3, two-stream attention with a per-row visibility matrix, loss on every
-            token) or ``"basic"`` (paper §3.2 / Table 6 ablation, masked input and self-attention, loss on masked
-            tokens only).
-        num_decoder_layers: transformer layers in the decoder; 1 for enhanced decoding (the paper's only setting),
-            1-3 for basic decoding.
-        query_stream: ``"position"`` builds the decoder queries as h + p_i (paper eq. 4, official v1 code);
-            ``"embeddings"`` passes h through the full embedding module (adds token-type, LayerNorm, dropout; the
-            BGE / DupMAE code).
-        whole_word_mask: mask whole words (all word pieces together) in the encoder input.
-        encoder_loss_weight / decoder_loss_weight: weights of the two loss terms (paper: plain sum).
-        decoder_init: ``"bert"`` (fresh BERT initialisation, as the official code) or ``"copy_last_layer"`` (start
-            the decoder from the encoder's last layer, as SimLM does).
-        mask_token_id: id of the tokenizer's mask token; needed by basic decoding (set from the tokenizer).
-        loss_chunk_size: rows per chunk of the fused vocabulary projection + cross-entropy (bounds logits memory).
-        decoder_visibility: how enhanced decoding samples each row's visible positions.
-
-            - ``"token"`` (default, the paper's eq. 7): every row independently sees a uniformly random
-              n - round(n * decoder_mask_ratio) of the n real tokens (per token, so words get split), never itself;
-              [CLS] (position 0, h) is always visible, [SEP] like any other token.
-            - ``"reference"`` (the official code's collator, staoxiao/RetroMAE `src/pretrain/data.py`): whole words
-              are hidden, greedily up to min(512, round(n * decoder_mask_ratio)) tokens; [CLS] and [SEP] are never
-              hidden, so every other row sees both; each sequence draws min(n, 256) such masks and every row picks
-              one of them at random (rows may share a mask) and hides itself. Needs the batch's
-              `decoder_word_starts`.
-        decoder_targets: which tokens the decoder reconstructs.
-
-            - ``"ordinary"`` (default): the collator's `decoder_labels`, every real token that is not a special
-              token ([UNK] included among the special tokens, so it is never a target).
-            - ``"reference"`` (the official code): every real token except the first and the last ([CLS], [SEP]),
-              [UNK] included.
+        encoder_mask_ratio: share of ordinary tokens masked in the encoder input, in (0, 1) (paper: 0.15-0.3).
+        decoder_mask_ratio: share of positions hidden from each decoder row (enhanced) or replaced by [MASK] (basic),
+            in (0, 1) (paper: 0.5 enhanced, 0.7 basic).
+        decoding: ``"enhanced"`` (§3.3: two-stream attention, per-row visibility, loss on every token) or ``"basic"``
+            (§3.2: masked input, self-attention, loss on the masked tokens only).
+        num_decoder_layers: exactly 1 for enhanced decoding, 1-3 for basic.
+        query_stream: ``"position"``: queries h + p_i (eq. 4, official v1 code); ``"embeddings"``: h through the
+            full embedding module (BGE / DupMAE code).
+        whole_word_mask: mask whole words in the encoder input.
+        encoder_loss_weight / decoder_loss_weight: >= 0 (paper: plain sum).
+        decoder_init: ``"bert"`` (fresh BERT init, as the official code) or ``"copy_last_layer"`` (the encoder's last
+            layer, as SimLM).
+        mask_token_id: the tokenizer's mask id; needed by basic decoding.
+        loss_chunk_size: >= 1, rows per chunk of the fused vocabulary projection + cross-entropy.
+        decoder_visibility: ``"token"`` (eq. 7: each row sees a random n - round(n * decoder_mask_ratio) of the n
+            real tokens, never itself, always [CLS]) or ``"reference"`` (the official collator's whole-word masks,
+            `reference_visibility_mask`; enhanced decoding only, needs the batch's `decoder_word_starts`).
+        decoder_targets: ``"ordinary"`` (the collator's `decoder_labels`: real non-special tokens, [UNK] excluded)
+            or ``"reference"`` (the official code: every real token but the first and the last, [UNK] included).
     """
 
     model_type = "retromae"

@@ -1,4 +1,4 @@
-"""SentMAE (two-stage RetroMAE) configuration (Hub remote code: torch/transformers imports only, relative imports)."""
+"""SentMAE (two-stage RetroMAE) configuration."""
 
 from typing import Literal
 
@@ -9,33 +9,18 @@ from .configuration_retromae import LegacyKeysMixin, RetroMAEConfig
 
 @strict
 class SentMAEConfig(LegacyKeysMixin, RetroMAEConfig):
-    r"""Stage 2 of the two-stage workflow of SentMAE (Liu & Yang, 2022, "Masked Autoencoders As The Unified Learners
-    For Pre-Trained Sentence Representation", §2.2): RetroMAE continued on domain text, optionally plus an in-batch
-    contrastive loss.
-
-    Stage 1 is plain RetroMAE on generic text (`RetroMAEConfig`, method ``retromae``); stage 2 loads that checkpoint,
-    decoder included (every RetroMAE field and weight carries over).
-
-    Loss = encoder_loss_weight * L_enc + decoder_loss_weight * L_dec + contrastive_loss_weight * L_ctr
-    (paper eq. 9: (1) ``contrastive_loss_weight=0``, RetroMAE alone; (2) ``contrastive_loss_weight=1``, the plain
-    sum).
-
-    L_ctr (paper eq. 8) = mean_i -log softmax_j(sim(h_i, h_j^+) / temperature)[i], where h_i, h_j^+ are the
-    last-layer [CLS] states of the masked anchor / positive inputs (the same encoder pass that feeds the RetroMAE
-    losses, as coCondenser does) and j runs over the positives of the whole batch, across processes under DDP.
+    r"""Stage 2 of SentMAE (Liu & Yang, 2022, "Masked Autoencoders As The Unified Learners For Pre-Trained Sentence
+    Representation", §2.2): RetroMAE continued from a stage-1 `retromae` checkpoint on domain text, optionally with
+    an in-batch contrastive loss. Loss = encoder_loss_weight * L_enc + decoder_loss_weight * L_dec +
+    contrastive_loss_weight * L_ctr (paper eq. 9), L_ctr as `in_batch_contrastive_loss`.
 
     Args:
-        contrastive_loss_weight: weight of L_ctr; 0 switches it off (loss (1) of the paper, no positives needed).
-            Configs saved before the rename call it `contrastive_weight`; that key still loads, with a deprecation
-            warning.
-        temperature: tau of eq. 8, > 0. The paper gives no value; 0.05 is SimCSE's (the paper's NLI stage follows
-            supervised SimCSE). With ``similarity="dot"`` and unnormalised 768-d embeddings, 1.0 (coCondenser,
-            tevatron) is the usual choice.
-        similarity: ``"cos"`` (cosine, SimCSE) or ``"dot"`` (inner product, coCondenser; the retrieval metric of the
-            exported encoder).
-        positives: where h^+ comes from (recorded for the model card; the data pipeline builds the batch):
-            ``"spans"`` = two random spans of the same document (coCondenser-style, in-domain retrieval) or
-            ``"pairs"`` = given (anchor, positive) pairs, e.g. NLI entailment pairs or query-passage pairs.
+        contrastive_loss_weight: >= 0; 0 = RetroMAE alone (eq. 9 (1), no positives needed). The legacy key
+            `contrastive_weight` still loads, with a warning.
+        temperature: tau > 0 of eq. 8 (default 0.05, SimCSE's; 1.0 is usual with ``"dot"``, as coCondenser).
+        similarity: ``"cos"`` (SimCSE) or ``"dot"`` (coCondenser; the exported encoder's retrieval metric).
+        positives: where h^+ comes from, recorded for the model card: ``"spans"`` (two spans of one document) or
+            ``"pairs"`` (given pairs, e.g. NLI or query-passage).
     """
 
     model_type = "sentmae"

@@ -1,16 +1,6 @@
-"""DupMAE's representation, shared by the pre-training model, the encoder and the sentence-transformers module
-(Hub remote code: torch only, no imports of our other files, so the file can sit alone beside `st_dupmae.py` at the
-root of an exported model).
-
-- `ordinary_token_mask`: which positions are ordinary tokens (not special, not padding).
-- `token_max_logits`: mu = max over ordinary tokens of the vocabulary logits (DupMAE eq. 6-7), computed in
-  sequence chunks so no (batch, seq_len, vocab_size) logits tensor is ever alive, with an exact chunked backward.
-- `ot_vector`: mu through an MLM head (transform, then the chunked max), over the kept positions only.
-- `activate_ot`: the values a representation uses: mu itself (eq. 6-7) or SPLADE's saturation log(1 + relu(mu)).
-- `sparsify_top_k`: keep the k largest entries of mu per row (eq. 11).
-- `dense_and_ot_parts` / `hybrid_embedding`: THE representation of paper §3.4, computed by `DupMAEModel` and by
-  the sentence-transformers module `DupMAEPooling` alike; `check_representation` validates its settings for both.
-- `initial_dense_projection`: the W^cls every untrained projection starts from, a function of the config alone.
+"""DupMAE's representation (paper §3.4), shared by the pre-training model, the encoder and `st_dupmae.DupMAEPooling`:
+mu, the vocabulary logits max-pooled over the ordinary tokens (eq. 6-7), its top-k (eq. 11), and the hybrid
+[W h ; top-k(mu)] embedding. Imports torch only, none of our files: it ships alone beside `st_dupmae.py`.
 """
 
 from typing import Literal, get_args
@@ -56,11 +46,8 @@ def _chunked_max(hidden, weight, bias, keep, chunk_positions: int, compute_dtype
 class _TokenMaxLogits(torch.autograd.Function):
     """mu[b, v] = max_{l : keep[b, l]} (hidden[b, l] . weight[v] + bias[v]), chunked over the sequence.
 
-    Forward: a running max over chunks of `c` positions, each chunk's logits `(B, c, V)` freed after use; only the
-    arg-max position per (b, v) is kept. Backward: the gradient of a max flows only to its arg-max, so
-    d mu[b, v] / d logits[b, l, v] = [l == argmax[b, v]]; the sparse `(B, c, V)` gradient of each chunk is rebuilt
-    from the arg-max indices and pushed through the same two matmuls as the naive backward. Compute equals the naive
-    `logits.max(1)` forward + backward; peak extra memory is one chunk of logits instead of `B * L * V`.
+    Only the arg-max per (b, v) is kept; the backward rebuilds each chunk's sparse `(B, c, V)` gradient from it, so
+    compute equals the naive max's and peak extra memory is one chunk of logits instead of `B * L * V`.
     """
 
     @staticmethod
@@ -111,11 +98,11 @@ def token_max_logits(
         hidden: `(batch_size, seq_len, hidden_size)` token states, already through the MLM head's transform.
         weight: `(vocab_size, hidden_size)` vocabulary projection (the tied word embeddings).
         bias: `(vocab_size,)`.
-        keep: `(batch_size, seq_len)` bool, the positions pooled over (ordinary tokens).
-        chunk_size: logits rows (batch_size * positions) per chunk; bounds the temporary `(B, c, V)` tensor.
+        keep: `(batch_size, seq_len)` bool, the positions pooled over.
+        chunk_size: logits rows (batch_size * positions) per chunk.
 
     Returns:
-        `(batch_size, vocab_size)` mu, in `hidden`'s dtype; rows with no kept position are all zeros.
+        `(batch_size, vocab_size)` mu in `hidden`'s dtype; all zeros for a row with no kept position.
     """
     batch_size, seq_len, _ = hidden.shape
     if batch_size == 0 or seq_len == 0:
@@ -135,16 +122,13 @@ def ordinary_token_mask(
     attention_mask: torch.Tensor,
     special_token_ids: list[int] | None,
 ) -> torch.Tensor:
-    """Positions of ordinary tokens: real (attention_mask 1) and not a special token.
+    """Positions of ordinary tokens `(batch_size, seq_len)` bool: real and not a special token.
 
     Args:
-        input_ids: `(batch_size, seq_len)`; may be None only when `special_token_ids` is None.
+        input_ids: `(batch_size, seq_len)`; None only with `special_token_ids` None (else `ValueError`).
         attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
-        special_token_ids: the tokenizer's special ids (`tokenizer.all_special_ids`). None = fall back to the
-            single-sequence layout `[CLS] text [SEP]`: exclude position 0 and the last real position of each row.
-
-    Returns:
-        `(batch_size, seq_len)` bool.
+        special_token_ids: the tokenizer's special ids; None excludes position 0 and the last real position of each
+            row (the layout `[CLS] text [SEP]`).
     """
     real = attention_mask.bool()
     if special_token_ids is not None:
@@ -160,24 +144,16 @@ def ordinary_token_mask(
 
 def initial_dense_projection(hidden_size: int, dense_dim: int, seed: int) -> torch.Tensor:
     """The starting W^cls `(dense_dim, hidden_size)`: a random Johnson-Lindenstrauss map, normal(0, 1/sqrt(dense_dim)),
-    drawn from its own CPU generator seeded with `seed` (`config.dense_proj_seed`).
-
-    A pure function of the config, never of the global RNG: `DupMAEModel` (AutoModel) and the sentence-transformers
-    export start every untrained projection from the same matrix, so they give the same dense vectors. With it,
-    (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d until the projection is fine-tuned.
-    """
+    from its own CPU generator seeded with `seed`, never the global RNG, so `DupMAEModel` and the sentence-transformers
+    export start from the same matrix; (W h_q) . (W h_d) estimates h_q . h_d without bias until fine-tuning."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(dense_dim, hidden_size, generator=generator) * dense_dim**-0.5
 
 
 def activate_ot(mu: torch.Tensor, activation: str) -> torch.Tensor:
-    """The OT vector a representation uses, from mu `(batch_size, vocab_size)`.
-
-    ``"none"`` is the paper's mu (eq. 6-7). ``"log1p_relu"`` is SPLADE's saturation log(1 + relu(mu)), the sparse
-    code the DupMAE authors recommend for retrieval with mu. Raw max-pooled logits are mostly positive, so the
-    sparse term of eq. 12 is a large sum whose spread across documents dwarfs the dense term; saturation shrinks it
-    and zeroes the negative entries. Pre-training's bag-of-words loss always reads the raw logits.
-    """
+    """The OT vector a representation uses, from mu `(batch_size, vocab_size)`: ``"none"`` mu itself (eq. 6-7);
+    ``"log1p_relu"`` SPLADE's log(1 + relu(mu)), which tames the mostly positive raw logits whose sparse sum would
+    dwarf the dense term of eq. 12. Any other `activation` raises `ValueError`."""
     if activation == "none":
         return mu
     if activation == "log1p_relu":
@@ -186,10 +162,8 @@ def activate_ot(mu: torch.Tensor, activation: str) -> torch.Tensor:
 
 
 def sparsify_top_k(mu: torch.Tensor, k: int | None) -> torch.Tensor:
-    """Keep the `k` largest entries of each row of `mu` `(batch_size, vocab_size)`, zero the rest (eq. 11).
-
-    `k=None` or `k >= vocab_size` returns `mu` unchanged. Gradients flow to the kept entries.
-    """
+    """Keep the `k` largest entries of each row of `mu` `(batch_size, vocab_size)`, zero the rest (eq. 11); `k=None`
+    or `k >= vocab_size` returns `mu`."""
     if k is None or k >= mu.shape[-1]:
         return mu
     values, indices = mu.topk(k, dim=-1)  # (B, k)
@@ -204,19 +178,15 @@ def ot_vector(
     bias: torch.Tensor,
     chunk_size: int,
 ) -> torch.Tensor:
-    """mu = max over the kept positions of an MLM head's logits `(batch_size, vocab_size)` (eq. 6-7).
+    """mu = max over the kept positions of an MLM head's logits, `(batch_size, vocab_size)` (eq. 6-7).
 
-    The kept positions are first packed to the front of each row (stable, so ties still resolve to the earliest
-    position) and the sequence is cut to the longest row's count: in pre-training the encoder-masked positions and
-    the specials/padding never reach the head, so the OT projection costs ~0.7 L rows per sequence, not L. The head's
-    `transform` then runs on `(B, L_kept, H)`; the vocabulary projection (`weight`, `bias`) + max runs chunked.
+    The kept positions are packed to the front (stably: ties resolve to the earliest) and the sequence is cut to the
+    longest row's count, so in pre-training the head's `transform` runs on ~0.7 L rows per sequence, not L.
 
     Args:
         hidden: `(batch_size, seq_len, hidden_size)` token states.
         keep: `(batch_size, seq_len)` the positions pooled over.
-        transform: the MLM head's transform (dense -> activation -> LayerNorm).
-        weight: `(vocab_size, hidden_size)` the head's output matrix (the tied word embeddings).
-        bias: `(vocab_size,)`.
+        transform, weight `(vocab_size, hidden_size)`, bias `(vocab_size,)`: the MLM head.
         chunk_size: logits rows per chunk of `token_max_logits`.
     """
     keep = keep.bool()
@@ -239,10 +209,8 @@ def check_representation(
     sparse_weight: float,
     dense_dim_hint: str = "",
 ) -> None:
-    """`ValueError` naming the setting when the representation's settings do not fit the model.
-
-    `dense_dim_hint` is appended to the `dense_dim` message (e.g. the flag that sets it).
-    """
+    """`ValueError` naming the setting when the representation's settings do not fit the model; `dense_dim_hint` is
+    appended to the `dense_dim` message."""
     if representation not in REPRESENTATIONS:
         raise ValueError(f"representation={representation!r} is not supported; choose one of {REPRESENTATIONS}")
     if ot_activation not in OT_ACTIVATIONS:
@@ -280,14 +248,12 @@ def dense_and_ot_parts(
         token_states: `(batch_size, seq_len, hidden_size)` last-layer states of the unmasked input, [CLS] first.
         keep: `(batch_size, seq_len)` its ordinary tokens (`ordinary_token_mask`).
         representation: ``"hybrid"``, ``"cls"`` or ``"ot"``.
-        dense_proj: W^cls (eq. 10); read for ``"hybrid"`` only.
-        ot_head: the MLM head as (transform, output weight, output bias); read unless ``"cls"``.
-        ot_activation: ``"none"`` or ``"log1p_relu"`` (`activate_ot`).
-        chunk_size: logits rows per chunk when computing mu.
+        dense_proj: W^cls (eq. 10), read for ``"hybrid"``; ot_head: (transform, weight, bias), read unless ``"cls"``.
+        ot_activation / chunk_size: as `activate_ot` / `token_max_logits` take them.
 
     Returns:
-        dense `(batch_size, dense_dim)`: W^cls h for ``"hybrid"``, h itself for ``"cls"``, None for ``"ot"``;
-        mu `(batch_size, vocab_size)` after `ot_activation`, None for ``"cls"``.
+        dense `(batch_size, dense_dim)` (W^cls h; h for ``"cls"``; None for ``"ot"``) and mu `(batch_size,
+        vocab_size)` after `ot_activation` (None for ``"cls"``).
     """
     h = token_states[:, 0]  # (B, H) [CLS]
     dense = None if representation == "ot" else (dense_proj(h) if representation == "hybrid" else h)

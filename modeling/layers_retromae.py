@@ -1,19 +1,6 @@
-"""Building blocks shared by the pre-training models (Hub remote code: torch/transformers only).
-
-- `linear_cross_entropy`: vocabulary projection fused with cross-entropy, computed in row chunks so no
-  (rows, vocab_size) logits tensor outlives its chunk; gradients are formed in the forward pass (no recompute).
-  `linear_argmax_accuracy`: the same projection's top-1 accuracy, chunked alike.
-- `enhanced_visibility_mask`: RetroMAE's position-specific attention mask (paper eq. 7), sampled on the device.
-- `two_stream_layer_forward` / `TwoStreamBertLayer`: one BertLayer with queries from one stream and keys/values from
-  another, through transformers' attention interface and gradient checkpointing; every decoder layer runs through
-  it, on `decoder_attn_implementation` (the encoder's implementation when it takes a dense mask, else sdpa).
-- Long inputs: of what grows as B x L x L in the decoders, only the bool visibility matrix (1 byte per entry) exists
-  whole (on accelerators also the sampler's int32 keys, one draw). The samplers select, and on the CPU draw, their
-  keys in chunks of query rows (`SAMPLER_CHUNK_ELEMENTS`, the same masks as unchunked), and a large per-row mask is
-  attended in chunks of query rows (`ATTENTION_CHUNK_ELEMENTS`), so the float mask sdpa makes of it, or eager's
-  scores, exist for one chunk at a time (benchmarks/results/long_inputs_memory.md).
-- `random_row_mask`: an exact-count random subset of positions per row, vectorized.
-- `bag_of_words_targets` / `bag_of_words_loss`: the BoW objective shared by BoW prediction and DupMAE.
+"""Building blocks of the pre-training models: the vocabulary projection fused with cross-entropy in row chunks,
+RetroMAE's visibility-mask samplers (paper eq. 7 and the official collator's), the two-stream `BertLayer` every
+decoder runs through, and the bag-of-words objective of BoW prediction and DupMAE.
 """
 
 import torch
@@ -36,9 +23,8 @@ def _fused_cross_entropy(
     needs_grad: tuple[bool, bool, bool],
     compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Summed cross-entropy over chunks of rows, plus the unscaled gradients of the summed loss w.r.t. `hidden`,
-    `weight` and `bias` for the inputs flagged in `needs_grad` (None for the others; no (V, H) buffer at all when
-    none is flagged, as in evaluation). `compiled`: each chunk's softmax in one compiled kernel (`_chunk_terms`)."""
+    """Summed cross-entropy over chunks of rows, and the unscaled gradients of the summed loss w.r.t. the inputs
+    flagged in `needs_grad` (None for the others; no (V, H) buffer when none is). `compiled`: see `_chunk_terms`."""
     num_rows = hidden.shape[0]  # N
     any_grad = any(needs_grad)
     w = weight.to(compute_dtype)
@@ -77,9 +63,8 @@ def _fused_cross_entropy(
 
 def _chunk_terms(logits: torch.Tensor, labels: torch.Tensor, with_grad: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Summed cross-entropy of `logits` `(n, V)` against `labels` `(n,)`, in fp32 at least, and its gradient
-    w.r.t. the logits (softmax - one-hot) in their dtype, or None. Out of place, so that compiled it is one pass
-    for the log-sum-exp and one for the gradient, not one pass per eager op over fp32 logits."""
+    """Summed cross-entropy of `logits` `(n, V)` against `labels` `(n,)` in fp32 at least, and its gradient w.r.t. the
+    logits (softmax - one-hot) or None; out of place, so that compiled it makes two passes over the logits."""
     scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = torch.logsumexp(scores, dim=-1)  # (n,)
     total = (lse - scores.gather(1, labels[:, None]).squeeze(1)).sum()
@@ -104,10 +89,8 @@ def _compiled_chunk_terms():
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of `hidden @ weight.T + bias` against `labels`, chunked over rows.
 
-    The gradient of the mean loss w.r.t. the logits is (softmax - one_hot) / N; it is folded into the gradients of
-    `hidden`, `weight` and `bias` chunk by chunk during the forward pass, which costs the same three matmuls as the
-    ordinary forward + backward but keeps only one chunk of logits alive. The backward scales the saved gradients in
-    place (no second (V, H) buffer), so it runs once per forward: a second backward through a retained graph raises.
+    The gradients are formed chunk by chunk in the forward pass (the same three matmuls as forward + backward, one
+    chunk of logits alive) and scaled in place by the backward, so a second backward through the graph raises.
     """
 
     @staticmethod
@@ -161,18 +144,15 @@ def linear_cross_entropy(
     chunk_size: int = 4096,
     compiled: bool = False,
 ) -> torch.Tensor:
-    """Mean cross-entropy of the vocabulary projection of `hidden`.
-
-    Under `torch.no_grad()` (or when no input requires a gradient) only the loss is computed: no gradient buffers.
+    """Mean cross-entropy of the vocabulary projection of `hidden`; without gradient, no gradient buffers.
 
     Args:
-        hidden: `(num_rows, hidden_size)` states already selected at the positions that carry a label.
+        hidden: `(num_rows, hidden_size)` states at the positions that carry a label.
         weight: `(vocab_size, hidden_size)` output projection (tied to the word embeddings).
         bias: `(vocab_size,)`.
         labels: `(num_rows,)` target ids, all valid (no -100).
         chunk_size: rows per chunk.
-        compiled: each chunk's softmax and gradient in one compiled kernel (fewer passes over the logits; the
-            same result within rounding).
+        compiled: each chunk's softmax and gradient in one compiled kernel (the same result within rounding).
 
     Returns:
         Scalar mean loss; exactly 0 (still attached to the graph) when there are no rows.
@@ -190,21 +170,12 @@ def linear_cross_entropy(
         return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype, compiled)
 
 
-# The mask samplers (random_row_mask, enhanced_visibility_mask, reference_visibility_mask) run eagerly inside a
-# compiled model (`torch.compiler.disable`): they sync with the host (row counts, the greedy loop), so they would break
-# the graph anyway, and inductor mis-sizes the int32 view of the int64 draws in `_random_keys` once it is sliced and
-# handed to topk ("setStorage: ... out of bounds", torch 2.13). Eagerly they draw exactly what they draw without
-# compile, so compiled and eager steps see the same masks.
+# The mask samplers run eagerly inside a compiled model: they sync with the host anyway, and inductor mis-sizes the
+# int32 view of `_random_keys`' int64 draws once sliced for topk ("setStorage: ... out of bounds", torch 2.13).
 @torch.compiler.disable
 def random_row_mask(candidates: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Pick exactly `round(ratio * n)` of the `n` True positions of each row of `candidates` (at least 1).
-
-    Args:
-        candidates: `(..., L)` bool.
-
-    Returns:
-        `(..., L)` bool, a subset of `candidates`.
-    """
+    """Pick exactly `round(ratio * n)` (at least 1) of the `n` True positions of each row of `candidates` `(..., L)`
+    bool; returns a `(..., L)` bool subset of `candidates`."""
     keys = torch.rand(candidates.shape, device=candidates.device).masked_fill(~candidates, 2.0)
     count = (candidates.sum(-1, keepdim=True) * ratio).round().clamp(min=1)  # (..., 1)
     ranks = keys.argsort(-1).argsort(-1)  # rank of each position among its row's keys
@@ -216,20 +187,14 @@ _PADDING_KEY_BIT = 0x40000000  # set on padding columns: above every real key, s
 
 
 def _random_keys(leading_shape: tuple[int, ...], num_keys: int, device: torch.device) -> torch.Tensor:
-    """`(*leading_shape, num_keys)` int32 keys, i.i.d. uniform over [0, 2**30).
-
-    One int64 `random_()` draw (uniform over [0, 2**63)) yields two 32-bit halves, each masked to 30 uniform bits:
-    half the generator calls of `torch.rand`, and a finer grid than its 2**-24 (a tie at a row's cut-off, the only
-    way keys could bias a selection, has probability about L / 2**30).
-    """
+    """`(*leading_shape, num_keys)` int32 keys, i.i.d. uniform over [0, 2**30): each int64 draw gives two, half the
+    generator calls of `torch.rand`, on a finer grid than its 2**-24 (a tie at a cut-off: probability ~L / 2**30)."""
     raw = torch.empty(*leading_shape, (num_keys + 1) // 2, dtype=torch.int64, device=device).random_()
     return raw.view(torch.int32)[..., :num_keys].bitwise_and_(_KEY_MASK)
 
 
-# Query rows are sampled in chunks of at most this many keys (fewer rows per chunk for longer rows), so the samplers'
-# int32 keys and their topk / sort results, 4-16 bytes per (row, column), never exist for the whole (B, L, L) at once:
-# only the bool result does. The draws are the same (CPU: one serial generator, row after row; accelerators: one draw
-# of all keys, only the selection is chunked), so the sampled masks are identical to an unchunked sampler's.
+# Query rows are sampled in chunks of at most this many keys: the samplers' int32 keys and topk / sort results
+# (4-16 bytes per (row, column)) exist per chunk, never for the whole (B, L, L), and the masks are the unchunked ones.
 SAMPLER_CHUNK_ELEMENTS = 1 << 22
 
 
@@ -238,12 +203,8 @@ def _rows_per_chunk(row_elements: int) -> int:
 
 
 def _row_subsets_by_topk(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
-    """CPU sampler: per sequence, the `n_visible` smallest of fresh keys over its real rows x real columns.
-
-    `topk(sorted=False)` is a linear-time selection per row (no full sort), and keys are drawn for real positions
-    only; padding rows choose nothing. Rows are drawn and selected in chunks (`SAMPLER_CHUNK_ELEMENTS`): the CPU
-    generator fills them one after the other, the same numbers as one draw for all rows.
-    """
+    """CPU sampler: per sequence, the `n_visible` smallest of fresh keys over its real rows x real columns (`topk`, a
+    linear-time selection); padding rows choose nothing. The serial CPU generator gives chunked draws the same keys."""
     batch_size, seq_len = real.shape
     chosen = torch.zeros(batch_size, seq_len, seq_len, dtype=torch.bool, device=real.device)
     true = torch.ones((), dtype=torch.bool, device=real.device)
@@ -275,9 +236,8 @@ def _row_subsets_by_topk(real: torch.Tensor, n_visible: torch.Tensor) -> torch.T
 
 
 def _row_subsets_by_sort(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
-    """Accelerator sampler: one draw of all keys, batched sorts over chunks of query rows, no host sync; padding
-    rows choose nothing. The keys (int32, 4 bytes per (row, column)) are drawn at once, as the counter-based
-    generator would give other numbers to chunked draws; the sort's values and indices (12 bytes) exist per chunk."""
+    """Accelerator sampler: one draw of all keys (chunked draws would differ on a counter-based generator), sorted in
+    chunks of query rows, no host sync; padding rows choose nothing."""
     batch_size, seq_len = real.shape
     keys = _random_keys((batch_size, seq_len), seq_len, real.device)  # (B, Lq, Lk)
     keys.bitwise_or_(torch.where(real, 0, _PADDING_KEY_BIT).to(torch.int32)[:, None, :])
@@ -292,37 +252,25 @@ def _row_subsets_by_sort(real: torch.Tensor, n_visible: torch.Tensor) -> torch.T
 
 
 def random_row_subsets(real: torch.Tensor, n_visible: torch.Tensor) -> torch.Tensor:
-    """For every real query row of every sequence, an independent, uniformly random set of exactly `n_visible[b]` of
-    the sequence's real columns (the subset of the smallest i.i.d. keys); padding rows get no column.
-
-    Args:
-        real: `(batch_size, seq_len)` bool, True for real tokens.
-        n_visible: `(batch_size,)` long, 1 <= n_visible[b] <= real[b].sum() for every non-empty sequence.
-
-    Returns:
-        `(batch_size, seq_len, seq_len)` bool.
-    """
+    """For every real query row, a uniformly random set of exactly `n_visible[b]` of its sequence's real columns:
+    `real` `(batch_size, seq_len)` bool, `n_visible` `(batch_size,)` long with 1 <= n_visible[b] <= real[b].sum() for
+    every non-empty sequence; returns `(batch_size, seq_len, seq_len)` bool, padding rows empty."""
     sampler = _row_subsets_by_topk if real.device.type == "cpu" else _row_subsets_by_sort
     return sampler(real, n_visible)
 
 
 @torch.compiler.disable  # eager inside a compiled model: see the note above random_row_mask
 def enhanced_visibility_mask(attention_mask: torch.Tensor, mask_ratio: float) -> torch.Tensor:
-    """RetroMAE's position-specific attention mask (paper eq. 7), sampled independently for every row.
-
-    Row i may attend to a random `1 - mask_ratio` share of the real positions, never to itself, and always to
-    position 0 (the sentence embedding) when i > 0. Padding is never visible; padding rows see position 0 only.
-
-    Precisely: each real row first draws a uniformly random subset of exactly n_visible = n - round(n * mask_ratio)
-    of the n real columns (`random_row_subsets`); then its diagonal is removed and position 0 added (rows i > 0),
-    and a row left empty (row 0 of a 1-token sequence, padding rows) sees position 0.
+    """RetroMAE's position-specific attention mask (paper eq. 7), sampled independently for every row: each real row
+    sees a random n - round(n * mask_ratio) of the n real positions, never itself, and always position 0 (rows
+    i > 0); a row left empty (row 0 of a 1-token sequence, padding rows) sees position 0.
 
     Args:
         attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
         mask_ratio: share of real positions hidden from each row.
 
     Returns:
-        `(batch_size, 1, seq_len, seq_len)` bool, True = may attend (SDPA convention).
+        `(batch_size, 1, seq_len, seq_len)` bool, True = may attend.
     """
     real = attention_mask.bool()  # (B, L)
     n_real = real.sum(-1)  # (B,)
@@ -339,13 +287,8 @@ REFERENCE_MAX_PREDICTIONS = 512  # transformers' `_whole_word_mask` cap on maske
 
 
 def reference_target_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """The official code's decoder targets: every real position except the first and the last ([CLS], [SEP]).
-
-    [UNK] and any other special id inside the text are targets too (the collator's `decoder_labels` skip them).
-
-    Returns:
-        `(batch_size, seq_len)` bool.
-    """
+    """The official code's decoder targets `(batch_size, seq_len)` bool: every real position but the first and the
+    last ([CLS], [SEP]); [UNK] and other special ids inside the text included."""
     real = attention_mask.bool()  # (B, L)
     seq_len = real.shape[1]
     first = real.long().argmax(-1)  # (B,)
@@ -355,20 +298,10 @@ def reference_target_positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
-    """Which words of each shuffled word list the official `_whole_word_mask` masks.
-
-    It walks the words in their shuffled order and takes every word that still fits under `budget` tokens (skipping,
-    not stopping at, one that does not), until the budget is met. Until the first skip that is a prefix; after it,
-    only words no longer than the remaining budget can be taken, so at most max-word-length further steps.
-
-    Args:
-        sizes: `(..., W)` tokens per word in shuffled order; words that do not exist have a size above any budget
-            and come last (`_existing_words_first`), or the bound on the steps above does not hold.
-        budget: `(...)` long.
-
-    Returns:
-        `(..., W)` bool, True = masked.
-    """
+    """Which words of each shuffled word list the official `_whole_word_mask` masks, `(..., W)` bool: in order, every
+    word that still fits under `budget` `(...)` tokens. `sizes` `(..., W)` counts tokens per word; absent words are
+    larger than any budget and come last (`_existing_words_first`), so after the taken prefix (up to the first word
+    that does not fit) at most max-word-length steps remain."""
     taken = sizes.cumsum(-1) <= budget[..., None]  # (..., W): the prefix before the first word that does not fit
     remaining = budget - (sizes * taken).sum(-1)  # (...)
     next_word = taken.sum(-1)  # (...): the first word not taken
@@ -385,21 +318,10 @@ def _greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) -> torch.
 
 
 def _existing_words_first(order: torch.Tensor, num_words: torch.Tensor) -> torch.Tensor:
-    """`order` with each row's absent word slots (ids >= its sequence's word count) moved behind its real words, the
-    real words keeping their shuffled order (a stable partition, by cumulative counts: no sort, no random draw).
-
-    A sequence with fewer words than the batch's longest has absent slots shuffled in among its words. They never
-    fit the budget, so the greedy walk skips them without effect, and the walk's outcome is unchanged by moving them
-    to the end. Left in place, the first of them would end `_greedy_whole_word_fill`'s prefix with most of the
-    budget unspent, and the walk would go on one word per loop step (about one step per word of the sequence).
-
-    Args:
-        order: `(B, P, W)` word ids in shuffled order.
-        num_words: `(B,)` real words per sequence (ids 0 .. num_words - 1).
-
-    Returns:
-        `(B, P, W)`.
-    """
+    """`order` `(B, P, W)` with each row's absent word slots (ids >= `num_words` `(B,)`) moved behind its real words,
+    which keep their shuffled order (a stable partition by cumulative counts: no sort, no draw). The greedy walk skips
+    absent slots either way, but one left among the words would end `_greedy_whole_word_fill`'s prefix early, and
+    the walk would go on one step per word."""
     if bool((num_words == order.shape[-1]).all()):  # no absent slot (e.g. packed copies): nothing to move
         return order
     exists = order < num_words[:, None, None]  # (B, P, W), in shuffled order
@@ -416,11 +338,9 @@ def reference_visibility_mask(
 ) -> torch.Tensor:
     """The decoder visibility matrix as the official RetroMAE collator samples it (`decoder_visibility="reference"`).
 
-    Per sequence of n real tokens: the first and last ([CLS], [SEP]) are never hidden; the others form whole words
-    (a word starts where `word_starts` is 1). A pool of min(n, 256) masks is drawn, each by shuffling the words and
-    hiding them greedily, skipping any that would overflow, up to min(512, max(1, round(n * mask_ratio))) tokens
-    (transformers' `_whole_word_mask`). Every row picks one mask of the pool uniformly (rows may share one) and also
-    hides itself. Padding is never visible; padding rows see position 0 only.
+    Per sequence of n real tokens, [CLS] and [SEP] never hidden: a pool of min(n, 256) masks, each hiding shuffled
+    whole words greedily up to min(512, max(1, round(n * mask_ratio))) tokens (transformers' `_whole_word_mask`);
+    every row picks one mask of the pool and also hides itself. Padding rows see position 0 only.
 
     Args:
         attention_mask: `(batch_size, seq_len)`, 1 for real tokens.
@@ -461,39 +381,29 @@ def reference_visibility_mask(
     return visible[:, None]
 
 
-# attention implementations that take an arbitrary dense `(B, 1, Lq, Lk)` mask, as the decoders' per-row visibility
-# (RetroMAE's random rows, SEED's window) needs; flash kernels take a padding mask only, and flex attention would
-# read a dense mask element by element in a compiled score_mod, with no block sparsity to gain from a random mask
+# attention implementations that take the decoders' dense per-row `(B, 1, Lq, Lk)` mask; flash kernels take a padding
+# mask only, and flex attention would gain no block sparsity from a random mask
 DENSE_MASK_ATTENTION = ("eager", "sdpa")
 
 
 def decoder_attn_implementation(encoder_implementation: str | None) -> str:
-    """The attention implementation of the decoders for the model's (the encoder's) `config._attn_implementation`:
-    the same when it takes a dense mask (`DENSE_MASK_ATTENTION`), else sdpa (flash_attention_*, flex_attention, hub
-    kernels), so the encoder may use any implementation transformers offers."""
+    """The decoders' attention implementation for the encoder's `config._attn_implementation`: the same when it
+    takes a dense mask (`DENSE_MASK_ATTENTION`), else sdpa."""
     return encoder_implementation if encoder_implementation in DENSE_MASK_ATTENTION else "sdpa"
 
 
 def attention_bias(visible: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype) -> torch.Tensor:
-    """The mask form an attention implementation expects, from a bool `visible` (True = may attend).
-
-    `eager` adds the mask to the scores, so it gets 0 / finfo.min of `dtype`; `sdpa` takes the bool mask as is (as
-    transformers' own `sdpa_mask` / `eager_mask` build them for BertModel). torch's sdpa turns a bool mask into a
-    float one of the query's dtype itself and keeps it for the backward pass, so for a per-row mask both are as
-    large as the scores of one head: `two_stream_layer_forward` hands them over in chunks of query rows.
-    """
+    """The mask form an attention implementation expects, from a bool `visible` (True = may attend): 0 / finfo.min of
+    `dtype` for eager, which adds it to the scores; the bool mask itself for sdpa (as transformers builds them)."""
     if attn_implementation == "eager":
         return torch.full(visible.shape, torch.finfo(dtype).min, dtype=dtype, device=visible.device).masked_fill_(visible, 0.0)
     return visible
 
 
-# A per-row visibility mask (B, 1, Lq, Lk) of more than this many elements is attended over chunks of query rows of at
-# most this many mask elements each, every chunk recomputed in the backward pass (activation checkpointing): the float
-# mask torch's sdpa makes of the bool one (and, on eager or sdpa's math path, the (B, heads, rows, Lk) scores and
-# probabilities) then exist for one chunk at a time instead of being kept for the whole L x L until the backward.
-# The query rows are independent, so each chunk's output is the unchunked one; the key/value gradients are summed
-# over the chunks (other rounding), and attention dropout draws per chunk. 2**24 elements: L = 512 up to batch 64 and
-# L = 2048 up to batch 4 run unchunked, exactly as before.
+# A per-row mask of more than this many elements is attended over chunks of query rows, each recomputed in the
+# backward pass, so the float mask sdpa makes of the bool one (and eager's scores) exist for one chunk at a time.
+# Rows are independent: the outputs equal the unchunked ones; key/value gradients differ by rounding; dropout draws
+# per chunk. L = 512 up to batch 64 and L = 2048 up to batch 4 run unchunked.
 ATTENTION_CHUNK_ELEMENTS = 1 << 24
 
 
@@ -502,11 +412,8 @@ def two_stream_layer_forward(
 ) -> torch.Tensor:
     """Run a `BertLayer` with queries from `query_stream` and keys/values from `content_stream`.
 
-    The residual connection runs on the query stream (RetroMAE eq. 5); parameter names stay BertLayer's, so BERT
-    weights load into the decoder. Equals `layer(x, mask)` when both streams are `x`. Attention goes through
-    transformers' attention interface, keyed by `decoder_attn_implementation(config._attn_implementation)`: the
-    encoder's implementation when it takes a dense mask, else sdpa. A per-row mask larger than
-    `ATTENTION_CHUNK_ELEMENTS` is attended in chunks of query rows, each recomputed in the backward pass.
+    The residual runs on the query stream (RetroMAE eq. 5); equals `layer(x, mask)` when both streams are `x`.
+    Attention runs on `decoder_attn_implementation`, over chunks of query rows above `ATTENTION_CHUNK_ELEMENTS`.
 
     Args:
         layer: a `transformers` BertLayer.
@@ -550,30 +457,23 @@ def two_stream_layer_forward(
 
 
 class TwoStreamBertLayer(BertLayer):
-    """A `BertLayer` (same parameters and names) whose forward is `two_stream_layer_forward`.
-
-    Being a BertLayer, hence a `GradientCheckpointingLayer`, it is checkpointed by `gradient_checkpointing_enable()`
-    like the encoder's layers; tensors are passed positionally, as checkpointing requires.
-    """
+    """A `BertLayer` (same parameter names, so BERT weights load) whose forward is `two_stream_layer_forward`; as a
+    `GradientCheckpointingLayer` it takes its tensors positionally."""
 
     def forward(self, query_stream: torch.Tensor, content_stream: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         return two_stream_layer_forward(self, query_stream, content_stream, visible)
 
 
 def bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The uniform distribution over each row's unique labelled tokens.
-
-    Which tokens count is decided by the labels alone: the collator's `decoder_labels` carry the original id at
-    every real non-special position and -100 at special tokens and padding, so special tokens are excluded by the
-    tokenizer's own special-token ids (no vocabulary-specific id thresholds). Repeated tokens count once.
+    """The uniform distribution over each row's unique labelled tokens (repeats count once).
 
     Args:
-        token_labels: `(batch_size, seq_len)` token ids, -100 where a position is not part of the bag.
+        token_labels: `(batch_size, seq_len)` token ids, -100 where a position is not part of the bag (the collator's
+            `decoder_labels` mark special tokens and padding so).
         vocab_size: size of the vocabulary axis.
 
     Returns:
-        `(batch_size, vocab_size)` float32; row b is 1/|S_b| on the unique ids S_b and 0 elsewhere, all zeros when
-        the row has no labelled token.
+        `(batch_size, vocab_size)` float32: 1/|S_b| on row b's unique ids S_b, all zeros for a row without labels.
     """
     labelled = token_labels != IGNORE_INDEX  # (B, L)
     counts = torch.zeros(token_labels.shape[0], vocab_size, dtype=torch.float32, device=token_labels.device)
@@ -583,17 +483,9 @@ def bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int) -> torch.T
 
 
 def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of softmax(`logits`) against the target distributions, averaged over rows that have targets.
-
-    Per row: -sum_v targets[v] * log_softmax(logits)[v] = the mean over the unique input tokens of -log p(token).
-
-    Args:
-        logits: `(batch_size, vocab_size)`.
-        targets: `(batch_size, vocab_size)` from `bag_of_words_targets`.
-
-    Returns:
-        Scalar; exactly 0 (still attached to the graph) when no row has a target.
-    """
+    """Cross-entropy of softmax(`logits`) `(batch_size, vocab_size)` against `targets` `(batch_size, vocab_size)` from
+    `bag_of_words_targets` (per row, the mean over its unique tokens of -log p(token)), averaged over the rows with
+    targets: a scalar, exactly 0 (still attached to the graph) when no row has one."""
     has_targets = (targets.sum(-1) > 0).float()  # (B,)
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, V), float32 even under autocast
     per_row = -(targets * log_probs).sum(-1)  # (B,), 0 for rows without targets

@@ -1,8 +1,5 @@
 """Bag-of-Word prediction (Ma et al., 2024, "Drop your Decoder"): encoder MLM plus predicting the set of input
-tokens from the [CLS] embedding through the tied MLM head. No decoder, no extra parameters.
-
-Hub remote code: torch/transformers only, relative imports for our own files.
-"""
+tokens from the [CLS] embedding through the tied MLM head; no decoder, no extra parameters."""
 
 import math
 
@@ -15,11 +12,8 @@ from .pretraining_base import AnyEncoderModel, BertPretrainingBase, ClsEncoderMo
 
 
 def bow_weight_factor(progress: float, schedule: str, final: float) -> float:
-    """The schedule factor s of the BoW weight at `progress` = optimizer step / total optimizer steps.
-
-    ``"constant"``: 1. ``"cosine"``: final + (1 - final) * (1 + cos(pi * progress)) / 2, i.e. 1 at the first step
-    and `final` at the end (progress is clamped to [0, 1]).
-    """
+    """The schedule factor s of the BoW weight at `progress` = optimizer step / total steps (clamped to [0, 1]): 1 for
+    ``"constant"``, final + (1 - final) * (1 + cos(pi * progress)) / 2 for ``"cosine"``; any other raises."""
     if schedule == "constant":
         return 1.0
     if schedule == "cosine":
@@ -43,14 +37,10 @@ class BoWAnyEncoderModel(AnyEncoderModel):
 class BoWForPretraining(BertPretrainingBase):
     """BoW-prediction pre-training model (`AutoModelForPreTraining`): encoder MLM + Bag-of-Word prediction.
 
-    Keys: `bert.*` (encoder) and `cls.*` (the MLM head, tied to the word embeddings), exactly `BertForMaskedLM`'s;
-    the method adds no parameters. The BoW logits are the [CLS] state of the masked input through the full MLM head
-    (transform dense + GELU + LayerNorm, tied decoder, bias), as in the reference code (bowdpr `pretrain/modeling.py`).
-
-    The BoW weight's schedule factor lives in the non-persistent buffer `bow_schedule_factor` (a tensor, so changing it
-    does not recompile a `torch.compile`d model). It is 1 until `set_training_progress` is called; the Trainer callback
-    `retromae.trainers.schedules.BoWScheduleCallback` calls it with `global_step / max_steps` at the start of every
-    optimizer step, so the factor follows optimizer steps and stays constant within a gradient-accumulation window.
+    Keys are `BertForMaskedLM`'s. The BoW logits are the masked input's [CLS] state through the full tied MLM head,
+    as in the reference code (bowdpr). The schedule factor is the non-persistent buffer `bow_schedule_factor` (a
+    tensor, so changing it does not recompile), set each optimizer step by
+    `retromae.trainers.schedules.BoWScheduleCallback`.
     """
 
     config_class = BoWConfig
@@ -70,11 +60,7 @@ class BoWForPretraining(BertPretrainingBase):
             init.ones_(module.bow_schedule_factor)
 
     def set_training_progress(self, progress: float) -> float:
-        """Set `bow_schedule_factor` for training progress `progress` in [0, 1] (optimizer step / total steps).
-
-        Returns:
-            The factor now in use.
-        """
+        """Set `bow_schedule_factor` for `progress` in [0, 1] (optimizer step / total steps); returns the factor."""
         factor = bow_weight_factor(progress, self.config.bow_weight_schedule, self.config.bow_weight_final)
         self.bow_schedule_factor.fill_(factor)
         return factor

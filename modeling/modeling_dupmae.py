@@ -1,8 +1,5 @@
 """DupMAE (Liu et al., 2023, "RetroMAE-2 / DupMAE"): RetroMAE's [CLS] decoding plus ordinary-token (OT) decoding,
-and the hybrid dense + sparse representation of paper §3.4.
-
-Hub remote code: torch/transformers only, relative imports for our own files.
-"""
+and the hybrid dense + sparse representation of paper §3.4."""
 
 from dataclasses import dataclass
 
@@ -35,11 +32,10 @@ class DupMAEModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
     Args:
         last_hidden_state: `(batch_size, seq_len, hidden_size)`.
         pooler_output: `(batch_size, hidden_size)` last-layer [CLS] state h.
-        dense_embedding: `(batch_size, dense_dim)` the dense part: W^cls h (paper eq. 10) for
-            ``representation="hybrid"``, h itself for ``"cls"``, None for ``"ot"``.
-        ot_embedding: `(batch_size, vocab_size)` mu, the full (not yet sparsified) OT vector over the ordinary tokens
-            of the unmasked input (eq. 6-7) after `config.ot_activation`; None for ``representation="cls"``.
-            `sparsify_top_k(mu, k)` gives eq. 11.
+        dense_embedding: `(batch_size, dense_dim)` W^cls h (eq. 10) for ``"hybrid"``, h for ``"cls"``; None for
+            ``"ot"``.
+        ot_embedding: `(batch_size, vocab_size)` mu over the unmasked input's ordinary tokens (eq. 6-7) after
+            `ot_activation`, before top-k; None for ``"cls"``.
     """
 
     dense_embedding: torch.Tensor | None = None
@@ -50,9 +46,8 @@ def representation_parts(
     config: DupMAEConfig, hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     dense_proj, ot_head,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(dense, mu) of the representation (paper §3.4) from the last-layer states `hidden` `(B, L, H)` of the
-    unmasked input: the dense part through `dense_proj` (a module or function; see `dense_and_ot_parts`) and mu
-    pooled over the ordinary tokens through `ot_head` (transform, weight, bias; None for `representation="cls"`)."""
+    """(dense, mu) of the representation (`dense_and_ot_parts`) from the last-layer states `hidden` `(B, L, H)` of
+    the unmasked input, mu pooled over its ordinary tokens through `ot_head` (None for ``"cls"``)."""
     keep = None
     if config.representation != "cls":
         if attention_mask is None:
@@ -66,12 +61,9 @@ def representation_parts(
 def hybrid_representation(
     config: DupMAEConfig, dense: torch.Tensor | None, mu: torch.Tensor | None, task: str = "document"
 ) -> torch.Tensor:
-    """[dense ; sparsified mu] `(batch_size, dense_dim + vocab_size)` (fewer columns for "cls"/"ot").
-
-    Documents keep `config.doc_top_k` entries of mu, queries `config.query_top_k` (None = all); the sparse part is
-    scaled by sqrt(`config.sparse_weight`). The dot product of a query's and a document's hybrid embedding is the
-    paper's eq. 12 score (with lambda * the sparse term).
-    """
+    """[dense ; sparsified mu] `(batch_size, dense_dim + vocab_size)` (fewer columns for "cls" / "ot"): `doc_top_k`
+    or `query_top_k` entries of mu scaled by sqrt(`sparse_weight`), so a query's and a document's dot product is
+    eq. 12. A `task` other than "query" or "document" raises `ValueError`."""
     if task not in ("query", "document"):
         raise ValueError(f"task={task!r} must be 'query' or 'document'")
     sparse = None
@@ -82,12 +74,8 @@ def hybrid_representation(
 
 
 def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normalization: str) -> torch.Tensor:
-    """OT decoding's bag-of-words target `(batch_size, vocab_size)` over each row's labelled (ordinary) tokens.
-
-    ``"unique"``: 1/|S| on each unique id (`bag_of_words_targets`). ``"all_tokens"``: 1/n on each unique id, n the
-    row's labelled tokens counting repeats, as the official code's `bag_word_weight` (repeats overwrite the same
-    entry, so the row sums to |S|/n <= 1).
-    """
+    """OT decoding's bag-of-words target `(batch_size, vocab_size)`: 1/|S| on each unique labelled id (``"unique"``)
+    or 1/n, n counting repeats (``"all_tokens"``, the official `bag_word_weight`: the row sums to |S|/n)."""
     unique_targets = bag_of_words_targets(token_labels, vocab_size)  # (B, V)
     if normalization == "unique":
         return unique_targets
@@ -98,20 +86,10 @@ def ot_bag_of_words_targets(token_labels: torch.Tensor, vocab_size: int, normali
 
 
 class DupMAERepresentationMixin:
-    """What a DupMAE encoder (`AutoModel`) adds to the base: the tied MLM head (for mu) and `dense_proj`
-    Linear(hidden_size -> dense_dim) (eq. 10), and the representation in `forward`.
-
-    Loads a `DupMAEForPretraining` checkpoint (the encoder prefix stripped, the MLM head shared); `dense_proj.*` is
-    newly initialised there, because the paper learns W^cls during fine-tuning. The fresh projection is a random
-    Johnson-Lindenstrauss map (normal, std 1/sqrt(dense_dim), zero bias), so before fine-tuning the dense score
-    (W h_q) . (W h_d) is an unbiased estimate of h_q . h_d (BERT's std 0.02 would scale it by dense_dim * 4e-4).
-    It is drawn from `config.dense_proj_seed`, not the global RNG (`initial_dense_projection`): every load of a
-    checkpoint, and its sentence-transformers export, gives the same dense vectors.
-
-    `forward` runs on the UNMASKED input and pools mu over its ordinary tokens: positions whose id is not in
-    `config.special_token_ids` (fallback when that is None: all real positions but the first and the last, i.e. the
-    single-sequence layout `[CLS] ... [SEP]` / `<s> ... </s>`; wrong for sentence pairs, so set the ids).
-    """
+    """What a DupMAE encoder (`AutoModel`) adds to the base: the tied MLM head (for mu), `dense_proj`
+    Linear(hidden_size -> dense_dim) (eq. 10; absent from pre-training checkpoints, as the paper learns W^cls in
+    fine-tuning, so it starts as `initial_dense_projection`), and the representation in `forward`, which pools mu
+    over the unmasked input's ordinary tokens (`ordinary_token_mask`: set `config.special_token_ids` for pairs)."""
 
     config_class = DupMAEConfig
     quiet_missing_keys = (*ClsEncoderModel.quiet_missing_keys, r"^dense_proj\.")  # from the config's seed
@@ -133,7 +111,6 @@ class DupMAERepresentationMixin:
     @torch.no_grad()
     def _init_weights(self, module):
         if module is not None and module is getattr(self, "dense_proj", None):
-            # the config's fixed Johnson-Lindenstrauss map, the same matrix the sentence-transformers export starts from
             config = self.config
             start = initial_dense_projection(config.hidden_size, config.dense_dim, config.dense_proj_seed)
             init.copy_(module.weight, start.to(module.weight.dtype))
@@ -209,20 +186,10 @@ class DupMAEAnyEncoderModel(DupMAERepresentationMixin, AnyEncoderModel):
 
 class DupMAEForPretraining(RetroMAEForPretraining):
     """DupMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + [CLS] decoding (RetroMAE's decoder) +
-    OT decoding (bag-of-words prediction from the max-pooled vocabulary logits of the ordinary tokens).
-
-    Keys: `bert.*` (encoder), `cls.*` (MLM head, tied to the word embeddings; it is also the OT decoder's "linear
-    projection unit", as in the official code), `decoder.*` (the [CLS] decoder; absent when `cls_decoding=False`).
-
-    OT decoding (paper §3.3): the encoder states of the *unmasked ordinary* tokens of the masked input (labels say
-    which: `decoder_labels != -100` and `encoder_labels == -100`) go through the tied MLM head; the logits are
-    max-pooled over those tokens into mu `(batch_size, vocab_size)` (eq. 6-7). The BoW loss (eq. 8) is the
-    cross-entropy of softmax(mu) against the set of unique ordinary input tokens, then averaged over rows. By
-    default (`bow_normalization="unique"`) the target is normalised by the set's size (the uniform distribution over
-    set(X), so each row's loss is the mean of -log p(x) over x in set(X)); `"all_tokens"` normalises by the token
-    count including repeats, as the official code does (a target summing to |set(X)|/n <= 1). Eq. 8 as printed sums
-    over set(X) without normalising, which scales each row's loss by its number of unique tokens. mu is computed chunked (`token_max_logits`): no `(batch_size, seq_len, vocab_size)` logits tensor exists.
-    """
+    OT decoding (§3.3): the masked input's states at its unmasked ordinary tokens go through the tied MLM head (as in
+    the official code) and are max-pooled into mu (eq. 6-7); the BoW loss (eq. 8) is the cross-entropy of softmax(mu)
+    against `ot_bag_of_words_targets` (normalised, unlike eq. 8 as printed), averaged over rows. Keys: `bert.*`,
+    `cls.*`, `decoder.*` (absent without `cls_decoding`)."""
 
     config_class = DupMAEConfig
     encoder_class = DupMAEModel
@@ -230,8 +197,7 @@ class DupMAEForPretraining(RetroMAEForPretraining):
     head_prefixes = ("decoder.",)
 
     def build_decoder(self, config: DupMAEConfig) -> RetroMAEDecoder | None:
-        # the [CLS] decoder exists only when it is trained (an unused module would break DDP's gradient bookkeeping
-        # and bloat checkpoints)
+        # no unused decoder: it would break DDP's gradient bookkeeping and bloat checkpoints
         return super().build_decoder(config) if config.cls_decoding else None
 
     def ot_embedding(self, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,4 @@
-"""RetroMAE (Xiao et al., 2022): masked auto-encoder pre-training for retrieval.
-
-Hub remote code: torch/transformers only, relative imports for our own files.
-"""
+"""RetroMAE (Xiao et al., 2022): masked auto-encoder pre-training for retrieval."""
 
 import torch
 from torch import nn
@@ -33,20 +30,15 @@ class RetroMAEAnyEncoderModel(AnyEncoderModel):
 class RetroMAEDecoder(nn.Module):
     """RetroMAE's light-weight decoder (paper §3.2-3.3).
 
-    Enhanced decoding: one BertLayer, queries H1 = [h + p_0 ... h + p_N], keys/values H2 = [h, e(x_1) + p_1 ...] over the
-    unmasked input, a fresh per-row visibility matrix each step, loss on every real token. Basic decoding: input
-    [h, e(x~) + p] with `decoder_mask_ratio` of the tokens replaced by [MASK], ordinary self-attention through
-    `num_decoder_layers` layers, loss on the masked tokens only.
-
-    p_i is the encoder's position table at the base's position ids; a base without one (ModernBERT, rotary) gets
-    `position_embeddings`, a table of the decoder's own that learns p_i (`backbones.DecoderEmbeddings`).
+    Enhanced decoding: one layer, queries h + p_i, keys/values [h, e(x_1) + p_1 ...] of the unmasked input, a fresh
+    per-row visibility matrix each step. Basic decoding: [h, e(x~) + p] with `decoder_mask_ratio` of the tokens
+    masked, self-attention through `num_decoder_layers` layers. A base without a position table gets
+    `position_embeddings` (`DecoderEmbeddings`).
     """
 
     def __init__(self, config: RetroMAEConfig):
         super().__init__()
         self.config = config
-        # BertLayer parameter names, so BERT weights load; a GradientCheckpointingLayer; attention on the decoder's
-        # own implementation (`decoder_attn_implementation`), whatever the encoder's
         self.layers = nn.ModuleList([TwoStreamBertLayer(config) for _ in range(config.num_decoder_layers)])
         self.position_embeddings = decoder_position_table(config)
 
@@ -54,10 +46,8 @@ class RetroMAEDecoder(nn.Module):
         self, sentence_embedding: torch.Tensor, original_ids: torch.Tensor, attention_mask: torch.Tensor,
         decoder_labels: torch.Tensor, embeddings: DecoderEmbeddings, word_starts: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns decoder states `(B, L, H)` and the labels they are scored against `(B, L)`.
-
-        `word_starts` `(B, L)` (1 where a token begins a word) is needed by `decoder_visibility="reference"` only.
-        """
+        """Decoder states `(B, L, H)` and the labels they are scored against `(B, L)`; `word_starts` `(B, L)` is
+        read by `decoder_visibility="reference"` only, which raises `ValueError` without it."""
         if self.config.decoder_targets == "reference":  # the official targets: all but [CLS] and [SEP], [UNK] included
             decoder_labels = original_ids.masked_fill(~reference_target_positions(attention_mask), IGNORE_INDEX)
         if self.config.decoding == "enhanced":
@@ -106,12 +96,9 @@ class RetroMAEDecoder(nn.Module):
 class RetroMAEForPretraining(BertPretrainingBase):
     """RetroMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + decoder reconstruction.
 
-    Keys: `bert.*` (encoder), `cls.*` (MLM head, shared by encoder and decoder, tied to the word embeddings),
-    `decoder.*` (the new decoder layers); on other bases the base's names (`backbones`).
-
-    `forward` takes the shared inputs (`BertPretrainingBase.forward`) and `decoder_word_starts`: `(batch_size,
-    seq_len)`, 1 where a token begins a word (the collator's `word_starts`), read only with
-    `config.decoder_visibility == "reference"`.
+    Keys: `bert.*`, `cls.*` (the MLM head of encoder and decoder), `decoder.*`; other bases use their own names.
+    Besides the shared inputs, `forward` takes `decoder_word_starts` `(batch_size, seq_len)`, 1 where a token begins
+    a word, read by `decoder_visibility="reference"` only.
     """
 
     config_class = RetroMAEConfig
@@ -119,8 +106,6 @@ class RetroMAEForPretraining(BertPretrainingBase):
     any_encoder_class = RetroMAEAnyEncoderModel
     head_prefixes = ("decoder.",)
     method_input_names = ("decoder_word_starts",)
-    # every implementation BERT offers is accepted (`_supports_*` of BertPreTrainedModel): it is the encoder's; the
-    # decoder, whose visibility matrix is a dense mask, runs on `decoder_attn_implementation` of it (eager or sdpa)
 
     def __init__(self, config: RetroMAEConfig):
         super().__init__(config)

@@ -1,11 +1,6 @@
-"""SentMAE (Liu & Yang, 2022): two-stage RetroMAE; stage 2 adds an in-batch contrastive loss (paper §2.2).
-
-Stage 1 is plain RetroMAE (`RetroMAEForPretraining`) on generic text. Stage 2 (`SentMAEForPretraining`) continues
-that checkpoint, decoder included -- the parameter names are identical, so a `retromae` checkpoint loads without
-missing or unexpected keys -- on domain text with RetroMAE alone (paper eq. 9 (1)) or RetroMAE + L_ctr (eq. 9 (2)).
-
-Hub remote code: torch/transformers only, relative imports for our own files.
-"""
+"""SentMAE (Liu & Yang, 2022): two-stage RetroMAE. Stage 1 is plain RetroMAE on generic text; stage 2
+(`SentMAEForPretraining`) continues that checkpoint, decoder included, on domain text, optionally plus an in-batch
+contrastive loss (paper §2.2, eq. 9)."""
 
 import logging
 
@@ -37,13 +32,8 @@ class SentMAEAnyEncoderModel(AnyEncoderModel):
 
 
 class _SumGradientAcrossProcesses(torch.autograd.Function):
-    """Identity forward; backward sums the incoming gradient over all processes (all_reduce SUM).
-
-    Every process's loss reads every process's rows of the gathered tensor, so the gradient of a row is the sum of
-    the gradients the processes computed for it. DDP then averages parameter gradients over processes, which gives
-    exactly the gradient of the mean of the per-process losses (the single-process loss on the global batch when the
-    local batches have equal sizes).
-    """
+    """Identity forward; backward sums the gradient over all processes (every process's loss reads every row), so
+    DDP's averaging gives exactly the gradient of the mean of the per-process losses."""
 
     @staticmethod
     def forward(ctx, gathered: torch.Tensor) -> torch.Tensor:
@@ -57,18 +47,15 @@ class _SumGradientAcrossProcesses(torch.autograd.Function):
 
 
 def gather_across_processes(local: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Concatenates the `(n_r, H)` row blocks of all processes in GLOBAL-rank order (uneven `n_r` allowed).
-
-    The gathered copy of this process's own block is replaced by `local` itself, so its gradient flows; the other
-    blocks are constants here, their gradient reaches their owners through `_SumGradientAcrossProcesses`. Uses
-    `torch.distributed.get_rank()` (the global rank), never LOCAL_RANK: with several nodes the local rank repeats.
+    """Concatenates the row blocks of all processes in global-rank order (uneven sizes allowed); this process's own
+    block is `local` itself, so its gradient flows (the others' through `_SumGradientAcrossProcesses`).
 
     Args:
         local: `(n_local, hidden_size)` rows of this process.
 
     Returns:
-        `(n_global, hidden_size)` rows of every process, and the offset of this process's first row in them. Without
-        an initialised process group (or with one process): `(local, 0)`.
+        `(n_global, hidden_size)` rows of every process and the offset of this process's first row; `(local, 0)`
+        without an initialised process group or with one process.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return local, 0
@@ -92,10 +79,8 @@ def gather_across_processes(local: torch.Tensor) -> tuple[torch.Tensor, int]:
 def in_batch_contrastive_loss(
     anchors: torch.Tensor, positives: torch.Tensor, temperature: float, similarity: str = "cos"
 ) -> torch.Tensor:
-    """Paper eq. 8 with in-batch negatives: anchor i against every positive of the (global) batch.
-
-    Computed in float32 (also under autocast). Under DDP the positives of all processes are gathered
-    (`gather_across_processes`), so the negatives of anchor i are the other positives of the whole global batch.
+    """Paper eq. 8 with in-batch negatives, in float32: anchor i against every positive of the batch, gathered across
+    processes under DDP.
 
     Args:
         anchors: `(batch_size, hidden_size)` h_i.
@@ -107,7 +92,7 @@ def in_batch_contrastive_loss(
         Mean over this process's anchors of -log softmax_j(sim(h_i, h_j^+) / tau)[i] (a scalar).
 
     Raises:
-        ValueError: the global batch holds fewer than 2 pairs (no negative at all).
+        ValueError: shapes that differ, another `similarity`, or a global batch of fewer than 2 pairs.
     """
     if anchors.shape != positives.shape:
         raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ in shape")
@@ -131,18 +116,10 @@ def in_batch_contrastive_loss(
 class SentMAEForPretraining(RetroMAEForPretraining):
     """SentMAE stage-2 model (`AutoModelForPreTraining`): RetroMAE + in-batch contrastive loss.
 
-    Same modules and keys as `RetroMAEForPretraining` (`bert.*`, `cls.*`, `decoder.*`): a stage-1 `retromae`
-    checkpoint continues here with its decoder. A batch holds B anchors and, under the `positive_` prefix, their B
-    positives (built by `retromae.trainers.contrastive_data.ContrastiveCollator`). Anchors and positives are both
-    masked and both reconstructed: the RetroMAE losses run over all 2B sequences in one encoder and one decoder
-    pass, and L_ctr reuses the [CLS] states of that pass (coCondenser does the same), so the contrastive term
-    costs no extra forward.
-
-    `forward` takes the anchors as the shared inputs (`BertPretrainingBase.forward`, masked by the collator) and
-    the same five tensors of the positives as `positive_input_ids`, `positive_attention_mask`, ...: row i is the
-    positive of anchor i, padded to the anchors' length. They are needed when `contrastive_loss_weight > 0`. The
-    output's `encoder_mlm_loss` and `decoder_loss` cover anchors and positives, `contrastive_loss` each anchor
-    against every positive, and `sentence_embedding` `(batch_size, hidden_size)` the anchors only.
+    Same keys as `RetroMAEForPretraining`, so a stage-1 `retromae` checkpoint continues with its decoder. `forward`
+    also takes the positives' five inputs as `positive_input_ids`, ... (row i the positive of anchor i, padded to the
+    anchors' length; needed when `contrastive_loss_weight > 0`). Anchors and positives share one encoder and decoder
+    pass, whose [CLS] states L_ctr reuses (as coCondenser); `sentence_embedding` covers the anchors only.
     """
 
     config_class = SentMAEConfig

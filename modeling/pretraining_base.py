@@ -1,9 +1,5 @@
-"""What every pre-training model shares: an encoder of a supported family (BERT, RoBERTa, XLM-R, ModernBERT; the
-family's adapter is in `backbones`), its tied MLM head, masked-position MLM loss, and the checkpoint format (remote
-code with `auto_map` for AutoConfig / AutoModel / AutoModelForPreTraining).
-
-Hub remote code: torch/transformers only, relative imports for our own files.
-"""
+"""What every pre-training model shares: an encoder of a supported family (`backbones`), its tied MLM head, the
+masked-position MLM loss, the forward pass, and the checkpoint format (`auto_map` for the three Auto classes)."""
 
 import dataclasses
 import logging
@@ -39,8 +35,8 @@ logger = logging.getLogger(__name__)
 UNUSED_BERT_KEYS = (r"(^|\.)pooler\.", r"^cls\.seq_relationship\.")
 # config keys that describe a file, not the architecture
 CONFIG_META_KEYS = {"model_type", "architectures", "auto_map", "transformers_version"}
-# tokenizer ids a method's config keeps only where its model reads them (RetroMAE's basic decoding); for the others
-# why they are not needed. Dropped with a warning there, not refused: the README's RetroMAE call passes them.
+# tokenizer ids only some models read (RetroMAE's basic decoding), with why the others need none: a config without
+# the field drops them with a warning, not an error (the README's RetroMAE call passes them)
 COLLATOR_OPTIONS = {
     "mask_token_id": "its model reads no mask token (the collator masks the encoder input with the tokenizer's)",
 }
@@ -54,9 +50,8 @@ BERT_FIELD_ALIASES = {
 
 
 class _HoldLoadReport(logging.Filter):
-    """Holds back what transformers logs about missing / unexpected keys during `from_pretrained` (the LOAD REPORT
-    table; the "checkpoint seem corrupted" line of an MLM head absent from a bare BertModel), to show it only if
-    it matters."""
+    """Holds back transformers' messages on missing / unexpected keys in `from_pretrained` (the LOAD REPORT table,
+    the "checkpoint seem corrupted" line), to show them only if they matter."""
 
     held_messages = ("LOAD REPORT", "This checkpoint seem corrupted")
 
@@ -86,14 +81,9 @@ def _only_expected_keys(info: dict, quiet_missing: tuple[str, ...], quiet_unexpe
 
 
 class QuietLoadReportMixin:
-    """`from_pretrained` that logs transformers' LOAD REPORT table only when it lists a key that matters.
-
-    Loading a pre-training checkpoint into an encoder class (heads left out), or plain BERT into a pre-training
-    class (a new decoder; BERT's pooler left out), is the intended use; a table for it on every command hides the
-    loads that are wrong. Keys matching `quiet_missing_keys` / `quiet_unexpected_keys` (regular expressions) are
-    expected; any other key shows the whole table as before. `output_loading_info=True` still returns every key
-    (unlike `_keys_to_ignore_on_load_*`, which would hide them from the caller too).
-    """
+    """`from_pretrained` that logs transformers' LOAD REPORT table only when it lists a key matching none of
+    `quiet_missing_keys` / `quiet_unexpected_keys` (regular expressions); `output_loading_info=True` still returns
+    every key."""
 
     quiet_missing_keys: tuple[str, ...] = ()
     quiet_unexpected_keys: tuple[str, ...] = ()
@@ -120,14 +110,13 @@ class PretrainingOutput(ModelOutput):
 
     Args:
         loss: weighted sum of the components below that the method uses.
-        encoder_mlm_loss: masked-language-model loss of the encoder (mean over masked tokens).
-        decoder_loss: reconstruction loss of the decoder (mean over its target tokens).
+        encoder_mlm_loss: the encoder's masked-language-model loss (mean over masked tokens).
+        decoder_loss: the decoder's reconstruction loss (mean over its target tokens).
         bow_loss: bag-of-words loss (DupMAE's OT decoding, BoW prediction).
-        contrastive_loss: in-batch contrastive loss (two-stage SentMAE).
-        sentence_embedding: `(batch_size, hidden_size)` last-layer [CLS] state of the (masked) encoder input.
-        encoder_mlm_accuracy: share of the masked tokens the encoder's MLM head ranks first (only while the model's
-            `measure_accuracy` is set; no gradient).
-        decoder_accuracy: the same for the decoder's targets (RetroMAE, DupMAE, SentMAE, SEED-Encoder).
+        contrastive_loss: in-batch contrastive loss (SentMAE).
+        sentence_embedding: `(batch_size, hidden_size)` last-layer [CLS] state of the masked encoder input.
+        encoder_mlm_accuracy / decoder_accuracy: top-1 accuracy of the MLM head on the encoder's masked tokens / the
+            decoder's targets, while `measure_accuracy` is set (no gradient).
     """
 
     loss: torch.Tensor | None = None
@@ -141,15 +130,10 @@ class PretrainingOutput(ModelOutput):
 
 
 class BaseLayoutMixin:
-    """`from_pretrained` / `_from_config` of a method's encoder class that build the method's encoder class for the
-    config's base instead when they differ (`encoder_class` on BERT, `any_encoder_class` on the others).
-
-    Why: transformers names the remote code of a local folder after the folder's name and the code's hash, so
-    `checkpoint-3` of a BERT run and of a RoBERTa run (the same code) share one module, hence one config class, and
-    AutoModel maps that class to the encoder class of whichever was loaded first; the second checkpoint would be
-    built with the other base's class, every weight unexpected. Only a given `config` is looked at (AutoModel
-    always passes one).
-    """
+    """`from_pretrained` / `_from_config` of a method's encoder class that build the class for the config's base
+    instead (`encoder_class` on BERT, `any_encoder_class` on the others): transformers names a local folder's remote
+    code after the folder's name and the code's hash, so `checkpoint-3` of a BERT and of a RoBERTa run share one
+    config class, which AutoModel maps to the encoder class of whichever was loaded first."""
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -167,10 +151,8 @@ class BaseLayoutMixin:
 
 
 class ClsEncoderModel(BaseLayoutMixin, QuietLoadReportMixin, BertModel):
-    """The `AutoModel` of a BERT-based checkpoint: a plain `BertModel` (same parameter names, no pooler) whose
-    `pooler_output` is the last-layer [CLS] state, the sentence embedding of the CLS-based methods. Loads a
-    pre-training checkpoint by stripping the `bert.` prefix; the checkpoint's heads (`cls.*`, `decoder.*`) and
-    BERT's pooler are left out without a load-report table."""
+    """The `AutoModel` of a BERT-based checkpoint: a `BertModel` without pooler whose `pooler_output` is the
+    last-layer [CLS] state; loads a pre-training checkpoint with the `bert.` prefix stripped and its heads left out."""
 
     quiet_missing_keys = UNUSED_BERT_KEYS  # a pooler asked for with add_pooling_layer=True: its output is replaced
     quiet_unexpected_keys = (*UNUSED_BERT_KEYS, r"^cls\.", r"^decoder\.")
@@ -186,9 +168,8 @@ class ClsEncoderModel(BaseLayoutMixin, QuietLoadReportMixin, BertModel):
 
 
 class BaseInitMixin:
-    """`_init_weights` of the model's base family: on another base than BERT its own (its head's bias, RoBERTa's
-    position-id buffers, ModernBERT's rotary frequencies and truncated normals), through the encoder the model
-    holds (`self.backbone`); BERT's is the inherited one."""
+    """`_init_weights` of the model's base family: on a base other than BERT the encoder's own (`self.backbone`);
+    BERT's is the inherited one."""
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -200,10 +181,9 @@ class BaseInitMixin:
 
 
 class AnyEncoderModel(BaseLayoutMixin, BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
-    """The `AutoModel` of a checkpoint on a RoBERTa, XLM-R or ModernBERT base: the base's own model under its
-    pre-training name (`roberta`, `model`), so the pre-training checkpoint's keys load as they are; `pooler_output`
-    is the last-layer first-token state (<s> / [CLS]). Each method subclasses it with its `config_class`. (A BERT
-    base keeps `ClsEncoderModel`, whose unprefixed names checkpoints already in use have.)"""
+    """The `AutoModel` of a checkpoint on a RoBERTa, XLM-R or ModernBERT base: the base's model under its
+    pre-training name (`roberta`, `model`), so the checkpoint's keys load as they are; `pooler_output` is the
+    last-layer first-token state. Each method subclasses it with its `config_class`."""
 
     quiet_missing_keys = UNUSED_BERT_KEYS
     quiet_unexpected_keys = (*UNUSED_BERT_KEYS, r"^cls\.", r"^lm_head\.", r"^decoder\.")
@@ -238,17 +218,12 @@ class AnyEncoderModel(BaseLayoutMixin, BaseInitMixin, QuietLoadReportMixin, Bert
 
 
 class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
-    """Encoder + MLM head named as in the base's `*ForMaskedLM` (BERT: `bert` + `cls`; RoBERTa / XLM-R: `roberta`
-    + `lm_head`; ModernBERT: `model` + `lm_head`, see `backbones`), so the base's checkpoints load unchanged, and the
-    forward pass every method shares. `self.backbone` is the family's adapter (`config.encoder_type`).
+    """Encoder + MLM head named as in the base's `*ForMaskedLM` (BERT: `bert` + `cls`; see `backbones`), so the base's
+    checkpoints load unchanged, and the forward pass every method shares.
 
-    `forward` encodes the masked input, takes the [CLS] state as the sentence embedding, scores the encoder's MLM
-    loss and hands the rest to the method: subclasses implement `method_losses` (their decoder / bag-of-words /
-    contrastive terms) and `loss_weights`, set `config_class` and `encoder_class`, and build their heads in
-    `__init__` before `self.post_init()`. A method with batch keys of its own lists them in `method_input_names`
-    (`forward` takes them as keyword arguments and hands them on in `batch.method_inputs`); one that adds rows to
-    the batch (SentMAE's positives) overrides `method_batch`. `accepts_loss_kwargs = False`: the Trainer divides by
-    gradient accumulation itself.
+    Subclasses set `config_class` and `encoder_class`, build their heads in `__init__` before `self.post_init()` and
+    implement `method_losses` and `loss_weights`; their own batch keys go in `method_input_names`, extra rows through
+    `method_batch`. `accepts_loss_kwargs = False`: the Trainer divides by gradient accumulation itself.
     """
 
     base_model_prefix = BertBackbone.prefix  # BERT's; another base sets its own on the instance (`__init__`)
@@ -259,14 +234,12 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     any_encoder_class: type = AnyEncoderModel  # the `AutoModel` on any other base
     # state-dict prefixes of the method's own new modules (reported as missing when starting from plain BERT)
     head_prefixes: tuple[str, ...] = ()
-    # new when starting from BERT (no load-report table): the decoders, and the MLM head of a bare BertModel
-    # (`from_encoder_checkpoint` logs what was initialised); BERT's pooler and NSP head are left out
+    # new when starting from BERT: the decoders and a bare BertModel's MLM head (`from_encoder_checkpoint` logs them)
     quiet_missing_keys = (r"^decoder\.", r"^cls\.predictions\.", r"^lm_head\.")
     quiet_unexpected_keys = (*UNUSED_BERT_KEYS, *(f"^{re.escape(k)}" for b in BACKBONES for k in b.base_head_prefixes))
     # the method's own batch keys, beyond the five every method takes
     method_input_names: tuple[str, ...] = ()
-    # set for the forwards whose accuracies are wanted (the Trainer: the steps it logs): one more vocabulary
-    # projection per cross-entropy term, without gradient
+    # set for the forwards whose accuracies are wanted (the steps the Trainer logs): one more projection per term
     measure_accuracy: bool = False
     # the vocabulary losses' softmax in one compiled kernel per chunk (a runtime choice, never saved)
     compile_loss: bool = False
@@ -289,8 +262,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         return self.backbone.head_parts(self.mlm_head)
 
     def decoder_embeddings(self) -> DecoderEmbeddings:
-        """The encoder's embeddings as the decoders take them, with the decoder's own positions where the base has
-        no position table."""
+        """The encoder's embeddings as the decoders take them (`DecoderEmbeddings`)."""
         own_positions = getattr(getattr(self, "decoder", None), "position_embeddings", None)
         return DecoderEmbeddings(self.backbone, self.base_model, own_positions)
 
@@ -310,12 +282,8 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         return self.backbone.encode(self.base_model, input_ids, attention_mask, token_type_ids)
 
     def mlm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of the tied MLM head, evaluated only where `labels != -100`.
-
-        Args:
-            hidden: `(batch_size, seq_len, hidden_size)`.
-            labels: `(batch_size, seq_len)`.
-        """
+        """Cross-entropy of the tied MLM head where `labels` `(batch_size, seq_len)` != -100, from `hidden`
+        `(batch_size, seq_len, hidden_size)`."""
         keep = labels.reshape(-1) != IGNORE_INDEX  # (B*L,)
         rows = hidden.reshape(-1, hidden.shape[-1])[keep]  # (n_labels, H)
         transform, weight, bias = self.head_parts()
@@ -350,8 +318,6 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         transform, weight, bias = self.head_parts()
         return F.linear(transform(hidden), weight, bias)
 
-    # ---- the shared forward pass ------------------------------------------------------------------------------
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -363,15 +329,13 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     ) -> PretrainingOutput:
         r"""
         Args:
-            input_ids: `(batch_size, seq_len)` encoder input, already masked by the collator; [CLS] at position 0.
+            input_ids: `(batch_size, seq_len)` encoder input, masked by the collator; [CLS] at position 0.
             attention_mask: `(batch_size, seq_len)`, 1 for real tokens (right padding).
             encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
-            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere:
-                what the method reconstructs (see its `method_losses`). Without both label tensors only
-                `sentence_embedding` is returned.
+            decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere.
+                Without both label tensors only `sentence_embedding` is returned.
             token_type_ids: `(batch_size, seq_len)`, optional.
-            **method_inputs: the method's own inputs, named in its `method_input_names` and described in its class
-                docstring (e.g. RetroMAE's `decoder_word_starts`); any other name is refused.
+            **method_inputs: the method's own inputs (`method_input_names`); any other name raises `TypeError`.
 
         Returns:
             `PretrainingOutput`: `loss` = encoder_loss_weight * `encoder_mlm_loss` + the method's weighted terms;
@@ -409,30 +373,26 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         )
 
     def method_batch(self, batch: "PretrainingBatch") -> "PretrainingBatch":
-        """The rows the pass runs on; the default is the batch as given. A method whose batches carry extra rows
-        under keys of its own (SentMAE's `positive_*`) returns them merged, and `forward` returns the sentence
-        embeddings of the first `batch_size` rows only."""
+        """The rows the pass runs on (default: the batch as given); a method may merge in extra rows (SentMAE's
+        positives), and `forward` returns the sentence embeddings of the first `batch_size` rows only."""
         return batch
 
     def method_losses(
         self, hidden: torch.Tensor, sentence_embedding: torch.Tensor, batch: "PretrainingBatch"
     ) -> dict[str, torch.Tensor]:
-        """The method's own loss terms, keyed by their `PretrainingOutput` field (`decoder_loss`, `bow_loss`,
-        `contrastive_loss`); a term the configuration switches off is left out. While `measure_accuracy` is set, a
-        decoder's top-1 accuracy too (`decoder_accuracy`, see `decoder_terms`).
+        """The method's loss terms by `PretrainingOutput` field (`decoder_loss`, `bow_loss`, `contrastive_loss`; terms
+        switched off are left out), and `decoder_accuracy` while `measure_accuracy` is set.
 
         Args:
             hidden: `(batch_size, seq_len, hidden_size)` encoder states of the masked input.
             sentence_embedding: `(batch_size, hidden_size)` their [CLS] row.
-            batch: the forward's inputs (`attention_mask` filled in) and the unmasked ids `batch.original_ids`.
+            batch: the forward's inputs (`attention_mask` filled in), the unmasked ids as `batch.original_ids`.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement method_losses")
 
     def loss_weights(self) -> dict[str, float | torch.Tensor]:
         """The weight of each loss term in `loss`: `encoder_mlm_loss` and every key `method_losses` returns."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss_weights")
-
-    # ---- checkpoint format ------------------------------------------------------------------------------------
 
     @classmethod
     def _class_ref(cls, klass: type) -> str:
@@ -454,17 +414,13 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     def from_encoder_checkpoint(
         cls, model_name_or_path: str | os.PathLike, attn_implementation: str | None = None, **config_overrides
     ):
-        """Start pre-training from a masked-LM checkpoint of a supported base (`SUPPORTED_ENCODER_TYPES`: BERT,
-        RoBERTa, XLM-R, ModernBERT; the bare model or its `*ForMaskedLM`) or from one of our checkpoints.
+        """Start pre-training from a masked-LM checkpoint of a supported base (`SUPPORTED_ENCODER_TYPES`, bare or
+        `*ForMaskedLM`) or from one of ours; any other `model_type` raises a `ValueError` listing the supported ones.
 
-        Any other `model_type` is refused with a `ValueError` that lists the supported ones. The config keeps the
-        checkpoint's architecture (the base's own fields, `encoder_type` naming the family) and takes the method's
-        fields from `config_overrides`. Modules absent from the checkpoint (the decoders; the MLM head of a bare
-        model) are initialised as BERT does (normal(0, initializer_range), zero biases, unit LayerNorms); the MLM
-        output matrix is always tied to the word embeddings. With `decoder_init="copy_last_layer"` a fresh decoder
-        starts as a copy of the encoder's last layer (BERT-layout bases only). `attn_implementation` is
-        `from_pretrained`'s (None: transformers' default, sdpa): the encoder's; the decoders run on
-        `decoder_attn_implementation` of it.
+        The config keeps the checkpoint's architecture and takes the method's fields from `config_overrides`.
+        Modules absent from the checkpoint are initialised as BERT does, the MLM output tied to the word embeddings;
+        `decoder_init="copy_last_layer"` copies the encoder's last layer into a fresh decoder (BERT-layout bases
+        only). `attn_implementation` is the encoder's (None: transformers' default).
         """
         model_type, backbone = _checked_types(model_name_or_path)
         fields = base_config_fields(model_name_or_path, model_type)
@@ -493,10 +449,8 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         cls, model_name_or_path: str | os.PathLike, attn_implementation: str | None = None,
         architecture_overrides: str | None = None, **config_overrides,
     ):
-        """A randomly initialised model with the architecture of `model_name_or_path`'s config (its weights are not
-        read), changed by `architecture_overrides` ("num_hidden_layers=6,hidden_size=384", the base config's own
-        keys). Initialised as `from_encoder_checkpoint` initialises absent modules, from torch's global RNG: seed it
-        first.
+        """A randomly initialised model with the architecture of `model_name_or_path`'s config (weights not read),
+        changed by `architecture_overrides` ("num_hidden_layers=6,hidden_size=384"), from torch's global RNG.
 
         Raises:
             ValueError: an unsupported `model_type`, an override key the config lacks, a value of the wrong type or
@@ -512,9 +466,8 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
 
     @classmethod
     def _known_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """`options`, after refusing any the config class does not define (a config would keep a misspelt option as
-        a stray attribute and train with the default); a `COLLATOR_OPTIONS` key the config lacks is dropped with a
-        warning saying why."""
+        """`options`, refusing (`ValueError`) any the config class lacks, which it would keep as a stray attribute
+        and train with the default; a `COLLATOR_OPTIONS` key the config lacks is dropped with a warning."""
         known = {f.name for f in dataclasses.fields(cls.config_class)}
         dropped = (set(options) & set(COLLATOR_OPTIONS)) - known
         for name in sorted(dropped):
@@ -528,10 +481,9 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
         return options
 
     def after_encoder_checkpoint_loaded(self, missing_keys: set[str]) -> None:
-        """With `config.decoder_init == "copy_last_layer"`, each decoder layer absent from the checkpoint
-        (`decoder.layers.N.*` of BertLayers) starts as a copy of the encoder's last layer (as SimLM does) instead of
-        BERT init; a layer the checkpoint holds keeps its trained weights, and a warning names the new parts of a
-        decoder the checkpoint holds in part."""
+        """With `decoder_init="copy_last_layer"`, each decoder layer absent from the checkpoint starts as a copy of the
+        encoder's last layer (as SimLM; `ValueError` on a base without BERT's layout); a warning names the new parts
+        of a decoder the checkpoint holds in part."""
         # only a model with a decoder misses `decoder.*` keys, and every such config has `decoder_init`
         new_layers = sorted({int(k.split(".")[2]) for k in missing_keys if k.startswith("decoder.layers.")})
         decoder = {k for k in self.state_dict() if k.startswith("decoder.")}
@@ -572,11 +524,10 @@ def _encoder_class_for(klass: type, config: PreTrainedConfig | None) -> type:
 
 
 def _checked_types(model_name_or_path: str | os.PathLike) -> tuple[str, type]:
-    """The `model_type` of a checkpoint's config and its family's backbone; `ValueError` (naming the supported
-    types) for any other than a supported base or one of our pre-training checkpoints, and for a local folder that
-    is missing or lacks config.json (transformers would take it for a malformed Hub id): a name that starts with
-    `/`, `.` or `~`, has two `/` or more, or whose parent folder exists. Another name that is no local folder and
-    fails as a Hub id gets a one-line `OSError` naming both."""
+    """The `model_type` of a checkpoint's config and its family's backbone. `ValueError` (naming the supported types)
+    for another type and for a local folder that is missing or lacks config.json (a name starting with `/`, `.` or
+    `~`, with two `/` or more, or whose parent folder exists); a name failing as a Hub id too gets a one-line
+    `OSError`."""
     if not isinstance(model_name_or_path, str | os.PathLike):
         raise ValueError(f"model_name_or_path must be a folder or a Hub id, got {model_name_or_path!r}")
     path = os.path.expanduser(os.fspath(model_name_or_path))
@@ -627,10 +578,9 @@ def _overridden(config: PreTrainedConfig, overrides: str | None) -> PreTrainedCo
 
 def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str,
                        overrides: str | None = None) -> dict[str, Any]:
-    """The architecture fields a method config takes from a checkpoint: a base's full config (its class's defaults
-    filled in) with `encoder_type` and, where the base names them otherwise, BERT's names for the fields our
-    decoders read; one of our checkpoints' fields as they are. `overrides` ("key=value,...") changes the base's
-    config first (`update_from_string`)."""
+    """The architecture fields a method config takes from a checkpoint: a base's full config with `encoder_type` and
+    BERT's names for the fields our decoders read, or our checkpoints' fields as they are; `overrides`
+    ("key=value,...") change the base's config first."""
     if model_type not in SUPPORTED_ENCODER_TYPES or model_type == "bert":
         base = _overridden(BertConfig.from_pretrained(model_name_or_path), overrides)
         return {k: v for k, v in base.to_dict().items() if k not in CONFIG_META_KEYS}

@@ -1,21 +1,9 @@
 """sentence-transformers module for DupMAE's hybrid representation (paper §3.4): [W^cls h ; top-k(mu)].
 
-Loaded as remote code from the root of an exported model (modules.json type ``"st_dupmae.DupMAEPooling"``,
-`SentenceTransformer(path, trust_remote_code=True)`); imports torch, transformers, sentence-transformers and our
-`layers_dupmae.py` only. Never imported by `modeling_*.py`, so the pre-training models load without
-sentence-transformers installed.
-
-Saving: sentence-transformers resolves a module type of modules.json from the ROOT of the model folder, but its
-`save` writes each module (and, for a remote-code module, its code) into the module's own subfolder, and it gives
-a module no hook to write elsewhere. `DupMAEPooling.save` therefore writes only its own folder, and
-`save_sentence_transformer` saves a whole model with the two code files at the root: use it (or
-`retromae.trainers.export_dupmae.save_dupmae_sentence_transformer`) instead of `model.save` to re-save a DupMAE model.
-
-Query or document? sentence-transformers 6.2 passes a `task` keyword to every module that lists it in
-`forward_kwargs`: `model.encode_query(...)` runs the modules with ``task="query"``, `model.encode_document(...)` with
-``task="document"``, plain `model.encode(...)` with ``task=None`` (treated as a document, as sentence-transformers'
-own token-pooling modules do). Training losses call the model without the keyword and leave the column's task (from
-the trainer's `router_mapping`) in ``features["task"]``, which is read when the keyword is absent, as `Router` does.
+Loaded as remote code from an exported model's root (modules.json type ``"st_dupmae.DupMAEPooling"``), never imported
+by `modeling_*.py`. sentence-transformers resolves module types from the root but saves each module's code into its
+subfolder: re-save with `save_sentence_transformer`, not `model.save`. `task`: ``"query"`` from `encode_query`, else
+a document; a call without it (training losses) reads ``features["task"]``, as `Router` does.
 """
 
 import json
@@ -44,11 +32,8 @@ MODULE_TYPE = "st_dupmae.DupMAEPooling"
 
 
 class _HeadTransform(nn.Module):
-    """The MLM-head transform (dense -> activation -> LayerNorm); names as BERT's `BertPredictionHeadTransform`.
-
-    BERT and RoBERTa / XLM-R (`RobertaLMHead`: dense, GELU, layer_norm): both layers with a bias (the defaults).
-    ModernBERT (`ModernBertPredictionHead`): `dense_bias` = its `classifier_bias`, `norm_bias` = its `norm_bias`
-    (both False by default), activation its `classifier_activation`."""
+    """The MLM-head transform (dense -> activation -> LayerNorm) under BERT's names; ModernBERT's takes
+    `dense_bias` = its `classifier_bias` and `norm_bias` = its `norm_bias` (both False by default)."""
 
     def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float, dense_bias: bool = True,
                  norm_bias: bool = True):
@@ -65,37 +50,26 @@ class DupMAEPooling(Module):
     """DupMAE pooling: token embeddings -> dense [CLS] part + sparse OT part, concatenated.
 
     Adds to `features`:
-        ``dense_embedding`` `(batch_size, dense_dim)`: W^cls h (eq. 10), h = token_embeddings[:, 0] (BERT's [CLS],
-            right padding); h itself for ``representation="cls"``; absent for ``"ot"``.
-        ``ot_embedding`` `(batch_size, vocab_size)`: the full mu, MLM-head logits max-pooled over ordinary tokens
-            (eq. 6-7; special tokens by `special_token_ids`, padding by the attention mask), after `ot_activation`.
-        ``sparse_embedding`` `(batch_size, vocab_size)`: sqrt(`sparse_weight`) * mu with all but its top-k entries
-            zeroed (eq. 11): k = `doc_top_k` for documents, `query_top_k` for queries (None = the full mu, as eq. 12).
-        ``sparse_indices`` / ``sparse_values`` `(batch_size, k)`: the kept entries (documents, and queries with a
-            `query_top_k`), weighted as in ``sparse_embedding`` -- what an index stores.
-        ``sentence_embedding`` `(batch_size, dense_dim + vocab_size)`: concat of the dense and sparse parts, so with
-            ``similarity_fn_name="dot"``, `encode_query(q) @ encode_document(d).T` is eq. 12:
-            h_q . h_d + lambda * sum_{i in top-k(d)} mu_q[i] mu_d[i] (lambda = `sparse_weight`, the paper's 1).
+        ``dense_embedding`` `(batch_size, dense_dim)`: W^cls h (eq. 10), h = token_embeddings[:, 0] (right padding);
+            h itself for ``"cls"``; absent for ``"ot"``.
+        ``ot_embedding`` `(batch_size, vocab_size)`: the full mu over the ordinary tokens (eq. 6-7), after
+            `ot_activation`.
+        ``sparse_embedding`` `(batch_size, vocab_size)`: sqrt(`sparse_weight`) * top-k(mu) (eq. 11), k = `doc_top_k`
+            for documents, `query_top_k` for queries (None = the full mu).
+        ``sparse_indices`` / ``sparse_values`` `(batch_size, k)`: its kept entries, where k < vocab_size.
+        ``sentence_embedding`` `(batch_size, dense_dim + vocab_size)`: [dense ; sparse], so with
+            ``similarity_fn_name="dot"`` `encode_query(q) @ encode_document(d).T` is eq. 12.
 
-    Weights: `dense_proj` (the fine-tuned W^cls) and a copy of the MLM head (`transform.*`, `decoder_weight`
-    `(vocab_size, hidden_size)` = the word embeddings, `decoder_bias`), stored in this module's folder as
-    safetensors (the head duplicates the word-embedding matrix: vocab_size * hidden_size * 4 bytes).
+    Weights (safetensors in the module's folder): `dense_proj` and a copy of the MLM head (`transform.*`,
+    `decoder_weight` `(vocab_size, hidden_size)` = the word embeddings, `decoder_bias`).
 
     Args:
-        hidden_size: the encoder's hidden size d.
-        vocab_size: |V|.
-        dense_dim: d' (1..hidden_size).
-        doc_top_k: k for documents (1..vocab_size).
-        query_top_k: k for queries; None keeps the full mu.
-        special_token_ids: the tokenizer's special ids; None = exclude the first and last real position.
-        representation: ``"hybrid"`` (default), ``"cls"`` (dense [CLS] only, no projection) or ``"ot"`` (sparse only).
-        ot_activation: ``"none"`` (the paper's mu) or ``"log1p_relu"`` (SPLADE's saturation; `activate_ot`).
-        sparse_weight: lambda > 0, the weight of the sparse term of the score (1.0 = the paper).
-        hidden_act / layer_norm_eps: the MLM-head transform's activation and LayerNorm epsilon.
-        head_dense_bias / head_norm_bias: whether the transform's dense layer / LayerNorm has a bias (True, as BERT
-            and RoBERTa; ModernBERT's head has none by default). Folders saved before these keys existed load with
-            the defaults.
-        chunk_size: logits rows per chunk when computing mu.
+        hidden_size / vocab_size: d and |V|.
+        dense_dim, doc_top_k, query_top_k, special_token_ids, representation, ot_activation, sparse_weight: as
+            `DupMAEConfig`'s fields; `check_representation` refuses what does not fit.
+        hidden_act / layer_norm_eps / head_dense_bias / head_norm_bias: the MLM-head transform's activation,
+            LayerNorm epsilon and biases (True as BERT's; ModernBERT's head has none by default).
+        chunk_size: >= 1, logits rows per chunk when computing mu.
     """
 
     config_keys = [
@@ -237,9 +211,8 @@ class DupMAEPooling(Module):
 
 
 def save_sentence_transformer(model: torch.nn.Module, path: str | Path, **save_kwargs: Any) -> Path:
-    """`model.save(path)` for a SentenceTransformer with a `DupMAEPooling`, plus what loading it as remote code needs:
-    `st_dupmae.py` and `layers_dupmae.py` at the root of `path` and the module type ``"st_dupmae.DupMAEPooling"``
-    in modules.json (a module of an installed package would otherwise be recorded by its package path)."""
+    """`model.save(path)` for a SentenceTransformer with a `DupMAEPooling`, plus `st_dupmae.py` and
+    `layers_dupmae.py` at the root of `path` and the module type ``"st_dupmae.DupMAEPooling"`` in modules.json."""
     path = Path(path)
     pooling = find_dupmae_pooling(model)
     model.save(str(path), **save_kwargs)
