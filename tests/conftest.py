@@ -4,7 +4,10 @@ and for a two-process (DDP) CLI run. Plain builders (tiny configs, data files, b
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,12 @@ if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     # reaches the interpreters the tests start.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# torch.compile's kernels go to a cache of each test process's own (xdist workers too; the interpreters a test starts
+# inherit it): a shared one, written by earlier runs or by a worker beside this one, once crashed the compiled loss in
+# a 2-thread process ("double free or corruption"); a fresh cache never did, with 1 or 2 threads.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="retromae-inductor-")
+atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -301,6 +301,20 @@ def test_each_method_names_its_exporter():
     assert get_method("dupmae").exporter is write_dupmae_export
 
 
+def test_each_method_names_what_its_export_encodes():
+    """A hybrid export holds the method's own module and logs a metric per part; a CLS one neither."""
+    for method in METHODS.values():
+        assert (method.representation == "hybrid") == (method.pooling_module is not None), method.name
+        assert method.metric_prefixes[0] == "" and (len(method.metric_prefixes) > 1) == (method.representation == "hybrid")
+    dupmae = get_method("dupmae")
+    assert dupmae.metric_prefixes == ("", "cls_") and dupmae.pooling_label == "DupMAE hybrid"
+    # the encoder class follows the base: BERT's plain names, or the base's own model under its prefix
+    assert dupmae.encoder_class_for({"model_type": "dupmae"}) is dupmae.model_class.encoder_class  # no encoder_type
+    assert dupmae.encoder_class_for({"model_type": "bert"}) is dupmae.model_class.encoder_class
+    assert dupmae.encoder_class_for({"model_type": "dupmae", "encoder_type": "roberta"}) is (
+        dupmae.model_class.any_encoder_class)
+
+
 def test_export_command(pretrained, tmp_path, capsys):
     _, checkpoint = pretrained
     assert export_command([str(checkpoint), str(tmp_path / "out"), "--model-name", "my-org/tiny"]) == 0

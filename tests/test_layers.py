@@ -1,9 +1,14 @@
 """The package's shape, read from its import statements: layers, no cycles, no private names across modules, no
-function-local imports but of optional dependencies, and `modeling/` loadable as Hub remote code."""
+function-local imports but of optional dependencies, `modeling/` loadable as Hub remote code, and methods named only
+by the registry and the modules that implement them."""
 
 from __future__ import annotations
 
 import ast
+import io
+import os
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -140,3 +145,154 @@ def test_modeling_is_flat_remote_code():
             if isinstance(node, ast.Import) and any(alias.name.startswith("retromae") for alias in node.names):
                 absolute.append(f"{path.name}:{node.lineno}")
     assert absolute == []
+
+
+def _docstring_and_comment_measures(path: Path) -> tuple[int, int, int]:
+    """(docstring + comment lines, code lines, module docstring lines) of one file: a docstring line lies inside a
+    module/class/function docstring (blank ones included), a comment line's stripped text starts with `#`, code lines
+    are the other non-blank lines."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    docstring_lines: set[int] = set()
+    module_lines = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                lines = range(first.lineno, first.end_lineno + 1)
+                docstring_lines.update(lines)
+                if isinstance(node, ast.Module):
+                    module_lines = len(lines)
+    comment_lines = {token.start[0] for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                     if token.type == tokenize.COMMENT and token.line.strip().startswith("#")}
+    prose = code = 0
+    for number, line in enumerate(source.splitlines(), start=1):
+        if number in docstring_lines or number in comment_lines:
+            prose += 1
+        elif line.strip():
+            code += 1
+    return prose, code, module_lines
+
+
+def test_modeling_prose_is_brief():
+    """modeling/: at most 0.35 docstring + comment lines per code line, and module docstrings of at most 10 lines."""
+    measures = {path.name: _docstring_and_comment_measures(path) for path in sorted(MODELING.glob("*.py"))}
+    prose = sum(p for p, _, _ in measures.values())
+    code = sum(c for _, c, _ in measures.values())
+    assert prose / code <= 0.35, f"{prose} docstring/comment lines per {code} code lines = {prose / code:.2f}"
+    assert {name: m for name, (_, _, m) in measures.items() if m > 10} == {}
+
+
+# ---- method knowledge: modeling/ and the registry only --------------------------------------------------------------
+
+# trainers/ modules that implement one method's part, so they name it; the registry points to them
+METHOD_IMPLEMENTATIONS = {
+    "methods": "the registry",
+    "export_dupmae": "DupMAE's exporter, validation vectors and sentence-transformers module (its `Method` fields)",
+    "hybrid_index": "`retromae index` / `search`: the exact index of DupMAE's hybrid representation",
+    "contrastive_data": "SentMAE's training data (its `Method.training_data`)",
+}
+# names kept in other modules, each for its reason; a kept function or class is exempt as a whole
+KEPT_NAMES = {
+    "export": {"build_dupmae_sentence_transformer": "DupMAE's `export_encoder`, under the name scripts and messages use"},
+    "schedules": {"BoWScheduleCallback": "a public name modeling/'s docs cite; it serves any model with "
+                                         "`set_training_progress`"},
+    "recipe": {name: "the contrastive anchor is SentMAE's loss with its defaults, for every method"
+               for name in ("SentMAEConfig", "configuration_sentmae", "modeling_sentmae")},
+}
+# method names that are also other words here: the package's name, a random seed; only their classes, and the name
+# compared or given as a default, count
+AMBIGUOUS_METHOD_NAMES = {"retromae", "seed"}
+
+
+def _method_vocabulary() -> tuple[frozenset[str], re.Pattern[str], frozenset[str]]:
+    """(method classes: the classes of modeling/ named after a method, the pattern of the unambiguous method names,
+    every method name), from the registry."""
+    from retromae.trainers.methods import METHODS
+
+    prefixes = tuple(os.path.commonprefix([m.model_class.__name__, m.model_class.config_class.__name__])
+                     for m in METHODS.values())
+    classes = frozenset(node.name for path in MODELING.glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                        if isinstance(node, ast.ClassDef) and node.name.startswith(prefixes))
+    words = sorted(set(METHODS) - AMBIGUOUS_METHOD_NAMES)
+    return classes, re.compile(rf"(?i)(?<![a-z])({'|'.join(words)})"), frozenset(METHODS)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    bodies = (node.body for node in ast.walk(tree)
+              if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef))
+    return {id(body[0].value) for body in bodies
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)}
+
+
+def _compared_or_default(tree: ast.AST) -> set[int]:
+    """The string constants a comparison tests (`x == "seed"`, `x in ("a", "b")`) or a `default=` gives."""
+    found = set()
+    for node in ast.walk(tree):
+        operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        if isinstance(node, ast.keyword) and node.arg == "default":
+            operands = [node.value]
+        for operand in operands:
+            found |= {id(n) for n in ([operand] + list(getattr(operand, "elts", [])))}
+    return found
+
+
+def _texts(node: ast.AST) -> list[str]:
+    """The names a node spells: identifiers, imported module paths and names, non-prose strings (no whitespace)."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.arg | ast.keyword):
+        name = getattr(node, "attr", None) or getattr(node, "name", None) or getattr(node, "arg", None)
+        return [name] if name else []
+    if isinstance(node, ast.alias):
+        return [*node.name.split("."), *([node.asname] if node.asname else [])]
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").split(".")
+    return []
+
+
+def _method_references(module: str, path: Path) -> list[str]:
+    classes, words, names = _method_vocabulary()
+    kept = KEPT_NAMES.get(module, {})
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    exempt = {id(inner) for node in ast.walk(tree) if getattr(node, "name", None) in kept
+              and isinstance(node, ast.FunctionDef | ast.ClassDef) for inner in ast.walk(node)} | _docstrings(tree)
+    compared = _compared_or_default(tree)
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
+        texts = [text for text in _texts(node) if text not in kept and (text in classes or words.search(text))]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value not in kept:
+            prose = any(c.isspace() for c in node.value)
+            if (not prose and (node.value in classes or words.search(node.value))) or (
+                    id(node) in compared and node.value in names):
+                texts.append(repr(node.value))
+        found += [f"{module}:{node.lineno} {text}" for text in texts]
+    return found
+
+
+def test_only_the_registry_and_method_implementations_name_methods():
+    """Method knowledge lives in modeling/ and the registry (`methods.py`): every other trainers/ module asks
+    `Method` (representation, sentence vectors, metric names, recognising a checkpoint or a hybrid model) instead of
+    naming a method's class, model type or module. Prose (docstrings, messages, help) may name them."""
+    named = [reference for module, path in _trainers_modules().items() if module not in METHOD_IMPLEMENTATIONS
+             for reference in _method_references(module, path)]
+    assert named == []
+
+
+def test_the_method_name_check_finds_a_reference(tmp_path):
+    """The check above can fail: each kind of reference it looks for is found."""
+    source = tmp_path / "driver.py"
+    source.write_text(
+        "from retromae.modeling.modeling_dupmae import DupMAEModel\n"
+        "from .core.checkpoints import is_dupmae_model\n"
+        "def f(config, method):\n"
+        "    hybrid = config.model_type == 'dupmae'\n"
+        "    name = field(default='retromae')\n"
+        "    return method in ('seed', 'x') or 'DupMAE' or 'see the DupMAE paper'\n",
+        encoding="utf-8",
+    )
+    found = [reference.split(" ", 1)[1] for reference in _method_references("driver", source)]
+    assert sorted(found) == sorted(["modeling_dupmae", "DupMAEModel", "is_dupmae_model", "'dupmae'", "'retromae'",
+                                    "'seed'", "'DupMAE'"])

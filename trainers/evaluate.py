@@ -46,12 +46,11 @@ from sentence_transformers import SentenceTransformer
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
 from .core.arguments import LIST_FLAG, start_command
 from .core.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
-from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError
 from .core.folders import check_folder_option, check_model_folder, is_local_path, model_location
 from .core.io import read_json_or_empty, write_json_atomic, write_text_atomic
 from .export import load_as_sentence_transformer
-from .methods import METHODS
+from .methods import METHODS, hybrid_method_of
 
 logger = logging.getLogger(__name__)
 
@@ -190,14 +189,15 @@ def registered_tasks(names: list[str]):
 
 
 def _mteb_model(model: SentenceTransformer, search: str):
-    if search == "exact" and not is_dupmae_model(model):
+    hybrid = hybrid_method_of(model) is not None
+    if search == "exact" and not hybrid:
         return model  # exactly what `mteb.evaluate(model, ...)` wraps itself
     from mteb.models import SentenceTransformerEncoderWrapper
     from mteb.models.search_wrappers import SearchEncoderWrapper
 
     encoder = SentenceTransformerEncoderWrapper(model)
     if search == "faiss":
-        if is_dupmae_model(model):
+        if hybrid:
             raise EvaluateError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
         from mteb.models.search_encoder_index.search_indexes.faiss_search_index import FaissSearchIndex
 

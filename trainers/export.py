@@ -11,7 +11,8 @@ Both build an `ExportRequest` (method, pre-training config, state dict, tokenize
 method's exporter, named by the method registry (`Method.exporter`): `export_cls.write_cls_encoder` for the CLS
 methods, `export_dupmae.write_dupmae_export` for DupMAE's hybrid CLS + sparse representation. An exporter fills an
 empty build folder; everything else (validation, the temporary sibling folder, the atomic rename, overwrite,
-clean-up) happens here. `build_dupmae_sentence_transformer` exports a DupMAE encoder with representation overrides.
+clean-up) happens here. `export_encoder` exports a method's encoder with representation overrides
+(`Method.export_overrides`); `build_dupmae_sentence_transformer` is DupMAE's.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from huggingface_hub import ModelCard
-from retromae.modeling.backbones import backbone_of, encoder_type_of_config
-from retromae.modeling.modeling_dupmae import DupMAEAnyEncoderModel, DupMAEForPretraining, DupMAEModel
+from retromae.modeling.backbones import backbone_of
 from retromae.modeling.pretraining_base import BertPretrainingBase
 from sentence_transformers import SentenceTransformer
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from .core.arguments import start_command
@@ -44,18 +44,13 @@ from .core.checkpoints import (
 )
 from .core.folders import atomic_folder, check_destination, check_model_folder, is_trainer_checkpoint, public_name
 from .core.io import read_json_or_empty
-from .export_cls import ExportError, ExportRequest, write_cls_encoder
-from .export_dupmae import REPRESENTATION_FIELDS, load_dupmae_sentence_transformer, write_dupmae_export
-from .methods import METHODS, Method, get_method, method_of_config
+from .export_cls import ExportError, ExportRequest
+from .methods import METHODS, Method, get_method, method_of_config, method_of_folder
 
 logger = logging.getLogger(__name__)
 
 RUN_INFO_FILE = "retromae_run.json"
 EXPECTS = "export expects the output of `retromae pretrain` (a checkpoint-N folder or the output dir)"
-
-
-# the registry's DupMAE entry (its model class names DupMAE's checkpoints)
-DUPMAE: Method = get_method("dupmae")
 
 
 def is_pretraining_checkpoint_of(config: dict[str, Any], method: Method) -> bool:
@@ -169,7 +164,7 @@ def export_from_model(
 def export_request(request: ExportRequest, output_dir: Path, *, overwrite: bool) -> Path:
     """Run the method's exporter in a temporary sibling folder, then move the finished folder into place
     (`atomic_folder`, which also removes the temporary folders of an earlier, killed export to the same place)."""
-    if request.method.exporter is not write_cls_encoder and (request.pooling, request.similarity) != ("cls", None):
+    if request.method.representation != "cls" and (request.pooling, request.similarity) != ("cls", None):
         raise ExportError(
             f"--pooling and --similarity apply to the CLS methods; {request.method.name}'s export builds its own "
             "representation (for DupMAE: build_dupmae_sentence_transformer(..., representation=...))"
@@ -180,8 +175,9 @@ def export_request(request: ExportRequest, output_dir: Path, *, overwrite: bool)
     return output_dir
 
 
-def build_dupmae_sentence_transformer(
-    encoder: str | os.PathLike | DupMAEModel | DupMAEAnyEncoderModel | DupMAEForPretraining,
+def export_encoder(
+    method: Method,
+    encoder: str | os.PathLike | nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
     output_dir: str | os.PathLike,
     *,
@@ -190,27 +186,30 @@ def build_dupmae_sentence_transformer(
     model_name: str | None = None,
     **representation: Any,
 ) -> SentenceTransformer:
-    """Export a DupMAE encoder as a sentence-transformers folder and load it back.
+    """Export an encoder of `method` as a sentence-transformers folder and load it back.
 
     Args:
-        encoder: a `DupMAEForPretraining` / `DupMAEModel` / `DupMAEAnyEncoderModel` (RoBERTa, XLM-R, ModernBERT
-            base) instance, or the folder of either (a `retromae pretrain` checkpoint, or a saved encoder, e.g.
-            after fine-tuning W^cls).
+        method: the registry entry whose classes `encoder` is of, and whose exporter writes the folder.
+        encoder: the method's pre-training model, or its encoder (`encoder_class` on a BERT base,
+            `any_encoder_class` on RoBERTa, XLM-R or ModernBERT) instance, or the folder of either (a
+            `retromae pretrain` checkpoint, or a saved encoder, e.g. after fine-tuning DupMAE's W^cls).
         tokenizer: its tokenizer; None = read it from the `encoder` folder.
         output_dir: the folder to create (built in a temporary sibling, renamed into place).
         max_seq_length: the Transformer's maximum length (default 512, capped by the position embeddings).
         overwrite: replace a non-empty `output_dir`.
-        model_name: name for the model card.
-        **representation: overrides of `representation`, `dense_dim`, `doc_top_k`, `query_top_k`, `ot_activation`,
-            `sparse_weight`; a changed `dense_dim` gets a fresh projection.
+        model_name: name for the model card (default `<method>-<output folder>`).
+        **representation: overrides of the config fields `method.export_overrides` names (DupMAE:
+            `representation`, `dense_dim`, `doc_top_k`, `query_top_k`, `ot_activation`, `sparse_weight`; a changed
+            `dense_dim` gets a fresh projection).
 
     Returns:
-        The exported model, loaded with `SentenceTransformer(output_dir, trust_remote_code=True)`.
+        The exported model, loaded with `SentenceTransformer(output_dir)` (`trust_remote_code=True` for a folder
+        with remote code: DupMAE's).
     """
-    unknown = set(representation) - set(REPRESENTATION_FIELDS)
+    unknown = set(representation) - set(method.export_overrides)
     if unknown:
         raise ExportError(
-            f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(REPRESENTATION_FIELDS)}"
+            f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(method.export_overrides)}"
         )
     output_dir = Path(output_dir)
     check_destination(output_dir, overwrite,
@@ -221,48 +220,60 @@ def build_dupmae_sentence_transformer(
             check_tokenizer_saved(folder, purpose="export")
         check_model_folder(folder, purpose="export", tokenizer=tokenizer is None)
         folder_config = read_json_or_empty(folder / "config.json")
-        if (is_pretraining_checkpoint_of(folder_config, DUPMAE) and tokenizer is None and not representation
+        if (is_pretraining_checkpoint_of(folder_config, method) and tokenizer is None and not representation
                 and not max_seq_length):
             # a `retromae pretrain` checkpoint as is: the generic exporter (run info, model card) does it
             export_sentence_transformer(folder, output_dir, overwrite=overwrite, model_name=model_name)
-            return load_dupmae_sentence_transformer(output_dir)
+            return _load_export(output_dir)
         tokenizer = tokenizer or load_tokenizer(folder)
-        encoder_class = DupMAEModel if encoder_type_of_config(folder_config) == "bert" else DupMAEAnyEncoderModel
-        encoder = encoder_class.from_pretrained(str(folder))
+        encoder = method.encoder_class_for(folder_config).from_pretrained(str(folder))
     if tokenizer is None:
         raise ExportError("pass the tokenizer of an in-memory encoder")
-    config, state = _dupmae_config_and_state(encoder)
+    config, state = _config_and_state(method, encoder)
     config.update(representation)
     request = ExportRequest(
-        method=DUPMAE,
+        method=method,
         config=config,
         state_dict=state,
         tokenizer=tokenizer,
         run_info={"max_seq_length": max_seq_length} if max_seq_length else None,
-        model_name=model_name or f"dupmae-{output_dir.name}",
+        model_name=model_name or f"{method.name}-{output_dir.name}",
         folder_name=output_dir.name,
     )
     with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
-        write_dupmae_export(request, build_dir)
-    return load_dupmae_sentence_transformer(output_dir)
+        method.exporter(request, build_dir)
+    return _load_export(output_dir)
 
 
-def _dupmae_config_and_state(
-    encoder: DupMAEModel | DupMAEAnyEncoderModel | DupMAEForPretraining,
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The encoder's config dict and its weights under the pre-training model's names (`bert.` / `roberta.` /
-    `model.` before the encoder's); a `TypeError` for any other object."""
-    if isinstance(encoder, DupMAEForPretraining | DupMAEAnyEncoderModel):  # already under the prefix
+def build_dupmae_sentence_transformer(
+    encoder: str | os.PathLike | nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    output_dir: str | os.PathLike,
+    **options: Any,
+) -> SentenceTransformer:
+    """`export_encoder` of DupMAE (same arguments after `method`), under the name scripts and messages use."""
+    return export_encoder(get_method("dupmae"), encoder, tokenizer, output_dir, **options)
+
+
+def _config_and_state(method: Method, encoder: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config dict and weights of one of `method`'s models, the weights under the pre-training model's names
+    (`bert.` / `roberta.` / `model.` before the encoder's); a `TypeError` for any other object."""
+    model_class = method.model_class
+    if isinstance(encoder, model_class | model_class.any_encoder_class):  # already under the prefix
         return encoder.config.to_dict(), dict(encoder.state_dict())
-    if isinstance(encoder, DupMAEModel):  # a BERT base: its unprefixed BertModel names
+    if isinstance(encoder, model_class.encoder_class):  # a BERT base: its unprefixed BertModel names
         prefix = backbone_of(encoder.config).prefix
         return encoder.config.to_dict(), {
             (f"{prefix}.{k}" if k.startswith(("embeddings.", "encoder.")) else k): v
             for k, v in encoder.state_dict().items()
         }
-    raise TypeError(
-        f"expected a DupMAEModel, DupMAEAnyEncoderModel, DupMAEForPretraining or a folder, got {type(encoder).__name__}"
-    )
+    expected = (model_class.encoder_class, model_class.any_encoder_class, model_class)
+    raise TypeError(f"expected a {', '.join(c.__name__ for c in expected)} or a folder, got {type(encoder).__name__}")
+
+
+def _load_export(folder: Path) -> SentenceTransformer:
+    """An export just written, loaded back (with its remote code, where it has some: DupMAE's module)."""
+    return SentenceTransformer(str(folder), trust_remote_code=needs_remote_code(folder))
 
 
 # ---- loading any model as a sentence-transformers model ------------------------------------------------------------
@@ -348,22 +359,9 @@ def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None
 
 
 def pretraining_method(folder: Path) -> str | None:
-    """The retromae method of a pre-training checkpoint (config model_type) or of an export (model-card tags)."""
-    model_type = read_json_or_empty(folder / "config.json").get("model_type")
-    if model_type is not None:
-        try:
-            return method_of_config(model_type).name
-        except ValueError:
-            pass
-    readme = folder / "README.md"
-    if readme.is_file():
-        try:
-            tags = ModelCard.load(readme).data.to_dict().get("tags") or []
-        except Exception:  # a hand-written README without front matter
-            return None
-        if "retromae" in tags:
-            return next((t for t in tags if t in METHODS), None)
-    return None
+    """The name of the retromae method of a pre-training checkpoint or of an export (`methods.method_of_folder`)."""
+    method = method_of_folder(folder)
+    return method.name if method is not None else None
 
 
 # ---- reading a checkpoint folder -----------------------------------------------------------------------------------
@@ -449,13 +447,13 @@ def export_command(argv: list[str]) -> int:
 
 
 __all__ = [
-    "DUPMAE",
     "ExportArguments",
     "ExportError",
     "ExportRequest",
     "build_dupmae_sentence_transformer",
     "default_model_name",
     "export_command",
+    "export_encoder",
     "export_from_model",
     "export_request",
     "export_sentence_transformer",

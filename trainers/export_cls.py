@@ -2,7 +2,9 @@
 
 An exporter is a callable `(request: ExportRequest, build_dir: Path) -> None` that fills an empty folder; the method
 registry names each method's exporter, and `retromae.trainers.export` does everything around it (reading the
-checkpoint, the temporary sibling folder, the atomic rename, overwrite).
+checkpoint, the temporary sibling folder, the atomic rename, overwrite). Beside its exporter a representation has
+its sentence-vector function (`SentenceVectors`: the vectors a validation scores during pre-training, the CLS one
+here) and, when the export holds a module of its own, a `PoolingModule`.
 
 Layout decision: the CLS exporter writes the **legacy sentence-transformers layout** by hand instead of calling
 sentence-transformers 6.2's `SentenceTransformer.save`::
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from .core.cards import MethodDescription, render_pretrained_card
@@ -92,6 +95,41 @@ class ExportRequest:
 
 
 Exporter = Callable[[ExportRequest, Path], None]
+# (pre-training model, its encoder's last_hidden_state `(batch_size, seq_len, hidden_size)`, the tokenized batch
+# (`input_ids`, `attention_mask`), task "query" or "document") -> float32 `(batch_size, dim)` vectors by metric-name
+# prefix: "" what the export encodes, others parts a validation also scores
+SentenceVectors = Callable[[nn.Module, torch.Tensor, Mapping[str, torch.Tensor], str], dict[str, torch.Tensor]]
+
+
+def cls_sentence_vectors(model: nn.Module, hidden: torch.Tensor, batch: Mapping[str, torch.Tensor],
+                         task: str) -> dict[str, torch.Tensor]:
+    """What `write_cls_encoder` exports, under "": the last-layer [CLS] state, unit-normalised for a model trained
+    with cosine similarity (SentMAE's default)."""
+    cls = hidden[:, 0].float()  # (batch_size, hidden_size)
+    if getattr(model.config, "similarity", None) == "cos":
+        cls = nn.functional.normalize(cls, dim=-1)
+    return {"": cls}
+
+
+@dataclass(frozen=True)
+class PoolingModule:
+    """A method's own sentence-transformers module (remote code at the folder root), as its export and every model
+    fine-tuned from it hold it; found by `methods.hybrid_method_of` (such a folder has no pre-training config).
+
+    Args:
+        label: how a fine-tuning record's `pooling` starts (`describe`); model cards recognise the module by it.
+        recognises: whether a module is one (by class name: a model loaded as remote code has its own copy of it).
+        save: `(model, folder, **save_kwargs) -> folder`: `SentenceTransformer.save` plus the module's remote code.
+    """
+
+    label: str
+    recognises: Callable[[nn.Module], bool]
+    save: Callable[..., Path]
+
+    def describe(self, model: nn.Module) -> str:
+        """The fine-tuning record's `pooling` of a model holding the module, e.g. "<label> (hybrid)"."""
+        module = next(m for m in model.modules() if self.recognises(m))
+        return f"{self.label} ({getattr(module, 'representation', 'hybrid')})"
 
 
 def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
@@ -147,4 +185,7 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 
 
-__all__ = ["DEFAULT_MAX_SEQ_LENGTH", "ExportError", "ExportRequest", "Exporter", "write_cls_encoder"]
+__all__ = [
+    "DEFAULT_MAX_SEQ_LENGTH", "ExportError", "ExportRequest", "Exporter", "PoolingModule", "SentenceVectors",
+    "cls_sentence_vectors", "write_cls_encoder",
+]

@@ -18,6 +18,9 @@ Load it with `SentenceTransformer(path, trust_remote_code=True)`; `encode_query`
 sentence-transformers >= 6 (the module subclasses `sentence_transformers.base.modules.Module`).
 
 Re-save with `save_dupmae_sentence_transformer`, not `model.save` (why: `modeling/st_dupmae.py`).
+
+The registry's dupmae entry points here: its exporter (`write_dupmae_export`), the overrides an export takes
+(`REPRESENTATION_FIELDS`), its validation vectors (`hybrid_sentence_vectors`) and its module (`DUPMAE_POOLING`).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from typing import Any
 import torch
 from retromae.modeling.backbones import BertBackbone, backbone_for, encoder_type_of_config
 from retromae.modeling.layers_dupmae import initial_dense_projection
+from retromae.modeling.modeling_dupmae import hybrid_representation, representation_parts
 from retromae.modeling.st_dupmae import (
     DupMAEPooling,
+    is_dupmae_pooling,
     save_sentence_transformer,
 )
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Transformer
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from .core.cards import render_pretrained_card
@@ -47,7 +53,7 @@ from .core.checkpoints import (
     encoder_kwargs,
     save_without_pooler,
 )
-from .export_cls import ExportError, ExportRequest
+from .export_cls import ExportError, ExportRequest, PoolingModule, cls_sentence_vectors
 
 logger = logging.getLogger(__name__)
 
@@ -215,9 +221,33 @@ def load_dupmae_sentence_transformer(path: str | os.PathLike, **kwargs: Any) -> 
     return SentenceTransformer(str(path), trust_remote_code=True, **kwargs)
 
 
+# the module of the export and of every model fine-tuned from it; "DupMAE hybrid" is what fine-tuning records wrote
+DUPMAE_POOLING = PoolingModule(label="DupMAE hybrid", recognises=is_dupmae_pooling,
+                               save=save_dupmae_sentence_transformer)
+
+
+def hybrid_sentence_vectors(model: nn.Module, hidden: torch.Tensor, batch: Mapping[str, torch.Tensor],
+                            task: str) -> dict[str, torch.Tensor]:
+    """DupMAE's validation vectors: "" its own representation `(batch_size, dense_dim + vocab_size)` as its encoder
+    (`DupMAEModel`) and export compute it before fine-tuning, [W h ; sqrt(lambda) top-k(mu)] with W the config's
+    fixed projection and the model's own MLM head (`head_parts`, any base); "cls_" its [CLS] part. Only the [CLS]
+    part, under "", for `representation="cls"` or a model without its MLM head. `task`: the top-k differ."""
+    cls = cls_sentence_vectors(model, hidden, batch, task)
+    config = model.config
+    if config.representation == "cls" or not callable(getattr(model, "head_parts", None)):
+        return cls
+    weight = initial_dense_projection(config.hidden_size, config.dense_dim, config.dense_proj_seed).to(hidden)
+    dense, mu = representation_parts(config, hidden, batch["input_ids"], batch["attention_mask"],
+                                     lambda h: h @ weight.T, model.head_parts())
+    return {"": hybrid_representation(config, dense, mu, task).float(), "cls_": cls[""]}
+
+
 __all__ = [
+    "DUPMAE_POOLING",
+    "REPRESENTATION_FIELDS",
     "assemble_dupmae_sentence_transformer",
     "build_dupmae_pooling",
+    "hybrid_sentence_vectors",
     "load_dupmae_sentence_transformer",
     "save_dupmae_sentence_transformer",
     "write_dupmae_export",

@@ -70,7 +70,6 @@ from typing import Any, Literal
 import torch
 from datasets import Dataset
 from retromae.modeling.configuration_retromae import rename_legacy_keys
-from retromae.modeling.st_dupmae import is_dupmae_pooling
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.base.losses.merged_forward import embed_columns
 from sentence_transformers.sentence_transformer.losses import (
@@ -107,7 +106,7 @@ from .beir import (
 )
 from .core.arguments import check_training_arguments, start_command
 from .core.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
-from .core.checkpoints import divergence, is_dupmae_model, save_without_pooler
+from .core.checkpoints import divergence, save_without_pooler
 from .core.errors import UserError
 from .core.folders import (
     atomic_folder,
@@ -122,8 +121,7 @@ from .core.lock import folder_lock
 from .core.versions import library_versions, package_version
 from .evaluate import evaluate_folder
 from .export import load_as_sentence_transformer
-from .export_dupmae import save_dupmae_sentence_transformer
-from .methods import METHODS
+from .methods import METHODS, hybrid_method_of
 from .trainer import RESUME_LAST, last_complete_checkpoint
 from .validation import RunningTopK
 
@@ -293,10 +291,11 @@ class FinetuneResult:
 
 
 def _pooling_description(model: SentenceTransformer) -> str:
+    hybrid = hybrid_method_of(model)
+    if hybrid is not None:  # the method's own module
+        return hybrid.pooling_module.describe(model)
     for module in model.modules():
         name = type(module).__name__
-        if is_dupmae_pooling(module):
-            return f"DupMAE hybrid ({getattr(module, 'representation', 'hybrid')})"
         if name == "Pooling":
             config = module.get_config_dict()
             mode = config.get("pooling_mode")
@@ -938,7 +937,7 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
                                                                   loss_args, training_args.seed, gather,
                                                                   checked.datasets.get(stage))
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
-        args = _stage_args(training_args, work_dir, stage, dataset.column_names, is_dupmae_model(model))
+        args = _stage_args(training_args, work_dir, stage, dataset.column_names, hybrid_method_of(model) is not None)
         record = {"stage": stage, "loss": description, "examples": len(dataset),
                   "negatives_per_query": 0 if stage == "in-batch" else data_args.num_negatives,
                   "negatives": negatives_source if stage != "in-batch" else None,
@@ -1049,7 +1048,7 @@ def _run_info(model, model_info, model_args, data_args, loss_args, training_args
         "similarity": model.similarity_fn_name,
         "embedding_dim": model.get_embedding_dimension(),
         "max_seq_length": model.max_seq_length,
-        "trust_remote_code": bool(model_info.get("trust_remote_code") or is_dupmae_model(model)),
+        "trust_remote_code": bool(model_info.get("trust_remote_code") or hybrid_method_of(model) is not None),
         "train_data": {"name": train_name, "split": data_args.split, "queries": len(groups),
                        "format": "beir" if beir is not None else "pairs", "dropped": dropped},
         "stages": stage_records,
@@ -1061,9 +1060,10 @@ def _run_info(model, model_info, model_args, data_args, loss_args, training_args
 
 
 def _save_model(model: SentenceTransformer, folder: Path) -> None:
-    """The sentence-transformers files of `model` (a DupMAE hybrid model with its remote code), without a card."""
-    if is_dupmae_model(model):
-        save_dupmae_sentence_transformer(model, folder, create_model_card=False)
+    """The sentence-transformers files of `model` (a hybrid model with its module's remote code), without a card."""
+    hybrid = hybrid_method_of(model)
+    if hybrid is not None:
+        hybrid.pooling_module.save(model, folder, create_model_card=False)
     else:
         model.save(str(folder), create_model_card=False)
         save_without_pooler(model, folder)

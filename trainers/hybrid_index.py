@@ -51,7 +51,6 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 
 from .beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
 from .core.arguments import LIST_FLAG, start_command
-from .core.checkpoints import is_dupmae_model
 from .core.errors import UserError, one_line_message
 from .core.folders import (
     atomic_folder,
@@ -776,7 +775,7 @@ def _load_hybrid_model(folder: str, command: str) -> Any:
                else "give a local folder, or a Hub id that exists (and the network)")
         raise HybridIndexError(f"--model {folder} does not load ({type(error).__name__}: "
                                f"{one_line_message(error)}); {fix}") from None
-    if not is_dupmae_model(model):
+    if not any(is_dupmae_pooling(module) for module in model.modules()):
         raise HybridIndexError(
             f"--model {folder} is not a DupMAE hybrid model (it has no DupMAEPooling module): retromae {command} is "
             "for the export of a dupmae pre-training, or that model fine-tuned; a dense model is searched with "

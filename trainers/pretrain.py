@@ -57,7 +57,7 @@ from .core.versions import package_version
 from .data import DataInputs
 from .export import export_from_model
 from .fast_paths import compile_layers, compile_loss
-from .methods import METHODS, Method, MethodArguments, get_method
+from .methods import DEFAULT_METHOD, METHODS, Method, MethodArguments, get_method
 from .positions import check_extension_length, check_model_and_tokenizer, extend_position_embeddings
 from .recipe import RecipeArguments, suggest_recipe
 from .resume import (
@@ -118,7 +118,7 @@ class ModelArguments:
                   "A `retromae` checkpoint also continues as SentMAE stage 2 (--method sentmae, decoder included). "
                   f"Default: the bundled all-MiniLM-L6-v2 ({DEFAULT_BASE_MODEL_NAME})."},
     )
-    method: str = field(default="retromae", metadata={"help": "pre-training method (see `retromae methods`)"})
+    method: str = field(default=DEFAULT_METHOD, metadata={"help": "pre-training method (see `retromae methods`)"})
     tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder or id (default: the model's)"})
     base_model_name: str | None = field(
         default=None, metadata={"help": "Hub id of the base model, written to the model card (default: guessed)"}
@@ -372,7 +372,8 @@ def check_validation_options(training: PretrainingArguments, validation: Validat
     if not validation.eval_beir_folder:
         raise UserError(f"{flag} selects the checkpoint with the best retrieval validation metric: add "
                         "--eval-beir-folder FOLDER (a BEIR folder) and --metric-for-best-model ndcg@10")
-    names = metric_names(validation.eval_coverage, hybrid=method == "dupmae")
+    known = METHODS.get(method)  # an unknown --method is refused when the model is built
+    names = metric_names(validation.eval_coverage, known.metric_prefixes if known else ("",))
     if metric.removeprefix("eval_") not in names:
         raise UserError(f"--metric-for-best-model {metric}: the retrieval validation logs {', '.join(names)}; "
                         "choose one of them (e.g. ndcg@10)")

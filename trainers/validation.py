@@ -15,10 +15,11 @@ With `--eval-strategy steps` (or `epoch`) the Trainer's own evaluations run it i
 returns the `eval_*` metrics and logs them as an entry of their own, as the Trainer does), so
 `--metric-for-best-model ndcg@10 --load-best-model-at-end` selects the best checkpoint as for any Trainer.
 
-The representation is what the sentence-transformers export encodes (`sentence_vectors`): the last-layer [CLS]
-state of the encoder (`model.base_model`: `bert`, `roberta` or `model`), unit-normalised for a model trained with cosine similarity (SentMAE's default);
-for DupMAE its hybrid [W h ; sparse mu] (with the config's fixed projection W, as before fine-tuning), and its [CLS]
-part as `eval_cls_*`.
+The representation is what the sentence-transformers export encodes (`sentence_vectors`, computed by the method's
+`Method.sentence_vectors` from the states of the encoder, `model.base_model`: `bert`, `roberta` or `model`): the
+last-layer [CLS] state, unit-normalised for a model trained with cosine similarity (SentMAE's default); for DupMAE
+its hybrid [W h ; sparse mu] (with the config's fixed projection W, as before fine-tuning), and its [CLS] part as
+`eval_cls_*` (the method's `metric_prefixes`).
 
 The evaluation leaves the training untouched: it runs under `torch.no_grad` with every module in eval mode (no
 dropout), restores each module's own train/eval mode afterwards, draws nothing from the masking generators and
@@ -40,8 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from retromae.modeling.layers_dupmae import initial_dense_projection
-from retromae.modeling.modeling_dupmae import hybrid_representation, representation_parts
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
@@ -49,6 +48,7 @@ from transformers import TrainerCallback
 from .beir import RetrievalDataError, read_beir
 from .core.errors import UserError
 from .coverage import DEFAULT_KS, input_token_coverage
+from .methods import sentence_vectors_of
 
 logger = logging.getLogger(__name__)
 
@@ -170,37 +170,14 @@ def _encoder(model: nn.Module) -> nn.Module:
     return getattr(model, "base_model", model)
 
 
-def _has_hybrid(model: nn.Module) -> bool:
-    """A DupMAE model (with its MLM head, `head_parts`) whose representation is more than its [CLS] part."""
-    config = model.config
-    has_head = callable(getattr(model, "head_parts", None))
-    return config.model_type == "dupmae" and config.representation != "cls" and has_head
-
-
-def _dupmae_representation(model: nn.Module, hidden: torch.Tensor, input_ids: torch.Tensor,
-                           attention_mask: torch.Tensor, task: str) -> torch.Tensor:
-    """DupMAE's own representation `(batch_size, dense_dim + vocab_size)` as its encoder (`DupMAEModel`) and export
-    compute it before fine-tuning: [W h ; sqrt(lambda) top-k(mu)], W the config's fixed projection; the MLM head is
-    the model's own (`head_parts`, any base)."""
-    config = model.config
-    weight = initial_dense_projection(config.hidden_size, config.dense_dim, config.dense_proj_seed).to(hidden)
-    dense, mu = representation_parts(config, hidden, input_ids, attention_mask, lambda h: h @ weight.T,
-                                     model.head_parts())
-    return hybrid_representation(config, dense, mu, task)
-
-
 def sentence_vectors(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> dict[str, torch.Tensor]:
-    """The model's representations of a tokenized batch, float32 `(batch_size, dim)` by metric-name prefix: "" its
-    own (what the export encodes: [CLS], unit-normalised for a model trained with cosine similarity; DupMAE's
-    hybrid), "cls_" DupMAE's [CLS] part. `task`: "query" or "document" (DupMAE's top-k differ)."""
+    """The model's representations of a tokenized batch, float32 `(batch_size, dim)` by metric-name prefix, as its
+    method computes them (`Method.sentence_vectors`): "" its own (what the export encodes: [CLS], unit-normalised
+    for a model trained with cosine similarity; DupMAE's hybrid), "cls_" DupMAE's [CLS] part. `task`: "query" or
+    "document" (DupMAE's top-k differ)."""
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     hidden = _encoder(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
-    cls = hidden[:, 0].float()
-    if getattr(model.config, "similarity", None) == "cos":
-        cls = nn.functional.normalize(cls, dim=-1)
-    if not _has_hybrid(model):
-        return {"": cls}
-    return {"": _dupmae_representation(model, hidden, input_ids, attention_mask, task).float(), "cls_": cls}
+    return sentence_vectors_of(model.config.model_type)(model, hidden, batch, task)
 
 
 def _batches(model: nn.Module, tokenizer, texts: Sequence[str], max_seq_length: int, batch_size: int,
@@ -329,9 +306,10 @@ class RetrievalValidationCallback(TrainerCallback):
         return pending
 
 
-def metric_names(coverage: bool = False, hybrid: bool = False) -> list[str]:
-    """The names (without `eval_`) an evaluation logs: `--metric-for-best-model` takes one of them."""
-    names = [*METRICS, *(f"cls_{name}" for name in METRICS if hybrid)]
+def metric_names(coverage: bool = False, prefixes: Sequence[str] = ("",)) -> list[str]:
+    """The names (without `eval_`) an evaluation logs: `--metric-for-best-model` takes one of them. `prefixes`: the
+    method's `metric_prefixes` (DupMAE's `cls_` metrics score its [CLS] part)."""
+    names = [prefix + name for prefix in prefixes for name in METRICS]
     return names + [f"coverage@{k}" for k in DEFAULT_KS] if coverage else names
 
 

@@ -41,9 +41,6 @@ CARD_METRICS = (("ndcg_at_10", "NDCG@10"), ("mrr_at_10", "MRR@10"), ("recall_at_
                 ("recall_at_1000", "Recall@1000"))
 # BertConfig's own fields; a method config's other fields are its hyperparameters (listed in the card)
 BERT_FIELDS = frozenset(f.name for f in dataclasses.fields(BertConfig))
-# the fine-tuning recipe (in-batch, hard negatives, distillation) follows these methods' papers: every fine-tuned card
-# cites them
-FINETUNING_PAPERS = ("retromae", "dupmae")
 # method-config fields that are implementation knobs, not hyperparameters worth a line in the card
 NOT_HYPERPARAMETERS = frozenset({"loss_chunk_size", "mask_token_id"})
 # what a method config carries about its base besides the base config's own fields
@@ -81,6 +78,12 @@ class MethodDescription(Protocol):
     summary: str
     paper: Paper
     model_class: type
+    # the fine-tuning recipe (in-batch, hard negatives, distillation) follows its paper: fine-tuned cards cite it
+    finetuning_recipe: bool
+
+    @property
+    def pooling_label(self) -> str | None:
+        """How a fine-tuning record's `pooling` starts for a model holding the method's own module, else None."""
 
 
 def read_papers() -> dict[str, Paper]:
@@ -299,7 +302,8 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
     Args:
         info: the run record.
         methods: the method registry, by name: the starting model's pre-training method is described from its entry,
-            and the card cites it and the papers of the fine-tuning recipe (RetroMAE, DupMAE).
+            and the card cites it and the papers of the fine-tuning recipe (`finetuning_recipe`); a `pooling` that
+            names a method's own module (`pooling_label`) marks the hybrid model.
     """
     method_name = info.get("pretraining_method")
     method = methods.get(method_name) if method_name else None
@@ -319,7 +323,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         base_model=hub_base, datasets=datasets or None, tags=list(dict.fromkeys(tags)), model_name=model_name,
         eval_results=_eval_results(eval_rows) or None,
     )
-    cited = [method, *(methods.get(name) for name in FINETUNING_PAPERS)]
+    cited = [method, *(m for m in methods.values() if m.finetuning_recipe)]
     citations = list(dict.fromkeys(m.paper.bibtex for m in cited if m is not None))
     trust = info.get("trust_remote_code")
     card = ModelCard.from_template(
@@ -334,7 +338,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         similarity=info.get("similarity"),
         embedding_dim=info.get("embedding_dim"),
         max_seq_length=info.get("max_seq_length"),
-        hybrid=str(info.get("pooling", "")).startswith("DupMAE"),
+        hybrid=_names_own_module(str(info.get("pooling", "")), methods),
         trust_remote_code=trust,
         load_args=", trust_remote_code=True" if trust else "",
         train_name=card_name(train.get("name")),
@@ -352,6 +356,11 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         folder_name=model_name.split("/")[-1],
     )
     return str(card)
+
+
+def _names_own_module(pooling: str, methods: Mapping[str, MethodDescription]) -> bool:
+    """Whether a fine-tuning record's `pooling` names a method's own module (the hybrid model's)."""
+    return any(pooling.startswith(m.pooling_label) for m in methods.values() if m.pooling_label)
 
 
 def _base_model_text(hub_base: str | None, base_model: str | None) -> str:

@@ -38,7 +38,6 @@ from retromae.modeling.backbones import (
     encoder_type_of_config,
 )
 from retromae.modeling.pretraining_base import ClsEncoderModel, QuietLoadReportMixin
-from retromae.modeling.st_dupmae import is_dupmae_pooling
 from safetensors import safe_open
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
@@ -442,11 +441,6 @@ def divergence_on_any_process(model: nn.Module, log_history: list[dict[str, Any]
     return diverged
 
 
-def is_dupmae_model(model: nn.Module) -> bool:
-    """Whether a SentenceTransformer embeds with DupMAE's hybrid pooling (its loss needs the query/document routes)."""
-    return any(is_dupmae_pooling(m) for m in model.modules())
-
-
 def save_without_pooler(model: SentenceTransformer, folder: str | os.PathLike) -> None:
     """After `model.save(folder)`: a BERT encoder built without a pooler (the [CLS] state is used as it is) keeps
     loading without one. sentence-transformers does not save `model_kwargs`, and would add a randomly initialised
@@ -543,7 +537,6 @@ __all__ = [
     "encoder_kwargs",
     "position_offset",
     "usable_positions",
-    "is_dupmae_model",
     "load_bert_encoder",
     "load_mlm_head",
     "load_sentence_transformer",
