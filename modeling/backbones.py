@@ -305,6 +305,8 @@ class ModernBertBackbone(BertBackbone):
 
 BACKBONES: tuple[type[BertBackbone], ...] = (BertBackbone, RobertaBackbone, XLMRobertaBackbone, ModernBertBackbone)
 SUPPORTED_ENCODER_TYPES: tuple[str, ...] = tuple(t for backbone in BACKBONES for t in backbone.model_types)
+# the base a config means when it names none (method configs written before the other families)
+DEFAULT_ENCODER_TYPE = BertBackbone.model_types[0]
 
 
 def backbone_for(encoder_type: str) -> type[BertBackbone]:
@@ -359,6 +361,7 @@ def decoder_position_table(config) -> nn.Embedding | None:
 
 
 __all__ = [
+    "DEFAULT_ENCODER_TYPE",
     "BACKBONES",
     "BertBackbone",
     "DecoderEmbeddings",

@@ -18,6 +18,7 @@ from transformers.utils import ModelOutput
 
 from .backbones import (
     BACKBONES,
+    DEFAULT_ENCODER_TYPE,
     SUPPORTED_ENCODER_TYPES,
     BertBackbone,
     DecoderEmbeddings,
@@ -546,7 +547,7 @@ def _checked_types(model_name_or_path: str | os.PathLike) -> tuple[str, type]:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise OSError(f"{model_name_or_path}: no local folder of that name ({os.path.abspath(path)} does not exist), "
                       f"and as a Hub id it could not be loaded: {reason}") from error
-    model_type = config_dict.get("model_type") or "bert"
+    model_type = config_dict.get("model_type") or DEFAULT_ENCODER_TYPE
     method_types = {c.config_class.model_type for c in _pretraining_classes()}
     if model_type not in (*SUPPORTED_ENCODER_TYPES, *method_types):
         backbone_for(model_type)  # raises, naming what is supported
@@ -581,7 +582,7 @@ def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str,
     """The architecture fields a method config takes from a checkpoint: a base's full config with `encoder_type` and
     BERT's names for the fields our decoders read, or our checkpoints' fields as they are; `overrides`
     ("key=value,...") change the base's config first."""
-    if model_type not in SUPPORTED_ENCODER_TYPES or model_type == "bert":
+    if model_type not in SUPPORTED_ENCODER_TYPES or model_type in BertBackbone.model_types:
         base = _overridden(BertConfig.from_pretrained(model_name_or_path), overrides)
         return {k: v for k, v in base.to_dict().items() if k not in CONFIG_META_KEYS}
     base_config = _overridden(AutoConfig.from_pretrained(model_name_or_path), overrides)

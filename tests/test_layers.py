@@ -296,3 +296,20 @@ def test_the_method_name_check_finds_a_reference(tmp_path):
     found = [reference.split(" ", 1)[1] for reference in _method_references("driver", source)]
     assert sorted(found) == sorted(["modeling_dupmae", "DupMAEModel", "is_dupmae_model", "'dupmae'", "'retromae'",
                                     "'seed'", "'DupMAE'"])
+
+
+def test_the_bert_family_is_named_only_in_backbones():
+    """A new family touches backbones.py: no other module names "bert" as a value (a `Literal[...]` option value,
+    such as `--decoder-init bert`, is the user's word for an initialisation, not the family)."""
+    named = []
+    for path in [*TRAINERS.rglob("*.py"), *MODELING.glob("*.py")]:
+        if path.name == "backbones.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        options = {id(node) for sub in ast.walk(tree) if isinstance(sub, ast.Subscript)
+                   and getattr(sub.value, "id", None) == "Literal" for node in ast.walk(sub.slice)}
+        options |= {id(sub.value) for sub in ast.walk(tree) if isinstance(sub, ast.AnnAssign)  # an option's default
+                    and isinstance(sub.annotation, ast.Subscript) and getattr(sub.annotation.value, "id", None) == "Literal"}
+        named += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value == "bert" and id(node) not in options]
+    assert named == []

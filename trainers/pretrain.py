@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from retromae.modeling.backbones import BACKBONES, SUPPORTED_ENCODER_TYPES, backbone_of
+from retromae.modeling.backbones import BACKBONES, DEFAULT_ENCODER_TYPE, SUPPORTED_ENCODER_TYPES, backbone_of
 from sentence_transformers import SentenceTransformer
 from transformers import (
-    AutoConfig,
     IntervalStrategy,
+    PreTrainedConfig,
     TrainingArguments,
     set_seed,
 )
@@ -541,7 +541,7 @@ def load_pretraining_model(
                                                          attn_implementation=attn_implementation)
         model.after_encoder_checkpoint_loaded(set(info["missing_keys"]))  # e.g. a decoder grown by a layer
         return model
-    if (model_type or "bert") not in SUPPORTED_ENCODER_TYPES:
+    if (model_type or DEFAULT_ENCODER_TYPE) not in SUPPORTED_ENCODER_TYPES:
         raise UserError(unsupported_model_message(model_ref, model_type))
     try:
         return method.model_class.from_encoder_checkpoint(
@@ -554,7 +554,7 @@ def load_pretraining_model(
 def config_model_type(model_ref: str) -> str | None:
     """The `model_type` of `model_ref`'s config.json (None when it names none); one line when there is no config."""
     try:
-        return AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("model_type")
+        return PreTrainedConfig.get_config_dict(model_ref)[0].get("model_type")
     except OSError as error:
         raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
 
@@ -581,7 +581,7 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
         overrides += [f"{key}={value}" for key, value in (("vocab_size", len(tokenizer)),
                                                           ("pad_token_id", tokenizer.pad_token_id))
                       if key not in given and value is not None]
-    model_type = config_model_type(model_ref) or "bert"
+    model_type = config_model_type(model_ref) or DEFAULT_ENCODER_TYPE
     if model_type not in SUPPORTED_ENCODER_TYPES:
         families = ", ".join(backbone.display_name for backbone in BACKBONES)
         raise UserError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
@@ -621,7 +621,7 @@ def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -
     if field_ is None or "loss_chunk_size" in settings:
         return
     try:
-        vocab_size = AutoConfig.for_model("bert").get_config_dict(model_ref)[0].get("vocab_size")
+        vocab_size = PreTrainedConfig.get_config_dict(model_ref)[0].get("vocab_size")
     except OSError:  # refused with its own message when the model is loaded
         return
     if not isinstance(vocab_size, int) or vocab_size <= LOSS_CHUNK_VOCAB:

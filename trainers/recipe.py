@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import try_to_load_from_cache
-from retromae.modeling.backbones import BACKBONES
+from retromae.modeling.backbones import BACKBONES, BertBackbone
 from retromae.modeling.configuration_sentmae import SentMAEConfig
 from retromae.modeling.modeling_sentmae import in_batch_contrastive_loss
 from transformers import TrainerCallback
@@ -61,7 +61,7 @@ class EncoderNames:
     (`bert`, `roberta`, `model`) and the path of its layer list inside the encoder (`encoder.layer`, ModernBERT's
     `layers`)."""
 
-    prefix: str = "bert"
+    prefix: str = BertBackbone.prefix
     layers: str = "encoder.layer"
 
     @property

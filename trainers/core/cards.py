@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from retromae.modeling.backbones import backbone_for, encoder_type_of_config
+from retromae.modeling.backbones import DEFAULT_ENCODER_TYPE, backbone_for, encoder_type_of_config
 from transformers import CONFIG_MAPPING, BertConfig
 
 from .folders import FILE_SUFFIXES, is_hub_id, is_local_path, public_name
@@ -251,7 +251,7 @@ def base_architecture_fields(config: Mapping[str, Any]) -> frozenset[str]:
     """The fields that describe the base rather than the method: BertConfig's, and for a RoBERTa / XLM-R / ModernBERT
     base (`encoder_type`) every field of its own config class (ModernBERT's norm_eps, layer_types, ...), plus
     `encoder_type` and `sliding_window` themselves."""
-    encoder_type = config.get("encoder_type") or "bert"
+    encoder_type = config.get("encoder_type") or DEFAULT_ENCODER_TYPE
     base_class = CONFIG_MAPPING[encoder_type] if encoder_type in CONFIG_MAPPING else None  # noqa: SIM401 (lazy: no .get)
     base_fields = {f.name for f in dataclasses.fields(base_class)} if dataclasses.is_dataclass(base_class) else set()
     if base_class is not None:

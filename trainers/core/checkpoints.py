@@ -208,7 +208,7 @@ def base_config_of(config: Mapping[str, Any]) -> PretrainedConfig:
     config.json has the base's `model_type` and no `auto_map`."""
     encoder_type = encoder_type_of_config(config)
     backbone_for(encoder_type)  # a ValueError naming the supported families for any other
-    config_class = BertConfig if encoder_type == "bert" else CONFIG_MAPPING[encoder_type]
+    config_class = BertConfig if encoder_type in BertBackbone.model_types else CONFIG_MAPPING[encoder_type]
     fields = BERT_CONFIG_FIELDS if config_class is BertConfig else _config_fields(config_class)
     return config_class(**{k: v for k, v in config.items() if k in fields})
 
@@ -326,7 +326,7 @@ def load_bert_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") 
     model_type = config.get("model_type")
     if model_type in CONFIG_MAPPING:
         encoder, info = AutoModel.from_pretrained(path, output_loading_info=True, **encoder_kwargs(model_type))
-    elif encoder_type_of_config(config) == "bert":  # our pre-training checkpoints: BERT weights under `bert.`
+    elif encoder_type_of_config(config) in BertBackbone.model_types:  # our pre-training checkpoints: BERT weights under `bert.`
         encoder, info = ClsEncoderModel.from_pretrained(path, output_loading_info=True)
     else:  # our pre-training checkpoints on another base: its weights under `roberta.` / `model.`
         try:
