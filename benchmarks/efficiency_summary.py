@@ -1,4 +1,4 @@
-"""Issue 51's targets against the files of one efficiency call (benchmarks/device/efficiency.sh).
+"""The GPU-efficiency targets against the files of one efficiency call (benchmarks/device/efficiency.sh).
 
     python benchmarks/efficiency_summary.py FOLDER
 

@@ -1,5 +1,5 @@
 """Retrieval validation during pre-training: zero-shot NDCG@10, MRR@10 and Recall@100 of the model's own sentence
-representation on a BEIR folder, logged beside the loss terms every `eval_steps` (issue 35).
+representation on a BEIR folder, logged beside the loss terms every `eval_steps`.
 
 `RetrievalValidationCallback` is a `TrainerCallback` for a `RetroMAETrainer` (`retromae pretrain --eval-beir-folder`
 adds it). At the end of every `eval_steps`-th optimizer step (and the last one) it encodes the first `max_queries`
