@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from retromae.trainers.cli import main
 from retromae.trainers.core import lock as lock_module
-from retromae.trainers.core.lock import LOCK_NAME, FolderLocked, folder_lock
+from retromae.trainers.core.errors import UserError
+from retromae.trainers.core.lock import LOCK_NAME, folder_lock
 from retromae.trainers.pretrain import pretrain_arguments
 from retromae.trainers.trainer import RetroMAETrainer
 from safetensors.torch import load_file
@@ -262,7 +263,7 @@ def test_the_lock_is_released_on_errors_and_a_live_or_remote_holder_is_refused(t
     folder.mkdir()
     for holder in ({"pid": os.getppid(), "host": socket.gethostname()}, {"pid": dead_pid(), "host": "elsewhere"}):
         (folder / LOCK_NAME).write_text(json.dumps(holder))
-        with pytest.raises(FolderLocked, match=f"pid {holder['pid']} on {holder['host']}"), folder_lock(folder):
+        with pytest.raises(UserError, match=f"pid {holder['pid']} on {holder['host']}"), folder_lock(folder):
             pass
         assert json.loads((folder / LOCK_NAME).read_text()) == holder, "another run's lock stays"
     with folder_lock(folder, enabled=False) as lock:  # a DDP rank that does not save

@@ -11,6 +11,7 @@ import pytest
 import torch
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.trainers.core.errors import UserError
 from retromae.trainers.data import PretrainingCollator, masking_generator, tokenize_corpus
 from retromae.trainers.trainer import RetroMAETrainer
 from transformers import TrainerCallback, TrainingArguments
@@ -198,7 +199,6 @@ def test_span_cuts_differ_across_batches_with_workers(tokenizer, same_rows, tmp_
 
 def test_a_trainer_without_a_collator_names_the_one_to_pass(tokenizer, rows, tmp_path):
     """HEAD trained with the Trainer's padding collator, masked nothing and failed in transformers on a None loss."""
-    from retromae.trainers.core.errors import UserError
 
     with pytest.raises(UserError, match=r"needs data_collator=PretrainingCollator\(tokenizer, mask_ratio=\.\.\.\)"):
         RetroMAETrainer(model=tiny_model(), args=training_args(tmp_path), train_dataset=rows,

@@ -21,7 +21,8 @@ from retromae.modeling.modeling_sentmae import (
 )
 from retromae.trainers.cli import main
 from retromae.trainers.contrastive_data import ContrastiveCollator, cut_two_spans, read_pairs, tokenize_pairs
-from retromae.trainers.data import CorpusError, tokenize_corpus
+from retromae.trainers.core.errors import UserError
+from retromae.trainers.data import tokenize_corpus
 from retromae.trainers.methods import METHODS, MethodArguments
 from safetensors.torch import load_file
 
@@ -332,7 +333,7 @@ def test_pair_collator(tokenizer):
 )
 def test_bad_pair_files_name_file_and_line(tmp_path, lines, message):
     path = write_jsonl(tmp_path / "nli.jsonl", lines)
-    with pytest.raises(CorpusError) as info:
+    with pytest.raises(UserError) as info:
         read_pairs(path)
     assert message in str(info.value).replace(str(tmp_path) + os.sep, "")
 

@@ -45,8 +45,9 @@ from typing import Any, Literal
 
 import datasets
 
+from .core.errors import UserError
 from .core.io import atomic_file, iter_jsonl
-from .data import CorpusError, iter_decoded_lines
+from .data import iter_decoded_lines
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ __all__ = [
 ]
 
 
-class RetrievalDataError(CorpusError):
+class RetrievalDataError(UserError):
     """Retrieval data (BEIR folder, qrels, training pairs, teacher scores) cannot be used; the message says why."""
 
 

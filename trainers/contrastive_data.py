@@ -43,7 +43,6 @@ from .core.errors import UserError
 from .core.io import iter_jsonl
 from .data import (
     UNMASKED_KEY,
-    CorpusError,
     DataInputs,
     PretrainingCollator,
     TrainingData,
@@ -79,27 +78,27 @@ def read_pairs(path: str | os.PathLike) -> datasets.Dataset:
         A ``datasets.Dataset`` with the columns ``"anchor"`` and ``"positive"``.
 
     Raises:
-        CorpusError: the file is missing or empty, or a line is not UTF-8, not JSON, or lacks a non-empty string
+        UserError: the file is missing or empty, or a line is not UTF-8, not JSON, or lacks a non-empty string
             ``"anchor"`` / ``"positive"``; the message gives the file and 1-based line.
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise CorpusError(f"pair file {str(path)!r} does not exist; check the path (relative to {Path.cwd()})")
+        raise UserError(f"pair file {str(path)!r} does not exist; check the path (relative to {Path.cwd()})")
     if file.suffix != ".jsonl":
-        raise CorpusError(f"pair file {str(path)!r} must be JSONL (.jsonl), one {{'anchor', 'positive'}} per line")
+        raise UserError(f"pair file {str(path)!r} must be JSONL (.jsonl), one {{'anchor', 'positive'}} per line")
     columns: dict[str, list[str]] = {name: [] for name in PAIR_FIELDS}
-    for where, record in iter_jsonl(file, error=CorpusError, example='{"anchor": "...", "positive": "..."}'):
+    for where, record in iter_jsonl(file, error=UserError, example='{"anchor": "...", "positive": "..."}'):
         for name in PAIR_FIELDS:
             value = record.get(name)
             if not isinstance(value, str) or not value.strip():
                 problem = f"no {name!r} field" if name not in record else f"{name!r} is not a non-empty string"
-                raise CorpusError(
+                raise UserError(
                     f"{where}: {problem} (keys: {sorted(record)}); every line needs a non-empty string "
                     f'"anchor" and "positive"'
                 )
             columns[name].append(" ".join(value.split()))
     if not columns["anchor"]:
-        raise CorpusError(f"pair file {str(file)!r} holds no pair; add lines {{\"anchor\": ..., \"positive\": ...}}")
+        raise UserError(f"pair file {str(file)!r} holds no pair; add lines {{\"anchor\": ..., \"positive\": ...}}")
     logger.info("Read %d pairs from %s", len(columns["anchor"]), file)
     return datasets.Dataset.from_dict(columns)
 
@@ -115,7 +114,7 @@ def tokenize_pairs(pairs: datasets.Dataset, tokenizer: Any, *, max_seq_length: i
         raise ValueError(f"tokenize_pairs needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}")
     missing = [name for name in PAIR_FIELDS if name not in pairs.column_names]
     if missing:
-        raise CorpusError(f"the pair dataset has no {missing} column(s) (columns: {pairs.column_names})")
+        raise UserError(f"the pair dataset has no {missing} column(s) (columns: {pairs.column_names})")
     ids, starts = datasets.Sequence(datasets.Value("int32")), datasets.Sequence(datasets.Value("int8"))
     features = datasets.Features(
         {"input_ids": ids, "word_starts": starts, f"{POSITIVE_PREFIX}input_ids": ids, f"{POSITIVE_PREFIX}word_starts": starts}
@@ -131,7 +130,7 @@ def tokenize_pairs(pairs: datasets.Dataset, tokenizer: Any, *, max_seq_length: i
     if len(tokenized) < len(pairs):
         logger.warning("Dropped %d pair(s) whose anchor or positive has no token", len(pairs) - len(tokenized))
     if len(tokenized) == 0:
-        raise CorpusError("no pair left after tokenizing: every anchor or positive is empty")
+        raise UserError("no pair left after tokenizing: every anchor or positive is empty")
     return tokenized
 
 

@@ -48,7 +48,7 @@ from .data import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, read_corpus, unknown_token_sh
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_KS", "DEFAULT_MAX_SEQ_LENGTH", "MIN_SEQ_LENGTH", "PROJECTIONS", "CoverageError",
+__all__ = ["DEFAULT_KS", "DEFAULT_MAX_SEQ_LENGTH", "MIN_SEQ_LENGTH", "PROJECTIONS",
            "check_coverage_run", "coverage_at_k", "input_token_coverage", "plot_coverage", "run_coverage"]
 
 DEFAULT_KS = (10, 20, 50, 100)
@@ -61,10 +61,6 @@ PROJECTIONS = ("embeddings", "lm_head")
 Projection = Literal["embeddings", "lm_head"]
 LM_HEAD_HINT = ("; --projection lm_head needs a pre-training or masked-LM checkpoint: use --projection embeddings "
                 "(projection='embeddings' in Python)")
-
-
-class CoverageError(UserError):
-    """The coverage cannot be measured as asked (bad cut-offs, no texts, a model without what is needed)."""
 
 
 def coverage_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
@@ -116,7 +112,7 @@ def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> Callable[[torch.Te
     if isinstance(model_or_path, nn.Module):
         head = getattr(model_or_path, "cls", None)
         if head is None:
-            raise CoverageError(f"{type(model_or_path).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
+            raise UserError(f"{type(model_or_path).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
     else:
         head = load_mlm_head(model_or_path, hint=LM_HEAD_HINT)
     head = head.eval()
@@ -130,7 +126,7 @@ def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[
         return lambda h: h.float() @ embedding_matrix.float().t()  # h · Eᵀ
     if projection == "lm_head":
         return _lm_head(model_or_path)
-    raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+    raise UserError(f"projection={projection!r}: choose one of {PROJECTIONS}")
 
 
 @torch.no_grad()
@@ -162,7 +158,7 @@ def _coverage_sums(
         attention_mask = batch["attention_mask"].to(device)  # (B, L)
         ordinary = attention_mask.bool() & ~batch["special_tokens_mask"].to(device).bool()  # (B, L)
         if int(input_ids.max()) >= vocab_size:
-            raise CoverageError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
+            raise UserError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
         scores = project(hidden[:, 0])  # (B, V)
         counts = torch.zeros(scores.shape, device=device)
@@ -178,10 +174,10 @@ def _coverage_sums(
 def _check_ks(ks: Iterable[int], vocab_size: int) -> tuple[int, ...]:
     ks = tuple(ks)
     if not ks:
-        raise CoverageError("ks is empty; give at least one cut-off k")
+        raise UserError("ks is empty; give at least one cut-off k")
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
-            raise CoverageError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
+            raise UserError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
     return ks
 
 
@@ -217,11 +213,11 @@ def input_token_coverage(
     """
     texts = [t for t in texts]
     if not texts:
-        raise CoverageError("no texts given")
+        raise UserError("no texts given")
     if batch_size < 1:
-        raise CoverageError(f"batch_size={batch_size} must be >= 1")
+        raise UserError(f"batch_size={batch_size} must be >= 1")
     if projection not in PROJECTIONS:
-        raise CoverageError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+        raise UserError(f"projection={projection!r}: choose one of {PROJECTIONS}")
     if not isinstance(model_dir_or_model, nn.Module):  # its own tokenizer is read from it when none is given
         check_model_folder(model_dir_or_model, purpose="coverage", tokenizer=tokenizer is None)
     encoder = _encoder(model_dir_or_model)
@@ -229,7 +225,7 @@ def input_token_coverage(
     project = _projector(model_dir_or_model, encoder, projection)
     if tokenizer is None:
         if isinstance(model_dir_or_model, nn.Module):
-            raise CoverageError("tokenizer is required when a module is given")
+            raise UserError("tokenizer is required when a module is given")
         tokenizer = load_tokenizer(model_dir_or_model)
     _warn_unknown_tokens(tokenizer, texts, max_seq_length)
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
@@ -250,7 +246,7 @@ def input_token_coverage(
         encoder.train(was_training)
         encoder.to(original_device)
     if scored == 0:
-        raise CoverageError(f"none of the {len(texts)} texts has a non-special token")
+        raise UserError(f"none of the {len(texts)} texts has a non-special token")
     if scored < len(texts):
         logger.warning("coverage: %d of %d texts have no non-special token and were skipped", len(texts) - scored, len(texts))
     return {k: float(total) / scored for k, total in zip(ks, totals.tolist(), strict=True)}
@@ -268,7 +264,7 @@ def _sequence_length(max_seq_length: int | None, encoder: nn.Module, model_name:
             return limit
         return DEFAULT_MAX_SEQ_LENGTH
     if max_seq_length < MIN_SEQ_LENGTH or (limit is not None and max_seq_length > limit):
-        raise CoverageError(f"--max-seq-length {max_seq_length}: give {MIN_SEQ_LENGTH} to "
+        raise UserError(f"--max-seq-length {max_seq_length}: give {MIN_SEQ_LENGTH} to "
                             f"{limit or 'the encoder limit'} for {model_name} (tokens per text, special tokens "
                             "included: [CLS], at least one text token and [SEP])")
     return max_seq_length
@@ -303,7 +299,7 @@ def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathL
     from matplotlib.figure import Figure
 
     if not results:
-        raise CoverageError("results is empty; nothing to plot")
+        raise UserError("results is empty; nothing to plot")
     path = Path(path_png)
     figure = Figure(figsize=(6.4, 4.4), layout="constrained")
     FigureCanvasAgg(figure)
@@ -344,14 +340,14 @@ def check_coverage_run(models: Sequence[str | os.PathLike], output_dir: str | os
         The models as strings, the names they are reported under.
 
     Raises:
-        UserError: `CoverageError` or `FolderError`, one line naming the model or file and the fix.
+        UserError: `UserError` or `UserError`, one line naming the model or file and the fix.
     """
     check_folder_option("--output-dir", output_dir)
     names = [str(m) for m in models]
     if not names:
-        raise CoverageError("no models given")
+        raise UserError("no models given")
     if len(set(names)) != len(names):
-        raise CoverageError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+        raise UserError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
     _check_results_folder(Path(output_dir), names, overwrite)
     for name in names:
         check_model_folder(name, purpose="coverage --model", tokenizer=not tokenizer_given)
@@ -366,12 +362,12 @@ def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bo
     results, plot = output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG
     for path in (results, plot):
         if path.is_dir():
-            raise CoverageError(f"{path} is a folder; choose another --output-dir")
+            raise UserError(f"{path} is a folder; choose another --output-dir")
     if overwrite:
         return
     if not results.is_file():
         if plot.exists():
-            raise CoverageError(f"{plot} is a plot that `retromae coverage` did not write (no {COVERAGE_JSON} beside "
+            raise UserError(f"{plot} is a plot that `retromae coverage` did not write (no {COVERAGE_JSON} beside "
                                 "it); choose another --output-dir, or pass --overwrite to replace it")
         return
     record = read_json_or_empty(results)
@@ -386,7 +382,7 @@ def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bo
         whose = f"the coverage of {', '.join(map(str, scored))}"
     else:
         return
-    raise CoverageError(f"{results} holds {whose}; choose another --output-dir, or pass --overwrite to replace them")
+    raise UserError(f"{results} holds {whose}; choose another --output-dir, or pass --overwrite to replace them")
 
 
 def run_coverage(

@@ -9,7 +9,7 @@ batch = PretrainingCollator(tokenizer)(list(tokenized.select(range(8))))
 ```
 
 Files are read by our own generator so that every error names the file and the 1-based line number
-(``CorpusError``); the result is materialised (and cached) by ``datasets.Dataset.from_generator``, or streamed lazily
+(``UserError``); the result is materialised (and cached) by ``datasets.Dataset.from_generator``, or streamed lazily
 by ``datasets.IterableDataset.from_generator`` for corpora larger than memory.
 
 ``DataInputs`` (what a run asks for) and ``TrainingData`` (dataset + collator) are what a method's training-data
@@ -59,7 +59,7 @@ WARN_UNK_SHARE = 0.05  # more than this: a warning
 UNK_SAMPLE_ROWS = 1000  # sequences the share is measured on (spread over the corpus; the first ones of a stream)
 
 __all__ = [
-    "CorpusError",
+    "UserError",
     "DataInputs",
     "PretrainingCollator",
     "TrainingData",
@@ -75,10 +75,6 @@ __all__ = [
     "unknown_token_share",
     "word_start_flags",
 ]
-
-
-class CorpusError(UserError):
-    """The corpus cannot be read; the message names the file (and line) and what to do about it."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -120,13 +116,13 @@ def read_corpus(
         text_format: How ``.txt`` files split into passages (``"auto"``, ``"lines"`` or ``"blocks"``).
         streaming: Return a lazy ``datasets.IterableDataset`` (for corpora larger than memory) instead of a
             memory-mapped, cached ``datasets.Dataset``. Errors in the files then surface while iterating, as the
-            same ``CorpusError``; a folder of several files is sharded by file across DataLoader workers.
+            same ``UserError``; a folder of several files is sharded by file across DataLoader workers.
 
     Returns:
         A ``datasets.Dataset`` (or ``datasets.IterableDataset`` when ``streaming=True``) with the column ``"text"``.
 
     Raises:
-        CorpusError: The path is missing, a file is malformed (not UTF-8, UTF-16 or UTF-32 named as such, a line that
+        UserError: The path is missing, a file is malformed (not UTF-8, UTF-16 or UTF-32 named as such, a line that
             is not JSON or has no string ``"text"``; the message gives the file and 1-based line), a folder holds
             files of other types (which would be left out) or a looping link, or the corpus holds no passage at all.
         ValueError: ``text_format`` is not one of ``"auto"``, ``"lines"``, ``"blocks"``.
@@ -151,7 +147,7 @@ def _read_source(
     if path.is_dir():
         return _read_directory(path, text_format, streaming)
     if _looks_like_path(str(source)):
-        raise CorpusError(f"corpus path {str(source)!r} does not exist; check the path (relative to {Path.cwd()})")
+        raise UserError(f"corpus path {str(source)!r} does not exist; check the path (relative to {Path.cwd()})")
     return _load_hub_dataset(str(source), streaming)
 
 
@@ -180,12 +176,12 @@ def _read_directory(
     others = [p for p in found if p.suffix not in CORPUS_SUFFIXES]
     if not files:
         holds = f" (it holds {_some_names(others, path)})" if others else ""
-        raise CorpusError(
+        raise UserError(
             f"directory {str(path)!r} holds no corpus{holds}: expected corpus.jsonl (BEIR), a datasets save_to_disk "
             f"folder, or .txt/.jsonl files; point the source at one of these"
         )
     if others:
-        raise CorpusError(
+        raise UserError(
             f"directory {str(path)!r} holds files that are not a corpus format: {_some_names(others, path)}; only .txt "
             f"and .jsonl files are read: move the others out of the folder (or convert them)"
         )
@@ -198,7 +194,7 @@ def _files_below(folder: Path) -> list[Path]:
     symbolic links to folders too: ``Path.rglob`` does not enter those, and their passages were left out silently.
 
     Raises:
-        CorpusError: a link to a folder that holds it (walking on would never end), or to a folder reached already
+        UserError: a link to a folder that holds it (walking on would never end), or to a folder reached already
             (its files would be read twice); the message names the link.
     """
     found: list[Path] = []
@@ -207,7 +203,7 @@ def _files_below(folder: Path) -> list[Path]:
         here = Path(root)
         real = os.path.realpath(here)
         if real in reached:
-            raise CorpusError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
+            raise UserError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
                               f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
                               "its files would be read twice; remove the link")
         reached[real] = here
@@ -215,7 +211,7 @@ def _files_below(folder: Path) -> list[Path]:
         for link in (here / name for name in subfolders if (here / name).is_symlink()):
             target = Path(os.path.realpath(link))
             if Path(real).is_relative_to(target):
-                raise CorpusError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
+                raise UserError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
                                   f"{target}, a folder that holds it (a loop); remove the link")
         found += [here / name for name in names if not name.startswith(".") and (here / name).is_file()]
     return sorted(found)
@@ -240,22 +236,22 @@ def _load_saved_dataset(path: Path, streaming: bool) -> datasets.Dataset | datas
         elif len(loaded) == 1:
             loaded = next(iter(loaded.values()))
         else:
-            raise CorpusError(
+            raise UserError(
                 f"{str(path)!r} is a DatasetDict without a 'train' split (splits: {sorted(loaded)}); "
                 f"save the split to use with dataset_dict['<split>'].save_to_disk(...)"
             )
     corpus = _select_text_column(loaded, str(path))
     if len(corpus) == 0:
-        raise CorpusError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
+        raise UserError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
     return corpus.to_iterable_dataset() if streaming else corpus
 
 
 def _load_hub_dataset(name: str, streaming: bool) -> datasets.Dataset | datasets.IterableDataset:
-    """Loads the ``"train"`` split of a Hub dataset; every failure becomes a ``CorpusError``."""
+    """Loads the ``"train"`` split of a Hub dataset; every failure becomes a ``UserError``."""
     try:
         loaded = datasets.load_dataset(name, split="train", streaming=streaming)
     except Exception as exc:
-        raise CorpusError(
+        raise UserError(
             f"corpus {name!r} was not found locally (no such file or directory) or on the Hub "
             f"({type(exc).__name__}: {exc}); check the path, or the dataset name and your connection "
             f"(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"
@@ -266,19 +262,19 @@ def _load_hub_dataset(name: str, streaming: bool) -> datasets.Dataset | datasets
 def _select_text_column(
     dataset: datasets.Dataset | datasets.IterableDataset, where: str
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Keeps only the ``"text"`` column, or raises ``CorpusError`` when there is none or it does not hold strings
+    """Keeps only the ``"text"`` column, or raises ``UserError`` when there is none or it does not hold strings
     (a list of two strings would be tokenized as a sentence pair)."""
     columns = dataset.column_names
     if columns is None:  # a streaming dataset with unknown features: checked when iterating
         return dataset.select_columns(["text"])
     if "text" not in columns:
-        raise CorpusError(
+        raise UserError(
             f"dataset {where!r} has no 'text' column (columns: {columns}); rename the passage column to 'text', "
             f"e.g. dataset.rename_column('<column>', 'text')"
         )
     feature = dataset.features["text"]
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
-        raise CorpusError(
+        raise UserError(
             f"dataset {where!r}: the 'text' column holds {feature!r}, not strings; save one passage string per row "
             f"in 'text' (e.g. join a list of sentences with a space)"
         )
@@ -292,7 +288,7 @@ def _read_files(
     sources = [_describe_file(path, text_format) for path in files]
     if not any(_has_content(path) for path in files):
         names = ", ".join(repr(str(p)) for p in files)
-        raise CorpusError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
+        raise UserError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
     features = datasets.Features({"text": datasets.Value("string")})
     if streaming:
         # A list in gen_kwargs is sharded by file across DataLoader workers / ranks.
@@ -322,7 +318,7 @@ def _describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, 
     elif path.suffix == ".txt":
         fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
     else:
-        raise CorpusError(f"{str(path)!r}: unsupported file type {path.suffix!r}; use a .txt or .jsonl file")
+        raise UserError(f"{str(path)!r}: unsupported file type {path.suffix!r}; use a .txt or .jsonl file")
     return str(path.resolve()), fmt, stat.st_size, stat.st_mtime_ns
 
 
@@ -349,12 +345,12 @@ def _has_content(path: Path) -> bool:
         return any(raw.strip() for raw in handle)
 
 
-def _find_corpus_error(exc: BaseException) -> CorpusError | None:
-    """The ``CorpusError`` that ``datasets`` wrapped (in ``__cause__``/``__context__``), if any."""
+def _find_corpus_error(exc: BaseException) -> UserError | None:
+    """The ``UserError`` that ``datasets`` wrapped (in ``__cause__``/``__context__``), if any."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, CorpusError):
+        if isinstance(current, UserError):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -392,7 +388,7 @@ def _generate_passages(
     """Yields ``{"text": passage}`` for every file in ``sources`` (see ``_describe_file``).
 
     ``code`` (the readers' ``code_fingerprint``) is unused here: it is part of the cache fingerprint.
-    With ``require_passages`` an empty result raises ``CorpusError`` (not for streaming, where a shard of the files
+    With ``require_passages`` an empty result raises ``UserError`` (not for streaming, where a shard of the files
     may legitimately be empty).
     """
     count = 0
@@ -402,7 +398,7 @@ def _generate_passages(
             yield {"text": text}
     if require_passages and count == 0:
         names = ", ".join(repr(source[0]) for source in sources)
-        raise CorpusError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
+        raise UserError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
 # byte-order marks, UTF-32's first: its little-endian mark starts with UTF-16's
@@ -437,12 +433,12 @@ def check_text_encoding(path: str | os.PathLike) -> None:
     with open(path, "rb") as handle:
         encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
     if encoding is not None:
-        raise CorpusError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
+        raise UserError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
                           f"{encoding} -t utf-8 in > out")
 
 
 def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
-    """Yields ``(1-based line number, line without its end)``, raising ``CorpusError`` on bytes that are not UTF-8
+    """Yields ``(1-based line number, line without its end)``, raising ``UserError`` on bytes that are not UTF-8
     (``check_text_encoding`` first, so that UTF-16 and UTF-32 are named as such)."""
     check_text_encoding(path)
     with open(path, "rb") as handle:
@@ -450,7 +446,7 @@ def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
-                raise CorpusError(
+                raise UserError(
                     f"{path}:{line_no}: bytes that are not valid UTF-8 ({exc.reason} at column {exc.start + 1}); "
                     f"re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out"
                 ) from None
@@ -498,7 +494,7 @@ def _iter_text_blocks(path: str) -> Iterator[tuple[int, str]]:
 def _iter_jsonl(path: str) -> Iterator[tuple[int, str]]:
     """One passage per JSON line, with its line number: ``text``, or ``title + " " + text`` when a title is given."""
     check_text_encoding(path)
-    for where, record in iter_jsonl(path, error=CorpusError, example='{"text": "..."}'):
+    for where, record in iter_jsonl(path, error=UserError, example='{"text": "..."}'):
         _check_jsonl_record(record, where)
         title = record.get("title")
         text = f"{title} {record['text']}" if isinstance(title, str) and title.strip() else record["text"]
@@ -511,16 +507,16 @@ _READERS = {"jsonl": _iter_jsonl, "lines": _iter_text_lines, "blocks": _iter_tex
 
 
 def _check_jsonl_record(record: dict[str, Any], where: str) -> None:
-    """Raises ``CorpusError`` unless ``record`` has a string ``"text"``; ``where`` is ``file:line``."""
+    """Raises ``UserError`` unless ``record`` has a string ``"text"``; ``where`` is ``file:line``."""
     if "text" not in record:
-        raise CorpusError(
+        raise UserError(
             f'{where}: no "text" field (keys: {sorted(record)}); give every line a string "text" field '
             f'(and optionally a "title")'
         )
     if not isinstance(record["text"], str):
         found = json.dumps(record["text"])
         found = found if len(found) <= 40 else found[:37] + "..."
-        raise CorpusError(
+        raise UserError(
             f'{where}: the "text" field must be a string, found {found} (JSON {json_type(record["text"])}); '
             f'write the passage in quotes, e.g. {{"text": "..."}}'
         )
@@ -562,17 +558,17 @@ def builtin_corpus() -> datasets.Dataset:
     Each text is split into paragraphs on blank lines, whitespace is collapsed, and a paragraph is kept when it has at
     least 150 characters, is mostly prose (no ``>>>`` prompt, no ``::=`` grammar, and at most 3% of its characters
     among ``()=[]{}<>_*`|\\:``) and was not seen before. The order is deterministic for a given Python version
-    (about 2,000 passages on CPython 3.11). Docstrings stripped by ``python -OO`` leave it empty (``CorpusError``).
+    (about 2,000 passages on CPython 3.11). Docstrings stripped by ``python -OO`` leave it empty (``UserError``).
 
     Returns:
         A ``datasets.Dataset`` with one column ``"text"``.
 
     Raises:
-        CorpusError: No passage could be collected (e.g. under ``python -OO``).
+        UserError: No passage could be collected (e.g. under ``python -OO``).
     """
     passages = _builtin_passages()
     if not passages:
-        raise CorpusError(
+        raise UserError(
             "the built-in corpus is empty: standard-library docstrings are unavailable (python -OO?); "
             "pass a corpus file or directory instead"
         )
@@ -713,7 +709,7 @@ def tokenize_corpus(
     Raises:
         TypeError: ``dataset`` is none of the accepted types, or ``max_seq_length`` is not an integer.
         ValueError: The tokenizer is not fast, or ``max_seq_length`` leaves no room for an ordinary token.
-        CorpusError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
+        UserError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
             text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
     """
     dataset = _as_dataset(dataset)
@@ -746,7 +742,7 @@ def tokenize_corpus(
         }
     )
     if dataset.column_names is not None and "text" not in dataset.column_names:
-        raise CorpusError(
+        raise UserError(
             f"the dataset has no 'text' column (columns: {dataset.column_names}); "
             f"read it with read_corpus or rename the passage column to 'text'"
         )
@@ -769,7 +765,7 @@ def tokenize_corpus(
         desc="Tokenizing (packing)" if packing else "Tokenizing",
     )
     if len(tokenized) == 0:
-        raise CorpusError(
+        raise UserError(
             f"no sequence left after tokenizing {len(dataset)} passages of {source}: every passage is empty (or holds "
             f"only characters the tokenizer drops); check that the corpus 'text' column holds text"
         )
@@ -828,7 +824,7 @@ def _check_unknown_tokens(
     message = (f"{share:.0%} of the text tokens of {source} are [UNK] ({sample}): the tokenizer "
                f"{tokenizer.name_or_path} does not know the corpus's language or script")
     if share > MAX_UNK_SHARE:
-        raise CorpusError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
+        raise UserError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
                           "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
                           "meant")
     logger.warning("%s; training learns nothing from [UNK]", message)

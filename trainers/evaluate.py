@@ -59,7 +59,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 
 __all__ = [
-    "EvaluateError",
+    "UserError",
     "check_card_folder",
     "check_results_folder",
     "default_output_dir",
@@ -72,10 +72,6 @@ __all__ = [
     "summary_markdown",
     "update_model_card",
 ]
-
-
-class EvaluateError(UserError):
-    """The evaluation cannot run (unknown task, unreachable data, bad model folder); the message says why."""
 
 
 # ---- tasks ---------------------------------------------------------------------------------------------------------
@@ -147,7 +143,7 @@ def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
     parts = {path: path.relative_to(path.anchor).parts for path in paths}
     for folder, path in zip(folders, paths, strict=True):
         if paths.count(path) > 1:
-            raise EvaluateError(f"--beir-folder names {folder} twice ({path}); give each folder once")
+            raise UserError(f"--beir-folder names {folder} twice ({path}); give each folder once")
     names = []
     for path in paths:
         twins = [p for p in paths if p.name == path.name]
@@ -170,13 +166,13 @@ def registered_tasks(names: list[str]):
         try:
             (task,) = mteb.get_tasks(tasks=[name])
         except (KeyError, ValueError) as error:
-            raise EvaluateError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
+            raise UserError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
         if task.metadata.type not in {"Retrieval", "Reranking", "InstructionRetrieval"}:
-            raise EvaluateError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
+            raise UserError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
         try:
             task.load_data()
         except Exception as error:  # OfflineModeIsEnabled / ConnectionError / datasets errors
-            raise EvaluateError(
+            raise UserError(
                 f"cannot load the data of MTEB task {name} ({task.metadata.dataset['path']}): {error}. Registered "
                 "tasks download their data from the Hugging Face Hub (HF_HUB_OFFLINE=1 or no network blocks that); "
                 "evaluate a local copy in BEIR layout with --beir-folder instead"
@@ -198,7 +194,7 @@ def _mteb_model(model: SentenceTransformer, search: str):
     encoder = SentenceTransformerEncoderWrapper(model)
     if search == "faiss":
         if hybrid:
-            raise EvaluateError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
+            raise UserError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
         from mteb.models.search_encoder_index.search_indexes.faiss_search_index import FaissSearchIndex
 
         return SearchEncoderWrapper(encoder, index_backend=FaissSearchIndex(encoder))
@@ -242,7 +238,7 @@ def evaluate_model(
     import mteb
 
     if search not in {"exact", "faiss"}:
-        raise EvaluateError(f"search={search!r} must be 'exact' or 'faiss'")
+        raise UserError(f"search={search!r} must be 'exact' or 'faiss'")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.model_card_data.model_name = model_name  # mteb's result folder name (else "no_model_name_available")
@@ -313,7 +309,7 @@ def check_results_folder(output_dir: Path, model: str | os.PathLike, overwrite: 
     recorded = read_json_or_empty(summary).get("model_path")
     if recorded != model_location(model):
         whose = f"the results of {recorded}" if recorded else "results of another model"
-        raise EvaluateError(f"{output_dir} holds {whose} ({SUMMARY_JSON}); choose another --output-dir for "
+        raise UserError(f"{output_dir} holds {whose} ({SUMMARY_JSON}); choose another --output-dir for "
                             f"{model}, or pass --overwrite to replace them")
 
 
@@ -322,7 +318,7 @@ def check_card_folder(model_dir: str | os.PathLike) -> Path:
     folder or a Hub id is refused."""
     info_file = Path(model_dir) / FINETUNE_RUN_INFO_FILE
     if not info_file.is_file():
-        raise EvaluateError(
+        raise UserError(
             f"--update-card needs a folder written by `retromae finetune` ({FINETUNE_RUN_INFO_FILE} not found in "
             f"{Path(model_dir).name}); its README.md is left as it is"
         )
@@ -368,16 +364,16 @@ def evaluate_folder(
         The summary rows (also written to `output_dir/summary.{json,md}`).
 
     Raises:
-        EvaluateError: among others, `output_dir` holds another model's summary and `overwrite` is False.
+        UserError: among others, `output_dir` holds another model's summary and `overwrite` is False.
     """
     beir_folders = list(beir_folders or [])
     tasks = list(tasks or [])
     if not beir_folders and not tasks:
-        raise EvaluateError("nothing to evaluate on: pass --beir-folder DIR and/or --tasks NAME[,NAME]")
+        raise UserError("nothing to evaluate on: pass --beir-folder DIR and/or --tasks NAME[,NAME]")
     if dataset_ids and len(dataset_ids) != len(beir_folders):
-        raise EvaluateError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
+        raise UserError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
     if on_missing not in ON_MISSING:
-        raise EvaluateError(f"--on-missing must be one of {ON_MISSING}")
+        raise UserError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
     check_results_folder(Path(output_dir), model, overwrite)
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
@@ -388,7 +384,7 @@ def evaluate_folder(
         try:
             data = read_beir(folder, split=split, on_missing=on_missing)
         except RetrievalDataError as error:
-            raise EvaluateError(str(error)) from None
+            raise UserError(str(error)) from None
         logger.info("evaluation data %s", data.summary())
         mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None, label=label,
                                           task_name=task_name))
@@ -433,7 +429,7 @@ def evaluate(
         search: "exact" (brute force) or "faiss" (dense models on large corpora).
         update_card: add the results to the model folder's card (folders written by `retromae finetune`).
         **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite` of
-            `evaluate_folder`; another name, or a batch size below 1, raises `EvaluateError`.
+            `evaluate_folder`; another name, or a batch size below 1, raises `UserError`.
 
     Returns:
         One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
@@ -441,10 +437,10 @@ def evaluate(
     """
     unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
     if unknown:
-        raise EvaluateError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
+        raise UserError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
                             f"{', '.join(EVALUATE_OPTIONS)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise EvaluateError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
+        raise UserError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
     sources = [data] if isinstance(data, str | os.PathLike) else list(data)
     is_folder = [Path(source).is_dir() or is_local_path(source) for source in sources]  # a missing one is named
     beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]

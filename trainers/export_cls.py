@@ -41,15 +41,10 @@ from transformers import PreTrainedTokenizerBase
 
 from .core.cards import MethodDescription, render_pretrained_card
 from .core.checkpoints import POOLING_SIMILARITY, encoder_from_state_dict, encoder_kwargs, usable_positions
-from .core.errors import UserError
 from .core.io import write_json_atomic
 from .core.versions import library_versions
 
 DEFAULT_MAX_SEQ_LENGTH = 512
-
-
-class ExportError(UserError):
-    """The checkpoint cannot be exported, or the output folder cannot be written, for a reason the user can fix."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +181,6 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
 
 
 __all__ = [
-    "DEFAULT_MAX_SEQ_LENGTH", "ExportError", "ExportRequest", "Exporter", "PoolingModule", "SentenceVectors",
+    "DEFAULT_MAX_SEQ_LENGTH", "ExportRequest", "Exporter", "PoolingModule", "SentenceVectors",
     "cls_sentence_vectors", "write_cls_encoder",
 ]

@@ -53,7 +53,8 @@ from .core.checkpoints import (
     encoder_kwargs,
     save_without_pooler,
 )
-from .export_cls import ExportError, ExportRequest, PoolingModule, cls_sentence_vectors
+from .core.errors import UserError
+from .export_cls import ExportRequest, PoolingModule, cls_sentence_vectors
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def _head_weights(backbone: type[BertBackbone], state_dict: Mapping[str, torch.T
     `transform.LayerNorm.*`, `decoder_weight`, `decoder_bias`)."""
     head = backbone.head_state(state_dict)
     if head is None:
-        raise ExportError(
+        raise UserError(
             f"the weights have no {backbone.display_name} MLM head for the OT representation "
             f"({backbone.head_name}.* or the word embeddings missing)"
         )

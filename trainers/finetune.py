@@ -142,7 +142,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
 __all__ = [
     "STAGES",
     "DistillationLoss",
-    "FinetuneError",
+    "UserError",
     "FinetuneResult",
     "finetune",
     "finetune_command",
@@ -150,10 +150,6 @@ __all__ = [
     "mine_negatives",
     "run_finetune",
 ]
-
-
-class FinetuneError(UserError):
-    """The fine-tuning input cannot be used; the message says why and what to do."""
 
 
 # ---- arguments -----------------------------------------------------------------------------------------------------
@@ -247,15 +243,15 @@ class FinetuneLossArguments:
 
     def __post_init__(self):
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
-            raise FinetuneError(f"--mini-batch-size {self.mini_batch_size}: give a positive number of texts")
+            raise UserError(f"--mini-batch-size {self.mini_batch_size}: give a positive number of texts")
         if self.scale is not None and not self.scale > 0:
-            raise FinetuneError(f"--scale {self.scale}: give a logit scale > 0 (1/temperature), or leave it unset")
+            raise UserError(f"--scale {self.scale}: give a logit scale > 0 (1/temperature), or leave it unset")
         if not self.distill_temperature > 0:
-            raise FinetuneError(f"--distill-temperature {self.distill_temperature}: give a temperature > 0")
+            raise UserError(f"--distill-temperature {self.distill_temperature}: give a temperature > 0")
         if not self.distill_loss_weight > 0:
-            raise FinetuneError(f"--distill-loss-weight {self.distill_loss_weight}: give a weight > 0")
+            raise UserError(f"--distill-loss-weight {self.distill_loss_weight}: give a weight > 0")
         if self.contrastive_loss_weight < 0:
-            raise FinetuneError(f"--contrastive-loss-weight {self.contrastive_loss_weight}: give a weight >= 0")
+            raise UserError(f"--contrastive-loss-weight {self.contrastive_loss_weight}: give a weight >= 0")
 
 
 @dataclass
@@ -315,7 +311,7 @@ def _similarities(model: SentenceTransformer):
         return cos_sim, pairwise_cos_sim, 20.0
     if model.similarity_fn_name == "dot":
         return dot_score, pairwise_dot_score, 1.0
-    raise FinetuneError(f"similarity {model.similarity_fn_name!r} is not supported for fine-tuning (use dot or cosine)")
+    raise UserError(f"similarity {model.similarity_fn_name!r} is not supported for fine-tuning (use dot or cosine)")
 
 
 class DistillationLoss(nn.Module):
@@ -348,9 +344,9 @@ class DistillationLoss(nn.Module):
     ):
         super().__init__()
         if not distill_loss_weight > 0:
-            raise FinetuneError(f"distill_loss_weight must be > 0, got {distill_loss_weight}")
+            raise UserError(f"distill_loss_weight must be > 0, got {distill_loss_weight}")
         if contrastive_loss_weight < 0:
-            raise FinetuneError(f"contrastive_loss_weight must be >= 0, got {contrastive_loss_weight}")
+            raise UserError(f"contrastive_loss_weight must be >= 0, got {contrastive_loss_weight}")
         similarity, pairwise, default_scale = _similarities(model)
         self.model = model
         self.distill_loss_weight = distill_loss_weight
@@ -396,11 +392,11 @@ def contrastive_loss(model: SentenceTransformer, scale: float | None, gather_acr
 def check_mining_range(num_negatives: int, range_min: int, range_max: int) -> None:
     """Refuse a rank range `[range_min, range_max)` that cannot hold `num_negatives` (>= 1) negatives."""
     if num_negatives < 1:
-        raise FinetuneError(f"--num-negatives must be >= 1 to mine hard negatives, got {num_negatives}")
+        raise UserError(f"--num-negatives must be >= 1 to mine hard negatives, got {num_negatives}")
     if range_min < 0:
-        raise FinetuneError(f"--mine-range-min {range_min}: give the number of top ranks to skip, >= 0")
+        raise UserError(f"--mine-range-min {range_min}: give the number of top ranks to skip, >= 0")
     if range_max - range_min < num_negatives:
-        raise FinetuneError(f"the rank range [{range_min}, {range_max}) (--mine-range-min, --mine-range-max) holds "
+        raise UserError(f"the rank range [{range_min}, {range_max}) (--mine-range-min, --mine-range-max) holds "
                             f"fewer than --num-negatives {num_negatives} candidates")
 
 
@@ -497,11 +493,11 @@ def _parse_stages(text: str, teacher_scores: str | None) -> list[str]:
     stages = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in stages if s not in STAGES]
     if unknown or not stages:
-        raise FinetuneError(f"--stages {text!r}: unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+        raise UserError(f"--stages {text!r}: unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
     if len(set(stages)) != len(stages) or stages != sorted(stages, key=STAGES.index):
-        raise FinetuneError(f"--stages {text!r}: each stage at most once, in the order {', '.join(STAGES)}")
+        raise UserError(f"--stages {text!r}: each stage at most once, in the order {', '.join(STAGES)}")
     if "distill" in stages and not teacher_scores:
-        raise FinetuneError("the distill stage needs cross-encoder scores: pass --teacher-scores FILE.tsv")
+        raise UserError("the distill stage needs cross-encoder scores: pass --teacher-scores FILE.tsv")
     return stages
 
 
@@ -510,7 +506,7 @@ def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
     if data_args.corpus:
         corpus_file = Path(data_args.corpus)
         if not corpus_file.is_file():
-            raise FinetuneError(f"--corpus {data_args.corpus} does not exist")
+            raise UserError(f"--corpus {data_args.corpus} does not exist")
         return {doc_id: doc_text(d["title"], d["text"]) for doc_id, d in read_beir_corpus(corpus_file).items()}
     if beir is not None:
         return {doc_id: beir.doc_text(doc_id) for doc_id in beir.corpus}
@@ -526,7 +522,7 @@ def _negatives_from_file(path: str, groups: list[TrainingGroup]) -> list[Trainin
     result = [TrainingGroup(g.query_id, g.query, g.positives, mined.get(g.query_id, [])) for g in groups]
     found = sum(1 for g in result if g.negatives)
     if not found:
-        raise FinetuneError(
+        raise UserError(
             f"--negatives-file {Path(path).name} has no negatives for any training query (query ids do not match; "
             "was it mined from this training data?)"
         )
@@ -585,7 +581,7 @@ def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]],
     """Refuse a stage whose weights became NaN or infinite, before its model is saved anywhere."""
     diverged = divergence(model, log_history)
     if diverged:
-        raise FinetuneError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
+        raise UserError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
                             "--scale) and run again (nothing was written)")
 
 
@@ -621,7 +617,7 @@ def _read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
                              if recorded.get(name) != settings.get(name))
             shown = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {settings.get(name)!r}"
                               for name in changed[:3]) + (", ..." if len(changed) > 3 else "")
-            raise FinetuneError(
+            raise UserError(
                 f"--resume-from-checkpoint: the run in {work_dir} used other settings "
                 f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
                 "(output, logging and evaluation options may change), or start over in another --output-dir "
@@ -662,7 +658,7 @@ def _model_after_finished_stages(model: SentenceTransformer, stages: list[str], 
     if not finished:
         return model
     if finished != stages[: len(finished)]:
-        raise FinetuneError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
+        raise UserError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
                             f"begin --stages {','.join(stages)}")
     logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
     return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
@@ -710,7 +706,7 @@ def _check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments
     [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
     available = min(data_args.mine_range_max, pool_size) - data_args.mine_range_min
     if available < data_args.num_negatives:
-        raise FinetuneError(
+        raise UserError(
             f"mining ranks the {pool_size} documents of the corpus and takes negatives from ranks "
             f"[{data_args.mine_range_min}, {min(data_args.mine_range_max, pool_size)}): at most {max(available, 0)} "
             f"per query, fewer than --num-negatives {data_args.num_negatives}; lower --num-negatives or "
@@ -728,7 +724,7 @@ def _check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[st
     example = unscored[0]
     fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
            else "check that its query and document ids are those of --train-data")
-    raise FinetuneError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
+    raise UserError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
                         f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
                         f"{example.positives[0][0]!r}); {fix}")
 
@@ -800,35 +796,35 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
         "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
     if (training_args.overwrite and output_dir.is_dir() and any(output_dir.iterdir())
             and not any((output_dir / name).is_file() for name in ("modules.json", "config.json"))):
-        raise FinetuneError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
+        raise UserError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
                             "--overwrite will not replace it: choose a new or empty folder")
     work_dir = _work_dir(training_args)
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
-        raise FinetuneError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
+        raise UserError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
                             f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
     _check_work_dir(work_dir)
     resume = training_args.resume_from_checkpoint
     if resume is not None and resume not in RESUME_LAST:
-        raise FinetuneError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
+        raise UserError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
                             "stage from its newest checkpoint in the work folder; pass `last`")
     for flag, path in files.items():
         if path and Path(path).is_dir():
             hint = f" (a BEIR folder's corpus is {Path(path) / 'corpus.jsonl'})" if flag == "--corpus" else ""
-            raise FinetuneError(f"{flag} {path} is a folder, not a file{hint}")
+            raise UserError(f"{flag} {path} is a folder, not a file{hint}")
         if path and not Path(path).is_file():
-            raise FinetuneError(f"{flag} {path}: no such file")
+            raise UserError(f"{flag} {path}: no such file")
     if data_args.eval_data:  # read whole now: a bad line would otherwise be found after training
         read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing)
     if data_args.teacher_scores and "distill" not in stages:
-        raise FinetuneError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
+        raise UserError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
                             "the flag")
     if stages != ["in-batch"] and data_args.num_negatives < 1:  # mined, read from a file or carried by the data
-        raise FinetuneError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
+        raise UserError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
                             "negative per query; give 1 or more")
     if stages != ["in-batch"] and not data_args.negatives_file:
         check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
     if "in-batch" in stages and training_args.per_device_train_batch_size < 2 and training_args.world_size == 1:
-        raise FinetuneError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
+        raise UserError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
                             "always 0): give a batch of 2 or more queries")
     return work_dir
 
@@ -864,14 +860,14 @@ def _check_work_dir(work_dir: Path) -> None:
     stage folders and negatives there. A run's own folder holds `STATE_FILE` (written when it starts); before that,
     only the export of a pre-training checkpoint and temporary siblings."""
     if work_dir.exists() and not work_dir.is_dir():
-        raise FinetuneError(f"--work-dir {work_dir} is a file; choose a folder")
+        raise UserError(f"--work-dir {work_dir} is a file; choose a folder")
     ours = {"pretrained-encoder"}
     if (work_dir / STATE_FILE).is_file():
         ours |= {STATE_FILE, NEGATIVES_FILE, "eval", *(f"stage-{stage}" for stage in STAGES)}
     foreign = sorted(p.name for p in work_dir.iterdir() if p.name not in ours and not p.name.startswith(".")) \
         if work_dir.is_dir() else []
     if foreign:
-        raise FinetuneError(f"work folder {work_dir} holds files no `retromae finetune` run made ({', '.join(foreign[:3])}"
+        raise UserError(f"work folder {work_dir} holds files no `retromae finetune` run made ({', '.join(foreign[:3])}"
                             f"{', ...' if len(foreign) > 3 else ''}), which the run could replace or delete; choose a "
                             "new or empty folder with --work-dir")
 
@@ -885,10 +881,10 @@ def run_finetune(
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
     stages = _parse_stages(data_args.stages, data_args.teacher_scores)
     if loss_args.mini_batch_size is not None and "distill" in stages:
-        raise FinetuneError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
+        raise UserError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
                             "the distill stage in a fine-tuning of its own without it")
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
-        raise FinetuneError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
+        raise UserError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                             "names no local paths: omit the flag to record the starting model as local")
     finished = _finished_run(model_args, data_args, loss_args, training_args, stages)
     if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
@@ -955,7 +951,7 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
                                 output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
                                 overwrite=True)  # the run's own folder
             except UserError as error:
-                raise FinetuneError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
+                raise UserError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
                                     "`retromae evaluate` once that is fixed") from None
             info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     return FinetuneResult(output_dir, info)
@@ -989,7 +985,7 @@ def finetune(
         The output folder and the run record (`FinetuneResult`).
 
     Raises:
-        FinetuneError: an unknown option; any `UserError` of the data or the model.
+        UserError: an unknown option; any `UserError` of the data or the model.
     """
     options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.renamed))
     values: dict[str, Any] = {
@@ -1001,7 +997,7 @@ def finetune(
         names = {f.name for f in dataclasses.fields(argument_class) if f.init}
         arguments.append(argument_class(**{name: values.pop(name) for name in list(values) if name in names}))
     if values:
-        raise FinetuneError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
+        raise UserError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
     check_training_arguments(arguments[-1])  # the command line's are checked as they are parsed
     return run_finetune(*arguments)
 
@@ -1092,11 +1088,11 @@ def finetune_command(argv: list[str]) -> int:
         renamed=FinetuneLossArguments.renamed,
     )
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
-        raise FinetuneError(f"--on-missing must be one of {ON_MISSING}")
+        raise UserError(f"--on-missing must be one of {ON_MISSING}")
     try:
         result = run_finetune(model_args, data_args, loss_args, training_args)
     except RetrievalDataError as error:
-        raise FinetuneError(str(error)) from None
+        raise UserError(str(error)) from None
     if training_args.process_index == 0 and result.already_finished:
         stages = ", ".join(stage["stage"] for stage in result.info["stages"])
         print(f"retromae: this fine-tuning had already finished (stages: {stages}); its model is {result.output_dir}; "

@@ -79,14 +79,6 @@ SCORE_BLOCK = 1 << 23  # query x document scores per block (32 MiB of float32)
 QUERY_SIDE_SETTINGS = ("query_top_k", "chunk_size")  # pooling settings that leave the documents unchanged
 
 
-class HybridIndexError(UserError):
-    """An index folder is incomplete or corrupted, or an index is used with the wrong model or inputs."""
-
-
-class ModelMismatchError(HybridIndexError):
-    """The model encoding the queries is not the model that encoded the documents."""
-
-
 # ---- model helpers -------------------------------------------------------------------------------------------------
 
 
@@ -94,7 +86,7 @@ def _pooling(model: Any):
     for module in model.modules():
         if is_dupmae_pooling(module):
             return module
-    raise HybridIndexError(
+    raise UserError(
         f"{type(model).__name__} has no DupMAEPooling module: export the encoder with "
         "retromae.trainers.export.build_dupmae_sentence_transformer"
     )
@@ -168,17 +160,17 @@ class HybridIndex:
         candidates: int | None = None,
     ):
         if index_type not in INDEX_TYPES:
-            raise HybridIndexError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
+            raise UserError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
         if vocab_size < 1:
-            raise HybridIndexError(f"vocab_size={vocab_size} must be >= 1")
+            raise UserError(f"vocab_size={vocab_size} must be >= 1")
         if dense_dim is None and doc_top_k is None:
-            raise HybridIndexError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
+            raise UserError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
         if dense_dim is not None and dense_dim < 1:
-            raise HybridIndexError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
+            raise UserError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
         if doc_top_k is not None and not 1 <= doc_top_k <= vocab_size:
-            raise HybridIndexError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
+            raise UserError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
         if candidates is not None and candidates < 1:
-            raise HybridIndexError(f"candidates={candidates} must be >= 1")
+            raise UserError(f"candidates={candidates} must be >= 1")
         self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
         self.index_type, self.model_fingerprint = index_type, model_fingerprint
         self.params = {
@@ -233,18 +225,18 @@ class HybridIndex:
         if self.dense_dim is not None:
             dense = _as_numpy(dense)
             if dense.shape != (n, self.dense_dim):
-                raise HybridIndexError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
+                raise UserError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
         if self.doc_top_k is not None:
             idx, val = _as_numpy(sparse_indices, np.int64), _as_numpy(sparse_values)
             if idx.shape != (n, self.doc_top_k) or val.shape != (n, self.doc_top_k):
-                raise HybridIndexError(
+                raise UserError(
                     f"sparse_indices {idx.shape} / sparse_values {val.shape}, expected ({n}, {self.doc_top_k}) each"
                 )
             if n and (idx.min() < 0 or idx.max() >= self.vocab_size):
-                raise HybridIndexError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
+                raise UserError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
         new_ids = [str(i) for i in ids]
         if len(set(new_ids)) != n or set(new_ids) & set(self.ids):
-            raise HybridIndexError("document ids must be unique")
+            raise UserError("document ids must be unique")
         if n == 0:
             return
         if self.dense_dim is not None:
@@ -307,7 +299,7 @@ class HybridIndex:
         """
         ids = [str(i) for i in range(len(texts))] if ids is None else [str(i) for i in ids]
         if len(ids) != len(texts):
-            raise HybridIndexError(f"{len(texts)} texts but {len(ids)} ids")
+            raise UserError(f"{len(texts)} texts but {len(ids)} ids")
         pooling = _pooling(model)
         index = cls(
             dense_dim=pooling.get_config_dict()["dense_dim"] if pooling.has_dense else None,
@@ -346,7 +338,7 @@ class HybridIndex:
             query_dense: `(num_queries, dense_dim)` dense parts.
             query_sparse: `(num_queries, vocab_size)` OT vectors, dense (numpy / torch) or scipy sparse.
             top_n: results per query (capped at the number of documents).
-            model_fingerprint: if given, must equal the index's (else `ModelMismatchError`).
+            model_fingerprint: if given, must equal the index's (else `UserError`).
 
         Returns:
             `(scores, positions)`, each `(num_queries, min(top_n, num_documents))`, best first; `positions` index
@@ -354,7 +346,7 @@ class HybridIndex:
         """
         self.check_fingerprint(model_fingerprint)
         if top_n < 1:
-            raise HybridIndexError(f"top_n={top_n} must be >= 1")
+            raise UserError(f"top_n={top_n} must be >= 1")
         self._finalize()
         q_dense, q_sparse, num_queries = self._check_queries(query_dense, query_sparse)
         n = min(top_n, len(self))
@@ -375,13 +367,13 @@ class HybridIndex:
             Per query, `top_n` `(document id, score)` pairs, best first.
 
         Raises:
-            ValueError: an empty query; `ModelMismatchError` when `model` is not the model that built the index.
+            ValueError: an empty query; `UserError` when `model` is not the model that built the index.
         """
         if isinstance(queries, str):
             raise TypeError("queries must be a list of strings, not a string")
         for i, query in enumerate(queries):
             if not isinstance(query, str) or not query.strip():
-                raise HybridIndexError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
+                raise UserError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
         if verify_model:
             self.check_fingerprint(model_fingerprint(model))
         if not queries:
@@ -399,7 +391,7 @@ class HybridIndex:
     def check_fingerprint(self, fingerprint: str | None) -> None:
         """Refuse queries encoded by another model than the index's (None = not checked)."""
         if fingerprint is not None and self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
-            raise ModelMismatchError(
+            raise UserError(
                 f"this index was built with model {self.model_fingerprint} but the queries come from model "
                 f"{fingerprint}; scores across models are meaningless -- rebuild the index with this model"
             )
@@ -409,25 +401,25 @@ class HybridIndex:
         q_dense = q_sparse = None
         if self.dense_dim is not None:
             if query_dense is None:
-                raise HybridIndexError("this index has a dense part: pass query_dense")
+                raise UserError("this index has a dense part: pass query_dense")
             q_dense = _as_numpy(query_dense)
             if q_dense.ndim != 2 or q_dense.shape[1] != self.dense_dim:
-                raise HybridIndexError(
+                raise UserError(
                     f"query_dense has shape {q_dense.shape}, expected (num_queries, {self.dense_dim})"
                 )
             num = q_dense.shape[0]
         if self.doc_top_k is not None:
             if query_sparse is None:
-                raise HybridIndexError("this index has a sparse part: pass query_sparse")
+                raise UserError("this index has a sparse part: pass query_sparse")
             q_sparse = (
                 sp.csr_matrix(query_sparse, dtype=np.float32) if sp.issparse(query_sparse) else _as_numpy(query_sparse)
             )
             if q_sparse.ndim != 2 or q_sparse.shape[1] != self.vocab_size:
-                raise HybridIndexError(
+                raise UserError(
                     f"query_sparse has shape {q_sparse.shape}, expected (num_queries, {self.vocab_size})"
                 )
             if num is not None and q_sparse.shape[0] != num:
-                raise HybridIndexError(f"{num} dense but {q_sparse.shape[0]} sparse queries")
+                raise UserError(f"{num} dense but {q_sparse.shape[0]} sparse queries")
             num = q_sparse.shape[0]
         return q_dense, q_sparse, num
 
@@ -553,7 +545,7 @@ class HybridIndex:
 
         Raises:
             FileNotFoundError: the folder, its manifest or one of its files is missing (the message names it).
-            HybridIndexError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
+            UserError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
         """
         folder = Path(folder)
         clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
@@ -565,13 +557,13 @@ class HybridIndex:
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise HybridIndexError(
+            raise UserError(
                 f"{manifest_path} is not valid JSON ({error}); the index folder is corrupted"
             ) from error
         if not isinstance(manifest, dict):
-            raise HybridIndexError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
+            raise UserError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
         if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
-            raise HybridIndexError(
+            raise UserError(
                 f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
                 f"expected {FORMAT!r} v{FORMAT_VERSION}"
             )
@@ -579,7 +571,7 @@ class HybridIndex:
         files = manifest.get("files")
         if missing or not isinstance(files, dict) or not all(
                 isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
-            raise HybridIndexError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
+            raise UserError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
                                    "the index folder is corrupted: rebuild it")
         for name, meta in files.items():
             path = folder / name
@@ -587,12 +579,12 @@ class HybridIndex:
                 raise FileNotFoundError(f"index file {name} is missing from {folder}; rebuild or re-copy the index")
             size = path.stat().st_size
             if size != meta["bytes"]:
-                raise HybridIndexError(
+                raise UserError(
                     f"index file {name} in {folder} has {size} bytes, the manifest says {meta['bytes']}: "
                     "truncated or replaced; rebuild or re-copy the index"
                 )
             if verify_checksums and _sha256(path) != meta["sha256"]:
-                raise HybridIndexError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
+                raise UserError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
         params = manifest["index_params"]
         try:
             index = cls(
@@ -604,7 +596,7 @@ class HybridIndex:
                 **params,
             )
         except (TypeError, ValueError) as error:  # a field of another type, an unknown parameter
-            raise HybridIndexError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
+            raise UserError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
                                    "rebuild it") from None
         index.ids = json.loads((folder / IDS_FILE).read_text(encoding="utf-8"))
         if DENSE_FILE in manifest["files"]:
@@ -624,7 +616,7 @@ class HybridIndex:
             "sparse": index._sparse.shape[0] if index._sparse is not None else num,
         }
         if any(v != num for v in sizes.values()):
-            raise HybridIndexError(f"{folder}: manifest says {num} documents, the files hold {sizes}")
+            raise UserError(f"{folder}: manifest says {num} documents, the files hold {sizes}")
         return index
 
 
@@ -636,7 +628,7 @@ def check_index_destination(folder: Path, overwrite: bool,
     user_files = folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file()
     check_destination(folder, overwrite or user_files, inputs)  # user files: refused below, whatever the flag says
     if user_files:
-        raise HybridIndexError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
+        raise UserError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
                                "empty folder (--overwrite replaces an index only)")
 
 
@@ -677,7 +669,7 @@ def _queries_sparse(outputs: list[dict[str, Any]], pooling: Any) -> Any:
     return np.stack([_as_numpy(o["sparse_embedding"]) for o in outputs])
 
 
-__all__ = ["HybridIndex", "HybridIndexError", "ModelMismatchError", "model_fingerprint"]
+__all__ = ["HybridIndex", "model_fingerprint"]
 
 
 # ---- command line: `retromae index` / `retromae search` -------------------------------------------------------------
@@ -732,7 +724,7 @@ def _documents(corpus: str, text_format: str = "auto") -> tuple[list[str], list[
     if path.is_file() and path.suffix in {".txt", ".jsonl"}:
         numbered = list(numbered_passages(path, text_format))
         if not numbered:
-            raise HybridIndexError(f"--corpus {corpus}: every passage is blank; nothing to index")
+            raise UserError(f"--corpus {corpus}: every passage is blank; nothing to index")
         return [str(line) for line, _ in numbered], [text for _, text in numbered]
     texts = list(read_corpus(corpus, text_format=text_format)["text"])
     return [str(i) for i in range(len(texts))], texts
@@ -743,20 +735,20 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
     if args.queries:
         path = Path(args.queries)
         if not path.is_file():
-            raise HybridIndexError(f"--queries {path} " + ("is a folder; give a file" if path.is_dir() else "not found"))
+            raise UserError(f"--queries {path} " + ("is a folder; give a file" if path.is_dir() else "not found"))
         if path.suffix.lower() not in {".jsonl", ".txt"}:
-            raise HybridIndexError(f"--queries {path}: give a BEIR queries.jsonl or a .txt file with one query per "
+            raise UserError(f"--queries {path}: give a BEIR queries.jsonl or a .txt file with one query per "
                                    f"line (a {path.suffix or 'suffix-less'} file would be read line by line as queries)")
         if path.suffix.lower() == ".jsonl":
             read = read_beir_queries(path).items()
             blank = next((qid for qid, text in read if not text.strip()), None)
             if blank is not None:
-                raise HybridIndexError(f"{path}: query {blank!r} has no text; give it some, or remove it")
+                raise UserError(f"{path}: query {blank!r} has no text; give it some, or remove it")
             queries += list(read)
         else:
             queries += [(f"{path.stem}:{n}", line.strip()) for n, line in iter_decoded_lines(str(path)) if line.strip()]
     if not queries:
-        raise HybridIndexError("no query given: pass --query TEXT (repeatable) or --queries FILE")
+        raise UserError("no query given: pass --query TEXT (repeatable) or --queries FILE")
     return queries
 
 
@@ -767,16 +759,16 @@ def _load_hybrid_model(folder: str, command: str) -> Any:
         export = Path(folder) / "encoder"
         fix = (f"pass its exported encoder, {export}" if (export / "modules.json").is_file()
                else f"export it first: retromae export {folder} OUTPUT_DIR")
-        raise HybridIndexError(f"--model {folder} is not a sentence-transformers folder (no modules.json): {fix}")
+        raise UserError(f"--model {folder} is not a sentence-transformers folder (no modules.json): {fix}")
     try:
         model = load_dupmae_sentence_transformer(folder)
     except Exception as error:  # a damaged folder (a module's files missing), an unknown or unreachable Hub id
         fix = ("export it again (a module's files are missing or damaged)" if Path(folder).exists()
                else "give a local folder, or a Hub id that exists (and the network)")
-        raise HybridIndexError(f"--model {folder} does not load ({type(error).__name__}: "
+        raise UserError(f"--model {folder} does not load ({type(error).__name__}: "
                                f"{one_line_message(error)}); {fix}") from None
     if not any(is_dupmae_pooling(module) for module in model.modules()):
-        raise HybridIndexError(
+        raise UserError(
             f"--model {folder} is not a DupMAE hybrid model (it has no DupMAEPooling module): retromae {command} is "
             "for the export of a dupmae pre-training, or that model fine-tuned; a dense model is searched with "
             "retromae evaluate --search faiss"
@@ -811,7 +803,7 @@ def search_command(argv: list[str]) -> int:
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it
-        raise HybridIndexError(f"--index: {error}") from None
+        raise UserError(f"--index: {error}") from None
     model = _load_hybrid_model(args.model, "search")
     queries = _queries(args)
     hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)

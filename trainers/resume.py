@@ -69,10 +69,6 @@ TEXT_OPTIONS = {"corpus": "it would continue on other text", "pairs": "it would 
 BEST_MODEL_FILES = {"eval_beir_folder": "its scores would be compared with the recorded best's, from other data"}
 
 
-class ResumeConflict(UserError):
-    """A flag given to a resumed run contradicts the setting the checkpoint recorded."""
-
-
 def new_run_id() -> str:
     return uuid.uuid4().hex
 
@@ -133,7 +129,7 @@ def check_text_unchanged(recorded: dict[str, Any], checkpoint: str) -> None:
                                "if its content changed, %s", flag, path, checkpoint, consequences[name])
                 continue
             change = "is gone" if new is None else "is new" if old is None else f"changed size ({old[0]} -> {new[0]} bytes)"
-            raise ResumeConflict(
+            raise UserError(
                 f"{flag} file {path} {change} since the run being resumed from {checkpoint} started; "
                 f"{consequences[name]}: restore the file, or start a new run in another --output-dir (--model "
                 "CHECKPOINT continues its weights)"
@@ -170,7 +166,7 @@ def check_given_options(recorded: dict[str, Any], given: dict[str, Any], checkpo
         if name in may_change or name in NOT_RECORDED or name not in saved or _same(name, value, saved[name]):
             continue
         flag = "--" + name.replace("_", "-")
-        raise ResumeConflict(
+        raise UserError(
             f"{flag} {_show(value)} contradicts the run being resumed from {checkpoint}, which used {flag} "
             f"{_show(saved[name])}; drop {flag} to continue that run with its own settings, or start a new run in "
             "another --output-dir (--model CHECKPOINT continues its weights)"
@@ -210,6 +206,6 @@ def _json_safe(value: Any) -> bool:
 
 
 __all__ = [
-    "MAY_CHANGE", "RESUME_FILE", "TEXT_OPTIONS", "ResumeConflict", "check_given_options", "check_text_unchanged",
+    "MAY_CHANGE", "RESUME_FILE", "TEXT_OPTIONS", "check_given_options", "check_text_unchanged",
     "given_options", "new_run_id", "read_settings", "record_settings", "run_id_of", "text_file_stamps",
 ]

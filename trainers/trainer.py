@@ -345,10 +345,6 @@ def longest_sequence(dataset: Any) -> int | None:
     return longest
 
 
-class TrainingDiverged(UserError):
-    """The weights became NaN or infinite; nothing more of the run is saved."""
-
-
 class RetroMAETrainer(Trainer):
     """Trainer for `*ForPretraining` models.
 
@@ -575,7 +571,7 @@ class RetroMAETrainer(Trainer):
         if diverged is None:
             return
         last = last_complete_checkpoint(self.args.output_dir)
-        raise TrainingDiverged(
+        raise UserError(
             f"pre-training diverged at step {self.state.global_step}: {diverged}; nothing was saved"
             f"{f' after {last.name}' if last else ''}. Lower --learning-rate (or raise --warmup-steps) and run again"
         )
@@ -731,7 +727,7 @@ class RetroMAETrainer(Trainer):
 
 
 __all__ = [
-    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "TrainingDiverged", "check_no_checkpoint_collision",
+    "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "check_no_checkpoint_collision",
     "check_number_fields", "check_same_tokenizer", "check_tokenized", "checkpoint_to_resume", "clean_killed_saves",
     "longest_sequence",
     "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files",

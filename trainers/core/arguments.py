@@ -52,10 +52,6 @@ HOME_PREFIX = re.compile(r"^~[\w.-]*(?=[/\\]|$)")  # `~`, `~/x`, `~user/x`: what
 EXPECTED_ONE = re.compile(r"^argument (?P<flags>\S+): expected (at least )?one argument$")
 
 
-class RepeatedFlagError(UserError):
-    """A single-value flag was given more than once."""
-
-
 class DashValueError(UserError):
     """A flag's value starts with '-', so argparse read it as an option and the flag as given without a value."""
 
@@ -147,7 +143,7 @@ def _takes_many(action: argparse.Action) -> bool:
 
 
 def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """Raise `RepeatedFlagError` naming the first single-value flag that `argv` gives more than once.
+    """Raise `UserError` naming the first single-value flag that `argv` gives more than once.
 
     Flags are counted per option (`--output-dir` and `--output_dir` are one), in `--flag value` and `--flag=value`
     form and as unambiguous abbreviations, up to a bare `--`.
@@ -168,7 +164,7 @@ def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
     for action, count in counts.items():
         if count > 1 and not _takes_many(action) and not isinstance(action, argparse._HelpAction):
             flag = flag_name(action)
-            raise RepeatedFlagError(f"{flag} is given {count} times; give it once (only the last value would count)")
+            raise UserError(f"{flag} is given {count} times; give it once (only the last value would count)")
 
 
 def flag_name(action: argparse.Action) -> str:
@@ -355,12 +351,12 @@ def _add_config_option(parser) -> None:
 
 def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
     """Where `--config FILE` (or `--config=FILE`) is in argv: `(index, tokens, FILE)` (`~` expanded: argparse never
-    sees it), None without one; `--config` given twice is refused (`RepeatedFlagError`)."""
+    sees it), None without one; `--config` given twice is refused (`UserError`)."""
     found = [i for i, arg in enumerate(argv) if arg.partition("=")[0] == "--config"]
     if not found:
         return None
     if len(found) > 1:
-        raise RepeatedFlagError(f"--config is given {len(found)} times; give it once (merge the files into one)")
+        raise UserError(f"--config is given {len(found)} times; give it once (merge the files into one)")
     at = found[0]
     _, equals, path = argv[at].partition("=")
     if not equals:
@@ -480,7 +476,7 @@ def read_config_file(path: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "LIST_FLAG", "PRESETS_DIR", "TEXT_OPTIONS", "CollectValues", "DashValueError", "RepeatedFlagError",
+    "LIST_FLAG", "PRESETS_DIR", "TEXT_OPTIONS", "CollectValues", "DashValueError",
     "check_training_arguments", "configure_logging", "config_argument", "expand_home", "merge_file_mappings", "parse",
     "rename_legacy_flags", "start_command",
     "positional_to_flags", "preset_names", "read_config_file", "reject_repeated_flags", "split_config",

@@ -54,13 +54,7 @@ from transformers import (
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import UserError, one_line_message
-from .folders import (
-    TOKENIZER_VOCAB_FILES,
-    IncompleteModelFolder,
-    check_model_folder,
-    is_local_path,
-    missing_model_files,
-)
+from .folders import TOKENIZER_VOCAB_FILES, check_model_folder, is_local_path, missing_model_files
 from .io import read_json_or_empty, write_json_atomic
 
 # the similarity a pooling implies when nothing says otherwise: CLS with the dot product (the papers' BEIR protocol),
@@ -143,7 +137,7 @@ def check_tokenizer_saved(path_or_id: str | os.PathLike, *, purpose: str) -> Non
     `check_model_folder` (whose message is about a save killed midway).
 
     Raises:
-        IncompleteModelFolder: the folder has config and weights and no tokenizer file at all.
+        UserError: the folder has config and weights and no tokenizer file at all.
     """
     if not is_local_path(path_or_id):
         return
@@ -152,7 +146,7 @@ def check_tokenizer_saved(path_or_id: str | os.PathLike, *, purpose: str) -> Non
         return
     if missing_model_files(folder, tokenizer=False):
         return
-    raise IncompleteModelFolder(
+    raise UserError(
         f"{purpose}: {folder} has no tokenizer (the model was saved without one); save it into the folder with "
         f"tokenizer.save_pretrained({str(folder)!r}), then run again"
     )
@@ -317,7 +311,7 @@ def load_bert_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") 
         purpose: what the model was given for, for the messages (e.g. "coverage").
 
     Raises:
-        FolderError: an incomplete local folder.
+        UserError: an incomplete local folder.
         CheckpointError: encoder weights are missing (the model would be used at its random initialisation).
     """
     path = str(path_or_id)
@@ -473,7 +467,7 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
         device: torch device (default: sentence-transformers' choice).
 
     Raises:
-        FolderError: an incomplete local folder.
+        UserError: an incomplete local folder.
         CheckpointError: the folder cannot be loaded, or `pooling` is given for a sentence-transformers folder.
     """
     check_pooling(pooling)

@@ -58,14 +58,6 @@ INTERRUPTED_HINT: ContextVar[Callable[[], str] | None] = ContextVar("interrupted
 _SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
-class FolderError(UserError):
-    """A model folder cannot be read or written for a reason the user can fix; the message says which and how."""
-
-
-class IncompleteModelFolder(FolderError):
-    """A local model folder lacks files a complete save writes."""
-
-
 # ---- reading ------------------------------------------------------------------------------------------------------
 
 
@@ -142,43 +134,43 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         weights: require complete weights (False: only the config is read).
 
     Raises:
-        IncompleteModelFolder: one line naming the folder, the missing files (or the truncated one) and the fix.
+        UserError: one line naming the folder, the missing files (or the truncated one) and the fix.
     """
     if not is_local_path(path_or_id):
         return
     folder = Path(path_or_id).expanduser()
     if not folder.exists():
-        raise IncompleteModelFolder(f"{purpose}: model folder {folder} does not exist")
+        raise UserError(f"{purpose}: model folder {folder} does not exist")
     if not folder.is_dir():
-        raise IncompleteModelFolder(f"{purpose}: {folder} is not a folder")
+        raise UserError(f"{purpose}: {folder} is not a folder")
     missing = missing_model_files(folder, tokenizer=tokenizer, weights=weights)
     if missing and not any(f.name in {"config.json", "modules.json"} or f.suffix == ".safetensors"
                            for f in folder.iterdir()):
-        raise IncompleteModelFolder(f"{purpose}: {folder} is not a model folder: it has no {'; no '.join(missing)}")
+        raise UserError(f"{purpose}: {folder} is not a model folder: it has no {'; no '.join(missing)}")
     if missing:
-        raise IncompleteModelFolder(
+        raise UserError(
             f"{purpose}: model folder {folder} is incomplete, it has no {'; no '.join(missing)}; {KILLED_SAVE_HINT}"
         )
     config_file = _transformer_dir(folder, []) / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise IncompleteModelFolder(f"{purpose}: {config_file} is not valid JSON ({error}); fix or restore the "
+        raise UserError(f"{purpose}: {config_file} is not valid JSON ({error}); fix or restore the "
                                     "file") from None
     if not isinstance(config, dict):
-        raise IncompleteModelFolder(f"{purpose}: {config_file} is not a JSON object; fix or restore the file")
+        raise UserError(f"{purpose}: {config_file} is not a JSON object; fix or restore the file")
     if not weights:
         return
     for file in _module_files(folder, "*.json"):
         try:
             json.loads(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise IncompleteModelFolder(f"{purpose}: {file} is not valid JSON ({error}); restore the file, or "
+            raise UserError(f"{purpose}: {file} is not valid JSON ({error}); restore the file, or "
                                         "export the model again") from None
     for file in _module_files(folder, "*.safetensors"):
         problem = safetensors_problem(file)
         if problem:
-            raise IncompleteModelFolder(f"{purpose}: weights file {file} is incomplete: {problem}; "
+            raise UserError(f"{purpose}: weights file {file} is incomplete: {problem}; "
                                         f"{KILLED_SAVE_HINT} (or download it again)")
 
 
@@ -346,12 +338,12 @@ def _check_folder(flag: str, path: str | os.PathLike, folder: Path, writable: bo
         check_no_symlink_loop(flag, path, part)
     existing = part
     if not existing.is_dir():
-        raise FolderError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
+        raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
     # os.access, not a test write: it refuses a read-only file system even to root, and leaves nothing behind
     if writable and not os.access(existing, os.W_OK | os.X_OK):
         read_only = hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY
         why = "a read-only file system" if read_only else "no write permission"
-        raise FolderError(f"{flag} {path}: {existing} cannot be written ({why}); make it writable, or choose "
+        raise UserError(f"{flag} {path}: {existing} cannot be written ({why}); make it writable, or choose "
                           "another folder")
 
 
@@ -364,7 +356,7 @@ def check_no_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> Non
         os.stat(part)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise FolderError(f"{flag} {path}: {part} is a symbolic link that leads back to itself (a loop); remove "
+            raise UserError(f"{flag} {path}: {part} is a symbolic link that leads back to itself (a loop); remove "
                               "it, or choose another folder") from None
 
 
@@ -386,20 +378,20 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
     """Refuse a target that is a file; even with `overwrite`, one that is or holds the working directory, one of
     `inputs` (description -> path, e.g. {"--model": ...}) or a Trainer checkpoint; without it, a non-empty folder."""
     if target.exists() and not target.is_dir():
-        raise FolderError(f"output {target} exists and is not a folder")
+        raise UserError(f"output {target} exists and is not a folder")
     check_folder_option("output", target)  # a file above it, a loop, a folder that cannot be written
     if target.exists():  # the new folder is built beside it and renamed into place
         _check_folder("output", target, target.parent, writable=True)
     hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
     if hit is not None:
-        raise FolderError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
+        raise UserError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
                           "choose another folder")
     held = next((p for p in sorted(target.glob("checkpoint-*")) if is_trainer_checkpoint(p)), None)
     if held is not None:  # a run's output folder: replacing it would end the run's resumability
-        raise FolderError(f"output folder {target} holds the training checkpoint {held.name}, which replacing it "
+        raise UserError(f"output folder {target} holds the training checkpoint {held.name}, which replacing it "
                           "would delete; choose another folder")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise FolderError(
+        raise UserError(
             f"output folder {target} already exists and is not empty; pass --overwrite (Python: overwrite=True) "
             "to replace it"
         )
@@ -410,21 +402,21 @@ def check_output_file(target: Path, flag: str, overwrite: bool,
     """Refuse an output file that is a folder, lies under a file, is one of `inputs` or lies in a folder of them
     (even with `overwrite`); without `overwrite`, one that exists."""
     if target.is_dir():
-        raise FolderError(f"{flag} {target} is a folder; give a file path")
+        raise UserError(f"{flag} {target} is a folder; give a file path")
     check_no_symlink_loop(flag, target, target.absolute())
     _check_folder(flag, target, target.parent, writable=True)  # written beside it first (`core.io.atomic_file`)
     protected = {**COMMAND_INPUTS.get(), **(inputs or {})}
     hit = would_delete(target, protected)
     if hit is not None:
-        raise FolderError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
+        raise UserError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
                           "file")
     inside = next(((what, path) for what, path in protected.items()
                    if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
     if inside is not None:
-        raise FolderError(f"{flag} {target} lies in {inside[0]} ({inside[1]}), which writing it would change; choose "
+        raise UserError(f"{flag} {target} lies in {inside[0]} ({inside[1]}), which writing it would change; choose "
                           "a file outside it")
     if target.exists() and not overwrite:
-        raise FolderError(f"{flag} {target} already exists; pass --overwrite to replace it")
+        raise UserError(f"{flag} {target} already exists; pass --overwrite to replace it")
 
 
 @contextmanager
@@ -518,9 +510,9 @@ def process_alive(pid: int) -> bool:
 
 
 __all__ = [
-    "FolderError",
+    "UserError",
     "HUB_ID",
-    "IncompleteModelFolder",
+    "UserError",
     "TOKENIZER_VOCAB_FILES",
     "atomic_folder",
     "check_destination",

@@ -32,10 +32,6 @@ LOCK_NAME = ".retromae.lock"
 NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-class FolderLocked(UserError):
-    """Another run, alive or on another machine, holds the folder's lock."""
-
-
 @contextmanager
 def folder_lock(folder: str | os.PathLike, *, enabled: bool = True, required: bool = True) -> Iterator[Path | None]:
     """Hold `folder`'s lock (creating `folder` if needed) while the block runs.
@@ -50,7 +46,7 @@ def folder_lock(folder: str | os.PathLike, *, enabled: bool = True, required: bo
         The lock file, or None when not `enabled` (or not `required` and not writable).
 
     Raises:
-        FolderLocked: another run holds the lock; the message names the lock file, the holder and what to do.
+        UserError: another run holds the lock; the message names the lock file, the holder and what to do.
     """
     if not enabled:
         yield None
@@ -88,7 +84,7 @@ def _acquire(lock: Path) -> dict[str, Any]:
         except FileExistsError:
             holder = _read(lock)
             if not _is_stale(holder):
-                raise FolderLocked(_refusal(lock, holder)) from None
+                raise UserError(_refusal(lock, holder)) from None
             logger.warning("Taking over %s: the run that held it (pid %s on %s, started %s) is no longer running",
                            lock, holder["pid"], holder["host"], holder.get("started", "?"))
             _break(lock, holder)
@@ -140,4 +136,4 @@ def _remove_if_empty(folder: Path) -> None:
         folder.rmdir()
 
 
-__all__ = ["LOCK_NAME", "FolderLocked", "folder_lock"]
+__all__ = ["LOCK_NAME", "folder_lock"]
