@@ -108,6 +108,13 @@ def test_training_arguments_that_are_no_numbers_are_refused(tmp_path, tokenizer,
                                  data_collator=retromae.PretrainingCollator(tokenizer))
 
 
+def test_finetune_refuses_training_arguments_that_are_no_numbers(tmp_path):
+    """HEAD: `'<=' not supported between instances of 'int' and 'str'`; the same check as the Trainer's, before any
+    input is read."""
+    with pytest.raises(TypeError, match=r"^TrainingArguments learning_rate='fast' is not a number"):
+        retromae.finetune(tmp_path / "model", tmp_path / "data", tmp_path / "out", learning_rate="fast")
+
+
 def test_training_arguments_are_checked_as_the_command_line_checks_them(tmp_path, tokenizer, bert_rows):
     with pytest.raises(ValueError, match=r"--learning-rate nan: give a finite learning rate"):
         make_trainer(tmp_path, tokenizer, bert_rows, learning_rate=float("nan"))

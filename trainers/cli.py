@@ -21,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from huggingface_hub.errors import StrictDataclassError
 
-from .core.errors import UserError, one_line_message
+from .core.errors import NOT_WRITABLE, UserError, one_line_message
 from .core.folders import INTERRUPTED_HINT
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers warns when DataLoader workers fork
@@ -45,12 +45,6 @@ DISK_FULL = {
     errno.ENOSPC: "no space left on device",
     errno.EDQUOT: "disk quota exceeded",
     errno.EFBIG: "file too large for the file system or the file-size limit (ulimit -f)",
-}
-# what a folder that may not be written raises (read-only file system, no permission), as the line names it
-NOT_WRITABLE = {
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
 }
 # each command's option for where it writes, the fix a refused write names
 OUTPUT_OPTION = {"pretrain": "--output-dir", "export": "OUTPUT_DIR", "index": "--output-dir", "search": "--output",

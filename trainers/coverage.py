@@ -265,8 +265,8 @@ def _sequence_length(max_seq_length: int | None, encoder: nn.Module, model_name:
         return DEFAULT_MAX_SEQ_LENGTH
     if max_seq_length < MIN_SEQ_LENGTH or (limit is not None and max_seq_length > limit):
         raise UserError(f"--max-seq-length {max_seq_length}: give {MIN_SEQ_LENGTH} to "
-                            f"{limit or 'the encoder limit'} for {model_name} (tokens per text, special tokens "
-                            "included: [CLS], at least one text token and [SEP])")
+                        f"{limit or 'the encoder limit'} for {model_name} (tokens per text, special tokens "
+                        "included: [CLS], at least one text token and [SEP])")
     return max_seq_length
 
 
@@ -368,7 +368,7 @@ def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bo
     if not results.is_file():
         if plot.exists():
             raise UserError(f"{plot} is a plot that `retromae coverage` did not write (no {COVERAGE_JSON} beside "
-                                "it); choose another --output-dir, or pass --overwrite to replace it")
+                            "it); choose another --output-dir, or pass --overwrite to replace it")
         return
     record = read_json_or_empty(results)
     scored = record.get("model_paths")

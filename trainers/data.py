@@ -59,7 +59,6 @@ WARN_UNK_SHARE = 0.05  # more than this: a warning
 UNK_SAMPLE_ROWS = 1000  # sequences the share is measured on (spread over the corpus; the first ones of a stream)
 
 __all__ = [
-    "UserError",
     "DataInputs",
     "PretrainingCollator",
     "TrainingData",
@@ -204,15 +203,15 @@ def _files_below(folder: Path) -> list[Path]:
         real = os.path.realpath(here)
         if real in reached:
             raise UserError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
-                              f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
-                              "its files would be read twice; remove the link")
+                            f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
+                            "its files would be read twice; remove the link")
         reached[real] = here
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         for link in (here / name for name in subfolders if (here / name).is_symlink()):
             target = Path(os.path.realpath(link))
             if Path(real).is_relative_to(target):
                 raise UserError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
-                                  f"{target}, a folder that holds it (a loop); remove the link")
+                                f"{target}, a folder that holds it (a loop); remove the link")
         found += [here / name for name in names if not name.startswith(".") and (here / name).is_file()]
     return sorted(found)
 
@@ -434,7 +433,7 @@ def check_text_encoding(path: str | os.PathLike) -> None:
         encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
     if encoding is not None:
         raise UserError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
-                          f"{encoding} -t utf-8 in > out")
+                        f"{encoding} -t utf-8 in > out")
 
 
 def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
@@ -825,8 +824,8 @@ def _check_unknown_tokens(
                f"{tokenizer.name_or_path} does not know the corpus's language or script")
     if share > MAX_UNK_SHARE:
         raise UserError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
-                          "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
-                          "meant")
+                        "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
+                        "meant")
     logger.warning("%s; training learns nothing from [UNK]", message)
 
 

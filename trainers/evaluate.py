@@ -59,7 +59,6 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 
 __all__ = [
-    "UserError",
     "check_card_folder",
     "check_results_folder",
     "default_output_dir",
@@ -310,7 +309,7 @@ def check_results_folder(output_dir: Path, model: str | os.PathLike, overwrite: 
     if recorded != model_location(model):
         whose = f"the results of {recorded}" if recorded else "results of another model"
         raise UserError(f"{output_dir} holds {whose} ({SUMMARY_JSON}); choose another --output-dir for "
-                            f"{model}, or pass --overwrite to replace them")
+                        f"{model}, or pass --overwrite to replace them")
 
 
 def check_card_folder(model_dir: str | os.PathLike) -> Path:
@@ -438,7 +437,7 @@ def evaluate(
     unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
     if unknown:
         raise UserError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
-                            f"{', '.join(EVALUATE_OPTIONS)}")
+                        f"{', '.join(EVALUATE_OPTIONS)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UserError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
     sources = [data] if isinstance(data, str | os.PathLike) else list(data)

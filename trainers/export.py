@@ -101,7 +101,7 @@ def export_sentence_transformer(
                           if is_trainer_checkpoint(p)), None)
     if in_checkpoint is not None:
         raise UserError(f"output folder {output_dir} is or lies in the training checkpoint {in_checkpoint}, which "
-                          "resuming the run needs; choose another folder")
+                        "resuming the run needs; choose another folder")
     check_tokenizer_saved(checkpoint, purpose="export")  # saved without one: say how to add it
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
@@ -342,7 +342,7 @@ def _check_vocabulary(model: SentenceTransformer, name: str) -> None:
     rows = auto_model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > rows:
         raise UserError(f"{name}: its tokenizer has {len(tokenizer)} tokens but the model has {rows} word "
-                          "embeddings (vocab_size in config.json); give the model the tokenizer it was trained with")
+                        "embeddings (vocab_size in config.json); give the model the tokenizer it was trained with")
 
 
 def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
@@ -355,7 +355,7 @@ def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None
     if max_seq_length < lowest or (limit is not None and max_seq_length > limit):
         upper = limit or "the encoder's limit"
         raise UserError(f"--max-seq-length {max_seq_length}: give {lowest} to {upper} (tokens per text, special "
-                          "tokens included)")
+                        "tokens included)")
     model.max_seq_length = max_seq_length
 
 
@@ -449,7 +449,6 @@ def export_command(argv: list[str]) -> int:
 
 __all__ = [
     "ExportArguments",
-    "UserError",
     "ExportRequest",
     "build_dupmae_sentence_transformer",
     "default_model_name",

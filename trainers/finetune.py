@@ -142,7 +142,6 @@ MAY_CHANGE_ON_RESUME = frozenset({
 __all__ = [
     "STAGES",
     "DistillationLoss",
-    "UserError",
     "FinetuneResult",
     "finetune",
     "finetune_command",
@@ -582,7 +581,7 @@ def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]],
     diverged = divergence(model, log_history)
     if diverged:
         raise UserError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
-                            "--scale) and run again (nothing was written)")
+                        "--scale) and run again (nothing was written)")
 
 
 def _run_settings(model_args, data_args, loss_args, training_args) -> dict[str, Any]:
@@ -659,7 +658,7 @@ def _model_after_finished_stages(model: SentenceTransformer, stages: list[str], 
         return model
     if finished != stages[: len(finished)]:
         raise UserError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
-                            f"begin --stages {','.join(stages)}")
+                        f"begin --stages {','.join(stages)}")
     logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
     return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
 
@@ -725,8 +724,8 @@ def _check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[st
     fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
            else "check that its query and document ids are those of --train-data")
     raise UserError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
-                        f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
-                        f"{example.positives[0][0]!r}); {fix}")
+                    f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
+                    f"{example.positives[0][0]!r}); {fix}")
 
 
 def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
@@ -797,16 +796,16 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
     if (training_args.overwrite and output_dir.is_dir() and any(output_dir.iterdir())
             and not any((output_dir / name).is_file() for name in ("modules.json", "config.json"))):
         raise UserError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
-                            "--overwrite will not replace it: choose a new or empty folder")
+                        "--overwrite will not replace it: choose a new or empty folder")
     work_dir = _work_dir(training_args)
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
         raise UserError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
-                            f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
+                        f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
     _check_work_dir(work_dir)
     resume = training_args.resume_from_checkpoint
     if resume is not None and resume not in RESUME_LAST:
         raise UserError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
-                            "stage from its newest checkpoint in the work folder; pass `last`")
+                        "stage from its newest checkpoint in the work folder; pass `last`")
     for flag, path in files.items():
         if path and Path(path).is_dir():
             hint = f" (a BEIR folder's corpus is {Path(path) / 'corpus.jsonl'})" if flag == "--corpus" else ""
@@ -817,15 +816,15 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
         read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing)
     if data_args.teacher_scores and "distill" not in stages:
         raise UserError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
-                            "the flag")
+                        "the flag")
     if stages != ["in-batch"] and data_args.num_negatives < 1:  # mined, read from a file or carried by the data
         raise UserError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
-                            "negative per query; give 1 or more")
+                        "negative per query; give 1 or more")
     if stages != ["in-batch"] and not data_args.negatives_file:
         check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
     if "in-batch" in stages and training_args.per_device_train_batch_size < 2 and training_args.world_size == 1:
         raise UserError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
-                            "always 0): give a batch of 2 or more queries")
+                        "always 0): give a batch of 2 or more queries")
     return work_dir
 
 
@@ -868,8 +867,8 @@ def _check_work_dir(work_dir: Path) -> None:
         if work_dir.is_dir() else []
     if foreign:
         raise UserError(f"work folder {work_dir} holds files no `retromae finetune` run made ({', '.join(foreign[:3])}"
-                            f"{', ...' if len(foreign) > 3 else ''}), which the run could replace or delete; choose a "
-                            "new or empty folder with --work-dir")
+                        f"{', ...' if len(foreign) > 3 else ''}), which the run could replace or delete; choose a "
+                        "new or empty folder with --work-dir")
 
 
 def run_finetune(
@@ -882,10 +881,10 @@ def run_finetune(
     stages = _parse_stages(data_args.stages, data_args.teacher_scores)
     if loss_args.mini_batch_size is not None and "distill" in stages:
         raise UserError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
-                            "the distill stage in a fine-tuning of its own without it")
+                        "the distill stage in a fine-tuning of its own without it")
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise UserError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
-                            "names no local paths: omit the flag to record the starting model as local")
+                        "names no local paths: omit the flag to record the starting model as local")
     finished = _finished_run(model_args, data_args, loss_args, training_args, stages)
     if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
         return finished
@@ -952,7 +951,7 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
                                 overwrite=True)  # the run's own folder
             except UserError as error:
                 raise UserError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
-                                    "`retromae evaluate` once that is fixed") from None
+                                "`retromae evaluate` once that is fixed") from None
             info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     return FinetuneResult(output_dir, info)
 

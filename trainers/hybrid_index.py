@@ -572,7 +572,7 @@ class HybridIndex:
         if missing or not isinstance(files, dict) or not all(
                 isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
             raise UserError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
-                                   "the index folder is corrupted: rebuild it")
+                            "the index folder is corrupted: rebuild it")
         for name, meta in files.items():
             path = folder / name
             if not path.is_file():
@@ -597,7 +597,7 @@ class HybridIndex:
             )
         except (TypeError, ValueError) as error:  # a field of another type, an unknown parameter
             raise UserError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
-                                   "rebuild it") from None
+                            "rebuild it") from None
         index.ids = json.loads((folder / IDS_FILE).read_text(encoding="utf-8"))
         if DENSE_FILE in manifest["files"]:
             index._dense = faiss.read_index(str(folder / DENSE_FILE))
@@ -629,7 +629,7 @@ def check_index_destination(folder: Path, overwrite: bool,
     check_destination(folder, overwrite or user_files, inputs)  # user files: refused below, whatever the flag says
     if user_files:
         raise UserError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
-                               "empty folder (--overwrite replaces an index only)")
+                        "empty folder (--overwrite replaces an index only)")
 
 
 def _top_columns(scores: np.ndarray, n: int) -> np.ndarray:
@@ -738,7 +738,7 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
             raise UserError(f"--queries {path} " + ("is a folder; give a file" if path.is_dir() else "not found"))
         if path.suffix.lower() not in {".jsonl", ".txt"}:
             raise UserError(f"--queries {path}: give a BEIR queries.jsonl or a .txt file with one query per "
-                                   f"line (a {path.suffix or 'suffix-less'} file would be read line by line as queries)")
+                            f"line (a {path.suffix or 'suffix-less'} file would be read line by line as queries)")
         if path.suffix.lower() == ".jsonl":
             read = read_beir_queries(path).items()
             blank = next((qid for qid, text in read if not text.strip()), None)
@@ -766,7 +766,7 @@ def _load_hybrid_model(folder: str, command: str) -> Any:
         fix = ("export it again (a module's files are missing or damaged)" if Path(folder).exists()
                else "give a local folder, or a Hub id that exists (and the network)")
         raise UserError(f"--model {folder} does not load ({type(error).__name__}: "
-                               f"{one_line_message(error)}); {fix}") from None
+                        f"{one_line_message(error)}); {fix}") from None
     if not any(is_dupmae_pooling(module) for module in model.modules()):
         raise UserError(
             f"--model {folder} is not a DupMAE hybrid model (it has no DupMAEPooling module): retromae {command} is "

@@ -203,7 +203,7 @@ def _check_card(folder: Path) -> dict[str, Any]:
         raise UserError("README.md has no YAML metadata block (--- ... ---) at the top")
     if not REGEX_YAML_BLOCK.search(text):
         raise UserError("README.md: the metadata block opened by '---' on line 1 is never closed; add a line '---' "
-                           "after its last field")
+                        "after its last field")
     card = _parse_card(text)
     metadata = card.data.to_dict()
     if not metadata.get("library_name"):

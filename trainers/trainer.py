@@ -29,8 +29,8 @@
 - the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
   the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
   `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
-- what does not fit together is refused on construction, in one line, rather than deep in the first step: number
-  settings that are not numbers and the command line's checks of the training arguments, a dataset without
+- what does not fit together is refused on construction, in one line, rather than deep in the first step: the
+  command line's checks of the training arguments (numbers that are not numbers among them), a dataset without
   `input_ids` (not tokenized), a collator built from another tokenizer than `processing_class`, a tokenizer with more
   ids than the embedding rows or rows longer than the position table (`positions.check_model_and_tokenizer`); a
   tokenizer with under half as many ids as the embedding rows is warned about;
@@ -40,16 +40,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
-import numbers
 import os
 import re
 import shutil
-import types
-import typing
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,7 +56,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 from retromae.modeling.configuration_retromae import hides_whole_words
 from safetensors.torch import load_file, save_file
-from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
@@ -267,35 +262,6 @@ class LogLastStepCallback(TrainerCallback):
         return control
 
 
-@functools.cache
-def _number_fields() -> dict[str, tuple[bool, bool]]:
-    """TrainingArguments' fields typed int or float: name -> (integer, None allowed)."""
-    fields = {}
-    for name, hint in typing.get_type_hints(TrainingArguments).items():
-        kinds = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
-        if kinds & {int, float} and kinds <= {int, float, type(None)}:
-            fields[name] = (float not in kinds, type(None) in kinds)
-    return fields
-
-
-def check_number_fields(args: TrainingArguments) -> None:
-    """Refuse a number field of `args` holding something else: TrainingArguments keeps e.g. learning_rate="fast",
-    and the Trainer or torch fails on it later with "'<=' not supported between 'float' and 'str'".
-
-    Raises:
-        TypeError: one line naming the field, its value and the type to pass.
-    """
-    defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
-    for name, (integer, optional) in _number_fields().items():
-        value = getattr(args, name, None)
-        if (value is None and optional) or (not isinstance(value, bool) and isinstance(
-                value, numbers.Integral if integer else numbers.Real)):
-            continue
-        kind, example = ("a whole number", "an int") if integer else ("a number", "a float")
-        raise TypeError(f"TrainingArguments {name}={value!r} is not {kind}; pass {example}, e.g. "
-                        f"{name}={defaults[name]!r}")
-
-
 def check_tokenized(dataset: Any, name: str) -> None:
     """Refuse a dataset (or a dict of them) without `input_ids`, e.g. read_corpus's text: transformers would say only
     that no column matches the model."""
@@ -369,7 +335,6 @@ class RetroMAETrainer(Trainer):
                             "collator of your own that returns the model's labels)")
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         if training_args is not None:  # before the Trainer compares any of them
-            check_number_fields(training_args)
             check_training_arguments(training_args)  # as the command line checks its flags
         validation = next((c for c in kwargs.get("callbacks") or [] if callable(getattr(c, "evaluate_model", None))),
                           None)
@@ -728,7 +693,7 @@ class RetroMAETrainer(Trainer):
 
 __all__ = [
     "RESUME_LAST", "RUN_INFO_NAME", "LogLastStepCallback", "RetroMAETrainer", "check_no_checkpoint_collision",
-    "check_number_fields", "check_same_tokenizer", "check_tokenized", "checkpoint_to_resume", "clean_killed_saves",
+    "check_same_tokenizer", "check_tokenized", "checkpoint_to_resume", "clean_killed_saves",
     "longest_sequence",
     "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files",
 ]

@@ -19,11 +19,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import logging
 import math
+import numbers
 import os
 import re
+import types
+import typing
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -245,6 +250,35 @@ def _typed(action: argparse.Action, value: Any, where: str, flag: str) -> Any:
     return typed
 
 
+@functools.cache
+def _number_fields() -> dict[str, tuple[bool, bool]]:
+    """TrainingArguments' fields typed int or float: name -> (integer, None allowed)."""
+    fields = {}
+    for name, hint in typing.get_type_hints(TrainingArguments).items():
+        kinds = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
+        if kinds & {int, float} and kinds <= {int, float, type(None)}:
+            fields[name] = (float not in kinds, type(None) in kinds)
+    return fields
+
+
+def check_number_fields(args: Any) -> None:
+    """Refuse a number field of `args` holding something else: TrainingArguments keeps e.g. learning_rate="fast",
+    and the Trainer or torch fails on it later with "'<=' not supported between 'float' and 'str'".
+
+    Raises:
+        TypeError: one line naming the field, its value and the type to pass.
+    """
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+    for name, (integer, optional) in _number_fields().items():
+        value = getattr(args, name, None)
+        if (value is None and optional) or (not isinstance(value, bool) and isinstance(
+                value, numbers.Integral if integer else numbers.Real)):
+            continue
+        kind, example = ("a whole number", "an int") if integer else ("a number", "a float")
+        raise TypeError(f"TrainingArguments {name}={value!r} is not {kind}; pass {example}, e.g. "
+                        f"{name}={defaults[name]!r}")
+
+
 def check_training_arguments(args: Any) -> None:
     """Refuse training options that would train nothing, train forever or fail deep in the Trainer.
 
@@ -252,10 +286,14 @@ def check_training_arguments(args: Any) -> None:
         args: a `TrainingArguments`, or the namespace its flags parse into (read before the dataclass is built).
 
     Raises:
+        TypeError: a number field of a `TrainingArguments` that holds something else (`check_number_fields`; the
+            command line's namespace holds what argparse converted).
         UserError: one line naming the flag, its value and the fix. `--max-steps` takes a positive number or -1
             (transformers' "not set": train for --num-train-epochs); 0 would train one step and other negative
             values every epoch.
     """
+    if isinstance(args, TrainingArguments):
+        check_number_fields(args)
     max_steps = getattr(args, "max_steps", -1)
     if max_steps == 0 or max_steps < -1:
         raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "

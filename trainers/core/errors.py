@@ -6,10 +6,18 @@ status 2. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import yaml
 from huggingface_hub.errors import StrictDataclassError
+
+# what writing in a folder that may not be written raises (read-only file system, no permission), as a line names it
+NOT_WRITABLE = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
 
 
 class UserError(ValueError):
@@ -46,4 +54,4 @@ def yaml_error_message(path: str | os.PathLike, error: yaml.YAMLError, *, first_
     return f"{where}: not valid YAML: {problem}"
 
 
-__all__ = ["UserError", "one_line_message", "yaml_error_message"]
+__all__ = ["NOT_WRITABLE", "UserError", "one_line_message", "yaml_error_message"]

@@ -156,7 +156,7 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UserError(f"{purpose}: {config_file} is not valid JSON ({error}); fix or restore the "
-                                    "file") from None
+                        "file") from None
     if not isinstance(config, dict):
         raise UserError(f"{purpose}: {config_file} is not a JSON object; fix or restore the file")
     if not weights:
@@ -166,12 +166,12 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
             json.loads(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise UserError(f"{purpose}: {file} is not valid JSON ({error}); restore the file, or "
-                                        "export the model again") from None
+                            "export the model again") from None
     for file in _module_files(folder, "*.safetensors"):
         problem = safetensors_problem(file)
         if problem:
             raise UserError(f"{purpose}: weights file {file} is incomplete: {problem}; "
-                                        f"{KILLED_SAVE_HINT} (or download it again)")
+                            f"{KILLED_SAVE_HINT} (or download it again)")
 
 
 def _module_files(folder: Path, pattern: str) -> list[Path]:
@@ -344,7 +344,7 @@ def _check_folder(flag: str, path: str | os.PathLike, folder: Path, writable: bo
         read_only = hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY
         why = "a read-only file system" if read_only else "no write permission"
         raise UserError(f"{flag} {path}: {existing} cannot be written ({why}); make it writable, or choose "
-                          "another folder")
+                        "another folder")
 
 
 def check_no_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> None:
@@ -357,7 +357,7 @@ def check_no_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> Non
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise UserError(f"{flag} {path}: {part} is a symbolic link that leads back to itself (a loop); remove "
-                              "it, or choose another folder") from None
+                            "it, or choose another folder") from None
 
 
 def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]) -> tuple[str, Path] | None:
@@ -385,11 +385,11 @@ def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | 
     hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
     if hit is not None:
         raise UserError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
-                          "choose another folder")
+                        "choose another folder")
     held = next((p for p in sorted(target.glob("checkpoint-*")) if is_trainer_checkpoint(p)), None)
     if held is not None:  # a run's output folder: replacing it would end the run's resumability
         raise UserError(f"output folder {target} holds the training checkpoint {held.name}, which replacing it "
-                          "would delete; choose another folder")
+                        "would delete; choose another folder")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise UserError(
             f"output folder {target} already exists and is not empty; pass --overwrite (Python: overwrite=True) "
@@ -409,12 +409,12 @@ def check_output_file(target: Path, flag: str, overwrite: bool,
     hit = would_delete(target, protected)
     if hit is not None:
         raise UserError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
-                          "file")
+                        "file")
     inside = next(((what, path) for what, path in protected.items()
                    if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
     if inside is not None:
         raise UserError(f"{flag} {target} lies in {inside[0]} ({inside[1]}), which writing it would change; choose "
-                          "a file outside it")
+                        "a file outside it")
     if target.exists() and not overwrite:
         raise UserError(f"{flag} {target} already exists; pass --overwrite to replace it")
 
@@ -510,9 +510,7 @@ def process_alive(pid: int) -> bool:
 
 
 __all__ = [
-    "UserError",
     "HUB_ID",
-    "UserError",
     "TOKENIZER_VOCAB_FILES",
     "atomic_folder",
     "check_destination",

@@ -10,7 +10,6 @@ user's) without the lock.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -22,14 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from .errors import NOT_WRITABLE, UserError
 from .folders import process_alive
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".retromae.lock"
-# what creating the lock raises in a folder that cannot be written
-NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 @contextmanager
