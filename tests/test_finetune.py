@@ -564,7 +564,7 @@ def test_an_output_folder_over_an_input_is_refused_even_with_overwrite(case, spr
         "work-dir-inside": (tmp_path / "out", ["--work-dir", str(tmp_path / "out" / "work")], "is inside --output-dir"),
     }[case]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    with pytest.raises((UserError, UserError), match=match):
+    with pytest.raises(UserError, match=match):
         finetune_command([str(spread_cls_bert), str(data), "--output-dir", str(out), "--overwrite", *extra, *FAST])
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 

@@ -340,7 +340,7 @@ def check_coverage_run(models: Sequence[str | os.PathLike], output_dir: str | os
         The models as strings, the names they are reported under.
 
     Raises:
-        UserError: `UserError` or `UserError`, one line naming the model or file and the fix.
+        UserError: one line naming the model or file and the fix.
     """
     check_folder_option("--output-dir", output_dir)
     names = [str(m) for m in models]

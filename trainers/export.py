@@ -90,7 +90,7 @@ def export_sentence_transformer(
         `output_dir` as a `Path`.
 
     Raises:
-        UserError: the folder is not a complete checkpoint of one of our methods (`UserError`, `UserError`), or
+        UserError: the folder is not a complete checkpoint of one of our methods, or
             `output_dir` exists and `overwrite` is False.
     """
     check_pooling(pooling, similarity)
