@@ -130,12 +130,17 @@ def make_loader(items: list[dict[str, Any]], collate, batch_size: int, workers: 
                                        num_workers=workers, pin_memory=device.type == "cuda", drop_last=True)
 
 
-class Prebuilt(list):
-    """Batches collated, prepared and moved to the device before the timed loop (``--feed prebuilt``)."""
+class Prebuilt:
+    """`count` batches for the timed loop, cycled from `distinct` batches collated, prepared and moved to the device
+    in advance (``--feed prebuilt``): a step's compute depends on the batch's shape, not its tokens, and the official
+    collator builds about 3 samples/s per worker, too slow to build every batch of a timed run."""
 
-    def __init__(self, loader, prepare, count: int):
-        super().__init__(prepare(batch) for batch in itertools.islice(loader, count))
-        self.batch_size = loader.batch_size
+    def __init__(self, loader, prepare, count: int, distinct: int = 8):
+        self.batches = [prepare(batch) for batch in itertools.islice(loader, min(count, distinct))]
+        self.count, self.batch_size = count, loader.batch_size
+
+    def __iter__(self):
+        return itertools.islice(itertools.cycle(self.batches), self.count)
 
 
 def feed(args, loader, prepare):

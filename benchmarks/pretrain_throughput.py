@@ -116,8 +116,8 @@ BF16_TARGETS = {"base": {"enhanced": 1.2, "dupmae": 1.0, "seed": 1.0, "bow": 1.5
 MFU_STRETCH = {("base", "enhanced"): 0.35}
 # Fast paths a row may turn on (`--paths`; a row label is `variant` or `variant@path+path`): fused AdamW, each layer
 # compiled (`retromae pretrain --compile-layers`), the vocabulary losses' compiled softmax (`--compile-loss`), the
-# whole model under torch.compile.
-PATHS = ("fused_adamw", "compile_layers", "compile_loss", "compile_model")
+# whole model under torch.compile, the vocabulary losses' vocabulary padded to a multiple of 64 (aligned GEMMs).
+PATHS = ("fused_adamw", "compile_layers", "compile_loss", "compile_model", "pad_vocab")
 COMPILED_BASELINE = "hf_mlm@compile_model+fused_adamw"  # the peer a careful user picks (`--compiled-baseline`)
 # the GPU-efficiency targets (bf16, L=512, batch up to 64, the best path of each variant): MFU, x stock HF MLM, x compiled
 EFFICIENCY_TARGETS = {
@@ -293,13 +293,15 @@ def build_trainable(label: str, size: str, mask_token_id: int, device: torch.dev
     variant, paths = split_label(label)
     model = build_model(variant, size, mask_token_id, seed, attn).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused_adamw" in paths)
-    if "compile_layers" in paths or "compile_loss" in paths:
-        from retromae.trainers.fast_paths import compile_layers, compile_loss
+    if "compile_layers" in paths or "compile_loss" in paths or "pad_vocab" in paths:
+        from retromae.trainers.fast_paths import compile_layers, compile_loss, pad_loss_vocab
 
         if "compile_layers" in paths:
             compile_layers(model)
         if "compile_loss" in paths:
             compile_loss(model)
+        if "pad_vocab" in paths:
+            pad_loss_vocab(model)
     if "compile_model" in paths:
         model = torch.compile(model)
     return model, optimizer

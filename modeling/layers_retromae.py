@@ -22,21 +22,23 @@ def _fused_cross_entropy(
     compute_dtype: torch.dtype,
     needs_grad: tuple[bool, bool, bool],
     compiled: bool = False,
+    vocab_multiple: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Summed cross-entropy over chunks of rows, and the unscaled gradients of the summed loss w.r.t. the inputs
-    flagged in `needs_grad` (None for the others; no (V, H) buffer when none is). `compiled`: see `_chunk_terms`."""
-    num_rows = hidden.shape[0]  # N
+    flagged in `needs_grad` (None for the others; no (V, H) buffer when none is). `compiled`: see `_chunk_terms`;
+    `vocab_multiple`: see `_padded_projection` (the gradients come back in the unpadded shapes)."""
+    num_rows, vocab_size = hidden.shape[0], weight.shape[0]  # N, V
     any_grad = any(needs_grad)
-    w = weight.to(compute_dtype)
+    w, b = _padded_projection(weight, bias, compute_dtype, vocab_multiple)  # (V', H), (V',)
     acc_dtype = torch.promote_types(compute_dtype, torch.float32)  # softmax and sums never below fp32
     total = torch.zeros((), dtype=acc_dtype, device=hidden.device)
     grad_hidden = torch.empty_like(hidden) if needs_grad[0] else None
-    grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if needs_grad[1] else None
-    grad_bias = torch.zeros(bias.shape, dtype=acc_dtype, device=bias.device) if needs_grad[2] else None
+    grad_weight = torch.zeros(w.shape, dtype=acc_dtype, device=weight.device) if needs_grad[1] else None
+    grad_bias = torch.zeros(b.shape, dtype=acc_dtype, device=bias.device) if needs_grad[2] else None
     for start in range(0, num_rows, chunk_size):
         h = hidden[start : start + chunk_size].to(compute_dtype)  # (n, H)
         y = labels[start : start + chunk_size]  # (n,)
-        logits = torch.addmm(bias.to(compute_dtype), h, w.t())  # (n, V)
+        logits = torch.addmm(b, h, w.t())  # (n, V'); the padded columns are -inf
         if compiled:
             chunk_total, grad_logits = _compiled_chunk_terms()(logits, y, any_grad)
             total += chunk_total
@@ -58,7 +60,29 @@ def _fused_cross_entropy(
             grad_weight += (grad_logits.t() @ h).to(acc_dtype)
         if grad_bias is not None:
             grad_bias += grad_logits.to(acc_dtype).sum(0)
+    if grad_weight is not None:  # leading rows of a contiguous buffer: a contiguous view, no copy
+        grad_weight = grad_weight[:vocab_size]
+    if grad_bias is not None:
+        grad_bias = grad_bias[:vocab_size]
     return total, grad_hidden, grad_weight, grad_bias
+
+
+def _padded_projection(weight: torch.Tensor, bias: torch.Tensor, compute_dtype: torch.dtype, vocab_multiple: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` `(V, H)` and `bias` `(V,)` in `compute_dtype`, their vocabulary dimension padded up to a multiple of
+    `vocab_multiple` (16-byte-aligned GEMMs; V = 30,522 is not) with zero weight rows and a bias of -inf, so that the
+    padded logits are -inf: softmax probability and gradient exactly 0. Cast and padding in one copy."""
+    vocab_size, hidden_size = weight.shape
+    padding = -vocab_size % vocab_multiple if vocab_multiple > 1 else 0
+    if not padding:
+        return weight.to(compute_dtype), bias.to(compute_dtype)
+    w = torch.empty(vocab_size + padding, hidden_size, dtype=compute_dtype, device=weight.device)
+    w[:vocab_size].copy_(weight)
+    w[vocab_size:].zero_()
+    b = torch.empty(vocab_size + padding, dtype=compute_dtype, device=bias.device)
+    b[:vocab_size].copy_(bias)
+    b[vocab_size:].fill_(float("-inf"))
+    return w, b
 
 
 def _chunk_terms(logits: torch.Tensor, labels: torch.Tensor, with_grad: bool
@@ -94,10 +118,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size: int, compute_dtype: torch.dtype, compiled: bool):
+    def forward(ctx, hidden, weight, bias, labels, chunk_size: int, compute_dtype: torch.dtype, compiled: bool,
+                vocab_multiple: int):
         needs_grad = tuple(ctx.needs_input_grad[:3])
         total, grad_hidden, grad_weight, grad_bias = _fused_cross_entropy(
-            hidden, weight, bias, labels, chunk_size, compute_dtype, needs_grad, compiled
+            hidden, weight, bias, labels, chunk_size, compute_dtype, needs_grad, compiled, vocab_multiple
         )
         scale = 1.0 / max(hidden.shape[0], 1)
         ctx.backward_done = False
@@ -119,7 +144,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             )
         ctx.backward_done = True
         grads = [g.mul_(grad_output) if g is not None else None for g in ctx.saved_tensors]
-        return grads[0], grads[1], grads[2], None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None, None
 
 
 @torch.no_grad()
@@ -143,6 +168,7 @@ def linear_cross_entropy(
     labels: torch.Tensor,
     chunk_size: int = 4096,
     compiled: bool = False,
+    vocab_multiple: int = 1,
 ) -> torch.Tensor:
     """Mean cross-entropy of the vocabulary projection of `hidden`; without gradient, no gradient buffers.
 
@@ -153,6 +179,9 @@ def linear_cross_entropy(
         labels: `(num_rows,)` target ids, all valid (no -100).
         chunk_size: rows per chunk.
         compiled: each chunk's softmax and gradient in one compiled kernel (the same result within rounding).
+        vocab_multiple: inside the loss, pad the vocabulary dimension up to a multiple of this (zero weight rows, bias
+            -inf: probability and gradient exactly 0), so that the GEMMs are aligned (e.g. 64 for V = 30,522); the
+            loss and gradients (of the unpadded shapes) are the unpadded ones within rounding. 1: no padding.
 
     Returns:
         Scalar mean loss; exactly 0 (still attached to the graph) when there are no rows.
@@ -165,9 +194,11 @@ def linear_cross_entropy(
     with torch.autocast(device_type, enabled=False):
         if not tracks_grad:
             no_grad = (False, False, False)
-            total = _fused_cross_entropy(hidden, weight, bias, labels, chunk_size, compute_dtype, no_grad, compiled)[0]
+            total = _fused_cross_entropy(
+                hidden, weight, bias, labels, chunk_size, compute_dtype, no_grad, compiled, vocab_multiple
+            )[0]
             return total * (1.0 / hidden.shape[0])
-        return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype, compiled)
+        return _LinearCrossEntropy.apply(hidden, weight, bias, labels, chunk_size, compute_dtype, compiled, vocab_multiple)
 
 
 # The mask samplers run eagerly inside a compiled model: they sync with the host anyway, and inductor mis-sizes the

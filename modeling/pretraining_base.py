@@ -244,6 +244,8 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
     measure_accuracy: bool = False
     # the vocabulary losses' softmax in one compiled kernel per chunk (a runtime choice, never saved)
     compile_loss: bool = False
+    # the vocabulary losses' vocabulary dimension padded to a multiple of this for aligned GEMMs (runtime, never saved)
+    loss_vocab_multiple: int = 1
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -295,6 +297,7 @@ class BertPretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedMod
             labels.reshape(-1)[keep],
             chunk_size=self.config.loss_chunk_size,
             compiled=self.compile_loss,
+            vocab_multiple=self.loss_vocab_multiple,
         )
 
     def mlm_accuracy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

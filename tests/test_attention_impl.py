@@ -27,7 +27,7 @@ from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.trainers import pretrain as pretrain_module
 from retromae.trainers.cli import main
 from retromae.trainers.core.errors import UserError
-from retromae.trainers.fast_paths import compile_layers, compile_loss, repeated_layers
+from retromae.trainers.fast_paths import compile_layers, compile_loss, fast_path_wanted, pad_loss_vocab, repeated_layers
 from retromae.trainers.pretrain import attn_implementation_for
 from safetensors.torch import load_file
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -382,8 +382,10 @@ def test_compiled_loss_gives_the_eager_losses_and_gradients(method):
     assert not compile_loss(torch.nn.Linear(2, 2))  # nothing to compile in a model without our losses
 
 
-def test_pretrain_compile_loss_flag_turns_it_on(tiny_bert, corpus, tmp_path, monkeypatch):
-    """`--compile-loss true` turns the compiled softmax on for the model it trains."""
+@pytest.mark.parametrize(("flag", "compiled"), [((), False), (("--compile-loss", "true"), True),
+                                              (("--compile-loss", "false"), False)])
+def test_pretrain_compile_loss_flag(tiny_bert, corpus, tmp_path, monkeypatch, flag, compiled):
+    """`--compile-loss true` turns the compiled softmax on for the model it trains; unset, it stays off on CPU."""
     models = []
 
     def record(model):
@@ -392,5 +394,27 @@ def test_pretrain_compile_loss_flag_turns_it_on(tiny_bert, corpus, tmp_path, mon
 
     monkeypatch.setattr(pretrain_module, "compile_loss", record)
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--no-export", "true", "--max-steps", "2",
-                              "--compile-loss", "true")) == 0
-    assert len(models) == 1 and models[0].compile_loss
+                              *flag)) == 0
+    assert len(models) == compiled and all(model.compile_loss for model in models)
+
+
+def test_fast_paths_default_to_on_for_cuda_only():
+    """An unset fast-path flag (None) follows the device: on for CUDA, where they were measured faster; a set one
+    is obeyed everywhere."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert fast_path_wanted(None, cuda) and not fast_path_wanted(None, cpu)
+    assert not fast_path_wanted(False, cuda) and fast_path_wanted(True, cpu)
+
+
+def test_pretrain_pad_loss_vocab_flag_turns_it_on(tiny_bert, corpus, tmp_path, monkeypatch):
+    """`--pad-loss-vocab true` pads the vocabulary losses of the model it trains to a multiple of 64."""
+    models = []
+
+    def record(model):
+        models.append(model)
+        return pad_loss_vocab(model)
+
+    monkeypatch.setattr(pretrain_module, "pad_loss_vocab", record)
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--no-export", "true", "--max-steps", "2",
+                              "--pad-loss-vocab", "true")) == 0
+    assert len(models) == 1 and models[0].loss_vocab_multiple == 64

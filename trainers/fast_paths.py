@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
+
+
+def fast_path_wanted(flag: bool | None, device: torch.device) -> bool:
+    """A fast-path flag's value; unset (None) means on for CUDA, where `benchmarks/results/step_breakdown_h200.json`
+    measured each path faster for every method, and off elsewhere (not timed there; compiling costs start-up)."""
+    return device.type == "cuda" if flag is None else flag
 
 
 def repeated_layers(model: nn.Module) -> list[nn.Module]:
@@ -34,4 +41,14 @@ def compile_loss(model: nn.Module) -> bool:
     if not hasattr(model, "compile_loss"):
         return False
     model.compile_loss = True
+    return True
+
+
+def pad_loss_vocab(model: nn.Module, multiple: int = 64) -> bool:
+    """Pads the vocabulary dimension of `model`'s vocabulary losses to a multiple of `multiple` inside the loss
+    (`linear_cross_entropy(vocab_multiple=...)`: aligned GEMMs, the same losses and gradients within rounding);
+    False for a model without them (e.g. a plain transformers model)."""
+    if not hasattr(model, "loss_vocab_multiple"):
+        return False
+    model.loss_vocab_multiple = multiple
     return True

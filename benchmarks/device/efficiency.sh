@@ -23,8 +23,8 @@ cd "$(dirname "$0")/../.."
 source benchmarks/device/lib.sh
 init_run efficiency eff
 BATCH=${BATCH:-$([ "$SMOKE" = 1 ] && echo 2 || echo 64)}
-PATHS=${PATHS:-eager,compile_loss+fused_adamw,compile_layers+compile_loss+fused_adamw}
-BREAKDOWN_PATHS=${BREAKDOWN_PATHS:-eager,compile_layers+compile_loss+fused_adamw}
+PATHS=${PATHS:-eager,compile_layers+compile_loss+fused_adamw,pad_vocab+compile_layers+compile_loss+fused_adamw}
+BREAKDOWN_PATHS=${BREAKDOWN_PATHS:-compile_layers+compile_loss+fused_adamw,pad_vocab+compile_layers+compile_loss+fused_adamw}
 
 echo "== batch=$BATCH paths=$PATHS breakdown paths=$BREAKDOWN_PATHS"
 start_ours
@@ -65,7 +65,7 @@ if want official && [ -d .dev/official/pretrain ]; then
   fi
   SB="$SB --official-site $W/official_site --official-src .dev/official"
   stage "set-up: official env" 60 setup_official && {
-    stage "official side by side: prebuilt batches" 120 $PY $SB --feed prebuilt --workers 2 \
+    stage "official side by side: prebuilt batches" 120 $PY $SB --feed prebuilt --workers 6 \
       --output "$OUT/official_side_by_side_${SLUG}_prebuilt.json"
     stage "official side by side: 6 workers" 120 $PY $SB $SB6 --output "$OUT/official_side_by_side_${SLUG}_6w.json"
   }
