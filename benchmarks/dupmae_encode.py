@@ -23,7 +23,7 @@ encoder's n(8d² + 4dI + 4Ld) per token, so docs/s can be at most encoder / (enc
 (about 0.5x at MiniLM size and 0.78x at BERT-base size, L≈256).
 
 Documents: the first ``--docs`` documents (title + text) of ../shared/data/scifact/corpus.jsonl when present, else
-passages of the built-in corpus (`retromae.trainers.data.builtin_corpus`). Results: a markdown table on stdout and
+passages of the built-in corpus (`retromae.trainers.data.builtin.builtin_corpus`). Results: a markdown table on stdout and
 ``benchmarks/results/dupmae_encode.json``.
 
     python benchmarks/dupmae_encode.py            # MiniLM and base size (~8 min on 2 shared CPU cores)
@@ -67,7 +67,7 @@ def build_exports(size: str, tokenizer, max_seq_length: int, workdir: Path, seed
     from retromae.modeling.configuration_retromae import RetroMAEConfig
     from retromae.modeling.modeling_dupmae import DupMAEForPretraining
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-    from retromae.trainers.export import build_dupmae_sentence_transformer, export_from_model
+    from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer, export_from_model
     from sentence_transformers import SentenceTransformer
 
     torch.manual_seed(seed)

@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from retromae.modeling.layers_dupmae import activate_ot, sparsify_top_k
-    from retromae.trainers.beir import read_beir
-    from retromae.trainers.export import build_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
+    from retromae.trainers.retrieval.beir import read_beir
 
     dev = read_beir(SCIFACT, "dev")
     qids = list(dev.queries)

@@ -43,7 +43,7 @@ TARGET = 0.95
 def build_export(size: str, workdir: Path) -> Path:
     """A RetroMAE pre-training checkpoint of the chosen size, exported by `retromae export`'s code path."""
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-    from retromae.trainers.export import export_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import export_sentence_transformer
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     minilm = str(common.base_model_path())

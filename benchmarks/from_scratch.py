@@ -271,7 +271,7 @@ def pretraining_record(folder: Path, cfg: dict) -> dict:
     """Steps, seconds, seconds per step and token positions trained on (the Trainer's count; packed sequences are
     full length, so it is the real count but for the corpus's last block) of a finished pre-training, and its last
     logged encoder MLM accuracy."""
-    from retromae.trainers.trainer import last_complete_checkpoint
+    from retromae.trainers.training.run_folder import last_complete_checkpoint
 
     state = read_json(last_complete_checkpoint(folder) / "trainer_state.json")
     runtime = next((e["train_runtime"] for e in reversed(state["log_history"]) if "train_runtime" in e), None)
@@ -310,7 +310,7 @@ def zero_shot(model: Path, data: Path, out: Path, cfg: dict, logf: Path) -> dict
 
 def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> Path:
     """DupMAE's encoder with its [CLS] state alone as the representation (no projection, no sparse part)."""
-    from retromae.trainers.export import build_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
 
     build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, representation="cls",
                                       dense_dim=read_json(ckpt / "config.json")["hidden_size"],

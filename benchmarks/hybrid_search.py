@@ -52,7 +52,7 @@ import scipy
 import scipy.sparse as sp
 import torch
 from common import VOCAB_SIZE, cpu_counters, log, median_or_none, other_processes_cpu_share
-from retromae.trainers.hybrid_index import HybridIndex
+from retromae.trainers.retrieval.hybrid_index import HybridIndex
 
 BASELINE_DIM = 768
 TARGET = 0.5  # hybrid queries/s >= 0.5 x faiss IndexFlatIP(768)

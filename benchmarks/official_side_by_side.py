@@ -217,7 +217,7 @@ def our_model(size: str, mask_token_id: int, seed: int, attn: str):
 
 def ours_side(args, size: str, tokenizer, rows: list[dict[str, Any]]) -> dict[str, Any]:
     from retromae.modeling.configuration_retromae import hides_whole_words
-    from retromae.trainers.data import UNMASKED_KEY, PretrainingCollator, masking_generator
+    from retromae.trainers.data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
 
     device = torch.device(args.device)
     collator = PretrainingCollator(tokenizer, mask_ratio=ENCODER_MASK, whole_word_mask=True)
@@ -242,7 +242,8 @@ def ours_side(args, size: str, tokenizer, rows: list[dict[str, Any]]) -> dict[st
 def packed_rows(tokenizer, length: int) -> list[dict[str, list[int]]]:
     """The built-in corpus packed to exactly ``length`` tokens (input_ids and word_starts), as pretrain_throughput."""
     import datasets
-    from retromae.trainers.data import builtin_corpus, tokenize_corpus
+    from retromae.trainers.data.builtin import builtin_corpus
+    from retromae.trainers.data.tokenize import tokenize_corpus
 
     datasets.disable_progress_bars()
     tokenized = tokenize_corpus(builtin_corpus(), tokenizer, max_seq_length=length, packing=True)

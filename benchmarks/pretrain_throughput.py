@@ -172,7 +172,8 @@ def autocast(device: torch.device, dtype: str):
 def packed_rows(tokenizer, length: int) -> list[dict[str, list[int]]]:
     """Rows of the built-in corpus packed to exactly ``length`` tokens: ``input_ids`` and ``word_starts`` lists."""
     import datasets
-    from retromae.trainers.data import builtin_corpus, tokenize_corpus
+    from retromae.trainers.data.builtin import builtin_corpus
+    from retromae.trainers.data.tokenize import tokenize_corpus
 
     datasets.disable_progress_bars()
     tokenized = tokenize_corpus(builtin_corpus(), tokenizer, max_seq_length=length, packing=True)
@@ -214,7 +215,7 @@ def make_collator(variant: str, tokenizer, seed: int):
             return DataCollatorForLanguageModeling(
                 tokenizer, mlm_probability=MLM_PROBABILITY, whole_word_mask=True, seed=seed
             )
-    from retromae.trainers.data import PretrainingCollator
+    from retromae.trainers.data.collator import PretrainingCollator
 
     return PretrainingCollator(
         tokenizer, mask_ratio=MLM_PROBABILITY, whole_word_mask=True, generator=torch.Generator().manual_seed(seed)
@@ -294,7 +295,7 @@ def build_trainable(label: str, size: str, mask_token_id: int, device: torch.dev
     model = build_model(variant, size, mask_token_id, seed, attn).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused_adamw" in paths)
     if "compile_layers" in paths or "compile_loss" in paths or "pad_vocab" in paths:
-        from retromae.trainers.fast_paths import compile_layers, compile_loss, pad_loss_vocab
+        from retromae.trainers.training.fast_paths import compile_layers, compile_loss, pad_loss_vocab
 
         if "compile_layers" in paths:
             compile_layers(model)
@@ -552,7 +553,7 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
 def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, float]:
     """Median ms per batch of what feeds a step: collation in a DataLoader worker (one torch thread: ours pads, the
     HF collator masks too) and, for ours, masking in the training process on the device (`RetroMAETrainer`)."""
-    from retromae.trainers.data import masking_generator
+    from retromae.trainers.data.collator import masking_generator
 
     collator, generator = make_collator(variant, tokenizer, args.seed), masking_generator(args.seed, 0)
     collate = collator if variant == "hf_mlm" else collator.pad

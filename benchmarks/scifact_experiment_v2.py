@@ -36,7 +36,7 @@ Phases (each cached; a rerun skips what is done, an interrupted pre-training or 
    chosen point = the ``retromae`` arm and (0, 1.0) = the control, is reused), coverage (through the trained MLM head
    and through the word embeddings, `common.coverage`), then for every seed `retromae finetune` (stages
    ``in-batch,hard-negatives``: negatives mined with the stage-1 model) on the full ``qrels/train.tsv`` and the dev
-   evaluation (`common.evaluate`: mteb through `retromae.trainers.evaluate`).
+   evaluation (`common.evaluate`: mteb through `retromae.trainers.retrieval.mteb`).
 
 Outputs: ``out/scifact_experiment_v2/<arm>/`` (checkpoints, fine-tuned models, evaluations) and the ledger
 ``benchmarks/results/scifact_experiment_v2_ledger/`` (``<arm>.phases.json``: every finished phase's result, keyed by
@@ -186,7 +186,8 @@ class Artifact:
 def corpus_lengths(corpus: Path, max_seq_length: int) -> list[int]:
     """Token count of every pre-training sequence, in dataset order, exactly as `retromae pretrain` builds them
     (`read_corpus` + `tokenize_corpus`, no packing, the base's tokenizer)."""
-    from retromae.trainers.data import read_corpus, tokenize_corpus
+    from retromae.trainers.data.reading import read_corpus
+    from retromae.trainers.data.tokenize import tokenize_corpus
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(common.base_model_path()))
@@ -224,7 +225,7 @@ def trained_tokens(lengths: list[int], steps: int, batch_size: int, seed: int, p
 def make_holdout(out: Path, data: Path, share: float, seed: int) -> tuple[Path, dict]:
     """A BEIR folder of TRAIN queries only: `qrels/train.tsv` = the fine-tuning share, `qrels/dev.tsv` = the held-out
     validation share (a seeded draw of `share` of the train queries). The dev qrels are not read."""
-    from retromae.trainers.beir import read_beir
+    from retromae.trainers.retrieval.beir import read_beir
 
     train = read_beir(data, "train")
     qids = sorted(train.qrels)
@@ -272,7 +273,7 @@ def find_pretrained(out: Path, key: str) -> Path | None:
 def pretrain(out: Path, home: Path, args: list[str], cfg: dict, logf: Path) -> Path:
     """`retromae pretrain ARGS` into `home/pretrained-<key>`, reused when any folder of the experiment has it, resumed
     from its newest complete checkpoint after an interruption."""
-    from retromae.trainers.trainer import last_complete_checkpoint
+    from retromae.trainers.training.run_folder import last_complete_checkpoint
 
     key = settings_hash(args)
     found = find_pretrained(out, key)
@@ -291,7 +292,7 @@ def pretrain(out: Path, home: Path, args: list[str], cfg: dict, logf: Path) -> P
 
 def pretraining_record(ckpt: Path, lengths: list[int], cfg: dict, steps: int) -> dict:
     """Steps, seconds per step and tokens seen (see `trained_tokens`) of a finished pre-training."""
-    from retromae.trainers.trainer import last_complete_checkpoint
+    from retromae.trainers.training.run_folder import last_complete_checkpoint
 
     state = read_json(last_complete_checkpoint(ckpt) / "trainer_state.json")
     runtime = next((e["train_runtime"] for e in reversed(state["log_history"]) if "train_runtime" in e), None)
@@ -411,7 +412,7 @@ def select_recipe(out: Path, ledger: Path, data: Path, cfg: dict, lengths: list[
 
 
 def dupmae_cls_export(ckpt: Path, target: Path, cfg: dict) -> Path:
-    from retromae.trainers.export import build_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
 
     build_dupmae_sentence_transformer(str(ckpt), None, target, overwrite=True, representation="cls",
                                       dense_dim=read_json(ckpt / "config.json")["hidden_size"],
@@ -423,7 +424,7 @@ def shipped_head_export(ckpt: Path, target: Path) -> Path:
     """The pre-trained encoder under the base's own head (mean pooling, normalized, cosine), as `retromae export
     --pooling mean` writes it: fine-tuned, it differs from the ``none_meanpool`` arm only in the pre-training, the
     comparison the CLS export cannot make."""
-    from retromae.trainers.export import export_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import export_sentence_transformer
 
     return export_sentence_transformer(ckpt, target, overwrite=True, pooling="mean")
 
@@ -872,7 +873,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_start": load_start, "load_average_end": os.getloadavg(), "preset": preset,
             "command": " ".join(["python benchmarks/scifact_experiment_v2.py", *argv_used]), "steps": steps,
             "sequences": len(lengths), "passes": passes, "wall_s": round(time.perf_counter() - started, 1)}
-    from retromae.trainers.beir import read_qrels
+    from retromae.trainers.retrieval.beir import read_qrels
 
     train_pairs = sum(len(d) for d in read_qrels(SCIFACT / "qrels" / "train.tsv").values())
     default_sequences = len(lengths) if data == SCIFACT and cfg["max_seq_length"] == PRESETS["cpu"]["max_seq_length"] \

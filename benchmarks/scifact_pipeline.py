@@ -4,12 +4,12 @@ memory per phase.
 Phases (each timed; peak resident memory sampled every 50 ms by a background thread, reported as the peak RSS of
 the process during the phase and its growth over the RSS at the phase's start):
 
-1. ``read``: the BEIR folder (5,183 documents, train and dev qrels) with `retromae.trainers.beir.read_beir`.
-2. ``load``: the model (`retromae.trainers.export.load_as_sentence_transformer`).
-3. ``mine``: `retromae.trainers.finetune.mine_negatives` for the train queries over the full corpus
+1. ``read``: the BEIR folder (5,183 documents, train and dev qrels) with `retromae.trainers.retrieval.beir.read_beir`.
+2. ``load``: the model (`retromae.trainers.export.sentence_transformer.load_as_sentence_transformer`).
+3. ``mine``: `retromae.trainers.retrieval.mining.mine_negatives` for the train queries over the full corpus
    (exact search by the model's own similarity; ranks 10-100, 7 negatives), written to JSONL. The committed result
    (2026-11-22) predates that: it mined with sentence-transformers' `mine_hard_negatives` and a faiss flat index.
-4. ``evaluate``: `retromae.trainers.evaluate.evaluate_folder` on the dev split (mteb, exact search), with the
+4. ``evaluate``: `retromae.trainers.retrieval.mteb.evaluate_folder` on the dev split (mteb, exact search), with the
    summary metrics.
 
 The model defaults to all-MiniLM-L6-v2 as shipped (the only real pretrained encoder here); ``--model`` takes any
@@ -86,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no BEIR folder at {args.data}; nothing to do")
         return 1
 
-    from retromae.trainers.beir import groups_from_beir, read_beir
-    from retromae.trainers.evaluate import evaluate_folder
-    from retromae.trainers.finetune import mine_negatives
+    from retromae.trainers.data.training_groups import groups_from_beir
+    from retromae.trainers.retrieval.beir import read_beir
+    from retromae.trainers.retrieval.mining import mine_negatives
+    from retromae.trainers.retrieval.mteb import evaluate_folder
 
     model_path = args.model or str(common.base_model_path())
     memory = PeakMemory()

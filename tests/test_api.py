@@ -142,7 +142,7 @@ def test_a_tokenizer_much_smaller_than_the_embeddings_is_warned(tmp_path, small_
 
     rows = retromae.tokenize_corpus(datasets.Dataset.from_dict({"text": ["hello world"] * 4}), small_tokenizer,
                                     max_seq_length=32)
-    with caplog.at_level(logging.WARNING, logger="retromae.trainers.trainer"):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.trainer"):
         make_trainer(tmp_path, small_tokenizer, rows)
     assert re.search(r"the tokenizer \(TokenizersBackend\) has 300 tokens but the model has 30522 embedding rows",
                      caplog.text)
@@ -150,7 +150,7 @@ def test_a_tokenizer_much_smaller_than_the_embeddings_is_warned(tmp_path, small_
 
 def test_only_the_rows_of_a_selected_view_count_for_the_position_limit(tmp_path, tokenizer):
     import datasets
-    from retromae.trainers.trainer import longest_sequence
+    from retromae.trainers.training.trainer import longest_sequence
 
     texts = [" ".join(["retrieval"] * 300), "a short passage", "another short one"]
     rows = retromae.tokenize_corpus(datasets.Dataset.from_dict({"text": texts}), tokenizer, max_seq_length=200)

@@ -24,11 +24,17 @@ from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
-from retromae.trainers import pretrain as pretrain_module
 from retromae.trainers.cli import main
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.fast_paths import compile_layers, compile_loss, fast_path_wanted, pad_loss_vocab, repeated_layers
-from retromae.trainers.pretrain import attn_implementation_for
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.training import pretraining as pretrain_module
+from retromae.trainers.training.fast_paths import (
+    compile_layers,
+    compile_loss,
+    fast_path_wanted,
+    pad_loss_vocab,
+    repeated_layers,
+)
+from retromae.trainers.training.pretraining import attn_implementation_for
 from safetensors.torch import load_file
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

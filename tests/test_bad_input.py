@@ -14,11 +14,12 @@ import datasets
 import pytest
 import torch
 from retromae.trainers import cli
-from retromae.trainers import finetune as finetune_module
-from retromae.trainers.core.arguments import check_training_arguments
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.coverage import input_token_coverage
-from retromae.trainers.data import read_corpus, tokenize_corpus
+from retromae.trainers.data.reading import read_corpus
+from retromae.trainers.data.tokenize import tokenize_corpus
+from retromae.trainers.inputs.arguments import check_training_arguments
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.retrieval.coverage import input_token_coverage
+from retromae.trainers.training import finetuning as finetune_module
 from transformers import TrainingArguments
 
 from .builders import pretrain_args, save_headless_bert, write_beir, write_lines
@@ -55,7 +56,7 @@ def test_pretrain_refuses_a_corpus_of_unknown_tokens(tiny_bert, tmp_path, capsys
 
 def test_a_corpus_with_some_unknown_tokens_is_trained_with_a_warning(tokenizer, caplog):
     corpus = datasets.Dataset.from_dict({"text": ["hello world 😀"] * 3})  # 1 [UNK] of 3 text tokens
-    with caplog.at_level(logging.WARNING, logger="retromae.trainers.data"):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.data.tokenize"):
         assert len(tokenize_corpus(corpus, tokenizer, max_seq_length=16)) == 3
     assert any("33% of the text tokens of the corpus are [UNK]" in r.getMessage() for r in caplog.records)
 
@@ -67,7 +68,7 @@ def test_a_large_corpus_is_measured_on_a_sample(tokenizer, tmp_path):
 
 
 def test_coverage_warns_on_text_of_unknown_tokens(tiny_bert, caplog):
-    with caplog.at_level(logging.WARNING, logger="retromae.trainers.coverage"):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.retrieval.coverage"):
         input_token_coverage(tiny_bert, None, EMOJI, ks=(1,), device="cpu")
     assert any("100% of the text tokens of the 3 texts are [UNK]" in r.getMessage() for r in caplog.records)
 
@@ -133,7 +134,7 @@ def test_a_corpus_folder_with_unreadable_files_is_refused(tmp_path, caplog):
         read_corpus(tmp_path)
     for name in ("notes.csv", "dump.json", "sub/weights.bin"):
         (tmp_path / name).unlink()
-    with caplog.at_level(logging.INFO, logger="retromae.trainers.data"):
+    with caplog.at_level(logging.INFO, logger="retromae.trainers.data.reading"):
         assert len(read_corpus(tmp_path)) == 2
     assert any("Reading 2 corpus file(s)" in r.getMessage() and "a.jsonl, sub/b.txt" in r.getMessage()
                for r in caplog.records)
@@ -175,8 +176,8 @@ def test_a_config_value_of_the_wrong_kind_names_file_and_setting(text, expected,
 
 def test_typed_config_values_parse_as_their_flags_do(tmp_path):
     """The conversion changes nothing a flag would give: a YAML number, bool or string equals the flag's text."""
-    from retromae.trainers.core.arguments import parse
-    from retromae.trainers.pretrain import pretrain_parser
+    from retromae.trainers.inputs.arguments import parse
+    from retromae.trainers.inputs.pretrain_options import pretrain_parser
 
     config = tmp_path / "c.yaml"
     config.write_text("max_steps: 7\nlearning_rate: 2e-5\nfp16: false\nwarmup_steps: 0.1\nseed: 3\n"
@@ -236,8 +237,8 @@ def test_truncated_weights_are_refused_in_one_line(command, stage1_checkpoint, c
 
 
 def test_an_unreadable_safetensors_header_is_refused(tmp_path, tokenizer):
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.core.folders import check_model_folder
+    from retromae.trainers.inputs.errors import UserError
+    from retromae.trainers.inputs.folders import check_model_folder
 
     folder = save_headless_bert(tmp_path / "model", tokenizer)
     (folder / "model.safetensors").write_bytes((10).to_bytes(8, "little") + b"not json!!")

@@ -17,7 +17,7 @@ from retromae.modeling.modeling_bow import (
     bag_of_words_targets,
     bow_weight_factor,
 )
-from retromae.trainers.schedules import BoWScheduleCallback, schedule_callbacks
+from retromae.trainers.training.schedules import BoWScheduleCallback, schedule_callbacks
 from transformers import BertModel
 
 from .builders import (

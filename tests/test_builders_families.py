@@ -161,7 +161,8 @@ def _datasets_cache(tmp_path_factory):
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_retromae_tokenization_and_masking_accept_the_tokenizers(family_folder, packing, _datasets_cache):
-    from retromae.trainers.data import PretrainingCollator, special_template, tokenize_corpus
+    from retromae.trainers.data.collator import PretrainingCollator
+    from retromae.trainers.data.tokenize import special_template, tokenize_corpus
     from transformers import AutoTokenizer
 
     family, folder = family_folder

@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 from retromae.trainers import cli
-from retromae.trainers import finetune as finetune_module
-from retromae.trainers.core import lock as lock_module
-from retromae.trainers.core.arguments import start_command
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.core.folders import is_local_path
-from retromae.trainers.evaluate import EvaluateArguments
-from retromae.trainers.hybrid_index import IndexArguments, SearchArguments
+from retromae.trainers.commands import finetune as finetune_command_module
+from retromae.trainers.commands.evaluate import EvaluateArguments
+from retromae.trainers.commands.finetune import finetune_command
+from retromae.trainers.commands.index import IndexArguments, SearchArguments
+from retromae.trainers.inputs.arguments import start_command
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.inputs.folders import is_local_path
+from retromae.trainers.training import finetuning as finetune_module
+from retromae.trainers.training import lock as lock_module
 
 from .builders import pretrain_args
 
@@ -114,11 +116,12 @@ def test_renamed_finetune_loss_weights_still_read_with_a_warning(monkeypatch, ca
         raise _Parsed
 
     monkeypatch.setattr(finetune_module, "run_finetune", parsed)
+    monkeypatch.setattr(finetune_command_module, "run_finetune", parsed)
     with pytest.raises(_Parsed):
         finetune_module.finetune("model", "data", "out", contrastive_weight=0.3)
     with pytest.raises(_Parsed):
-        finetune_module.finetune_command(["model", "data", "--output-dir", "out", "--contrastive-weight", "0.2",
-                                          "--distill_weight=2"])
+        finetune_command(["model", "data", "--output-dir", "out", "--contrastive-weight", "0.2",
+                          "--distill_weight=2"])
     assert loss_arguments[0].contrastive_loss_weight == 0.3
     assert (loss_arguments[1].contrastive_loss_weight, loss_arguments[1].distill_loss_weight) == (0.2, 2.0)
     warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
@@ -241,8 +244,8 @@ def test_a_usage_error_is_one_line(argv, message, capsys):
 def test_an_abbreviation_of_one_option_is_that_option():
     """`--output` matches only --output_dir and --output-dir, the two spellings of one option: argparse called it
     ambiguous. Two options still are."""
-    from retromae.trainers.core.arguments import start_command
-    from retromae.trainers.export import ExportArguments
+    from retromae.trainers.commands.export import ExportArguments
+    from retromae.trainers.inputs.arguments import start_command
 
     (args,) = start_command(["ckpt", "--output", "out", "--overw", "true"], ExportArguments, prog="retromae export",
                             description=None, positional=["checkpoint"])

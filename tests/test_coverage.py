@@ -8,9 +8,9 @@ import pytest
 import torch
 from retromae.modeling.configuration_bow import BoWConfig
 from retromae.modeling.modeling_bow import BoWForPretraining
-from retromae.trainers.core.checkpoints import CheckpointError, load_bert_encoder, load_mlm_head
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.coverage import coverage_at_k, input_token_coverage, plot_coverage, run_coverage
+from retromae.trainers.inputs.checkpoints import CheckpointError, load_bert_encoder, load_mlm_head
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.retrieval.coverage import coverage_at_k, input_token_coverage, plot_coverage, run_coverage
 from transformers import BertConfig, BertModel
 
 from .builders import tiny_bert_kwargs
@@ -137,7 +137,7 @@ def test_plot_writes_a_png_creating_the_folder(tmp_path):
 
 def test_cli_measures_every_repeated_model_and_shows_progress(minilm_dir, tokenizer, tmp_path, capsys):
     """The README's `coverage --model A --model B`: HEAD measured B alone and showed no progress bar."""
-    from retromae.trainers.coverage import coverage_command
+    from retromae.trainers.commands.coverage import coverage_command
 
     tiny = tmp_path / "tiny"
     torch.manual_seed(0)
@@ -173,11 +173,11 @@ def test_default_length_is_capped_at_the_positions_and_a_longer_one_refused(tiny
     """tiny_bert has 128 positions; HEAD's default 256 failed inside torch (RuntimeError) on a long text."""
     import logging
 
-    from retromae.trainers.coverage import coverage_command
+    from retromae.trainers.commands.coverage import coverage_command
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(TEXTS * 20) + "\n" + TEXTS[0] + "\n", encoding="utf-8")  # one text of ~400 tokens
-    with caplog.at_level(logging.INFO, logger="retromae.trainers.coverage"):
+    with caplog.at_level(logging.INFO, logger="retromae.trainers.retrieval.coverage"):
         assert coverage_command(["--model", str(tiny_bert), "--corpus", str(corpus), "--no-progress",
                                  "--output-dir", str(tmp_path / "out")]) == 0
     assert "max_seq_length 128" in caplog.text and "capped at its position limit" in caplog.text
@@ -188,8 +188,8 @@ def test_default_length_is_capped_at_the_positions_and_a_longer_one_refused(tiny
 
 def test_output_dir_that_is_a_file_is_refused_before_loading(tmp_path):
     """HEAD: a FileExistsError traceback after every model was measured."""
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.coverage import coverage_command
+    from retromae.trainers.commands.coverage import coverage_command
+    from retromae.trainers.inputs.errors import UserError
 
     (tmp_path / "out.txt").write_text("notes")
     with pytest.raises(UserError, match=r"--output-dir .*out\.txt is a file, not a folder"):
@@ -209,8 +209,9 @@ def _no_loading(*args, **kwargs):
 def test_results_not_ours_or_of_other_models_are_kept_without_overwrite(tiny_bert, minilm_dir, tmp_path,
                                                                         monkeypatch):
     """HEAD replaced a user's coverage.json (and another set of models' results) silently, and had no --overwrite."""
-    from retromae.trainers import coverage
-    from retromae.trainers.coverage import check_coverage_run, coverage_command
+    from retromae.trainers.commands.coverage import coverage_command
+    from retromae.trainers.retrieval import coverage
+    from retromae.trainers.retrieval.coverage import check_coverage_run
 
     out = tmp_path / "out"
     out.mkdir()
@@ -255,8 +256,8 @@ def test_shortest_max_seq_length_is_3(tiny_bert):
 
 def test_every_model_is_checked_before_any_is_scored(tiny_bert, tmp_path, monkeypatch):
     """HEAD found a missing or half-saved second --model only after scoring the first."""
-    from retromae.trainers import coverage
-    from retromae.trainers.core.errors import UserError
+    from retromae.trainers.inputs.errors import UserError
+    from retromae.trainers.retrieval import coverage
 
     monkeypatch.setattr(coverage, "_encoder", _no_loading)  # HEAD: loaded and scored the first model
     (tmp_path / "half").mkdir()

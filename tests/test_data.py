@@ -1,4 +1,4 @@
-"""Tests for retromae.trainers.data: corpus readers, tokenization and the encoder MLM collator."""
+"""Tests for retromae.trainers.data.collator: corpus readers, tokenization and the encoder MLM collator."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ from pathlib import Path
 
 import datasets
 import pytest
-import retromae.trainers.data as data_module
+import retromae.trainers.data.reading as reading_module
+import retromae.trainers.data.tokenize as tokenize_module
 import torch
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.data import (
-    PretrainingCollator,
-    _effective_num_proc,
-    builtin_corpus,
-    read_corpus,
-    tokenize_corpus,
-)
+from retromae.trainers.data.builtin import builtin_corpus
+from retromae.trainers.data.collator import PretrainingCollator
+from retromae.trainers.data.reading import read_corpus
+from retromae.trainers.data.tokenize import _effective_num_proc, tokenize_corpus
+from retromae.trainers.inputs.errors import UserError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -203,8 +201,8 @@ def test_code_change_invalidates_caches(tmp_path, tokenizer, monkeypatch):
     path = write(tmp_path / "c.txt", "some text\n")
     corpus = read_corpus(path)
     tokenized = tokenize_corpus(corpus, tokenizer, max_seq_length=16)
-    monkeypatch.setattr(data_module, "_reader_fingerprint", lambda: "changed reader code")
-    monkeypatch.setattr(data_module, "_tokenizer_fingerprint", lambda: "changed tokenizer code")
+    monkeypatch.setattr(reading_module, "_reader_fingerprint", lambda: "changed reader code")
+    monkeypatch.setattr(tokenize_module, "_tokenizer_fingerprint", lambda: "changed tokenizer code")
     assert read_corpus(path).cache_files != corpus.cache_files
     assert tokenize_corpus(corpus, tokenizer, max_seq_length=16).cache_files != tokenized.cache_files
 

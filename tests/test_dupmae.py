@@ -363,8 +363,8 @@ def test_pretraining_checkpoint_loads_as_automodel_remote_code(run_fresh_python,
 
 
 def test_automodel_and_export_give_the_same_dense_vectors(run_fresh_python, tokenizer, tmp_path):
-    from retromae.trainers.export import export_sentence_transformer
-    from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer
+    from retromae.trainers.export.dupmae import load_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import export_sentence_transformer
 
     torch.manual_seed(0)
     checkpoint = tmp_path / "ckpt"
@@ -393,7 +393,7 @@ def test_automodel_and_export_give_the_same_dense_vectors(run_fresh_python, toke
 @pytest.fixture(scope="module")
 def exported(tokenizer, tmp_path_factory):
     """A fine-tuned-like DupMAEModel (trained dense_proj stand-in) and its sentence-transformers export."""
-    from retromae.trainers.export import build_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
 
     torch.manual_seed(0)
     encoder = DupMAEModel(tiny_config(tokenizer)).eval()
@@ -446,7 +446,7 @@ def test_export_similarity_equals_eq12(exported, tokenizer):
 def test_saturated_weighted_export_equals_weighted_eq12(exported, tokenizer, tmp_path):
     """ot_activation="log1p_relu" + sparse_weight=lambda: score = dense + lambda * sum over I_d of sat(mu_q) sat(mu_d),
     with I_d the top-k of the saturated document vector, in the export and in `DupMAEModel` alike."""
-    from retromae.trainers.export import build_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
 
     encoder, _, _ = exported
     model = build_dupmae_sentence_transformer(
@@ -602,8 +602,11 @@ def test_sparsify_top_k_keeps_largest():
 
 
 def test_export_of_pretraining_checkpoint_folder(tokenizer, tmp_path):
-    from retromae.trainers.export import build_dupmae_sentence_transformer, export_sentence_transformer
-    from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer
+    from retromae.trainers.export.dupmae import load_dupmae_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import (
+        build_dupmae_sentence_transformer,
+        export_sentence_transformer,
+    )
 
     torch.manual_seed(0)
     checkpoint = tmp_path / "ckpt"

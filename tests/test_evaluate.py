@@ -14,18 +14,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from retromae.trainers.beir import RetrievalDataError, read_beir, read_qrels
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.evaluate import (
+from retromae.trainers.commands.evaluate import evaluate_command
+from retromae.trainers.export.sentence_transformer import (
+    build_dupmae_sentence_transformer,
+    load_as_sentence_transformer,
+)
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.retrieval.beir import RetrievalDataError, read_beir, read_qrels
+from retromae.trainers.retrieval.mteb import (
     evaluate,
-    evaluate_command,
     evaluate_folder,
     make_local_task,
     registered_tasks,
     update_model_card,
 )
-from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
-from retromae.trainers.finetune import save_finetuned_model
+from retromae.trainers.training.finetuning import save_finetuned_model
 from sentence_transformers import SentenceTransformer
 
 from . import builders
@@ -488,7 +491,7 @@ def test_beir_folders_with_one_name_get_a_row_and_a_result_file_each(spread_cls_
 
 def test_output_dir_that_is_a_file_is_refused_before_loading(tmp_path):
     """HEAD: a FileExistsError traceback after the model and data were loaded."""
-    from retromae.trainers.core.errors import UserError
+    from retromae.trainers.inputs.errors import UserError
 
     (tmp_path / "out.txt").write_text("notes")
     with pytest.raises(UserError, match=r"--output-dir .*out\.txt is a file, not a folder"):
@@ -500,7 +503,7 @@ def test_default_output_dir_is_the_model_folder_name(spread_cls_bert, tiny_beir,
     """As the README says; HEAD used the fine-tune's --model-name, so copies seed42 and seed43 shared one folder."""
     import shutil
 
-    from retromae.trainers.evaluate import default_output_dir
+    from retromae.trainers.retrieval.mteb import default_output_dir
 
     model, _ = load_as_sentence_transformer(spread_cls_bert)
     seed42 = save_finetuned_model(model, tmp_path / "seed42", {"model_name": "my-org/fancy", "stages": []})

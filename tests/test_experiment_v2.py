@@ -330,7 +330,7 @@ def test_shipped_head_export_puts_the_pretrained_encoder_under_mean_pooling_and_
     """The `retromae_meanpool` variant starts from the pre-trained encoder with the base's own head: the CLS export's
     token states, averaged over the real tokens and normalized, scored by cosine."""
     import torch
-    from retromae.trainers.export import load_as_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import load_as_sentence_transformer
     from sentence_transformers import SentenceTransformer
 
     target = v2.shipped_head_export(stage1_checkpoint, tmp_path / "export-meanpool")

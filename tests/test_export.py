@@ -12,16 +12,17 @@ import torch
 from huggingface_hub import ModelCard
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-from retromae.trainers import export_cls
-from retromae.trainers.core.cards import read_papers
-from retromae.trainers.core.checkpoints import weight_names
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.core.folders import public_name
-from retromae.trainers.export import export_command, export_from_model, export_sentence_transformer
-from retromae.trainers.export_cls import write_cls_encoder
-from retromae.trainers.export_dupmae import write_dupmae_export
+from retromae.trainers.commands.export import export_command
+from retromae.trainers.export import cls as export_cls
+from retromae.trainers.export.cards import read_papers
+from retromae.trainers.export.cls import write_cls_encoder
+from retromae.trainers.export.dupmae import write_dupmae_export
+from retromae.trainers.export.sentence_transformer import export_from_model, export_sentence_transformer
+from retromae.trainers.inputs.checkpoints import weight_names
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.inputs.folders import public_name
 from retromae.trainers.methods import METHODS, get_method
-from retromae.trainers.pretrain import load_pretraining_model
+from retromae.trainers.training.pretraining import load_pretraining_model
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from transformers import BertConfig, BertModel
@@ -369,7 +370,7 @@ def test_head_flags_are_refused_for_dupmae(tokenizer, tmp_path, capsys):
 def test_a_pretraining_checkpoint_loads_with_the_pooling_asked_for(pretrained, tmp_path):
     """`finetune/evaluate --model CHECKPOINT --pooling mean`: the checkpoint is exported with mean pooling + cosine
     (before, the export was CLS and --pooling was refused as if the user had given a sentence-transformers folder)."""
-    from retromae.trainers.export import load_as_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import load_as_sentence_transformer
 
     _, checkpoint = pretrained
     model, info = load_as_sentence_transformer(checkpoint, pooling="mean", work_dir=tmp_path, device="cpu")
@@ -382,8 +383,8 @@ def test_a_pretraining_checkpoint_loads_with_the_pooling_asked_for(pretrained, t
 
 def test_a_maximum_length_the_positions_cannot_hold_is_refused(spread_cls_bert, tmp_path):
     """`finetune --max-seq-length 0` trained with no length limit and failed inside torch on the first long text."""
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.export import load_as_sentence_transformer
+    from retromae.trainers.export.sentence_transformer import load_as_sentence_transformer
+    from retromae.trainers.inputs.errors import UserError
 
     for length in (0, 1, 2, 129):  # [CLS] and [SEP] take 2 of the tiny BERT's 128 positions
         with pytest.raises(UserError, match=rf"--max-seq-length {length}: give 3 to 128 \(tokens per text"):
@@ -476,7 +477,7 @@ def test_killed_export_leaves_no_folder_and_the_next_one_cleans_up(pretrained, t
     out = tmp_path / "retromae-tiny"
     script = (
         "import dataclasses, os, signal, sys\n"
-        "from retromae.trainers import export, methods\n"
+        "from retromae.trainers import methods\nfrom retromae.trainers.export import sentence_transformer as export\n"
         "def killed(request, build_dir):\n"
         "    (build_dir / 'config.json').write_text('{}')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -509,7 +510,8 @@ def test_a_swap_killed_between_its_renames_is_restored(pretrained, tmp_path):
 def test_a_model_that_is_a_file_or_has_a_mistyped_config_gets_one_line(tiny_bert, tmp_path):
     """HEAD: "model folder ... does not exist" for a file, and transformers' "Field 'hidden_size' expected int"
     naming no file."""
-    from retromae.trainers.core.checkpoints import CheckpointError, load_sentence_transformer
+    from retromae.trainers.inputs.checkpoints import CheckpointError
+    from retromae.trainers.inputs.sentence_models import load_sentence_transformer
 
     file = tmp_path / "corpus.txt"
     file.write_text("text\n")
@@ -542,8 +544,8 @@ def test_overwrite_never_replaces_a_runs_folder_nor_exports_an_unknown_pooling(p
 
 
 def test_check_model_folder_layouts(pretrained, tmp_path, minilm_dir):
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.core.folders import check_model_folder
+    from retromae.trainers.inputs.errors import UserError
+    from retromae.trainers.inputs.folders import check_model_folder
 
     check_model_folder("sentence-transformers/all-MiniLM-L6-v2", purpose="x")  # a Hub id: not checked here
     check_model_folder(minilm_dir, purpose="x")  # a sentence-transformers folder (Transformer at the root)

@@ -11,21 +11,16 @@ import pytest
 import torch
 from retromae.modeling.modeling_dupmae import DupMAEAnyEncoderModel, DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-from retromae.trainers.core.checkpoints import (
-    load_bert_encoder,
-    load_mlm_head,
-    load_sentence_transformer,
-    load_tokenizer,
-    usable_positions,
-)
-from retromae.trainers.export import (
+from retromae.trainers.export.publishing import validate_model_folder
+from retromae.trainers.export.sentence_transformer import (
     build_dupmae_sentence_transformer,
     export_from_model,
     export_sentence_transformer,
     load_as_sentence_transformer,
 )
-from retromae.trainers.hybrid_index import HybridIndex
-from retromae.trainers.publish import validate_model_folder
+from retromae.trainers.inputs.checkpoints import load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
+from retromae.trainers.inputs.sentence_models import load_sentence_transformer
+from retromae.trainers.retrieval.hybrid_index import HybridIndex
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModelForMaskedLM
 
@@ -230,7 +225,7 @@ def test_a_checkpoint_loads_for_finetuning_and_a_plain_export_for_evaluation(ret
 
 @pytest.mark.parametrize("family", ["roberta", "modernbert"])
 def test_finetune_smoke(retromae_checkpoints, family, tmp_path):
-    from retromae.trainers.finetune import finetune
+    from retromae.trainers.training.finetuning import finetune
 
     _, checkpoint = retromae_checkpoints[family]
     beir = write_beir(tmp_path / "toy")

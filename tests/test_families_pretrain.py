@@ -14,14 +14,14 @@ import pytest
 import torch
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-from retromae.trainers import validation
 from retromae.trainers.cli import main
-from retromae.trainers.core.cards import method_hyperparameters
-from retromae.trainers.coverage import input_token_coverage
+from retromae.trainers.export.cards import method_hyperparameters
 from retromae.trainers.methods import METHODS
-from retromae.trainers.positions import extend_position_embeddings, usable_positions
-from retromae.trainers.pretrain import scale_loss_chunk
-from retromae.trainers.recipe import RecipeArguments, encoder_parameters, has_mlm_head, parameter_groups
+from retromae.trainers.retrieval.coverage import input_token_coverage
+from retromae.trainers.training import retrieval_validation as validation
+from retromae.trainers.training.positions import extend_position_embeddings, usable_positions
+from retromae.trainers.training.pretraining import scale_loss_chunk
+from retromae.trainers.training.recipe import RecipeArguments, encoder_parameters, has_mlm_head, parameter_groups
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
@@ -40,7 +40,7 @@ TINY_OPTIONS = {
     "retromae-basic": ["--method", "retromae", "--decoding", "basic"],
     "retromae-reference": ["--method", "retromae", "--method-options", '{"decoder_visibility": "reference"}'],
 }
-RECIPE_LOGGER = "retromae.trainers.recipe"
+RECIPE_LOGGER = "retromae.trainers.training.recipe"
 
 # every method on RoBERTa (enhanced decoding with both visibilities, basic decoding), RetroMAE and DupMAE on the others
 CASES = [

@@ -12,9 +12,8 @@ import pytest
 import torch
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
-from retromae.trainers import finetune as finetune_module
-from retromae.trainers.beir import (
-    RetrievalDataError,
+from retromae.trainers.commands.finetune import finetune_command
+from retromae.trainers.data.training_groups import (
     TrainingGroup,
     clean_groups,
     groups_to_dataset,
@@ -22,10 +21,18 @@ from retromae.trainers.beir import (
     load_training_groups,
     read_training_jsonl,
 )
-from retromae.trainers.core.checkpoints import CheckpointError
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
-from retromae.trainers.finetune import DistillationLoss, contrastive_loss, finetune, finetune_command, mine_negatives
+from retromae.trainers.export.sentence_transformer import (
+    build_dupmae_sentence_transformer,
+    load_as_sentence_transformer,
+)
+from retromae.trainers.inputs.checkpoints import CheckpointError
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.retrieval import mining as mining_module
+from retromae.trainers.retrieval.beir import RetrievalDataError
+from retromae.trainers.retrieval.mining import mine_negatives
+from retromae.trainers.training import finetuning as finetune_module
+from retromae.trainers.training.finetune_losses import DistillationLoss, contrastive_loss
+from retromae.trainers.training.finetuning import finetune
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
 
 from .builders import SENTENCES, tiny_bert_kwargs, write_beir, write_jsonl
@@ -357,7 +364,7 @@ def test_mining_scores_the_corpus_chunk_by_chunk_alike(monkeypatch):
     groups = [TrainingGroup(f"q{i}", texts[i], [(f"d{i + 1}", texts[i + 1])]) for i in range(5)]
     corpus = {f"d{i}": t for i, t in enumerate(texts)}
     whole = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
-    monkeypatch.setattr(finetune_module, "MINING_CHUNK_BYTES", 4 * 4 * 3)  # 3 documents a chunk, 4 queries a block
+    monkeypatch.setattr(mining_module, "MINING_CHUNK_BYTES", 4 * 4 * 3)  # 3 documents a chunk, 4 queries a block
     chunked = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
     assert chunked == whole and all(len(g.negatives) == 4 for g in whole)
 
@@ -402,8 +409,8 @@ def test_resuming_a_finished_finetune_says_so_and_trains_nothing(spread_cls_bert
 
 def test_a_second_run_into_a_work_folder_in_use_is_refused_before_it_trains(spread_cls_bert, tiny_beir, tmp_path):
     """HEAD trained both runs into the same checkpoints, and refused the second only at its end."""
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.core.lock import folder_lock
+    from retromae.trainers.inputs.errors import UserError
+    from retromae.trainers.training.lock import folder_lock
 
     with folder_lock(tmp_path / "out.work"), pytest.raises(UserError, match=r"out.work"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST])
@@ -460,7 +467,7 @@ def test_hybrid_dupmae_model_trains_its_dense_projection(tokenizer, tiny_beir, t
 DDP_SCRIPT = """
 import json, os, sys, torch, torch.distributed as dist
 from types import SimpleNamespace
-from retromae.trainers.finetune import contrastive_loss
+from retromae.trainers.training.finetuning import contrastive_loss
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
@@ -740,7 +747,7 @@ def test_local_starting_model_is_not_written_as_a_hub_id(spread_cls_bert, tiny_b
 
 
 def test_hub_id_of_a_local_model(tmp_path):
-    from retromae.trainers.core.folders import hub_id_of_model
+    from retromae.trainers.inputs.folders import hub_id_of_model
 
     assert hub_id_of_model("my-org/encoder") == "my-org/encoder"  # not a folder here: a Hub id
     plain = tmp_path / "encoder"
@@ -836,7 +843,7 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
                           "--work-dir", str(out.parent / "killed.work"), *args, "--learning-rate", "1e-3",
                           "--resume-from-checkpoint", "last"])
     monkeypatch.undo()
-    with caplog.at_level(logging.WARNING, logger="retromae.trainers.finetune"):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.finetuning"):
         assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), "--overwrite",
                                  *args]) == 0
     assert "finished stage(s) of an earlier run; starting over" in caplog.text

@@ -12,7 +12,7 @@ from retromae.modeling.layers_retromae import linear_cross_entropy
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
-from retromae.trainers.fast_paths import pad_loss_vocab
+from retromae.trainers.training.fast_paths import pad_loss_vocab
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .builders import TINY_VOCAB, masked_batch, tiny_pretraining_config

@@ -13,10 +13,10 @@ import scipy.sparse as sp
 import torch
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.modeling_dupmae import DupMAEModel
-from retromae.trainers import hybrid_index
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.export import build_dupmae_sentence_transformer
-from retromae.trainers.hybrid_index import HybridIndex, check_index_destination, model_fingerprint
+from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.retrieval import hybrid_index
+from retromae.trainers.retrieval.hybrid_index import HybridIndex, check_index_destination, model_fingerprint
 
 from .builders import dead_pid, tiny_bert_kwargs
 
@@ -252,7 +252,7 @@ def test_search_texts_refuses_other_model_and_empty_queries(st_models):
 
 
 def test_fingerprint_survives_save_and_remote_code_load(st_models, tmp_path):
-    from retromae.trainers.export_dupmae import load_dupmae_sentence_transformer, save_dupmae_sentence_transformer
+    from retromae.trainers.export.dupmae import load_dupmae_sentence_transformer, save_dupmae_sentence_transformer
 
     model, _ = st_models
     save_dupmae_sentence_transformer(model, tmp_path / "copy")
@@ -325,7 +325,7 @@ def test_sparse_queries_with_query_top_k(st_models):
 
 def test_search_cli_without_a_manifest_is_a_one_line_error(tmp_path):
     """HEAD raised FileNotFoundError (a traceback from `retromae search`)."""
-    from retromae.trainers.hybrid_index import search_command
+    from retromae.trainers.commands.index import search_command
 
     (tmp_path / "index").mkdir()
     with pytest.raises(UserError, match=r"--index: .*manifest.json is missing"):
@@ -334,7 +334,7 @@ def test_search_cli_without_a_manifest_is_a_one_line_error(tmp_path):
 
 def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypatch):
     """HEAD encoded the whole corpus, then failed with FileExistsError."""
-    from retromae.trainers.hybrid_index import index_command
+    from retromae.trainers.commands.index import index_command
 
     out = tmp_path / "index"
     out.mkdir()
@@ -348,9 +348,9 @@ def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypa
 
 def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
     """`search --query a --query b`: HEAD answered b alone. A repeated single-value flag is refused."""
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.export_dupmae import save_dupmae_sentence_transformer
-    from retromae.trainers.hybrid_index import search_command
+    from retromae.trainers.commands.index import search_command
+    from retromae.trainers.export.dupmae import save_dupmae_sentence_transformer
+    from retromae.trainers.inputs.errors import UserError
 
     model, _ = st_models
     save_dupmae_sentence_transformer(model, tmp_path / "model")
@@ -371,10 +371,11 @@ def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_
     module" naming a Python function)."""
     import shutil
 
-    from retromae.trainers.export import load_as_sentence_transformer
-    from retromae.trainers.hybrid_index import index_command, search_command
+    from retromae.trainers.commands import index as index_module
+    from retromae.trainers.commands.index import index_command, search_command
+    from retromae.trainers.export.sentence_transformer import load_as_sentence_transformer
 
-    monkeypatch.setattr(hybrid_index, "_documents", lambda corpus: pytest.fail("read the corpus before refusing"))
+    monkeypatch.setattr(index_module, "_documents", lambda corpus: pytest.fail("read the corpus before refusing"))
     dense, _ = load_as_sentence_transformer(tiny_bert)
     dense.save(str(tmp_path / "dense"))
     run = tmp_path / "run"
@@ -399,7 +400,7 @@ def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_
 def test_index_overwrite_refuses_an_output_that_holds_its_inputs(tmp_path, monkeypatch):
     """HEAD's `index --overwrite` deleted a corpus inside the output folder, or the model folder itself, and
     exited 0."""
-    from retromae.trainers.hybrid_index import index_command
+    from retromae.trainers.commands.index import index_command
 
     monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
     out = tmp_path / "out"
@@ -419,7 +420,7 @@ def test_index_overwrite_refuses_an_output_that_holds_its_inputs(tmp_path, monke
 def test_search_output_is_refused_before_the_search_when_it_would_lose_a_file(tmp_path, monkeypatch):
     """HEAD replaced the --queries file or any existing file with the results, and failed with a traceback after
     the whole search for a folder."""
-    from retromae.trainers.hybrid_index import search_command
+    from retromae.trainers.commands.index import search_command
 
     monkeypatch.setattr(HybridIndex, "load", classmethod(lambda *a, **k: pytest.fail("searched before refusing")))
     queries = tmp_path / "queries.txt"
@@ -446,7 +447,7 @@ def test_search_output_is_refused_before_the_search_when_it_would_lose_a_file(tm
 
 def test_index_overwrite_replaces_an_index_only(tmp_path, monkeypatch):
     """HEAD's `index --overwrite` deleted any folder, the user's files in it too."""
-    from retromae.trainers.hybrid_index import index_command
+    from retromae.trainers.commands.index import index_command
 
     monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
     mine = tmp_path / "mydocs"
@@ -462,8 +463,8 @@ def test_a_damaged_model_folder_or_manifest_is_one_line(st_models, tmp_path):
     """HEAD: tracebacks (TypeError, SafetensorError, ModuleNotFoundError) from deep inside the loaders."""
     import shutil
 
-    from retromae.trainers.export_dupmae import save_dupmae_sentence_transformer
-    from retromae.trainers.hybrid_index import _load_hybrid_model
+    from retromae.trainers.commands.index import _load_hybrid_model
+    from retromae.trainers.export.dupmae import save_dupmae_sentence_transformer
 
     model, _ = st_models
     save_dupmae_sentence_transformer(model, tmp_path / "model")
@@ -483,8 +484,8 @@ def test_a_damaged_model_folder_or_manifest_is_one_line(st_models, tmp_path):
 def test_corpus_ids_are_kept_whichever_line_holds_the_first_id(tmp_path):
     """HEAD looked for `_id` on the first line only: a leading blank line, or a first record without `_id`, gave
     every document a passage number instead, silently."""
-    from retromae.trainers.beir import RetrievalDataError
-    from retromae.trainers.hybrid_index import _documents
+    from retromae.trainers.commands.index import _documents
+    from retromae.trainers.retrieval.beir import RetrievalDataError
 
     leading_blank = tmp_path / "corpus.JSONL"
     leading_blank.write_text('\n{"_id": "doc-A", "text": "apples"}\n{"_id": "doc-B", "text": "pears"}\n')
@@ -500,7 +501,7 @@ def test_corpus_ids_are_kept_whichever_line_holds_the_first_id(tmp_path):
 
 def test_blank_beir_documents_keep_their_ids_and_are_named(tmp_path, caplog):
     """HEAD indexed them as empty texts without a word."""
-    from retromae.trainers.hybrid_index import _documents
+    from retromae.trainers.commands.index import _documents
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"_id": "a", "text": "apples"}\n{"_id": "b", "title": " ", "text": ""}\n'
@@ -513,7 +514,7 @@ def test_blank_beir_documents_keep_their_ids_and_are_named(tmp_path, caplog):
 def test_a_corpus_without_ids_is_numbered_by_line_so_blank_passages_shift_no_id(tmp_path):
     """HEAD numbered the passages it kept: a blank record, or the blank line that makes a .txt file a file of
     blocks, shifted every later id, and the results named the wrong documents (exit 0)."""
-    from retromae.trainers.hybrid_index import _documents
+    from retromae.trainers.commands.index import _documents
 
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text('{"text": "zero apples"}\n{"text": ""}\n{"text": "two river tigers"}\n')
@@ -535,8 +536,8 @@ def test_a_corpus_without_ids_is_numbered_by_line_so_blank_passages_shift_no_id(
 def test_queries_files_are_read_with_their_place_named(tmp_path):
     """HEAD: a non-UTF-8 .txt gave a UnicodeDecodeError traceback, `queries.JSONL` was searched line by line as
     raw JSON, a blank BEIR query was "query 1 is empty" and a folder "not found"."""
-    from retromae.trainers.core.errors import UserError
-    from retromae.trainers.hybrid_index import SearchArguments, _queries
+    from retromae.trainers.commands.index import SearchArguments, _queries
+    from retromae.trainers.inputs.errors import UserError
 
     def read(path):
         return _queries(SearchArguments(index="i", model="m", queries=str(path)))

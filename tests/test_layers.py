@@ -19,18 +19,26 @@ MODELING = ROOT / "modeling"
 
 # Each module of retromae.trainers and its layer: a module imports only from its own layer or lower ones.
 LAYERS: dict[str, int] = {
-    # 0: the bottom layer (arguments, errors, I/O, model folders, checkpoint loading, model cards)
-    **{f"core.{path.stem}": 0 for path in (TRAINERS / "core").glob("*.py")},
-    # 1: the parts the methods are made of (data, collators, the Trainer, exporters)
-    "data": 1, "beir": 1, "contrastive_data": 1, "schedules": 1, "resume": 1, "recipe": 1, "trainer": 1,
-    "export_cls": 1, "export_dupmae": 1, "positions": 1, "fast_paths": 1,
+    # 0: the input layer's base (errors, I/O, options files, model folders, output targets, checkpoint loading)
+    **{f"inputs.{name}": 0 for name in ("errors", "io", "versions", "arguments", "config_files", "folders", "outputs",
+                                        "checkpoints", "sentence_models")},
+    "export.cards": 0,
+    # 1: the parts the methods are made of (data, collators, the Trainer and its run folder, exporters, metrics)
+    **{f"data.{path.stem}": 1 for path in (TRAINERS / "data").glob("*.py")},
+    **{f"training.{name}": 1 for name in ("trainer", "run_folder", "resume", "recipe", "schedules", "positions",
+                                          "fast_paths", "lock", "divergence", "finetune_losses")},
+    "export.cls": 1, "export.dupmae": 1, "retrieval.beir": 1, "retrieval.metrics": 1,
     # 2: the method registry, the one place that knows how the methods differ
     "methods": 2,
-    # 3: the drivers, one per command
-    "pretrain": 3, "export": 3, "finetune": 3, "evaluate": 3, "publish": 3, "hybrid_index": 3, "coverage": 3,
-    "validation": 3,  # the retrieval validation of `pretrain` (it reuses coverage's diagnostic)
-    # 4: command wiring, imported by nothing
-    "cli": 4,
+    # 3: what the commands run (training, retrieval, export, publishing) and each command's resolved options
+    **{f"training.{name}": 3 for name in ("pretraining", "finetuning", "finetune_state", "retrieval_validation")},
+    **{f"retrieval.{name}": 3 for name in ("mteb", "coverage", "hybrid_index", "mining")},
+    "export.sentence_transformer": 3, "export.publishing": 3,
+    "inputs.pretrain_options": 3, "inputs.finetune_options": 3,
+    # 4: the drivers, one per command
+    **{f"commands.{path.stem}": 4 for path in (TRAINERS / "commands").glob("*.py")},
+    # 5: command wiring, imported by nothing
+    "cli": 5,
 }
 # Imported inside a function only: dependencies that are optional or slow to import and needed by one path.
 OPTIONAL_IMPORTS = {"mteb", "matplotlib", "pydoc_data"}
@@ -188,16 +196,17 @@ def test_modeling_prose_is_brief():
 # trainers/ modules that implement one method's part, so they name it; the registry points to them
 METHOD_IMPLEMENTATIONS = {
     "methods": "the registry",
-    "export_dupmae": "DupMAE's exporter, validation vectors and sentence-transformers module (its `Method` fields)",
-    "hybrid_index": "`retromae index` / `search`: the exact index of DupMAE's hybrid representation",
-    "contrastive_data": "SentMAE's training data (its `Method.training_data`)",
+    "export.dupmae": "DupMAE's exporter, validation vectors and sentence-transformers module (its `Method` fields)",
+    "retrieval.hybrid_index": "the exact index of DupMAE's hybrid representation",
+    "commands.index": "`retromae index` / `search` over that index",
+    "data.pairs": "SentMAE's training data (its `Method.training_data`)",
 }
 # names kept in other modules, each for its reason; a kept function or class is exempt as a whole
 KEPT_NAMES = {
-    "export": {"build_dupmae_sentence_transformer": "DupMAE's `export_encoder`, under the name scripts and messages use"},
-    "schedules": {"BoWScheduleCallback": "a public name modeling/'s docs cite; it serves any model with "
+    "export.sentence_transformer": {"build_dupmae_sentence_transformer": "DupMAE's `export_encoder`, under the name scripts and messages use"},
+    "training.schedules": {"BoWScheduleCallback": "a public name modeling/'s docs cite; it serves any model with "
                                          "`set_training_progress`"},
-    "recipe": {name: "the contrastive anchor is SentMAE's loss with its defaults, for every method"
+    "training.recipe": {name: "the contrastive anchor is SentMAE's loss with its defaults, for every method"
                for name in ("SentMAEConfig", "configuration_sentmae", "modeling_sentmae")},
 }
 # method names that are also other words here: the package's name, a random seed; only their classes, and the name
@@ -313,3 +322,11 @@ def test_the_bert_family_is_named_only_in_backbones():
         named += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree)
                   if isinstance(node, ast.Constant) and node.value == "bert" and id(node) not in options]
     assert named == []
+
+
+def test_no_driver_imports_another_driver():
+    """A command's driver calls the libraries below it, never another command's driver."""
+    crossing = [f"{module} imports {target} line {node.lineno}" for module, path in _trainers_modules().items()
+                if module.startswith("commands.") for target, node in _imports(module, path)
+                if target.startswith("commands.") and target != module]
+    assert crossing == []

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 from retromae.trainers.cli import main
-from retromae.trainers.core.checkpoints import load_bert_encoder, load_tokenizer
+from retromae.trainers.inputs.checkpoints import load_bert_encoder, load_tokenizer
 from retromae.trainers.methods import get_method, method_of_config
-from retromae.trainers.pretrain import load_pretraining_model
+from retromae.trainers.training.pretraining import load_pretraining_model
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 from transformers import AutoConfig, AutoModel, AutoModelForPreTraining

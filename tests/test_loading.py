@@ -131,7 +131,7 @@ def test_a_failed_load_still_shows_the_report_it_refers_to(tmp_path, transformer
 def test_a_checkpoint_tokenizer_loads_without_a_model_type_warning(klass, tokenizer, tmp_path, transformers_warnings):
     """AutoTokenizer cannot read a method's config.json without remote code; `load_tokenizer` hands it the base's
     config instead of letting it fall back to a bare config, which warned "model of type `dupmae` ... ``"."""
-    from retromae.trainers.core.checkpoints import load_tokenizer
+    from retromae.trainers.inputs.checkpoints import load_tokenizer
 
     klass(klass.config_class(**tiny_bert_kwargs(), **_overrides(klass))).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)

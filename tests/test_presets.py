@@ -96,4 +96,4 @@ def test_wheel_ships_the_presets(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("retromae-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"retromae/configs/{p.name}" for p in PRESETS} <= names and "retromae/trainers/cli.py" in names
-    assert "retromae/trainers/pretrain.py" in names and "retromae/trainers/core/arguments.py" in names
+    assert "retromae/trainers/commands/pretrain.py" in names and "retromae/trainers/inputs/arguments.py" in names

@@ -12,11 +12,12 @@ import torch
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
-from retromae.trainers.contrastive_data import corpus_training_data
-from retromae.trainers.core.arguments import parse
-from retromae.trainers.core.cards import Paper
+from retromae.trainers.data.pairs import corpus_training_data
+from retromae.trainers.export.cards import Paper
+from retromae.trainers.inputs.arguments import parse
+from retromae.trainers.inputs.pretrain_options import pretrain_parser
 from retromae.trainers.methods import METHODS, Method, get_method
-from retromae.trainers.pretrain import load_pretraining_model, pretrain_parser
+from retromae.trainers.training.pretraining import load_pretraining_model
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForMaskedLM
 

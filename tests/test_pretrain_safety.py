@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
-from retromae.trainers.core import lock as lock_module
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.core.lock import LOCK_NAME, folder_lock
-from retromae.trainers.pretrain import pretrain_arguments
-from retromae.trainers.trainer import RetroMAETrainer
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.inputs.pretrain_options import pretrain_arguments
+from retromae.trainers.training import lock as lock_module
+from retromae.trainers.training.lock import LOCK_NAME, folder_lock
+from retromae.trainers.training.trainer import RetroMAETrainer
 from safetensors.torch import load_file
 
 from .builders import SENTENCES, pretrain_args, write_beir, write_lines
@@ -219,8 +219,8 @@ def test_resuming_a_checkpoint_refuses_to_replace_another_runs_checkpoints(finis
 def test_a_second_run_into_a_folder_being_written_is_refused(tiny_bert, corpus, tmp_path, monkeypatch, capsys):
     """A second run starts while the first one holds the folder (called from the first one, which is alive): it is
     refused. The first run holds the lock from preparing the folder to the end of training."""
-    from retromae.trainers import pretrain
-    from retromae.trainers.trainer import RetroMAETrainer
+    from retromae.trainers.commands import pretrain
+    from retromae.trainers.training.trainer import RetroMAETrainer
 
     out, second, holders = tmp_path / "run", [], []
     prepare, train = pretrain.prepare_output_dir, RetroMAETrainer.train
@@ -248,7 +248,7 @@ def test_a_second_run_into_a_folder_being_written_is_refused(tiny_bert, corpus, 
 def test_a_stale_lock_is_taken_over_with_a_warning(finished_run, tmp_path, caplog):
     out = copy_of(finished_run, tmp_path)
     (out / LOCK_NAME).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "started": "then"}))
-    with caplog.at_level(logging.WARNING, logger="retromae.trainers.core.lock"):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.lock"):
         assert main(resume(out)) == 0
     assert any("Taking over" in r.getMessage() and "no longer running" in r.getMessage() for r in caplog.records)
     assert not (out / LOCK_NAME).exists()
@@ -304,7 +304,7 @@ def test_a_diverged_run_stops_before_saving_nan_weights(tiny_bert, corpus, tmp_p
 def _divergence_seen_by(rank: int, world_size: int, port: int, results) -> None:
     """Rank 1 holds the only NaN weight, as one FSDP shard can."""
     import torch
-    from retromae.trainers.core.checkpoints import divergence_on_any_process
+    from retromae.trainers.training.divergence import divergence_on_any_process
 
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=world_size)

@@ -19,12 +19,16 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError
 from huggingface_hub.utils import hf_raise_for_status
 from retromae.trainers import cli
-from retromae.trainers import publish as publish_module
-from retromae.trainers.core.cards import find_local_paths, render_finetuned_card, render_pretrained_card
-from retromae.trainers.core.errors import UserError, yaml_error_message
-from retromae.trainers.export import build_dupmae_sentence_transformer, load_as_sentence_transformer
-from retromae.trainers.finetune import save_finetuned_model
-from retromae.trainers.publish import publish, publish_command, validate_model_folder
+from retromae.trainers.commands.publish import publish_command
+from retromae.trainers.export import publishing as publish_module
+from retromae.trainers.export.cards import find_local_paths, render_finetuned_card, render_pretrained_card
+from retromae.trainers.export.publishing import publish, validate_model_folder
+from retromae.trainers.export.sentence_transformer import (
+    build_dupmae_sentence_transformer,
+    load_as_sentence_transformer,
+)
+from retromae.trainers.inputs.errors import UserError, yaml_error_message
+from retromae.trainers.training.finetuning import save_finetuned_model
 
 from .builders import save_headless_bert, tiny_bert_kwargs
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.data import PretrainingCollator, masking_generator, tokenize_corpus
-from retromae.trainers.trainer import RetroMAETrainer
+from retromae.trainers.data.collator import PretrainingCollator, masking_generator
+from retromae.trainers.data.tokenize import tokenize_corpus
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.training.trainer import RetroMAETrainer
 from transformers import TrainerCallback, TrainingArguments
 
 from .builders import tiny_bert_kwargs
@@ -187,7 +188,7 @@ def test_resume_loads_pickles_only_with_weights_only(tokenizer, rows, tmp_path, 
 
 def test_span_cuts_differ_across_batches_with_workers(tokenizer, same_rows, tmp_path):
     """SentMAE's span positives are cut in the training process too: workers only pad the passages."""
-    from retromae.trainers.contrastive_data import ContrastiveCollator
+    from retromae.trainers.data.pairs import ContrastiveCollator
 
     collator = ContrastiveCollator(tokenizer, generator=torch.Generator().manual_seed(7))
     trainer = make_trainer(tokenizer, same_rows, training_args(tmp_path), collator=collator)

@@ -12,12 +12,12 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
 from retromae.trainers.methods import METHODS
-from retromae.trainers.recipe import SUGGESTED_RECIPE, RecipeArguments, parameter_groups
+from retromae.trainers.training.recipe import SUGGESTED_RECIPE, RecipeArguments, parameter_groups
 from safetensors.torch import load_file
 
 from .builders import TINY_METHOD_OPTIONS, pretrain_args, save_headless_bert, tiny_bert_kwargs
 
-RECIPE_LOGGER = "retromae.trainers.recipe"
+RECIPE_LOGGER = "retromae.trainers.training.recipe"
 
 
 @pytest.fixture(scope="module")

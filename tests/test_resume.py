@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
-from retromae.trainers.core.lock import LOCK_NAME
+from retromae.trainers.training.lock import LOCK_NAME
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 README_RESUME_LINE = "retromae pretrain --output-dir out/retromae --resume-from-checkpoint last"
@@ -140,7 +140,7 @@ def test_interrupted_checkpoint_save_leaves_no_checkpoint_and_a_kill_leftover_is
 
 
 def test_final_save_replaces_the_previous_files_with_config_last(tmp_path, monkeypatch):
-    from retromae.trainers.trainer import _install_files
+    from retromae.trainers.training.run_folder import install_files
 
     root, build = tmp_path / "out", tmp_path / "out" / ".retromae-final"
     build.mkdir(parents=True)
@@ -156,7 +156,7 @@ def test_final_save_replaces_the_previous_files_with_config_last(tmp_path, monke
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", recording_replace)
-    _install_files(build, root)
+    install_files(build, root)
     monkeypatch.undo()
     assert sorted(p.name for p in root.iterdir()) == ["config.json", "model.safetensors", "notes.txt",
                                                       "retromae_run.json"]

@@ -20,9 +20,9 @@ from retromae.modeling.modeling_sentmae import (
     in_batch_contrastive_loss,
 )
 from retromae.trainers.cli import main
-from retromae.trainers.contrastive_data import ContrastiveCollator, cut_two_spans, read_pairs, tokenize_pairs
-from retromae.trainers.core.errors import UserError
-from retromae.trainers.data import tokenize_corpus
+from retromae.trainers.data.pairs import ContrastiveCollator, cut_two_spans, read_pairs, tokenize_pairs
+from retromae.trainers.data.tokenize import tokenize_corpus
+from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.methods import METHODS, MethodArguments
 from safetensors.torch import load_file
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from retromae.trainers import validation
 from retromae.trainers.cli import main
-from retromae.trainers.validation import RunningTopK, load_validation_set, retrieval_metrics
+from retromae.trainers.retrieval.metrics import RunningTopK, retrieval_metrics
+from retromae.trainers.training import retrieval_validation as validation
+from retromae.trainers.training.retrieval_validation import load_validation_set
 from safetensors.torch import load_file
 
 from .builders import pretrain_args, write_beir
@@ -144,7 +145,7 @@ def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_
 
     monkeypatch.setattr(validation, "evaluate_retrieval", broken)
     out = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="retromae.trainers.validation"):
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.retrieval_validation"):
         assert main(pretrain_args(tiny_bert, corpus, out, "--no-export", "true", "--max-steps", "2",
                                   "--eval-beir-folder", str(beir_folder))) == 0
     assert "retrieval validation on toy (dev) failed at step 1 (RuntimeError: out of memory)" in caplog.text

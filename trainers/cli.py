@@ -21,22 +21,22 @@ from importlib.metadata import PackageNotFoundError, version
 
 from huggingface_hub.errors import StrictDataclassError
 
-from .core.errors import NOT_WRITABLE, UserError, one_line_message
-from .core.folders import INTERRUPTED_HINT
+from .inputs.errors import NOT_WRITABLE, UserError, one_line_message
+from .inputs.folders import INTERRUPTED_HINT
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers warns when DataLoader workers fork
 
 # name -> ("module:function" under retromae.trainers, one-line summary); imported only when the command runs
 COMMANDS: dict[str, tuple[str, str]] = {
-    "pretrain": ("pretrain:pretrain", "pre-train an encoder (default: a short demo run)"),
-    "export": ("export:export_command", "export a checkpoint's encoder as a sentence-transformers model"),
+    "pretrain": ("commands.pretrain:pretrain", "pre-train an encoder (default: a short demo run)"),
+    "export": ("commands.export:export_command", "export a checkpoint's encoder as a sentence-transformers model"),
     "methods": ("methods:list_methods", "list the pre-training methods"),
-    "index": ("hybrid_index:index_command", "build an exact DupMAE hybrid (dense + sparse) index of a corpus"),
-    "search": ("hybrid_index:search_command", "search a hybrid index with one or more queries"),
-    "finetune": ("finetune:finetune_command", "fine-tune a retrieval bi-encoder (in-batch, hard negatives, distillation)"),
-    "evaluate": ("evaluate:evaluate_command", "MTEB retrieval evaluation on local BEIR folders / registered tasks"),
-    "publish": ("publish:publish_command", "validate a model folder, then upload it to the Hugging Face Hub"),
-    "coverage": ("coverage:coverage_command", "input-token coverage of [CLS] embeddings (did pre-training work?)"),
+    "index": ("commands.index:index_command", "build an exact DupMAE hybrid (dense + sparse) index of a corpus"),
+    "search": ("commands.index:search_command", "search a hybrid index with one or more queries"),
+    "finetune": ("commands.finetune:finetune_command", "fine-tune a retrieval bi-encoder (in-batch, hard negatives, distillation)"),
+    "evaluate": ("commands.evaluate:evaluate_command", "MTEB retrieval evaluation on local BEIR folders / registered tasks"),
+    "publish": ("commands.publish:publish_command", "validate a model folder, then upload it to the Hugging Face Hub"),
+    "coverage": ("commands.coverage:coverage_command", "input-token coverage of [CLS] embeddings (did pre-training work?)"),
 }
 
 

@@ -27,13 +27,13 @@ from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.modeling.modeling_sentmae import SentMAEForPretraining
 from torch import nn
 
-from .contrastive_data import contrastive_training_data, corpus_training_data, pair_positive_settings
-from .core.cards import Paper, read_papers
-from .core.errors import UserError
-from .core.io import read_json_or_empty
-from .data import DataInputs, TrainingData
-from .export_cls import Exporter, PoolingModule, SentenceVectors, cls_sentence_vectors, write_cls_encoder
-from .export_dupmae import DUPMAE_POOLING, REPRESENTATION_FIELDS, hybrid_sentence_vectors, write_dupmae_export
+from .data.collator import DataInputs, TrainingData
+from .data.pairs import contrastive_training_data, corpus_training_data, pair_positive_settings
+from .export.cards import Paper, read_papers
+from .export.cls import Exporter, PoolingModule, SentenceVectors, cls_sentence_vectors, write_cls_encoder
+from .export.dupmae import DUPMAE_POOLING, REPRESENTATION_FIELDS, hybrid_sentence_vectors, write_dupmae_export
+from .inputs.errors import UserError
+from .inputs.io import read_json_or_empty
 
 # builds a method's training data from its (already built) config, the tokenizer and the run's data inputs
 TrainingDataBuilder = Callable[[Any, Any, DataInputs], TrainingData]

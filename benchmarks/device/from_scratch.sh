@@ -87,7 +87,7 @@ export PYTHONPATH=$SITE:$SHIM${BASE:+:$BASE} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLIN
   TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 "${PY[@]}" - <<'PY' || { echo "imports failed"; exit 3; }
 import importlib.metadata as m, torch
-import retromae.trainers.finetune, retromae.trainers.evaluate, retromae.trainers.pretrain, retromae.trainers.coverage
+import retromae.trainers.training.finetuning, retromae.trainers.retrieval.mteb, retromae.trainers.commands.pretrain, retromae.trainers.retrieval.coverage
 import faiss, mteb
 print({p: m.version(p) for p in ("torch", "transformers", "sentence-transformers", "huggingface_hub", "datasets",
                                  "mteb", "faiss-cpu", "tokenizers", "accelerate")},

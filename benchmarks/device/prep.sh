@@ -23,7 +23,7 @@ sed -i "s@\"/work/main/@\"@g" /w4[234]/main/benchmarks/results/scifact_experimen
 export PYTHONPATH=/tmp/site:/tmp/shim
 cd /w42/main/benchmarks && python3 - <<'PY'
 import importlib.metadata as m, torch, mteb, datasets, transformers, sentence_transformers
-import retromae.trainers.finetune, retromae.trainers.evaluate
+import retromae.trainers.training.finetuning, retromae.trainers.retrieval.mteb
 print({p: m.version(p) for p in ("transformers", "sentence-transformers", "datasets", "mteb", "huggingface_hub",
                                  "torch", "pyarrow", "numpy", "tokenizers")}, torch.cuda.get_device_name(0))
 PY

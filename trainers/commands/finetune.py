@@ -1,0 +1,51 @@
+"""`retromae finetune`: parse, run the stages, print."""
+
+from __future__ import annotations
+
+from ..inputs.arguments import start_command
+from ..inputs.errors import UserError
+from ..inputs.finetune_options import (
+    FinetuneDataArguments,
+    FinetuneLossArguments,
+    FinetuneModelArguments,
+    FinetuneTrainingArguments,
+)
+from ..retrieval.beir import (
+    ON_MISSING,
+    RetrievalDataError,
+)
+from ..training.finetuning import run_finetune
+
+
+def finetune_command(argv: list[str]) -> int:
+    """`retromae finetune MODEL TRAIN_DATA [options]`."""
+    model_args, data_args, loss_args, training_args = start_command(
+        argv, (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments), prog="retromae finetune",
+        description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
+        "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT", positional=["model", "train_data"],
+        renamed=FinetuneLossArguments.renamed,
+    )
+    if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
+        raise UserError(f"--on-missing must be one of {ON_MISSING}")
+    try:
+        result = run_finetune(model_args, data_args, loss_args, training_args)
+    except RetrievalDataError as error:
+        raise UserError(str(error)) from None
+    if training_args.process_index == 0 and result.already_finished:
+        stages = ", ".join(stage["stage"] for stage in result.info["stages"])
+        print(f"retromae: this fine-tuning had already finished (stages: {stages}); its model is {result.output_dir}; "
+              "nothing was trained", flush=True)
+    elif training_args.process_index == 0:
+        lines = [f"retromae: fine-tuned model written to {result.output_dir}"]
+        for stage in result.info["stages"]:
+            resumed = stage.get("train_loss_from_step")
+            lines.append(f"  {stage['stage']}: {stage['examples']} examples, {stage['steps']} steps, "
+                         f"training loss {stage['train_loss']:.4f}"
+                         + (f" (steps {resumed}-{stage['steps']}, after resuming)" if resumed else ""))
+        for row in result.info.get("eval_results") or []:
+            lines.append(f"  {row['dataset_name']} ({row['split']}): NDCG@10 {row['ndcg_at_10']:.4f}")
+        print("\n".join(lines), flush=True)
+    return 0
+
+
+__all__ = ['finetune_command']

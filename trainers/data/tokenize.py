@@ -1,0 +1,272 @@
+"""Tokenizing a corpus once: rows or packed blocks of token ids with word-start flags."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import numbers
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import datasets
+
+from ..inputs.errors import UserError
+from .reading import code_fingerprint
+
+logger = logging.getLogger(__name__)
+
+MIN_PACKED_BLOCK = 8  # a trailing packed block shorter than this many tokens is dropped
+
+
+NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many rows
+
+
+# [UNK] is never masked nor predicted: a corpus mostly [UNK] for its tokenizer (wrong language or script) trains nothing
+MAX_UNK_SHARE = 0.5  # more [UNK] than this among the text tokens: refused
+
+
+WARN_UNK_SHARE = 0.05  # more than this: a warning
+
+
+UNK_SAMPLE_ROWS = 1000  # sequences the share is measured on (spread over the corpus; the first ones of a stream)
+
+
+def tokenize_corpus(
+    dataset: datasets.Dataset | datasets.IterableDataset | Sequence[str],
+    tokenizer: Any,
+    *,
+    max_seq_length: int,
+    packing: bool = False,
+    num_proc: int | None = None,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Tokenizes a ``"text"`` corpus once (cached for a ``Dataset``, lazy for an ``IterableDataset``).
+
+    Truncation (``packing=False``): each passage becomes one sequence with the tokenizer's special tokens
+    (``[CLS] ... [SEP]``), truncated to ``max_seq_length``. Packing (``packing=True``): passages are tokenized without
+    special tokens, concatenated and cut into blocks of ``max_seq_length - num_special_tokens`` tokens, each wrapped
+    with the special tokens; the last, shorter block of each ``map`` batch (1,000 passages) is kept when it has at
+    least 8 tokens. Sequences without any ordinary token (empty passages) are dropped.
+
+    A corpus whose text tokens are mostly ``[UNK]`` (more than ``MAX_UNK_SHARE``, measured on ``UNK_SAMPLE_ROWS``
+    sequences) is refused: the tokenizer does not know its language or script, and ``[UNK]`` is never masked, so
+    training would learn nothing; more than ``WARN_UNK_SHARE`` gets a warning.
+
+    Args:
+        dataset: A ``datasets.Dataset`` or ``datasets.IterableDataset`` with a ``"text"`` column, e.g. from
+            :func:`read_corpus`, or a list of passage strings.
+        tokenizer: A fast (``tokenizers``-backed) tokenizer; ``word_ids()`` gives the word boundaries.
+        max_seq_length: Maximum tokens per sequence, special tokens included.
+        packing: Concatenate passages into full-length blocks instead of truncating each one.
+        num_proc: Processes for a ``Dataset`` with more than 10,000 rows (default ``min(4, os.cpu_count())``);
+            ignored otherwise.
+
+    Returns:
+        The dataset with the columns ``"input_ids"`` (token ids, special tokens included, length
+        ``<= max_seq_length``) and ``"word_starts"`` (1 where a token begins a new word, special tokens included;
+        0 for the continuation pieces of a word). All input columns are removed.
+
+    Raises:
+        TypeError: ``dataset`` is none of the accepted types, or ``max_seq_length`` is not an integer.
+        ValueError: The tokenizer is not fast, or ``max_seq_length`` leaves no room for an ordinary token.
+        UserError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
+            text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
+    """
+    dataset = _as_dataset(dataset)
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, numbers.Integral):
+        raise TypeError(f"tokenize_corpus: max_seq_length={max_seq_length!r} is not a whole number of tokens; pass an "
+                        "int, e.g. max_seq_length=256")
+    max_seq_length = int(max_seq_length)  # e.g. a numpy integer
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(
+            f"tokenize_corpus needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}; "
+            f"load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+    prefix, suffix = special_template(tokenizer)
+    if max_seq_length <= len(prefix) + len(suffix):
+        raise ValueError(
+            f"max_seq_length={max_seq_length} leaves no room for text after {len(prefix) + len(suffix)} special tokens"
+        )
+    fn_kwargs = {
+        "tokenizer": tokenizer,
+        "max_seq_length": max_seq_length,
+        "prefix": prefix,
+        "suffix": suffix,
+        "packing": packing,
+        "code": _tokenizer_fingerprint(),  # unused by the function: invalidates the cache when this code changes
+    }
+    features = datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "word_starts": datasets.Sequence(datasets.Value("int8")),
+        }
+    )
+    if dataset.column_names is not None and "text" not in dataset.column_names:
+        raise UserError(
+            f"the dataset has no 'text' column (columns: {dataset.column_names}); "
+            f"read it with read_corpus or rename the passage column to 'text'"
+        )
+    # read_corpus names its datasets; another one may carry only its builder's name ("generator", "json")
+    source = dataset.info.dataset_name if dataset.info.dataset_name != dataset.info.builder_name else None
+    source = source or "the corpus"
+    if isinstance(dataset, datasets.IterableDataset):
+        tokenized = dataset.map(
+            _tokenize_batch, batched=True, fn_kwargs=fn_kwargs, remove_columns=dataset.column_names, features=features
+        ).select_columns(["input_ids", "word_starts"])
+        _check_unknown_tokens(tokenized, tokenizer, source)
+        return tokenized
+    tokenized = dataset.map(
+        _tokenize_batch,
+        batched=True,
+        fn_kwargs=fn_kwargs,
+        remove_columns=dataset.column_names,
+        features=features,
+        num_proc=_effective_num_proc(num_proc, len(dataset)),
+        desc="Tokenizing (packing)" if packing else "Tokenizing",
+    )
+    if len(tokenized) == 0:
+        raise UserError(
+            f"no sequence left after tokenizing {len(dataset)} passages of {source}: every passage is empty (or holds "
+            f"only characters the tokenizer drops); check that the corpus 'text' column holds text"
+        )
+    logger.info("Tokenized %d passages into %d sequences (packing=%s)", len(dataset), len(tokenized), packing)
+    _check_unknown_tokens(tokenized, tokenizer, source)
+    return tokenized
+
+
+def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
+    """``corpus`` as a dataset: a list (or tuple) of passage strings becomes one with a ``"text"`` column.
+
+    Raises:
+        TypeError: anything else, naming the accepted types.
+    """
+    if isinstance(corpus, datasets.Dataset | datasets.IterableDataset):
+        return corpus
+    if isinstance(corpus, list | tuple):
+        other = next((item for item in corpus if not isinstance(item, str)), None)
+        if other is None:
+            return datasets.Dataset.from_dict({"text": list(corpus)},
+                                              features=datasets.Features({"text": datasets.Value("string")}))
+        got = f"a {type(corpus).__name__} holding {type(other).__name__}"
+    else:
+        got = type(corpus).__name__
+    raise TypeError(f"tokenize_corpus takes a datasets.Dataset, datasets.IterableDataset or a list of strings (one "
+                    f"passage each; for files, read_corpus(path)), got {got}")
+
+
+def unknown_token_share(tokenizer: Any, rows: Iterable[Sequence[int]]) -> float | None:
+    """The share of ``[UNK]`` among the text tokens (all but the other special tokens) of ``rows`` of token ids;
+    None when the tokenizer has no unknown token (byte-level BPE) or the rows hold no text token."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return None
+    counts = Counter(token for ids in rows for token in ids)
+    others = set(tokenizer.all_special_ids) - {unk}
+    text = sum(count for token, count in counts.items() if token not in others)
+    return counts[unk] / text if text else None
+
+
+def _check_unknown_tokens(
+    tokenized: datasets.Dataset | datasets.IterableDataset, tokenizer: Any, source: str
+) -> None:
+    """Refuse a corpus mostly ``[UNK]`` for ``tokenizer`` (``MAX_UNK_SHARE``), warn above ``WARN_UNK_SHARE``."""
+    if isinstance(tokenized, datasets.IterableDataset):
+        rows = [row["input_ids"] for row in itertools.islice(tokenized, UNK_SAMPLE_ROWS)]
+        sample = f"the first {len(rows)} sequences of the stream"
+    else:
+        total = len(tokenized)
+        spread = [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else None
+        rows = tokenized.select(spread)["input_ids"] if spread else tokenized["input_ids"]
+        sample = f"a sample of {len(rows)} of {total} sequences" if spread else f"all {total} sequences"
+    share = unknown_token_share(tokenizer, rows)
+    if share is None or share <= WARN_UNK_SHARE:
+        return
+    message = (f"{share:.0%} of the text tokens of {source} are [UNK] ({sample}): the tokenizer "
+               f"{tokenizer.name_or_path} does not know the corpus's language or script")
+    if share > MAX_UNK_SHARE:
+        raise UserError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
+                        "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
+                        "meant")
+    logger.warning("%s; training learns nothing from [UNK]", message)
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_fingerprint() -> str:
+    return code_fingerprint(_tokenize_batch, _packed_blocks, word_start_flags)
+
+
+def _effective_num_proc(num_proc: int | None, num_rows: int) -> int | None:
+    """Processes for ``Dataset.map``: only for more than ``NUM_PROC_MIN_ROWS`` rows, default ``min(4, cpus)``."""
+    if num_rows <= NUM_PROC_MIN_ROWS:
+        return None
+    chosen = num_proc if num_proc is not None else min(4, os.cpu_count() or 1)
+    return chosen if chosen > 1 else None
+
+
+def special_template(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special ids the tokenizer puts before and after a single sequence, e.g. ``([CLS], [SEP])``.
+
+    transformers 5 fast tokenizers have no ``build_inputs_with_special_tokens``; the post-processor's template is read
+    off a probe encoding instead (specials = positions whose ``word_ids()`` is ``None``).
+    """
+    probe = tokenizer("hello world", add_special_tokens=True, return_attention_mask=False, return_token_type_ids=False)
+    ids, word_ids = probe["input_ids"], probe.word_ids()
+    ordinary = [i for i, word in enumerate(word_ids) if word is not None]
+    if not ordinary:
+        raise ValueError(f"{type(tokenizer).__name__} produced no ordinary token for 'hello world'")
+    prefix, suffix = ids[: ordinary[0]], ids[ordinary[-1] + 1 :]
+    expected = tokenizer.num_special_tokens_to_add(pair=False)
+    if len(prefix) + len(suffix) != expected:
+        raise ValueError(
+            f"{type(tokenizer).__name__} adds {expected} special tokens but only {len(prefix) + len(suffix)} "
+            f"surround the text; packing supports tokenizers whose template is prefix + text + suffix"
+        )
+    return prefix, suffix
+
+
+def word_start_flags(word_ids: list[int | None]) -> list[int]:
+    """1 where a token begins a word (special tokens, ``None``, included), 0 for a word's continuation pieces."""
+    starts, previous = [], None
+    for word in word_ids:
+        starts.append(1 if word is None or word != previous else 0)
+        previous = word
+    return starts
+
+
+def _tokenize_batch(
+    batch: dict[str, list], tokenizer: Any, max_seq_length: int, prefix: list[int], suffix: list[int], packing: bool,
+    code: str = "",
+) -> dict[str, list]:
+    """Without packing, one truncated ``[CLS] ... [SEP]`` sequence per non-empty passage; with packing, the batch's
+    passages concatenated and cut into ``prefix + block + suffix`` sequences."""
+    texts = [text or "" for text in batch["text"]]
+    options = {"add_special_tokens": False, "verbose": False} if packing else {"truncation": True, "max_length": max_seq_length}
+    encoding = tokenizer(texts, return_attention_mask=False, return_token_type_ids=False, **options)
+    rows = [(ids, encoding.word_ids(row)) for row, ids in enumerate(encoding["input_ids"])]
+    if packing:
+        return _packed_blocks(rows, max_seq_length - len(prefix) - len(suffix), prefix, suffix)
+    kept = [(ids, word_start_flags(word_ids)) for ids, word_ids in rows if any(w is not None for w in word_ids)]
+    return {"input_ids": [ids for ids, _ in kept], "word_starts": [starts for _, starts in kept]}
+
+
+def _packed_blocks(
+    rows: list[tuple[list[int], list[int | None]]], block: int, prefix: list[int], suffix: list[int]
+) -> dict[str, list]:
+    """The rows' ids, concatenated, in blocks of ``block`` ids between ``prefix`` and ``suffix``; a last block
+    shorter than ``min(block, MIN_PACKED_BLOCK)`` is dropped."""
+    flat_ids = [token for ids, _ in rows for token in ids]
+    flat_starts = [start for _, word_ids in rows for start in word_start_flags(word_ids)]
+    input_ids, word_starts = [], []
+    for start in range(0, len(flat_ids), block):
+        ids, starts = flat_ids[start : start + block], flat_starts[start : start + block]
+        if len(ids) < min(block, MIN_PACKED_BLOCK):
+            break
+        starts[0] = 1  # a word cut at the block edge starts a new unit
+        input_ids.append(prefix + ids + suffix)
+        word_starts.append([1] * len(prefix) + starts + [1] * len(suffix))
+    return {"input_ids": input_ids, "word_starts": word_starts}
+
+
+__all__ = ['special_template', 'tokenize_corpus', 'unknown_token_share', 'word_start_flags']

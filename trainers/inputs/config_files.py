@@ -1,0 +1,161 @@
+"""`--config` files and presets: YAML/JSON option files merged under the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError, yaml_error_message
+
+logger = logging.getLogger(__name__)
+
+# The presets ship inside the package: `configs/` sits beside `trainers/` both in the source tree and in an
+# installed `retromae` package (pyproject.toml maps it to `retromae.configs`).
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def add_config_option(parser) -> None:
+    """List `--config` in --help (it is read by `split_config` before argparse sees the rest)."""
+    if not any("--config" in action.option_strings for action in parser._actions):
+        parser.add_argument(
+            "--config", metavar="FILE_OR_PRESET", default=argparse.SUPPRESS,
+            help="YAML/JSON file of settings (option names with underscores); flags on the command line win. "
+            f"`retromae pretrain` also takes a bundled preset by name: {', '.join(preset_names())}",
+        )
+
+
+def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
+    """Where `--config FILE` (or `--config=FILE`) is in argv: `(index, tokens, FILE)` (`~` expanded: argparse never
+    sees it), None without one; `--config` given twice is refused (`UserError`)."""
+    found = [i for i, arg in enumerate(argv) if arg.partition("=")[0] == "--config"]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise UserError(f"--config is given {len(found)} times; give it once (merge the files into one)")
+    at = found[0]
+    _, equals, path = argv[at].partition("=")
+    if not equals:
+        path = argv[at + 1] if at + 1 < len(argv) else ""
+    if not path:
+        raise UserError("--config needs a file name")
+    return at, 1 if equals else 2, os.path.expanduser(path)
+
+
+def split_config(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """argv without `--config FILE` (see `config_argument`), and the file's values."""
+    found = config_argument(argv)
+    if found is None:
+        return argv, {}
+    at, width, path = found
+    return argv[:at] + argv[at + width :], read_config_file(path)
+
+
+def merge_file_mappings(parser: argparse.ArgumentParser, argv: list[str], file_values: Mapping[str, Any], *,
+                        log: bool = True) -> list[str]:
+    """argv where a flag that a `--config` file also sets as a mapping (`method_options:`, `config_overrides:`) holds
+    both: the flag's keys replace the file's one by one and the file's other keys stay (flags override the file).
+    The flag keeps its form: a JSON object, or `key=value,...`; one that is neither is left to its option's check.
+    `log`: say what each merged flag now holds (a warning: logging is not set up yet when options are parsed)."""
+    owner = {option: action.dest for action in parser._actions for option in action.option_strings}
+    merged = list(argv)
+    for at, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        from_file = _json_object(file_values.get(owner.get(flag, "")))
+        if from_file is None or not (equals or at + 1 < len(argv)):
+            continue
+        value = value if equals else argv[at + 1]
+        combined = _merge_mapping_text(from_file, value)
+        if combined is None:
+            continue
+        if log:
+            logger.warning("%s merged into the --config file's %s (the flag's keys win): %s", flag,
+                           owner[flag], combined)
+        merged[at if equals else at + 1] = f"{flag}={combined}" if equals else combined
+    return merged
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """`text` as a dict when it is the JSON text of an object (how `read_config_file` passes a mapping), else None."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _merge_mapping_text(base: dict[str, Any], text: str) -> str | None:
+    """`base` updated by `text` (a JSON object or `key=value,...`), in `text`'s form; None when `text` is neither."""
+    if text.lstrip().startswith("{"):
+        given = _json_object(text)
+        return None if given is None else json.dumps({**base, **given})
+    pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+    if not pairs or not all(sep for _, sep, _ in pairs):
+        return None
+    combined = {**base, **{key.strip(): value.strip() for key, _, value in pairs}}
+    return ",".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                    for key, value in combined.items())
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
+
+
+def _config_file(path: str) -> Path:
+    """The file `--config` names: a file, else a bundled preset by name (`retromae-wiki-book`) or by the README's
+    path (`configs/retromae-wiki-book.yaml`, for installs without the source tree)."""
+    file = Path(path)
+    if file.is_file():
+        return file
+    preset = PRESETS_DIR / f"{file.stem}.yaml"
+    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", ".yaml"} and preset.is_file():
+        return preset
+    raise UserError(f"config file {path} not found; bundled presets: {', '.join(preset_names())}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, refusing a key set twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is set twice; keep one",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], path: str) -> dict[str, Any]:
+    twice = sorted(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
+    if twice:
+        raise UserError(f"{path}: {', '.join(map(repr, twice))} set twice; keep one")
+    return dict(pairs)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The settings of a `--config` file; a mapping value (e.g. `method_options`) becomes the JSON text its flag takes."""
+    file = _config_file(path)
+    text = file.read_text(encoding="utf-8")
+    is_yaml = file.suffix in {".yaml", ".yml"}
+    try:
+        values = (yaml.load(text, Loader=_UniqueKeyLoader) or {}) if is_yaml else json.loads(
+            text, object_pairs_hook=lambda pairs: _unique_keys(pairs, path))
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}:{error.lineno}:{error.colno}: not valid JSON: {error.msg}; fix the file") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"{yaml_error_message(path, error)}; fix the file") from None
+    if not isinstance(values, dict):
+        raise UserError(f"{path} must hold a mapping of setting names to values")
+    return {key: json.dumps(value) if isinstance(value, dict) else value for key, value in values.items()}
+
+
+__all__ = ['PRESETS_DIR', 'config_argument', 'merge_file_mappings', 'preset_names', 'read_config_file', 'split_config']

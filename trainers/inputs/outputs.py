@@ -1,0 +1,211 @@
+"""Output targets: whether a command may write a file or folder (the owned-output policy), and atomic folder swaps."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import UserError
+from .folders import COMMAND_INPUTS, is_trainer_checkpoint
+
+logger = logging.getLogger(__name__)
+
+# `.<name>.tmp-<pid>-<hex>` (a build in progress) and `.<name>.old-<pid>-<hex>` (the previous folder during a swap)
+_SIBLING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+def check_folder_option(flag: str, path: str | os.PathLike, *, writable: bool = True) -> None:
+    """Refuse a folder option that names a file or a path under one, passes through a symbolic link loop, or (with
+    `writable`) lies in a folder that cannot be written: writing there would fail mid-run, or after hours of work."""
+    _check_folder(flag, path, Path(path), writable)
+
+
+def _check_folder(flag: str, path: str | os.PathLike, folder: Path, writable: bool) -> None:
+    """`check_folder_option` for `folder`, where the option's value is `path` (`folder` itself, a file written in
+    it, or a folder built in it and renamed to `path`): the message names the option as the user wrote it."""
+    absolute = folder.absolute()
+    for part in (absolute, *absolute.parents):
+        if part.exists():
+            break
+        check_no_symlink_loop(flag, path, part)
+    existing = part
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
+    # os.access, not a test write: it refuses a read-only file system even to root, and leaves nothing behind
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        read_only = hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY
+        why = "a read-only file system" if read_only else "no write permission"
+        raise UserError(f"{flag} {path}: {existing} cannot be written ({why}); make it writable, or choose "
+                        "another folder")
+
+
+def check_no_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> None:
+    """Refuse `part` of the option's `path` when it is a symbolic link that leads back to itself: every later
+    step (`resolve`, `mkdir`) would fail on it with a traceback."""
+    if not part.is_symlink():
+        return
+    try:
+        os.stat(part)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UserError(f"{flag} {path}: {part} is a symbolic link that leads back to itself (a loop); remove "
+                            "it, or choose another folder") from None
+
+
+def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]) -> tuple[str, Path] | None:
+    """The first `(description, path)` of `protected` (existing paths only; None values skipped) that replacing
+    `target` would delete, because `target` is it or a folder above it; None when there is none."""
+    resolved = target.resolve()
+    for what, path in protected.items():
+        if not path or not Path(path).exists():  # "" would be the working directory
+            continue
+        held = Path(path).resolve()
+        if resolved == held or resolved in held.parents:
+            return what, Path(path)
+    return None
+
+
+def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | os.PathLike | None] | None = None,
+                      ) -> None:
+    """Refuse a target that is a file; even with `overwrite`, one that is or holds the working directory, one of
+    `inputs` (description -> path, e.g. {"--model": ...}) or a Trainer checkpoint; without it, a non-empty folder."""
+    if target.exists() and not target.is_dir():
+        raise UserError(f"output {target} exists and is not a folder")
+    check_folder_option("output", target)  # a file above it, a loop, a folder that cannot be written
+    if target.exists():  # the new folder is built beside it and renamed into place
+        _check_folder("output", target, target.parent, writable=True)
+    hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
+    if hit is not None:
+        raise UserError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
+                        "choose another folder")
+    held = next((p for p in sorted(target.glob("checkpoint-*")) if is_trainer_checkpoint(p)), None)
+    if held is not None:  # a run's output folder: replacing it would end the run's resumability
+        raise UserError(f"output folder {target} holds the training checkpoint {held.name}, which replacing it "
+                        "would delete; choose another folder")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise UserError(
+            f"output folder {target} already exists and is not empty; pass --overwrite (Python: overwrite=True) "
+            "to replace it"
+        )
+
+
+def check_output_file(target: Path, flag: str, overwrite: bool,
+                      inputs: Mapping[str, str | os.PathLike | None] | None = None) -> None:
+    """Refuse an output file that is a folder, lies under a file, is one of `inputs` or lies in a folder of them
+    (even with `overwrite`); without `overwrite`, one that exists."""
+    if target.is_dir():
+        raise UserError(f"{flag} {target} is a folder; give a file path")
+    check_no_symlink_loop(flag, target, target.absolute())
+    _check_folder(flag, target, target.parent, writable=True)  # written beside it first (`core.io.atomic_file`)
+    protected = {**COMMAND_INPUTS.get(), **(inputs or {})}
+    hit = would_delete(target, protected)
+    if hit is not None:
+        raise UserError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
+                        "file")
+    inside = next(((what, path) for what, path in protected.items()
+                   if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
+    if inside is not None:
+        raise UserError(f"{flag} {target} lies in {inside[0]} ({inside[1]}), which writing it would change; choose "
+                        "a file outside it")
+    if target.exists() and not overwrite:
+        raise UserError(f"{flag} {target} already exists; pass --overwrite to replace it")
+
+
+@contextmanager
+def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `target` to fill; on success it is renamed to `target`.
+
+    On an exception (or a kill, see `clean_stale_siblings`) `target` is untouched. With `overwrite`, a previous
+    non-empty `target` is renamed aside, replaced, and deleted only after the new folder is in place.
+    """
+    target = Path(target)
+    clean_stale_siblings(target)  # first: it may restore a previous `target` that a killed swap left aside
+    check_destination(target, overwrite)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = _sibling(target, "tmp")
+    build_dir.mkdir()  # honours the umask (tempfile.mkdtemp would make it 0700)
+    try:
+        yield build_dir
+        _move_into_place(build_dir, target, overwrite)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+
+
+def _move_into_place(build_dir: Path, target: Path, overwrite: bool) -> None:
+    check_destination(target, overwrite)  # again: something may have appeared while we were building
+    if not target.exists() or not any(target.iterdir()):
+        os.replace(build_dir, target)  # replaces an empty folder too
+        return
+    old = _sibling(target, "old")
+    os.replace(target, old)
+    try:
+        os.replace(build_dir, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _sibling(target: Path, kind: str) -> Path:
+    """A fresh hidden name beside `target` that records our pid, e.g. `.export.tmp-4242-1a2b3c4d`."""
+    while True:
+        candidate = target.parent / f".{target.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if not candidate.exists():
+            return candidate
+
+
+def clean_stale_siblings(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporary siblings of `target` that a killed `atomic_folder` left; returns what was handled.
+
+    A `.tmp-` build of a dead process is deleted. An `.old-` folder (the previous `target`, moved aside during a swap)
+    is deleted when `target` exists and renamed back to `target` when the kill came between the two renames.
+    Siblings of a live process (another export writing the same folder right now) are left alone.
+    """
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    handled = []
+    for entry in sorted(target.parent.iterdir()):
+        match = _SIBLING.match(entry.name)
+        if not match or match["name"] != target.name or not entry.is_dir() or process_alive(int(match["pid"])):
+            continue
+        if match["kind"] == "old" and not target.exists():
+            os.replace(entry, target)
+            logger.warning("restored %s from %s, left by a killed save", target, entry.name)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+            logger.info("removed %s, left by a killed save", entry)
+        handled.append(entry)
+    return handled
+
+
+def sibling_target_name(name: str) -> str | None:
+    """The folder an `atomic_folder` sibling stands for (`.checkpoint-6.tmp-4242-1a2b3c4d` -> `checkpoint-6`)."""
+    match = _SIBLING.match(name)
+    return match["name"] if match else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (ours counts; another user's too)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+__all__ = ['atomic_folder', 'check_destination', 'check_folder_option', 'check_no_symlink_loop', 'clean_stale_siblings', 'sibling_target_name', 'process_alive', 'would_delete']

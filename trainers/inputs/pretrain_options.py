@@ -1,0 +1,461 @@
+"""`retromae pretrain`'s options: the argument groups, the parser, and the checks that resolve them once (resume, output folder, export target)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from transformers import (
+    TrainingArguments,
+)
+
+from ..methods import DEFAULT_METHOD, METHODS, MethodArguments
+from ..retrieval.metrics import metric_names
+from ..training.lock import LOCK_NAME
+from ..training.positions import check_extension_length
+from ..training.recipe import RecipeArguments
+from ..training.resume import (
+    check_given_options,
+    given_options,
+    new_run_id,
+    read_settings,
+    record_settings,
+)
+from ..training.run_folder import (
+    RESUME_LAST,
+    checkpoint_to_resume,
+    clean_killed_saves,
+    finished_step,
+    last_complete_checkpoint,
+    remove_previous_run,
+    run_output_files,
+)
+from .arguments import CommandParser, DefaultsHelpFormatter, expand_home, parse
+from .config_files import config_argument, merge_file_mappings, split_config
+from .errors import UserError
+from .folders import TRAINER_CHECKPOINT
+from .outputs import check_folder_option, would_delete
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+DEFAULT_CORPUS_NAME = "python-stdlib-docstrings"
+
+
+# The embedded default run (`retromae pretrain` with no corpus): small enough for 2 CPU cores in < 10 minutes.
+DEMO_DEFAULTS = {
+    "max_steps": 200, "max_seq_length": 64, "per_device_train_batch_size": 8, "learning_rate": 5e-5,
+    "logging_steps": 20, "save_steps": 100, "output_dir": "out/retromae-demo",
+}
+
+
+PRETRAIN_EXAMPLES = """examples:
+  retromae pretrain                                          # the demo: MiniLM + built-in corpus, ~5 min on CPU
+  retromae pretrain --model bert-base-uncased --corpus wiki.txt --output-dir out/retromae \\
+                    --max-seq-length 512 --max-steps 100000 --per-device-train-batch-size 32 --bf16 true
+  retromae pretrain --config configs/retromae-wiki-book.yaml --corpus wiki.txt   # a paper's preset
+  retromae pretrain --method dupmae --method-options '{"bow_loss_weight": 0.1}' --corpus corpus.jsonl
+  retromae pretrain --output-dir out/retromae --resume-from-checkpoint last       # continue after a stop
+  retromae pretrain --corpus corpus.jsonl --encoder-lr-scale 0.1                  # continue a trained retriever
+  retromae pretrain --model bert-base-uncased --from-scratch true --corpus wiki.txt \\
+                    --config-overrides "num_hidden_layers=6,hidden_size=384"  # random init, a smaller BERT
+"""
+
+
+@dataclass
+class ModelArguments:
+    model: str | None = field(
+        default=None,
+        metadata={"help": "encoder checkpoint to start from: a local folder or Hub id of a BERT, RoBERTa, XLM-R or "
+                  "ModernBERT base (the bare model or its masked-LM weights, e.g. BertForMaskedLM, "
+                  "RobertaForMaskedLM), or a retromae pre-training checkpoint to continue (decoder included). "
+                  "A `retromae` checkpoint also continues as SentMAE stage 2 (--method sentmae, decoder included). "
+                  f"Default: the bundled all-MiniLM-L6-v2 ({DEFAULT_BASE_MODEL_NAME})."},
+    )
+    method: str = field(default=DEFAULT_METHOD, metadata={"help": "pre-training method (see `retromae methods`)"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer folder or id (default: the model's)"})
+    base_model_name: str | None = field(
+        default=None, metadata={"help": "Hub id of the base model, written to the model card (default: guessed)"}
+    )
+    extend_position_embeddings: int | None = field(
+        default=None,
+        metadata={"help": "grow a BERT / RoBERTa / XLM-R base's learned position table to N usable positions by "
+                  "copying it (as BGE-M3 did), to pre-train at a longer --max-seq-length; not for ModernBERT "
+                  "(rotary positions: it runs at its native length)"},
+    )
+    from_scratch: bool = field(
+        default=False,
+        metadata={"help": "initialise every weight randomly (seeded by --seed) with --model's architecture and "
+                  "tokenizer, instead of loading its weights; --model may then be a folder with only config.json and "
+                  "a tokenizer, or any Hub id of a supported family"},
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "with --from-scratch: change --model's config, e.g. "
+                  "'num_hidden_layers=6,hidden_size=384,num_attention_heads=12,intermediate_size=1536' (the base's "
+                  "own config keys, as transformers' run_mlm.py takes them; a mapping in a --config file)"},
+    )
+    attn_implementation: Literal[
+        "auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"
+    ] = field(
+        default="auto",
+        metadata={"help": "the encoder's attention (auto: transformers' default, sdpa); the decoder keeps sdpa when "
+                  "the choice cannot take its dense mask (flash, flex). flash and flex need a GPU"},
+    )
+
+
+@dataclass
+class DataArguments:
+    corpus: str | None = field(
+        default=None,
+        metadata={"help": "pre-training text: a .txt file (one passage per line or blank-line-separated blocks), a "
+                  ".jsonl file with a `text` field (+ `title`), a BEIR folder, a `datasets` folder or Hub name, or a "
+                  "folder of such files. Default: a small built-in corpus (Python standard-library docstrings)."},
+    )
+    corpus_name: str | None = field(default=None, metadata={"help": "corpus name for the model card (default: file name)"})
+    text_format: Literal["auto", "lines", "blocks"] = field(
+        default="auto", metadata={"help": "how a .txt corpus is split into passages"}
+    )
+    max_seq_length: int = field(default=256, metadata={"help": "tokens per sequence, [CLS]/[SEP] included"})
+    packing: bool = field(default=False, metadata={"help": "concatenate passages into full-length blocks"})
+    streaming: bool = field(default=False, metadata={"help": "stream the corpus (larger than memory); needs --max-steps"})
+    pairs: str | None = field(
+        default=None,
+        metadata={"help": "--method sentmae with contrastive_loss_weight > 0: a .jsonl of "
+                  "{\"anchor\": ..., \"positive\": ...} lines (e.g. NLI or query-passage pairs) used as positives "
+                  "and as the text, instead of --corpus. "
+                  "Without it the positives are two spans of each --corpus passage (coCondenser-style)."},
+    )
+
+
+@dataclass
+class RunArguments:
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "allow writing into an output folder that already holds a run"}
+    )
+    export_dir: str | None = field(
+        default=None,
+        metadata={"help": "where the final sentence-transformers encoder goes (default: OUTPUT_DIR/encoder, the run's "
+                  "own, replaced by each run there). Another folder must be empty unless --overwrite-export is given; "
+                  "one that is or holds the output folder, the corpus, the model or the working directory is refused"},
+    )
+    overwrite_export: bool = field(
+        default=False,
+        metadata={"help": "replace what a non-empty --export-dir holds (deleted once the new export is complete)"},
+    )
+    no_export: bool = field(default=False, metadata={"help": "skip the final export"})
+
+
+@dataclass
+class ValidationArguments:
+    eval_beir_folder: str | None = field(
+        default=None,
+        metadata={"help": "score the model's own sentence representation ([CLS]; DupMAE: its hybrid, and its [CLS] "
+                  "part as eval_cls_*) zero-shot on "
+                  "this BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) every --eval-steps steps (default: "
+                  "--logging-steps) and at the last step; logs eval_ndcg@10, eval_mrr@10 and eval_recall@100 beside "
+                  "the losses and plots them in OUTPUT_DIR/validation.png. Encoding batch: "
+                  "--per-device-eval-batch-size. With --eval-strategy steps the Trainer's evaluations run it, so "
+                  "--metric-for-best-model ndcg@10 --load-best-model-at-end make the final save and export the best "
+                  "checkpoint's"},
+    )
+    eval_split: str = field(default="dev", metadata={"help": "--eval-beir-folder: the qrels split (qrels/SPLIT.tsv)"})
+    eval_max_queries: int = field(
+        default=1000,
+        metadata={"help": "--eval-beir-folder: score the first N queries by sorted id (the same ones each time)"},
+    )
+    eval_coverage: bool = field(
+        default=False,
+        metadata={"help": "--eval-beir-folder: also log the input-token coverage@10/20/50/100 of [CLS] (as "
+                  "`retromae coverage`) on the folder's first 1000 documents"},
+    )
+
+
+@dataclass
+class PretrainingArguments(TrainingArguments):
+    """`TrainingArguments` with defaults for pre-training (module level: the Trainer pickles it into checkpoints)."""
+
+    output_dir: str | None = field(default="out/retromae", metadata={"help": "where checkpoints and the result go"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate (RetroMAE paper: 1e-4)"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a fraction of the run if < 1"})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "sequences per device per step"})
+    logging_steps: float = field(default=50, metadata={"help": "log losses every N optimizer steps"})
+    logging_first_step: bool = field(default=True, metadata={"help": "log the losses of the first step"})
+    save_steps: float = field(default=500, metadata={"help": "checkpoint every N optimizer steps"})
+    save_total_limit: int | None = field(default=3, metadata={"help": "keep at most N checkpoints"})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "keep False: the collator needs all columns"})
+    ddp_find_unused_parameters: bool | None = field(default=False, metadata={"help": "DDP: every parameter is used"})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "a checkpoint folder, or `last` for the newest complete one in OUTPUT_DIR"}
+    )
+    compile_layers: bool | None = field(
+        default=None,
+        metadata={"help": "compile each encoder and decoder layer with torch.compile (one compiled graph reused by "
+                  "every layer of a stack; the mask samplers stay eager); default: on when training on CUDA, where "
+                  "it was measured faster for every method; --torch-compile compiles the whole model instead"},
+    )
+    compile_loss: bool | None = field(
+        default=None,
+        metadata={"help": "compute the vocabulary losses' softmax and its gradient in one compiled kernel per chunk "
+                  "of rows (the same losses within rounding); default: on when training on CUDA"},
+    )
+    pad_loss_vocab: bool = field(
+        default=False,
+        metadata={"help": "pad the vocabulary inside the vocabulary losses to a multiple of 64 (aligned matrix "
+                  "products; the same losses within rounding); not yet timed on a GPU, so off by default"},
+    )
+
+
+@dataclass
+class PretrainRun:
+    """`retromae pretrain`'s parsed options, the checkpoint it resumes from (or None) and the settings it records
+    in its checkpoints (`resume.record_settings`)."""
+
+    model: ModelArguments
+    method_settings: MethodArguments
+    data: DataArguments
+    run: RunArguments
+    training: PretrainingArguments
+    recipe: RecipeArguments
+    resume: str | None
+    settings: dict[str, Any]
+    validation: ValidationArguments = field(default_factory=ValidationArguments)
+    config_file: str | None = None
+
+
+class RecordingParser(CommandParser):
+    """A `CommandParser` that keeps the namespace of its last parse: every option as the run uses it, before the
+    dataclasses convert it (what `resume.record_settings` records)."""
+
+    namespace: dict[str, Any]
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, remaining = super().parse_known_args(args, namespace)
+        self.namespace = dict(vars(parsed))
+        return parsed, remaining
+
+
+class PretrainHelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
+    """The examples epilog as written, and each informative default."""
+
+
+def pretrain_parser() -> RecordingParser:
+    return RecordingParser(
+        (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments,
+         ValidationArguments),
+        prog="retromae pretrain",
+        description="Pre-train an encoder (BERT, RoBERTa, XLM-R, ModernBERT) for retrieval (RetroMAE and friends), then export it for "
+        "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
+        "The options you usually need: --model, --corpus, --method, --output-dir, --max-steps, --max-seq-length, "
+        "--per-device-train-batch-size; every transformers TrainingArguments option is accepted too. "
+        "Resuming (--resume-from-checkpoint) restores every setting of the run from its checkpoint.",
+        epilog=PRETRAIN_EXAMPLES,
+        formatter_class=PretrainHelpFormatter,
+    )
+
+
+def pretrain_arguments(argv: list[str]) -> PretrainRun:
+    """Parse `retromae pretrain`'s options: once for the options given (flags and `--config` file), which locate
+    the checkpoint to resume, and once in full. Resuming, the checkpoint's recorded settings are the defaults and a
+    given option may only repeat them (or be one that may change, `resume.MAY_CHANGE`). Nothing is written: the
+    output folder is prepared by `pretrain` under its lock (`prepare_output_dir`)."""
+    flags, file_values = split_config(argv)
+    if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
+        parse(pretrain_parser(), argv)
+    parser = pretrain_parser()
+    merged = merge_file_mappings(parser, flags, file_values, log=False)
+    given = {**expand_home(file_values), **given_options(parser, merged)}  # `~` as the full parse expands it
+    demo = not {"corpus", "pairs"} & given.keys() and flags == argv  # no --config
+    defaults = DEMO_DEFAULTS if demo else {}
+    output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
+    resume = resolve_resume(str(output_dir), given.get("resume_from_checkpoint"))
+    recorded = read_settings(resume) if resume else None
+    if recorded and recorded["settings"]:
+        check_given_options(recorded, given, resume)
+        defaults = recorded["settings"]
+    elif resume:
+        logger.warning("%s records no run settings (written by an older retromae): the flags given now apply", resume)
+    parser = pretrain_parser()
+    try:
+        model, method_settings, data, run, training, recipe, validation = parse(parser, argv, defaults)
+    except ValueError as error:  # TrainingArguments' own checks of --load-best-model-at-end, in one line
+        if "load_best_model_at_end" not in str(error):
+            raise
+        if "strategy to match" in str(error):  # its message names the enums, not the flags to add
+            raise UserError("--load-best-model-at-end keeps the saved checkpoint with the best validation: add "
+                            "--eval-strategy steps --eval-steps N (--save-steps a multiple of N), --eval-beir-folder "
+                            "FOLDER and --metric-for-best-model ndcg@10") from None
+        raise UserError(" ".join(str(error).replace("_", "-").split())) from None
+    check_validation_options(training, validation, model.method)
+    check_from_scratch_options(model)
+    check_extension_length(model.extend_position_embeddings, data.max_seq_length)
+    settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
+    found = config_argument(argv)
+    return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation,
+                       found[2] if found else None)
+
+
+def check_from_scratch_options(model: ModelArguments) -> None:
+    """Refuse, in one line, options that need or contradict `--from-scratch`."""
+    if model.config_overrides and not model.from_scratch:
+        raise UserError("--config-overrides changes the architecture, which a checkpoint's weights fix: add "
+                        "--from-scratch true to initialise the model randomly")
+    if model.extend_position_embeddings and model.from_scratch:
+        raise UserError("--extend-position-embeddings copies a trained position table; from scratch, size it with "
+                        "--config-overrides max_position_embeddings=N")
+
+
+def check_validation_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
+    """Refuse, in one line, validation options the run cannot honour: any without `--eval-beir-folder` (the
+    Trainer would stop with a traceback, or they would be ignored), an `--eval-steps` below one, and best-model
+    options: `--metric-for-best-model` (which `--load-best-model-at-end` defaults to `loss`) must name a retrieval
+    validation metric, which needs the Trainer's evaluations (`--eval-strategy steps`); `--save-total-limit 1` would
+    make the Trainer delete every other checkpoint in OUTPUT_DIR at the end, other runs' included."""
+    if training.eval_steps is not None and training.eval_steps <= 0:
+        raise UserError(f"--eval-steps {training.eval_steps}: give a positive number of optimizer steps (or a "
+                        "fraction of the run below 1)")
+    if not validation.eval_beir_folder and training.metric_for_best_model is None:
+        defaults = ValidationArguments()
+        stray = [flag for flag, used in (
+            ("--eval-strategy", training.eval_strategy != "no"), ("--eval-on-start", training.eval_on_start),
+            ("--eval-steps", training.eval_steps is not None),
+            *((f"--{name.replace('_', '-')}", getattr(validation, name) != getattr(defaults, name))
+              for name in ("eval_split", "eval_max_queries", "eval_coverage"))) if used]
+        if stray:
+            raise UserError(f"{', '.join(stray)} configure the validation, which needs --eval-beir-folder FOLDER (a "
+                            "BEIR folder); add it, or drop them")
+    metric = training.metric_for_best_model
+    if metric is None:
+        return
+    flag = "--load-best-model-at-end" if training.load_best_model_at_end else f"--metric-for-best-model {metric}"
+    if not validation.eval_beir_folder:
+        raise UserError(f"{flag} selects the checkpoint with the best retrieval validation metric: add "
+                        "--eval-beir-folder FOLDER (a BEIR folder) and --metric-for-best-model ndcg@10")
+    known = METHODS.get(method)  # an unknown --method is refused when the model is built
+    names = metric_names(validation.eval_coverage, known.metric_prefixes if known else ("",))
+    if metric.removeprefix("eval_") not in names:
+        raise UserError(f"--metric-for-best-model {metric}: the retrieval validation logs {', '.join(names)}; "
+                        "choose one of them (e.g. ndcg@10)")
+    if training.eval_strategy == "no":
+        raise UserError(f"{flag} compares the Trainer's evaluations: add --eval-strategy steps (with --save-steps a "
+                        "multiple of --eval-steps)")
+    if training.save_total_limit == 1:
+        raise UserError(f"{flag} keeps the best checkpoint beside the newest: use --save-total-limit 2 or more")
+
+
+def _field_default(dataclass_type: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(dataclass_type) if f.name == name)
+
+
+def resolve_resume(output_dir: str, resume: str | None) -> str | None:
+    """The checkpoint `--resume-from-checkpoint` names: `last` is the newest complete one in OUTPUT_DIR (refused
+    when OUTPUT_DIR holds checkpoints of several runs, `trainer.checkpoint_to_resume`)."""
+    if resume in RESUME_LAST:
+        found = checkpoint_to_resume(output_dir)
+        if found is None:
+            raise UserError(f"--resume-from-checkpoint {resume}: no complete checkpoint in {output_dir}")
+        return str(found)
+    if resume and not (Path(resume) / "trainer_state.json").is_file():
+        raise UserError(f"--resume-from-checkpoint {resume}: not a complete checkpoint folder (no trainer_state.json)")
+    return resume
+
+
+def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool,
+                       inputs: Mapping[str, str | None] | None = None) -> None:
+    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
+    --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else, and
+    refuse first when that would delete one of `inputs` (`run_inputs`). Build folders of saves a kill interrupted
+    are removed in any case. The main process calls it holding the folder's lock (`core.lock`), whose file does not
+    count as an earlier run's."""
+    folder = Path(output_dir)
+    if should_save:
+        clean_killed_saves(folder)
+    own_folder = resume is not None and folder.resolve() == Path(resume).resolve().parent
+    if own_folder and run_args.overwrite_output_dir:
+        raise UserError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
+                        "drop one of the two")
+    if own_folder or not (folder.is_dir() and any(not p.name.startswith(LOCK_NAME) for p in folder.iterdir())):
+        return
+    if not run_args.overwrite_output_dir:
+        latest = last_complete_checkpoint(folder)
+        done = finished_step(latest, 0) if latest else None  # 0: the checkpoint's own max_steps
+        if done is not None:  # e.g. a second `make demo`: resuming would only re-export
+            hint = f"that run finished at step {done} ({latest.name}); choose another --output-dir"
+        elif latest:
+            hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})"
+        else:
+            hint = "choose another --output-dir"
+        raise UserError(
+            f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
+            "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
+        )
+    check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
+    if should_save:
+        removed = remove_previous_run(folder)
+        logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
+
+
+def run_inputs(run: PretrainRun) -> dict[str, str | None]:
+    """What the run reads (description -> path, None when not given): neither its export nor
+    --overwrite-output-dir may delete it."""
+    return {"the corpus": run.data.corpus, "the pairs file": run.data.pairs, "the model": run.model.model,
+            "the tokenizer": run.model.tokenizer, "the --eval-beir-folder": run.validation.eval_beir_folder,
+            "the --config file": run.config_file}
+
+
+def check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
+    """Refuse an --overwrite-output-dir that would delete one of `inputs`: one that is the output folder itself (a
+    model saved there) or lies in one of the earlier run's files and folders that it removes."""
+    itself = next(((what, Path(path)) for what, path in inputs.items()
+                   if path and Path(path).exists() and Path(path).resolve() == folder.resolve()), None)
+    hit = itself or next(filter(None, (would_delete(entry, inputs) for entry in run_output_files(folder))), None)
+    if hit is not None:
+        raise UserError(f"--overwrite-output-dir would delete {hit[0]} ({hit[1]}), which this run reads; choose "
+                        f"another --output-dir, or copy it out of {folder} first")
+
+
+def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
+    """Where the encoder is exported (None with --no-export) and whether a non-empty folder there may be replaced:
+    the default OUTPUT_DIR/encoder is the run's own; another --export-dir only with --overwrite-export."""
+    if run.run.no_export:
+        return None, False
+    own = Path(run.training.output_dir) / "encoder"
+    target = Path(run.run.export_dir) if run.run.export_dir else own
+    check_folder_option("--export-dir", target, writable=False)  # a symlink loop: before resolve() raises on it
+    return target, run.run.overwrite_export or target.resolve() == own.resolve()
+
+
+def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None:
+    """Refuse, before training, an export target the export would fail on or that it must not delete (an export
+    replaces its whole folder): a file; even with `overwrite`, a folder that is or holds the output folder, one of
+    its checkpoints, the working directory or an input (`run_inputs`); without it, any
+    non-empty folder."""
+    check_folder_option("--export-dir", target)
+    output, resolved = Path(run.training.output_dir).resolve(), target.resolve()
+    top = resolved.relative_to(output).parts[0] if output in resolved.parents else ""  # its entry in OUTPUT_DIR
+    made = {"the output folder": output}  # by this run: may not exist yet, which `would_delete` skips
+    if TRAINER_CHECKPOINT.match(top):
+        made["a checkpoint of this run"] = output / top
+    hit = would_delete(target, {"the working directory": Path.cwd()}) or next(
+        ((what, path) for what, path in made.items() if resolved == path or resolved in path.parents), None
+    ) or would_delete(target, run_inputs(run))
+    if hit is not None and resolved == output / "encoder":  # the default: suggesting it again would not help
+        raise UserError(f"the export into {target} (the default --export-dir) would delete {hit[0]} ({hit[1]}): "
+                        "move it out of that folder, or pass another --export-dir (or --no-export)")
+    if hit is not None:
+        raise UserError(f"--export-dir {target} would delete {hit[0]} ({hit[1]}), even with --overwrite-export; "
+                        f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise UserError(f"--export-dir {target} is not empty; pass --overwrite-export to replace what it holds, or "
+                        "choose an empty or new --export-dir")
+
+
+__all__ = ['DEFAULT_BASE_MODEL_NAME', 'DEMO_DEFAULTS', 'DataArguments', 'ModelArguments', 'PretrainRun', 'PretrainingArguments', 'RunArguments', 'ValidationArguments', 'check_validation_options', 'check_export_target', 'export_target', 'prepare_output_dir', 'pretrain_arguments', 'pretrain_parser', 'resolve_resume', 'run_inputs']

@@ -1,0 +1,672 @@
+"""An exact index for DupMAE's hybrid representation: dense [CLS] part in faiss, sparse OT part as a CSR matrix.
+
+Each document is stored as its dense vector W^cls h_d (`dense_dim` float32) plus its top-k OT entries (`doc_top_k`
+pairs of int32 vocabulary id + float32 weight). A query is scored against every document with the paper's eq. 12,
+
+    score(q, d) = h_q . h_d + sum_{i in top-k(d)} mu_q[i] * mu_d[i],
+
+where the query keeps its full mu (or its `query_top_k` entries). The sparse part is `D_csr @ q` (scipy), the dense
+part a matrix product with the faiss-held vectors, both in blocks of documents, so nothing of size
+queries x documents x vocabulary is ever formed.
+
+- ``index_type="flat"`` (default): exact top-n over all documents.
+- ``"hnsw"`` / ``"ivf"``: the dense part is searched approximately (faiss HNSW / IVF-Flat, inner product); the
+  candidates are the dense top-`candidates` united with the exact sparse top-`candidates`, and every candidate is
+  rescored exactly. Results are exact for the candidates, not guaranteed over the whole corpus.
+
+Typical use::
+
+    model = load_dupmae_sentence_transformer("out/dupmae-st")
+    index = HybridIndex.build(model, texts, ids, batch_size=64)
+    index.save("out/index")
+    index = HybridIndex.load("out/index")
+    hits = index.search_texts(model, ["what is dense retrieval?"], top_n=10)  # [[(doc_id, score), ...]]
+
+Saved folder (written to a temporary sibling and renamed into place)::
+
+    manifest.json        format, model fingerprint, dims, k, document count, index parameters, per-file bytes + sha256
+    dense.faiss          the faiss index (absent when the representation has no dense part)
+    sparse_indptr.npy    CSR row pointers (int64, num_documents + 1)
+    sparse_indices.npy   vocabulary ids (int32, num_documents * doc_top_k)
+    sparse_data.npy      weights (float32, num_documents * doc_top_k)
+    ids.json             document ids, in index order
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import scipy.sparse as sp
+import torch
+from retromae.modeling.st_dupmae import is_dupmae_pooling
+
+from ..inputs.errors import UserError, one_line_message
+from ..inputs.outputs import atomic_folder, check_destination, clean_stale_siblings
+
+logger = logging.getLogger(__name__)
+
+
+FORMAT = "retromae-hybrid-index"
+
+
+FORMAT_VERSION = 1
+
+
+MANIFEST = "manifest.json"
+
+
+MANIFEST_KEYS = ("model_fingerprint", "dense_dim", "vocab_size", "doc_top_k", "num_documents", "index_type",
+                 "index_params", "files")
+
+
+DENSE_FILE = "dense.faiss"
+
+
+SPARSE_FILES = ("sparse_indptr.npy", "sparse_indices.npy", "sparse_data.npy")
+
+
+IDS_FILE = "ids.json"
+
+
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+
+
+SCORE_BLOCK = 1 << 23  # query x document scores per block (32 MiB of float32)
+
+
+QUERY_SIDE_SETTINGS = ("query_top_k", "chunk_size")  # pooling settings that leave the documents unchanged
+
+
+def _pooling(model: Any):
+    for module in model.modules():
+        if is_dupmae_pooling(module):
+            return module
+    raise UserError(
+        f"{type(model).__name__} has no DupMAEPooling module: export the encoder with "
+        "retromae.trainers.export.sentence_transformer.build_dupmae_sentence_transformer"
+    )
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A content hash of a DupMAE SentenceTransformer: the pooling module's config and every weight of the model
+    (names, dtypes, shapes, bytes). Equal models -- also when one was saved and reloaded, or loaded as remote code --
+    give equal fingerprints; any changed weight or document-side setting gives a different one. `query_top_k` and
+    `chunk_size` are left out: they do not change the stored documents. Cost: one pass over the weights (~0.5 s for
+    BERT-base)."""
+    digest = hashlib.blake2b(digest_size=16)
+    config = {k: v for k, v in _pooling(model).get_config_dict().items() if k not in QUERY_SIDE_SETTINGS}
+    for key in ("head_dense_bias", "head_norm_bias"):  # added for ModernBERT heads: at their default (True), a
+        if config.get(key, True) is True:  # model hashes as before the keys existed (indexes built then still open)
+            config.pop(key, None)
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def _as_numpy(x: Any, dtype=np.float32) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        x = (x.float() if x.is_floating_point() else x).numpy()
+    return np.ascontiguousarray(np.asarray(x), dtype=dtype)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class HybridIndex:
+    """Dense (faiss) + sparse (CSR, documents x vocabulary) index scoring with DupMAE's eq. 12.
+
+    Args:
+        dense_dim: d' of the dense part; None when the representation has none (``representation="ot"``).
+        vocab_size: |V|, the width of the sparse part.
+        doc_top_k: k, OT entries stored per document (1..vocab_size); None when the representation has no sparse
+            part (``representation="cls"``).
+        index_type: ``"flat"`` (exact), ``"hnsw"`` or ``"ivf"`` (approximate dense candidates, exact rescoring).
+        model_fingerprint: `model_fingerprint(model)` of the encoding model; queries from another model are refused.
+        hnsw_m / hnsw_ef_construction / hnsw_ef_search: HNSW graph degree and beam widths.
+        ivf_nlist / ivf_nprobe: IVF lists (default ~4 sqrt(N), trained at the first search or save) and lists probed.
+        candidates: dense and sparse candidates per query for the approximate types (default 10 x top_n, >= 100).
+    """
+
+    def __init__(
+        self,
+        dense_dim: int | None,
+        vocab_size: int,
+        doc_top_k: int | None,
+        *,
+        index_type: str = "flat",
+        model_fingerprint: str | None = None,
+        hnsw_m: int = 32,
+        hnsw_ef_construction: int = 80,
+        hnsw_ef_search: int = 128,
+        ivf_nlist: int | None = None,
+        ivf_nprobe: int = 16,
+        candidates: int | None = None,
+    ):
+        if index_type not in INDEX_TYPES:
+            raise UserError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
+        if vocab_size < 1:
+            raise UserError(f"vocab_size={vocab_size} must be >= 1")
+        if dense_dim is None and doc_top_k is None:
+            raise UserError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
+        if dense_dim is not None and dense_dim < 1:
+            raise UserError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
+        if doc_top_k is not None and not 1 <= doc_top_k <= vocab_size:
+            raise UserError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
+        if candidates is not None and candidates < 1:
+            raise UserError(f"candidates={candidates} must be >= 1")
+        self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
+        self.index_type, self.model_fingerprint = index_type, model_fingerprint
+        self.params = {
+            "hnsw_m": hnsw_m,
+            "hnsw_ef_construction": hnsw_ef_construction,
+            "hnsw_ef_search": hnsw_ef_search,
+            "ivf_nlist": ivf_nlist,
+            "ivf_nprobe": ivf_nprobe,
+            "candidates": candidates,
+        }
+        self.ids: list[str] = []
+        self._dense: faiss.Index | None = None
+        self._pending_dense: list[np.ndarray] = []  # IVF: vectors waiting for training
+        self._sparse: sp.csr_matrix | None = None
+        self._pending_sparse: list[tuple[np.ndarray, np.ndarray]] = []
+        if dense_dim is not None and index_type != "ivf":
+            self._dense = self._new_dense_index()
+
+    # ---- construction ----------------------------------------------------------------------------------------------
+
+    def _new_dense_index(self, num_train: int = 0) -> faiss.Index:
+        d = self.dense_dim
+        if self.index_type == "flat":
+            return faiss.IndexFlatIP(d)
+        if self.index_type == "hnsw":
+            index = faiss.IndexHNSWFlat(d, self.params["hnsw_m"], faiss.METRIC_INNER_PRODUCT)  # default metric is L2
+            index.hnsw.efConstruction = self.params["hnsw_ef_construction"]
+            index.hnsw.efSearch = self.params["hnsw_ef_search"]
+            return index
+        nlist = self.params["ivf_nlist"] or max(1, min(int(4 * num_train**0.5), num_train // 39))
+        self.params["ivf_nlist"] = nlist
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.nprobe = min(self.params["ivf_nprobe"], nlist)
+        return index
+
+    def add(
+        self,
+        ids: Sequence[str],
+        dense: Any = None,
+        sparse_indices: Any = None,
+        sparse_values: Any = None,
+    ) -> None:
+        """Add documents.
+
+        Args:
+            ids: one id per document (unique over the index).
+            dense: `(n, dense_dim)` dense parts.
+            sparse_indices: `(n, doc_top_k)` vocabulary ids of each document's top-k OT entries.
+            sparse_values: `(n, doc_top_k)` their weights mu_d[i].
+        """
+        n = len(ids)
+        if self.dense_dim is not None:
+            dense = _as_numpy(dense)
+            if dense.shape != (n, self.dense_dim):
+                raise UserError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
+        if self.doc_top_k is not None:
+            idx, val = _as_numpy(sparse_indices, np.int64), _as_numpy(sparse_values)
+            if idx.shape != (n, self.doc_top_k) or val.shape != (n, self.doc_top_k):
+                raise UserError(
+                    f"sparse_indices {idx.shape} / sparse_values {val.shape}, expected ({n}, {self.doc_top_k}) each"
+                )
+            if n and (idx.min() < 0 or idx.max() >= self.vocab_size):
+                raise UserError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
+        new_ids = [str(i) for i in ids]
+        if len(set(new_ids)) != n or set(new_ids) & set(self.ids):
+            raise UserError("document ids must be unique")
+        if n == 0:
+            return
+        if self.dense_dim is not None:
+            if self._dense is None:
+                self._pending_dense.append(dense)
+            else:
+                self._dense.add(dense)
+        if self.doc_top_k is not None:
+            order = np.argsort(idx, axis=1)  # CSR rows with sorted column ids
+            self._pending_sparse.append(
+                (np.take_along_axis(idx, order, 1).astype(np.int32), np.take_along_axis(val, order, 1))
+            )
+        self.ids.extend(new_ids)
+
+    def _finalize(self) -> None:
+        """Train/fill a pending IVF index and merge pending sparse rows into the CSR matrix."""
+        if self._pending_dense:
+            vectors = np.concatenate(self._pending_dense)
+            self._pending_dense = []
+            self._dense = self._new_dense_index(num_train=len(vectors))
+            self._dense.train(vectors)
+            self._dense.make_direct_map()  # reconstruct() for exact rescoring; kept up to date by add()
+            self._dense.add(vectors)
+        if self._pending_sparse:
+            k = self.doc_top_k
+            indices = np.concatenate([i.reshape(-1) for i, _ in self._pending_sparse])  # (rows * k,)
+            data = np.concatenate([v.reshape(-1) for _, v in self._pending_sparse])
+            self._pending_sparse = []
+            rows = len(indices) // k
+            block = sp.csr_matrix(
+                (data, indices, np.arange(0, rows * k + 1, k, dtype=np.int64)), shape=(rows, self.vocab_size)
+            )
+            self._sparse = block if self._sparse is None else sp.vstack([self._sparse, block], format="csr")
+        if self._sparse is None and self.doc_top_k is not None:
+            self._sparse = sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
+
+    @classmethod
+    def build(
+        cls,
+        model: Any,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        batch_size: int = 32,
+        *,
+        index_type: str = "flat",
+        encode_chunk: int = 256,
+        show_progress_bar: bool = False,
+        **index_kwargs: Any,
+    ) -> HybridIndex:
+        """Encode `texts` as documents with a DupMAE SentenceTransformer and index them.
+
+        Args:
+            model: a SentenceTransformer whose last module is `DupMAEPooling`
+                (`retromae.trainers.export.dupmae.load_dupmae_sentence_transformer`).
+            texts: the documents.
+            ids: their ids (default "0", "1", ...).
+            batch_size: encoding batch size.
+            index_type / **index_kwargs: see the class.
+            encode_chunk: texts per `encode_document` call (bounds the memory of the per-text outputs).
+        """
+        ids = [str(i) for i in range(len(texts))] if ids is None else [str(i) for i in ids]
+        if len(ids) != len(texts):
+            raise UserError(f"{len(texts)} texts but {len(ids)} ids")
+        pooling = _pooling(model)
+        index = cls(
+            dense_dim=pooling.get_config_dict()["dense_dim"] if pooling.has_dense else None,
+            vocab_size=pooling.vocab_size,
+            doc_top_k=pooling.doc_top_k if pooling.has_sparse else None,
+            index_type=index_type,
+            model_fingerprint=model_fingerprint(model),
+            **index_kwargs,
+        )
+        for start in range(0, len(texts), encode_chunk):
+            chunk = list(texts[start : start + encode_chunk])
+            outputs = model.encode_document(
+                chunk, batch_size=batch_size, output_value=None, show_progress_bar=show_progress_bar
+            )
+            index.add(ids[start : start + len(chunk)], **_document_parts(outputs, pooling))
+            logger.info("indexed %d / %d documents", start + len(chunk), len(texts))
+        index._finalize()
+        return index
+
+    # ---- search ----------------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def search(
+        self,
+        query_dense: Any = None,
+        query_sparse: Any = None,
+        top_n: int = 10,
+        *,
+        model_fingerprint: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-n documents per query by eq. 12.
+
+        Args:
+            query_dense: `(num_queries, dense_dim)` dense parts.
+            query_sparse: `(num_queries, vocab_size)` OT vectors, dense (numpy / torch) or scipy sparse.
+            top_n: results per query (capped at the number of documents).
+            model_fingerprint: if given, must equal the index's (else `UserError`).
+
+        Returns:
+            `(scores, positions)`, each `(num_queries, min(top_n, num_documents))`, best first; `positions` index
+            `self.ids`.
+        """
+        self.check_fingerprint(model_fingerprint)
+        if top_n < 1:
+            raise UserError(f"top_n={top_n} must be >= 1")
+        self._finalize()
+        q_dense, q_sparse, num_queries = self._check_queries(query_dense, query_sparse)
+        n = min(top_n, len(self))
+        if num_queries == 0 or n == 0:
+            return np.zeros((num_queries, n), np.float32), np.zeros((num_queries, n), np.int64)
+        if self.index_type == "flat" or self._dense is None:
+            return self._search_exact(q_dense, q_sparse, n)
+        return self._search_candidates(q_dense, q_sparse, n)
+
+    def search_texts(
+        self, model: Any, queries: Sequence[str], top_n: int = 10, batch_size: int = 32, verify_model: bool = True
+    ) -> list[list[tuple[str, float]]]:
+        """Encode `queries` with `model` (`encode_query`: full mu, or `query_top_k`) and search.
+
+        `verify_model=False` skips the fingerprint check (one pass over the model's weights per call).
+
+        Returns:
+            Per query, `top_n` `(document id, score)` pairs, best first.
+
+        Raises:
+            ValueError: an empty query; `UserError` when `model` is not the model that built the index.
+        """
+        if isinstance(queries, str):
+            raise TypeError("queries must be a list of strings, not a string")
+        for i, query in enumerate(queries):
+            if not isinstance(query, str) or not query.strip():
+                raise UserError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
+        if verify_model:
+            self.check_fingerprint(model_fingerprint(model))
+        if not queries:
+            return []
+        pooling = _pooling(model)
+        outputs = model.encode_query(list(queries), batch_size=batch_size, output_value=None)
+        dense = np.stack([_as_numpy(o["dense_embedding"]) for o in outputs]) if pooling.has_dense else None
+        sparse = _queries_sparse(outputs, pooling) if pooling.has_sparse else None
+        scores, positions = self.search(dense, sparse, top_n)
+        return [
+            [(self.ids[p], float(s)) for s, p in zip(row_s, row_p, strict=True)]
+            for row_s, row_p in zip(scores, positions, strict=True)
+        ]
+
+    def check_fingerprint(self, fingerprint: str | None) -> None:
+        """Refuse queries encoded by another model than the index's (None = not checked)."""
+        if fingerprint is not None and self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
+            raise UserError(
+                f"this index was built with model {self.model_fingerprint} but the queries come from model "
+                f"{fingerprint}; scores across models are meaningless -- rebuild the index with this model"
+            )
+
+    def _check_queries(self, query_dense: Any, query_sparse: Any) -> tuple[np.ndarray | None, Any, int]:
+        num = None
+        q_dense = q_sparse = None
+        if self.dense_dim is not None:
+            if query_dense is None:
+                raise UserError("this index has a dense part: pass query_dense")
+            q_dense = _as_numpy(query_dense)
+            if q_dense.ndim != 2 or q_dense.shape[1] != self.dense_dim:
+                raise UserError(
+                    f"query_dense has shape {q_dense.shape}, expected (num_queries, {self.dense_dim})"
+                )
+            num = q_dense.shape[0]
+        if self.doc_top_k is not None:
+            if query_sparse is None:
+                raise UserError("this index has a sparse part: pass query_sparse")
+            q_sparse = (
+                sp.csr_matrix(query_sparse, dtype=np.float32) if sp.issparse(query_sparse) else _as_numpy(query_sparse)
+            )
+            if q_sparse.ndim != 2 or q_sparse.shape[1] != self.vocab_size:
+                raise UserError(
+                    f"query_sparse has shape {q_sparse.shape}, expected (num_queries, {self.vocab_size})"
+                )
+            if num is not None and q_sparse.shape[0] != num:
+                raise UserError(f"{num} dense but {q_sparse.shape[0]} sparse queries")
+            num = q_sparse.shape[0]
+        return q_dense, q_sparse, num
+
+    def _dense_matrix(self) -> np.ndarray:
+        """The flat index's vectors as a zero-copy `(N, dense_dim)` view."""
+        n, d = self._dense.ntotal, self.dense_dim
+        return faiss.rev_swig_ptr(self._dense.get_xb(), n * d).reshape(n, d)
+
+    def _sparse_scores(self, q_sparse: Any, rows: slice | np.ndarray) -> np.ndarray:
+        """`(num_queries, len(rows))` sum_i mu_q[i] mu_d[i] over each document's stored entries."""
+        docs = self._sparse[rows]  # (n_docs, V) CSR
+        scores = docs @ q_sparse.T  # (n_docs, Q)
+        return np.asarray(scores.toarray() if sp.issparse(scores) else scores, dtype=np.float32).T
+
+    def _search_exact(self, q_dense, q_sparse, n: int) -> tuple[np.ndarray, np.ndarray]:
+        num_queries, num_docs = (q_dense if q_dense is not None else q_sparse).shape[0], len(self)
+        xb = self._dense_matrix() if q_dense is not None else None
+        block = max(n, SCORE_BLOCK // num_queries)
+        best_scores = np.full((num_queries, 0), -np.inf, np.float32)
+        best_pos = np.zeros((num_queries, 0), np.int64)
+        for start in range(0, num_docs, block):
+            stop = min(start + block, num_docs)
+            scores = np.zeros((num_queries, stop - start), np.float32)
+            if q_dense is not None:
+                scores += q_dense @ xb[start:stop].T
+            if q_sparse is not None:
+                scores += self._sparse_scores(q_sparse, slice(start, stop))
+            scores = np.concatenate([best_scores, scores], axis=1)
+            positions = np.concatenate(
+                [best_pos, np.broadcast_to(np.arange(start, stop), (num_queries, stop - start))], 1
+            )
+            keep = _top_columns(scores, n)
+            best_scores = np.take_along_axis(scores, keep, 1)
+            best_pos = np.take_along_axis(positions, keep, 1)
+        return best_scores, best_pos
+
+    def _search_candidates(self, q_dense, q_sparse, n: int) -> tuple[np.ndarray, np.ndarray]:
+        num_queries, num_docs = q_dense.shape[0], len(self)
+        c = min(num_docs, self.params["candidates"] or max(10 * n, 100))
+        _, dense_candidates = self._dense.search(q_dense, c)  # (Q, c), -1 where fewer
+        sparse_candidates = np.zeros((num_queries, 0), np.int64)
+        if q_sparse is not None:  # exact sparse top-c, in blocks of documents
+            block = max(c, SCORE_BLOCK // num_queries)
+            best = np.full((num_queries, 0), -np.inf, np.float32)
+            for start in range(0, num_docs, block):
+                stop = min(start + block, num_docs)
+                scores = np.concatenate([best, self._sparse_scores(q_sparse, slice(start, stop))], axis=1)
+                positions = np.concatenate(
+                    [sparse_candidates, np.broadcast_to(np.arange(start, stop), (num_queries, stop - start))], 1
+                )
+                keep = _top_columns(scores, c)
+                best, sparse_candidates = np.take_along_axis(scores, keep, 1), np.take_along_axis(positions, keep, 1)
+        out_scores = np.full((num_queries, n), -np.inf, np.float32)
+        out_pos = np.zeros((num_queries, n), np.int64)
+        for q in range(num_queries):
+            cand = np.unique(np.concatenate([dense_candidates[q][dense_candidates[q] >= 0], sparse_candidates[q]]))
+            scores = self._dense.reconstruct_batch(cand) @ q_dense[q]
+            if q_sparse is not None:
+                scores = scores + self._sparse_scores(q_sparse[q : q + 1], cand)[0]
+            keep = _top_columns(scores[None, :], min(n, len(cand)))[0]
+            out_scores[q, : len(keep)], out_pos[q, : len(keep)] = scores[keep], cand[keep]
+        return out_scores, out_pos
+
+    # ---- size ------------------------------------------------------------------------------------------------------
+
+    def memory_bytes_per_document(self) -> int:
+        """Bytes per document of the stored representation: dense_dim * 4 (float32) + doc_top_k * 8 (int32 id +
+        float32 weight) + 8 (the CSR row pointer) + the dense index's own overhead (HNSW: ~2 * hnsw_m * 4 bytes of
+        graph links on level 0; IVF: an 8-byte id). Document id strings are not counted."""
+        total = 0
+        if self.dense_dim is not None:
+            total += self.dense_dim * 4
+            total += {"flat": 0, "hnsw": 2 * self.params["hnsw_m"] * 4, "ivf": 8}[self.index_type]
+        if self.doc_top_k is not None:
+            total += self.doc_top_k * 8 + 8
+        return total
+
+    # ---- persistence -----------------------------------------------------------------------------------------------
+
+    def save(self, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write the index to `folder` atomically: a temporary sibling folder is filled, then renamed into place
+        (a previous index there is removed only after the new one is complete)."""
+        folder = Path(folder)
+        check_index_destination(folder, overwrite)  # before the work, not after it
+        self._finalize()
+        with atomic_folder(folder, overwrite=overwrite) as tmp:
+            files = []
+            if self._dense is not None:
+                faiss.write_index(self._dense, str(tmp / DENSE_FILE))
+                files.append(DENSE_FILE)
+            if self._sparse is not None:
+                csr = self._sparse
+                for name, array in zip(
+                    SPARSE_FILES,
+                    (csr.indptr.astype(np.int64), csr.indices.astype(np.int32), csr.data.astype(np.float32)),
+                    strict=True,
+                ):
+                    np.save(tmp / name, array, allow_pickle=False)
+                files.extend(SPARSE_FILES)
+            (tmp / IDS_FILE).write_text(json.dumps(self.ids), encoding="utf-8")
+            files.append(IDS_FILE)
+            manifest = {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "model_fingerprint": self.model_fingerprint,
+                "dense_dim": self.dense_dim,
+                "vocab_size": self.vocab_size,
+                "doc_top_k": self.doc_top_k,
+                "num_documents": len(self),
+                "index_type": self.index_type,
+                "index_params": self.params,
+                "memory_bytes_per_document": self.memory_bytes_per_document(),
+                "files": {
+                    name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files
+                },
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, verify_checksums: bool = True) -> HybridIndex:
+        """Load an index written by `save`.
+
+        Raises:
+            FileNotFoundError: the folder, its manifest or one of its files is missing (the message names it).
+            UserError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
+        """
+        folder = Path(folder)
+        clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
+        manifest_path = folder / MANIFEST
+        if not manifest_path.is_file():
+            raise FileNotFoundError(
+                f"{manifest_path} is missing: {folder} is not a hybrid index folder (see HybridIndex.save)"
+            )
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise UserError(
+                f"{manifest_path} is not valid JSON ({error}); the index folder is corrupted"
+            ) from error
+        if not isinstance(manifest, dict):
+            raise UserError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
+        if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+            raise UserError(
+                f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
+                f"expected {FORMAT!r} v{FORMAT_VERSION}"
+            )
+        missing = [key for key in MANIFEST_KEYS if key not in manifest]
+        files = manifest.get("files")
+        if missing or not isinstance(files, dict) or not all(
+                isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
+            raise UserError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
+                            "the index folder is corrupted: rebuild it")
+        for name, meta in files.items():
+            path = folder / name
+            if not path.is_file():
+                raise FileNotFoundError(f"index file {name} is missing from {folder}; rebuild or re-copy the index")
+            size = path.stat().st_size
+            if size != meta["bytes"]:
+                raise UserError(
+                    f"index file {name} in {folder} has {size} bytes, the manifest says {meta['bytes']}: "
+                    "truncated or replaced; rebuild or re-copy the index"
+                )
+            if verify_checksums and _sha256(path) != meta["sha256"]:
+                raise UserError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
+        params = manifest["index_params"]
+        try:
+            index = cls(
+                manifest["dense_dim"],
+                manifest["vocab_size"],
+                manifest["doc_top_k"],
+                index_type=manifest["index_type"],
+                model_fingerprint=manifest["model_fingerprint"],
+                **params,
+            )
+        except (TypeError, ValueError) as error:  # a field of another type, an unknown parameter
+            raise UserError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
+                            "rebuild it") from None
+        index.ids = json.loads((folder / IDS_FILE).read_text(encoding="utf-8"))
+        if DENSE_FILE in manifest["files"]:
+            index._dense = faiss.read_index(str(folder / DENSE_FILE))
+            if index.index_type == "hnsw":
+                index._dense.hnsw.efSearch = params["hnsw_ef_search"]
+            if index.index_type == "ivf":
+                index._dense.nprobe = min(params["ivf_nprobe"], params["ivf_nlist"])
+                index._dense.make_direct_map()
+        if SPARSE_FILES[0] in manifest["files"]:
+            indptr, indices, data = (np.load(folder / name, allow_pickle=False) for name in SPARSE_FILES)
+            index._sparse = sp.csr_matrix((data, indices, indptr), shape=(len(indptr) - 1, index.vocab_size))
+        num = manifest["num_documents"]
+        sizes = {
+            "ids": len(index.ids),
+            "dense": index._dense.ntotal if index._dense is not None else num,
+            "sparse": index._sparse.shape[0] if index._sparse is not None else num,
+        }
+        if any(v != num for v in sizes.values()):
+            raise UserError(f"{folder}: manifest says {num} documents, the files hold {sizes}")
+        return index
+
+
+def check_index_destination(folder: Path, overwrite: bool,
+                            inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
+    """`check_destination`, where `overwrite` replaces an index only: a non-empty folder without a manifest holds
+    the user's files, and is refused either way."""
+    clean_stale_siblings(folder)  # a rebuild killed mid-swap: its previous index comes back before it is judged
+    user_files = folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file()
+    check_destination(folder, overwrite or user_files, inputs)  # user files: refused below, whatever the flag says
+    if user_files:
+        raise UserError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
+                        "empty folder (--overwrite replaces an index only)")
+
+
+def _top_columns(scores: np.ndarray, n: int) -> np.ndarray:
+    """Column indices of the `n` largest entries of each row of `scores` `(Q, m)`, best first."""
+    if scores.shape[1] > n:
+        part = np.argpartition(-scores, n - 1, axis=1)[:, :n]
+    else:
+        part = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    order = np.argsort(-np.take_along_axis(scores, part, 1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, 1)
+
+
+def _document_parts(outputs: list[dict[str, Any]], pooling: Any) -> dict[str, np.ndarray]:
+    parts: dict[str, np.ndarray] = {}
+    if pooling.has_dense:
+        parts["dense"] = np.stack([_as_numpy(o["dense_embedding"]) for o in outputs])
+    if pooling.has_sparse:
+        if "sparse_indices" in outputs[0]:
+            parts["sparse_indices"] = np.stack([_as_numpy(o["sparse_indices"], np.int64) for o in outputs])
+            parts["sparse_values"] = np.stack([_as_numpy(o["sparse_values"]) for o in outputs])
+        else:  # doc_top_k == vocab_size: every entry is kept
+            mu = np.stack([_as_numpy(o["sparse_embedding"]) for o in outputs])
+            parts["sparse_indices"] = np.broadcast_to(np.arange(mu.shape[1]), mu.shape)
+            parts["sparse_values"] = mu
+    return parts
+
+
+def _queries_sparse(outputs: list[dict[str, Any]], pooling: Any) -> Any:
+    """The queries' OT parts: a dense `(Q, V)` array for the full mu, CSR when `query_top_k` sparsified them."""
+    if "sparse_indices" in outputs[0]:
+        indices = np.stack([_as_numpy(o["sparse_indices"], np.int64) for o in outputs])
+        values = np.stack([_as_numpy(o["sparse_values"]) for o in outputs])
+        num, k = indices.shape
+        return sp.csr_matrix(
+            (values.reshape(-1), indices.reshape(-1), np.arange(0, num * k + 1, k)), shape=(num, pooling.vocab_size)
+        )
+    return np.stack([_as_numpy(o["sparse_embedding"]) for o in outputs])
+
+
+__all__ = ['HybridIndex', 'model_fingerprint']

@@ -1,0 +1,452 @@
+"""`retromae evaluate`: MTEB retrieval evaluation of a sentence-transformers folder, on local BEIR folders and on
+MTEB's registered tasks.
+
+The scoring is mteb's own (`mteb.evaluate`): a local BEIR folder becomes an `AbsTaskRetrieval` subclass whose
+`load_data` fills mteb's `RetrievalSplitData` from our reader (`make_local_task`), so a number printed here is the
+number mteb computes for the same model and data (tests/test_evaluate.py pins that equality on SciFact dev with
+all-MiniLM-L6-v2, and checks mteb's NDCG@10 against an independent computation). The model is scored with its own
+pooling and similarity (modules.json; `similarity_fn_name`), queries through `encode_query` and documents through
+`encode_document` (mteb 2.26 picks these for sentence-transformers >= 5).
+
+Search: exact by default (mteb's brute-force search over the whole corpus, in chunks). ``--search faiss`` indexes
+the corpus in mteb's `FaissSearchIndex` (flat inner-product index; cosine models are normalised) for large corpora of
+dense models; it returns the same ranking up to float ties. The DupMAE hybrid model (dense + |V|-wide sparse part)
+is searched exactly, with the corpus encoded in chunks sized to bound memory (~512 MiB per chunk); a |V|-wide faiss
+index would be impractical (a flat index of |V|-wide vectors holds the whole corpus densely).
+
+Outputs under ``--output-dir``::
+
+    mteb/results/<model>/<revision>/<Task>.json   mteb's result JSON (mteb.ResultCache layout)
+    summary.json, summary.md                      NDCG@10 (main), MRR@10, Recall@100, Recall@1000 per task and split;
+                                                  summary.json names the model (a folder holding another model's
+                                                  summary is refused without --overwrite)
+
+``--update-card`` adds the results to the model folder's card (folders written by `retromae finetune`).
+Registered tasks (``--tasks SciFact,NFCorpus``) download their data from the Hub; offline that fails with a clear
+error: evaluate a local BEIR copy with ``--beir-folder`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer
+
+from ..export.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
+from ..export.sentence_transformer import load_as_sentence_transformer
+from ..inputs.errors import UserError
+from ..inputs.folders import check_model_folder, is_local_path, model_location
+from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
+from ..inputs.outputs import check_folder_option
+from ..methods import METHODS, hybrid_method_of
+from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
+
+logger = logging.getLogger(__name__)
+
+
+HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
+
+
+SUMMARY_JSON = "summary.json"
+
+
+SUMMARY_MD = "summary.md"
+
+
+def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label: str | None = None,
+                    task_name: str | None = None):
+    """An mteb retrieval task (an `AbsTaskRetrieval` instance) over one split of local BEIR data.
+
+    Args:
+        data: corpus, queries and qrels (`retromae.trainers.retrieval.beir.read_beir`).
+        dataset_id: what the task's metadata (and the model card) calls the dataset; default `local/<label>`.
+        label: what the summary calls the folder; default its name.
+        task_name: mteb's task name (and result file name), unique within one evaluation; default
+            `LocalBEIR-<name>`.
+    """
+    from mteb.abstasks.retrieval import AbsTaskRetrieval
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    label = label or data.name
+    metadata = TaskMetadata(
+        name=task_name or f"LocalBEIR-{data.name}",
+        description=f"Local BEIR folder {label} ({data.split} split), read by retromae",
+        reference=None,
+        dataset={"path": dataset_id or f"local/{label}", "revision": "local"},
+        type="Retrieval",
+        category="t2t",
+        modalities=["text"],
+        eval_splits=[data.split],
+        eval_langs=["eng-Latn"],
+        main_score="ndcg_at_10",
+        date=None,
+        domains=None,
+        task_subtypes=None,
+        license=None,
+        annotations_creators=None,
+        dialect=None,
+        sample_creation=None,
+        bibtex_citation=None,
+    )
+
+    def load_data(self, num_proc=None, **kwargs):
+        if self.data_loaded:
+            return
+        corpus = Dataset.from_dict({
+            "id": list(data.corpus),
+            "title": [doc.get("title", "") for doc in data.corpus.values()],
+            "text": [doc["text"] for doc in data.corpus.values()],
+        })
+        queries = Dataset.from_dict({"id": list(data.queries), "text": list(data.queries.values())})
+        self.dataset = {"default": {data.split: RetrievalSplitData(
+            corpus=corpus, queries=queries, relevant_docs=data.qrels, top_ranked=None
+        )}}
+        self.data_loaded = True
+
+    task_class = type("LocalBEIRRetrieval", (AbsTaskRetrieval,), {"metadata": metadata, "load_data": load_data})
+    task = task_class()
+    task.retromae_queries = len(data.queries)
+    task.retromae_label = label
+    return task
+
+
+def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
+    """`(label, task name)` per BEIR folder: its name and `LocalBEIR-<name>`; where folders share a name, the last
+    path parts that tell them apart (`other/beir`) and `LocalBEIR-<name>-<hash of the path>`, since mteb writes
+    `<task name>.json` and results are matched to tasks by name. The same folder twice is refused."""
+    paths = [Path(folder).expanduser().resolve() for folder in folders]
+    parts = {path: path.relative_to(path.anchor).parts for path in paths}
+    for folder, path in zip(folders, paths, strict=True):
+        if paths.count(path) > 1:
+            raise UserError(f"--beir-folder names {folder} twice ({path}); give each folder once")
+    names = []
+    for path in paths:
+        twins = [p for p in paths if p.name == path.name]
+        if len(twins) == 1:
+            names.append((path.name, f"LocalBEIR-{path.name}"))
+            continue
+        depth = next(n for n in range(2, max(len(parts[p]) for p in twins) + 1)
+                     if len({parts[p][-n:] for p in twins}) == len(twins))
+        digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:8]
+        names.append(("/".join(parts[path][-depth:]), f"LocalBEIR-{path.name}-{digest}"))
+    return names
+
+
+def registered_tasks(names: list[str]):
+    """mteb's registered retrieval tasks by name; their data is loaded (downloaded) here so that failures are clear."""
+    import mteb
+
+    tasks = []
+    for name in names:
+        try:
+            (task,) = mteb.get_tasks(tasks=[name])
+        except (KeyError, ValueError) as error:
+            raise UserError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
+        if task.metadata.type not in {"Retrieval", "Reranking", "InstructionRetrieval"}:
+            raise UserError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
+        try:
+            task.load_data()
+        except Exception as error:  # OfflineModeIsEnabled / ConnectionError / datasets errors
+            raise UserError(
+                f"cannot load the data of MTEB task {name} ({task.metadata.dataset['path']}): {error}. Registered "
+                "tasks download their data from the Hugging Face Hub (HF_HUB_OFFLINE=1 or no network blocks that); "
+                "evaluate a local copy in BEIR layout with --beir-folder instead"
+            ) from None
+        tasks.append(task)
+    return tasks
+
+
+def _mteb_model(model: SentenceTransformer, search: str):
+    hybrid = hybrid_method_of(model) is not None
+    if search == "exact" and not hybrid:
+        return model  # exactly what `mteb.evaluate(model, ...)` wraps itself
+    from mteb.models import SentenceTransformerEncoderWrapper
+    from mteb.models.search_wrappers import SearchEncoderWrapper
+
+    encoder = SentenceTransformerEncoderWrapper(model)
+    if search == "faiss":
+        if hybrid:
+            raise UserError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
+        from mteb.models.search_encoder_index.search_indexes.faiss_search_index import FaissSearchIndex
+
+        return SearchEncoderWrapper(encoder, index_backend=FaissSearchIndex(encoder))
+    chunk = max(256, HYBRID_CHUNK_BYTES // (4 * model.get_embedding_dimension()))
+    return SearchEncoderWrapper(encoder, corpus_chunk_size=chunk)
+
+
+@contextlib.contextmanager
+def _quiet_mteb(show_progress_bar: bool) -> Iterator[None]:
+    """Silences what mteb prints that tells our users nothing: its calls of sentence-transformers' renamed
+    `get_sentence_embedding_dimension` (a FutureWarning each), and its `datasets.map` progress bars unless progress
+    is asked for."""
+    bars_were_on = datasets.is_progress_bar_enabled()
+    if not show_progress_bar:
+        datasets.disable_progress_bars()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*get_sentence_embedding_dimension", category=FutureWarning)
+            yield
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+def evaluate_model(
+    model: SentenceTransformer,
+    tasks: list,
+    output_dir: str | os.PathLike,
+    *,
+    model_name: str,
+    batch_size: int = 64,
+    search: Literal["exact", "faiss"] = "exact",
+    show_progress_bar: bool = False,
+) -> list[dict[str, Any]]:
+    """Run mteb on `tasks`, write its result JSON under `output_dir/mteb` and return one summary row per task/split.
+
+    Returns:
+        Rows `{"task", "dataset_id", "dataset_name", "split", "queries", "ndcg_at_10", "mrr_at_10",
+        "recall_at_100", "recall_at_1000", "main_score"}`.
+    """
+    import mteb
+
+    if search not in {"exact", "faiss"}:
+        raise UserError(f"search={search!r} must be 'exact' or 'faiss'")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.model_card_data.model_name = model_name  # mteb's result folder name (else "no_model_name_available")
+    with _quiet_mteb(show_progress_bar):
+        result = mteb.evaluate(
+            _mteb_model(model, search),
+            tasks,
+            cache=mteb.ResultCache(output_dir / "mteb"),
+            encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
+            show_progress_bar=show_progress_bar,
+            overwrite_strategy="always",
+        )
+    by_name = {task.metadata.name: task for task in tasks}
+    rows = []
+    for task_result in result.task_results:
+        task = by_name[task_result.task_name]
+        for split, entries in task_result.scores.items():
+            for entry in entries:
+                rows.append({
+                    "task": task_result.task_name,
+                    "dataset_id": task.metadata.dataset["path"],
+                    "dataset_name": _dataset_name(task),
+                    "split": split,
+                    "subset": entry.get("hf_subset", "default"),
+                    "queries": _query_count(task, entry.get("hf_subset", "default"), split),
+                    **{key: entry.get(key) for key, _ in CARD_METRICS},
+                    "main_score": entry.get("main_score"),
+                })
+    return rows
+
+
+def _dataset_name(task) -> str:
+    label = getattr(task, "retromae_label", None)
+    return f"{label} (local BEIR)" if label else f"MTEB {task.metadata.name}"
+
+
+def _query_count(task, subset: str, split: str) -> int | None:
+    if hasattr(task, "retromae_queries"):
+        return task.retromae_queries
+    try:
+        return len(task.dataset[subset][split]["queries"])
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
+    header = "| Task | Split | Queries | " + " | ".join(label for _, label in CARD_METRICS) + " |"
+    lines = [f"# Retrieval results: {model_name}", "", header, "|---|---|---|" + "---|" * len(CARD_METRICS)]
+    for row in rows:
+        values = " | ".join("-" if row.get(k) is None else f"{row[k]:.5f}" for k, _ in CARD_METRICS)
+        lines.append(f"| {row['dataset_name']} | {row['split']} | {row.get('queries') or '-'} | {values} |")
+    lines += ["", "NDCG@10 is the main score. Computed by mteb (`retromae evaluate`)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str) -> None:
+    write_json_atomic(output_dir / SUMMARY_JSON,
+                      {"model": model_name, "model_path": model, "search": search, "results": rows})
+    write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
+
+
+def check_results_folder(output_dir: Path, model: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse, without `overwrite`, an output folder whose summary is another model's (every `retromae pretrain`
+    export is named `encoder`, so default folders of two runs coincide)."""
+    summary = output_dir / SUMMARY_JSON
+    if overwrite or not summary.is_file():
+        return
+    recorded = read_json_or_empty(summary).get("model_path")
+    if recorded != model_location(model):
+        whose = f"the results of {recorded}" if recorded else "results of another model"
+        raise UserError(f"{output_dir} holds {whose} ({SUMMARY_JSON}); choose another --output-dir for "
+                        f"{model}, or pass --overwrite to replace them")
+
+
+def check_card_folder(model_dir: str | os.PathLike) -> Path:
+    """The run record of a folder written by `retromae finetune` (whose card `--update-card` may rewrite); any other
+    folder or a Hub id is refused."""
+    info_file = Path(model_dir) / FINETUNE_RUN_INFO_FILE
+    if not info_file.is_file():
+        raise UserError(
+            f"--update-card needs a folder written by `retromae finetune` ({FINETUNE_RUN_INFO_FILE} not found in "
+            f"{Path(model_dir).name}); its README.md is left as it is"
+        )
+    return info_file
+
+
+def update_model_card(model_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """Merge `rows` into the folder's `retromae_finetune.json` (same dataset + split replaced) and re-render the
+    card. Only for folders written by `retromae finetune` (a foreign README is never overwritten)."""
+    model_dir = Path(model_dir)
+    info_file = check_card_folder(model_dir)
+    info = read_json_or_empty(info_file)
+    keep = [r for r in info.get("eval_results") or []
+            if (r["dataset_id"], r["split"]) not in {(n["dataset_id"], n["split"]) for n in rows}]
+    info["eval_results"] = keep + [
+        {k: row.get(k) for k in ("task", "dataset_id", "dataset_name", "split", "queries",
+                                 *(key for key, _ in CARD_METRICS))} for row in rows
+    ]
+    write_finetuned_card(model_dir, info, METHODS)
+    logger.info("model card of %s updated with %d result(s)", model_dir.name, len(rows))
+
+
+def evaluate_folder(
+    model: str | os.PathLike,
+    *,
+    beir_folders: list[str | os.PathLike] | None = None,
+    tasks: list[str] | None = None,
+    split: str = "test",
+    output_dir: str | os.PathLike,
+    batch_size: int = 64,
+    search: Literal["exact", "faiss"] = "exact",
+    pooling: str | None = None,
+    on_missing: str = "error",
+    dataset_ids: list[str] | None = None,
+    model_name: str | None = None,
+    update_card: bool = False,
+    show_progress_bar: bool = False,
+    overwrite: bool = False,
+) -> list[dict[str, Any]]:
+    """Load a model folder and evaluate it on local BEIR folders and/or registered MTEB tasks (see the module doc).
+
+    Returns:
+        The summary rows (also written to `output_dir/summary.{json,md}`).
+
+    Raises:
+        UserError: among others, `output_dir` holds another model's summary and `overwrite` is False.
+    """
+    beir_folders = list(beir_folders or [])
+    tasks = list(tasks or [])
+    if not beir_folders and not tasks:
+        raise UserError("nothing to evaluate on: pass --beir-folder DIR and/or --tasks NAME[,NAME]")
+    if dataset_ids and len(dataset_ids) != len(beir_folders):
+        raise UserError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
+    if on_missing not in ON_MISSING:
+        raise UserError(f"--on-missing must be one of {ON_MISSING}")
+    check_folder_option("--output-dir", output_dir)
+    check_results_folder(Path(output_dir), model, overwrite)
+    check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
+    if update_card:
+        check_card_folder(model)
+    mteb_tasks = []
+    for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, local_task_names(beir_folders), strict=True)):
+        try:
+            data = read_beir(folder, split=split, on_missing=on_missing)
+        except RetrievalDataError as error:
+            raise UserError(str(error)) from None
+        logger.info("evaluation data %s", data.summary())
+        mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None, label=label,
+                                          task_name=task_name))
+    mteb_tasks += registered_tasks(tasks)
+    output_dir = Path(output_dir)
+    name = model_name or mteb_model_name(model)
+    # a pre-training checkpoint is exported first, into a folder of its own that goes afterwards
+    with tempfile.TemporaryDirectory(prefix="retromae-evaluate-") as work_dir:
+        encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=work_dir)
+        rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size,
+                              search=search, show_progress_bar=show_progress_bar)
+    write_summary(rows, output_dir, name, search, model_location(model))
+    if update_card:
+        update_model_card(model, rows)
+    return rows
+
+
+EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar", "overwrite")
+
+
+def evaluate(
+    model: str | os.PathLike,
+    data: str | os.PathLike | list[str | os.PathLike],
+    output_dir: str | os.PathLike | None = None,
+    *,
+    split: str = "test",
+    batch_size: int = 64,
+    search: Literal["exact", "faiss"] = "exact",
+    update_card: bool = False,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Evaluate a model on retrieval data with mteb (`retromae evaluate`).
+
+    Args:
+        model: a sentence-transformers folder, a `retromae pretrain` checkpoint, a plain BERT folder or a Hub id.
+        data: one or more local BEIR folders (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) and/or names of MTEB's
+            registered retrieval tasks (e.g. "SciFact"; their data is downloaded). An existing folder, or anything that
+            looks like a path (`is_local_path`), is BEIR data; anything else a task name.
+        output_dir: where mteb's result JSON and summary.{json,md} go (default: eval-results/<model folder name>).
+        split: the qrels split of the BEIR folders.
+        batch_size: encoding batch size.
+        search: "exact" (brute force) or "faiss" (dense models on large corpora).
+        update_card: add the results to the model folder's card (folders written by `retromae finetune`).
+        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite` of
+            `evaluate_folder`; another name, or a batch size below 1, raises `UserError`.
+
+    Returns:
+        One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
+        `mrr_at_10`, `recall_at_100`, `recall_at_1000`, `main_score`.
+    """
+    unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
+    if unknown:
+        raise UserError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
+                        f"{', '.join(EVALUATE_OPTIONS)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
+    sources = [data] if isinstance(data, str | os.PathLike) else list(data)
+    is_folder = [Path(source).is_dir() or is_local_path(source) for source in sources]  # a missing one is named
+    beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]
+    tasks = [os.fspath(source) for source, folder in zip(sources, is_folder, strict=True) if not folder]
+    output_dir = output_dir or default_output_dir(model)
+    return evaluate_folder(model, beir_folders=beir_folders, tasks=tasks, split=split, output_dir=output_dir,
+                           batch_size=batch_size, search=search, update_card=update_card, **options)
+
+
+def default_output_dir(model: str | os.PathLike) -> Path:
+    """`eval-results/<model folder name>` (a Hub id's last part): two copies of one fine-tune (same --model-name)
+    get a folder each."""
+    return Path("eval-results") / model_location(model).split("/")[-1]
+
+
+def mteb_model_name(model: str | os.PathLike) -> str:
+    path = Path(model)
+    if path.exists():
+        name = read_json_or_empty(path / FINETUNE_RUN_INFO_FILE).get("model_name")
+        if name:
+            return name if "/" in name else f"local/{name}"
+        return f"local/{path.resolve().name}"
+    return str(model)
+
+
+__all__ = ['check_card_folder', 'check_results_folder', 'default_output_dir', 'evaluate', 'evaluate_folder', 'evaluate_model', 'local_task_names', 'make_local_task', 'summary_markdown', 'update_model_card']

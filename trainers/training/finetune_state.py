@@ -1,0 +1,189 @@
+"""A fine-tuning run's work folder: finished stages, their models, resuming."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sentence_transformers import SentenceTransformer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..export.cards import FINETUNE_RUN_INFO_FILE
+from ..export.sentence_transformer import load_as_sentence_transformer
+from ..inputs.errors import UserError
+from ..inputs.finetune_options import (
+    STAGES,
+    FinetuneDataArguments,
+    FinetuneLossArguments,
+    FinetuneModelArguments,
+    FinetuneTrainingArguments,
+)
+from ..inputs.folders import model_location
+from ..inputs.io import read_json_or_empty, write_json_atomic
+from ..inputs.outputs import atomic_folder
+from ..inputs.sentence_models import save_without_pooler
+from ..methods import hybrid_method_of
+from .run_folder import RESUME_LAST
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "finetune_state.json"  # in the work folder: the finished stages of a run, for resuming it
+
+
+STAGE_MODEL = "model"  # in a stage's folder: the model that stage finished with
+
+
+# options that decide nothing a stage trains: they may differ between a run and its resumption
+MAY_CHANGE_ON_RESUME = frozenset({
+    "overwrite", "resume_from_checkpoint", "logging_dir", "logging_steps", "logging_strategy", "disable_tqdm",
+    "report_to", "save_steps", "save_strategy", "save_total_limit", "local_rank", "dataloader_num_workers",
+    "eval_data", "eval_split", "model_name", "base_model_name", "mini_batch_size",
+})
+
+
+def finetune_run_settings(model_args, data_args, loss_args, training_args) -> dict[str, Any]:
+    """The settings that decide what the stages train (not `MAY_CHANGE_ON_RESUME`), JSON-safe; an existing local
+    path resolved, so that `./data` and `/abs/data` are one setting."""
+    values = {**dataclasses.asdict(model_args), **dataclasses.asdict(data_args), **dataclasses.asdict(loss_args),
+              **training_args.to_dict()}
+    kept = {name: value for name, value in values.items() if name not in MAY_CHANGE_ON_RESUME}
+    for name, value in kept.items():
+        if name in {"output_dir", "work_dir"} and value:  # may not exist yet
+            kept[name] = str(Path(value).expanduser().resolve())
+        elif isinstance(value, str) and value:
+            kept[name] = model_location(value)
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+
+
+def _settings_key(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
+                main_process: bool) -> tuple[dict[str, Any], bool]:
+    """The run's state (`{"settings_key": ..., "settings": ..., "stages": [...], "negatives": ...}`) and whether it
+    continues an earlier run: the work folder's when resuming a run with the same settings, else a fresh one, saved
+    at once (the main process) so that a run killed in its first stage is resumed only with its own settings."""
+    state = read_json_or_empty(work_dir / STATE_FILE)
+    key = _settings_key(settings)
+    if resume and state:
+        if state.get("settings_key") != key:
+            recorded = state.get("settings") or {}
+            changed = sorted(name for name in recorded.keys() | settings.keys()
+                             if recorded.get(name) != settings.get(name))
+            shown = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {settings.get(name)!r}"
+                              for name in changed[:3]) + (", ..." if len(changed) > 3 else "")
+            raise UserError(
+                f"--resume-from-checkpoint: the run in {work_dir} used other settings "
+                f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
+                "(output, logging and evaluation options may change), or start over in another --output-dir "
+                "(without the flag, this one starts over and clears its stages)"
+            )
+        return state, True
+    if resume:
+        logger.info("--resume-from-checkpoint: nothing to resume in %s; starting from the first stage", work_dir)
+    elif state.get("stages"):
+        logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (continue a run with "
+                       "--resume-from-checkpoint last)", work_dir, len(state["stages"]))
+    fresh = {"settings_key": key, "settings": settings, "stages": [], "negatives": None}
+    if main_process:  # before a stage folder of an earlier run is cleared
+        write_json_atomic(work_dir / STATE_FILE, fresh)
+    return fresh, False
+
+
+def finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransformer, record: dict[str, Any],
+                  main_process: bool) -> None:
+    """Add the stage's record to `state` and save it with the stage's model in the work folder (the main process),
+    so that a resumed run starts after this stage; then the stage's Trainer checkpoints, which no resume reads any
+    more (hundreds of MB each, optimizer included), are deleted."""
+    state["stages"].append(record)
+    if main_process:
+        stage_dir = work_dir / f"stage-{record['stage']}"
+        with atomic_folder(stage_dir / STAGE_MODEL, overwrite=True) as build_dir:
+            save_model_folder(model, build_dir)
+        write_json_atomic(work_dir / STATE_FILE, state)
+        for checkpoint in stage_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def model_after_finished_stages(model: SentenceTransformer, stages: list[str], state: dict[str, Any],
+                                 work_dir: Path) -> SentenceTransformer:
+    """The model the last finished stage saved (`model` when none finished); refuses finished stages that do not
+    begin `stages`."""
+    finished = [record["stage"] for record in state["stages"]]
+    if not finished:
+        return model
+    if finished != stages[: len(finished)]:
+        raise UserError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
+                        f"begin --stages {','.join(stages)}")
+    logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
+    return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
+
+
+def work_dir_of(training_args: FinetuneTrainingArguments) -> Path:
+    """--work-dir, by default OUTPUT_DIR.work beside the output folder."""
+    output_dir = Path(training_args.output_dir)
+    return Path(training_args.work_dir or output_dir.parent / f"{output_dir.name}.work")
+
+
+def finished_work_dir_run(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
+                  loss_args: FinetuneLossArguments, training_args: FinetuneTrainingArguments,
+                  stages: list[str]) -> FinetuneResult | None:
+    """The result of this very run when `--resume-from-checkpoint last` finds it finished: its work folder records
+    every stage under the same settings and its output folder holds the model those stages wrote. None otherwise
+    (the output folder is then refused as any other, `check_destination`)."""
+    if training_args.resume_from_checkpoint not in RESUME_LAST:
+        return None
+    state = read_json_or_empty(work_dir_of(training_args) / STATE_FILE)
+    settings = finetune_run_settings(model_args, data_args, loss_args, training_args)
+    if state.get("settings_key") != _settings_key(settings):
+        return None
+    output_dir = Path(training_args.output_dir)
+    info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
+    done = [record.get("stage") for record in state.get("stages") or []]
+    if done != stages or [record.get("stage") for record in info.get("stages") or []] != stages:
+        return None
+    return FinetuneResult(output_dir, info, already_finished=True)
+
+
+def check_work_dir(work_dir: Path) -> None:
+    """Refuse a work folder that is a file or holds what no fine-tuning run made: a run writes and clears its
+    stage folders and negatives there. A run's own folder holds `STATE_FILE` (written when it starts); before that,
+    only the export of a pre-training checkpoint and temporary siblings."""
+    if work_dir.exists() and not work_dir.is_dir():
+        raise UserError(f"--work-dir {work_dir} is a file; choose a folder")
+    ours = {"pretrained-encoder"}
+    if (work_dir / STATE_FILE).is_file():
+        ours |= {STATE_FILE, NEGATIVES_FILE, "eval", *(f"stage-{stage}" for stage in STAGES)}
+    foreign = sorted(p.name for p in work_dir.iterdir() if p.name not in ours and not p.name.startswith(".")) \
+        if work_dir.is_dir() else []
+    if foreign:
+        raise UserError(f"work folder {work_dir} holds files no `retromae finetune` run made ({', '.join(foreign[:3])}"
+                        f"{', ...' if len(foreign) > 3 else ''}), which the run could replace or delete; choose a "
+                        "new or empty folder with --work-dir")
+
+
+NEGATIVES_FILE = "hard_negatives.jsonl"
+
+
+@dataclass
+class FinetuneResult:
+    output_dir: Path
+    info: dict[str, Any]
+    already_finished: bool = False  # resumed after its end: nothing was trained or written
+
+
+def save_model_folder(model: SentenceTransformer, folder: Path) -> None:
+    """The sentence-transformers files of `model` (a hybrid model with its module's remote code), without a card."""
+    hybrid = hybrid_method_of(model)
+    if hybrid is not None:
+        hybrid.pooling_module.save(model, folder, create_model_card=False)
+    else:
+        model.save(str(folder), create_model_card=False)
+        save_without_pooler(model, folder)

@@ -1,0 +1,547 @@
+"""Fine-tuning a retrieval bi-encoder in stages (in-batch, hard negatives, distillation), resumable stage by stage."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from retromae.modeling.configuration_retromae import rename_legacy_keys
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+from sentence_transformers.util import (
+    fullname,
+)
+from torch import nn
+from transformers import set_seed
+
+from ..data.training_groups import (
+    TrainingGroup,
+    clean_groups,
+    groups_to_dataset,
+    groups_to_distillation_dataset,
+    load_training_groups,
+    read_training_jsonl,
+)
+from ..export.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
+from ..export.sentence_transformer import load_as_sentence_transformer
+from ..inputs.arguments import check_training_arguments
+from ..inputs.errors import UserError
+from ..inputs.finetune_options import (
+    ARGUMENT_CLASSES,
+    FinetuneDataArguments,
+    FinetuneLossArguments,
+    FinetuneModelArguments,
+    FinetuneTrainingArguments,
+    check_mining_range,
+    parse_stages,
+)
+from ..inputs.folders import hub_id_of_model, is_hub_id, public_name
+from ..inputs.io import read_json_or_empty, write_json_atomic
+from ..inputs.outputs import atomic_folder, check_destination
+from ..inputs.sentence_models import save_without_pooler
+from ..inputs.versions import library_versions, package_version
+from ..methods import METHODS, hybrid_method_of
+from ..retrieval.beir import (
+    RetrievalData,
+    doc_text,
+    read_beir,
+    read_beir_corpus,
+    read_teacher_scores,
+)
+from ..retrieval.mining import mine_negatives
+from ..retrieval.mteb import evaluate_folder
+from .divergence import divergence
+from .finetune_losses import DistillationLoss, contrastive_loss, similarity_functions
+from .finetune_state import (
+    NEGATIVES_FILE,
+    STATE_FILE,
+    FinetuneResult,
+    check_work_dir,
+    finetune_run_settings,
+    finish_stage,
+    finished_work_dir_run,
+    model_after_finished_stages,
+    read_state,
+    save_model_folder,
+    work_dir_of,
+)
+from .lock import folder_lock
+from .run_folder import RESUME_LAST, last_complete_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+
+
+
+
+def _pooling_description(model: SentenceTransformer) -> str:
+    hybrid = hybrid_method_of(model)
+    if hybrid is not None:  # the method's own module
+        return hybrid.pooling_module.describe(model)
+    for module in model.modules():
+        name = type(module).__name__
+        if name == "Pooling":
+            config = module.get_config_dict()
+            mode = config.get("pooling_mode")
+            if mode is None:  # legacy keys
+                mode = next((k[len("pooling_mode_"):].removesuffix("_token").removesuffix("_tokens")
+                             for k, v in config.items() if k.startswith("pooling_mode_") and v), "unknown")
+            return str(mode)
+    return "unknown"
+
+
+def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
+                 groups: list[TrainingGroup]) -> dict[str, str]:
+    if data_args.corpus:
+        corpus_file = Path(data_args.corpus)
+        if not corpus_file.is_file():
+            raise UserError(f"--corpus {data_args.corpus} does not exist")
+        return {doc_id: doc_text(d["title"], d["text"]) for doc_id, d in read_beir_corpus(corpus_file).items()}
+    if beir is not None:
+        return {doc_id: beir.doc_text(doc_id) for doc_id in beir.corpus}
+    pool: dict[str, str] = {}
+    for group in groups:
+        pool.update(group.positives)
+        pool.update(group.negatives)
+    return pool
+
+
+def _negatives_from_file(path: str, groups: list[TrainingGroup]) -> list[TrainingGroup]:
+    mined = {g.query_id: g.negatives for g in read_training_jsonl(path)}
+    result = [TrainingGroup(g.query_id, g.query, g.positives, mined.get(g.query_id, [])) for g in groups]
+    found = sum(1 for g in result if g.negatives)
+    if not found:
+        raise UserError(
+            f"--negatives-file {Path(path).name} has no negatives for any training query (query ids do not match; "
+            "was it mined from this training data?)"
+        )
+    logger.info("negatives for %d of %d queries read from %s", found, len(groups), Path(path).name)
+    return result
+
+
+def _stage_args(training_args: FinetuneTrainingArguments, work_dir: Path, stage: str, columns: list[str],
+                hybrid: bool):
+    args = copy.copy(training_args)
+    args.output_dir = str(work_dir / f"stage-{stage}")
+    if training_args.world_size > 1:
+        args.dataloader_drop_last = True  # all_gather needs equal batch sizes on every rank
+    if args.device.type == "cpu":
+        args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
+    if hybrid and not args.router_mapping:
+        # query column = task "query" (full OT vector), the others "document" (top-k); sentence-transformers 6.2
+        # stamps it into each column's features as features["task"]
+        args.router_mapping = {c: ("query" if c == "query" else "document") for c in columns}
+    return args
+
+
+def _prepare_checkpoint(model: SentenceTransformer, checkpoint: Path) -> None:
+    """The trainer reloads a checkpoint as a SentenceTransformer built from the classes its modules.json names: name
+    the classes of the model in training (a DupMAE hybrid model's pooling module is remote code, imported under
+    another module path), and keep a pooler-less encoder without a pooler."""
+    modules_file = checkpoint / "modules.json"
+    entries = json.loads(modules_file.read_text(encoding="utf-8"))
+    for entry in entries:
+        entry["type"] = fullname(model[int(entry["idx"])])
+    write_json_atomic(modules_file, entries)
+    save_without_pooler(model, checkpoint)
+
+
+def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[str, Any]:
+    """Train one stage; resuming, from the newest complete trainer checkpoint in its folder (if any), else afresh."""
+    started = time.time()
+    checkpoint = last_complete_checkpoint(args.output_dir) if resume else None
+    if checkpoint is None:
+        shutil.rmtree(args.output_dir, ignore_errors=True)  # this run's own stage folder: checkpoints of an older run
+    else:
+        logger.info("stage %s: continuing from %s", stage, checkpoint)
+        _prepare_checkpoint(model, checkpoint)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+    output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    _check_finite(model, trainer.state.log_history, stage, output.global_step)
+    logger.info("stage %s: %d steps, training loss %.4f", stage, output.global_step, output.training_loss)
+    record = {"steps": output.global_step, "train_loss": round(float(output.training_loss), 4),
+              "seconds": round(time.time() - started, 1)}
+    if checkpoint is not None:  # the Trainer's mean covers the steps after the checkpoint only
+        record["train_loss_from_step"] = int(checkpoint.name.rsplit("-", 1)[1]) + 1
+    return record
+
+
+def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]], stage: str, steps: int) -> None:
+    """Refuse a stage whose weights became NaN or infinite, before its model is saved anywhere."""
+    diverged = divergence(model, log_history)
+    if diverged:
+        raise UserError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
+                        "--scale) and run again (nothing was written)")
+
+
+@dataclass
+class CheckedNegatives:
+    """What `_read_negatives_before_training` read, for the stages to use: the corpus to mine from, or the groups
+    with their negatives (cleaned; `dropped` counts what cleaning dropped) and each stage's dataset and report."""
+
+    pool: dict[str, str] | None = None
+    groups: list[TrainingGroup] | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+    datasets: dict[str, tuple[Dataset, dict[str, Any]]] = field(default_factory=dict)
+
+
+def _read_negatives_before_training(stages: list[str], groups: list[TrainingGroup], beir: RetrievalData | None,
+                                    teacher_scores: dict[str, dict[str, float]] | None,
+                                    data_args: FinetuneDataArguments, seed: int) -> CheckedNegatives:
+    """Read what the stages after in-batch read, before anything trains: negatives from `--negatives-file` or the
+    training data must fill those stages' rows (with teacher scores for distill); for mining, the corpus is read.
+    Negatives mined later are checked once mined."""
+    if stages == ["in-batch"]:
+        return CheckedNegatives()
+    if not data_args.negatives_file and not any(g.negatives for g in groups):
+        pool = _corpus_pool(data_args, beir, groups)
+        _check_pool_holds_negatives(len(pool), data_args)
+        if "distill" in stages:
+            _check_positives_scored(groups, teacher_scores or {}, data_args)
+        return CheckedNegatives(pool=pool)
+    if data_args.negatives_file:
+        groups = _negatives_from_file(data_args.negatives_file, groups)
+    checked = CheckedNegatives()
+    checked.groups, checked.dropped = clean_groups(groups)
+    if "hard-negatives" in stages:
+        checked.datasets["hard-negatives"] = groups_to_dataset(checked.groups, data_args.num_negatives, seed=seed)
+    if "distill" in stages:
+        checked.datasets["distill"] = groups_to_distillation_dataset(
+            checked.groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed)
+    return checked
+
+
+def _check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments) -> None:
+    """Refuse mining that cannot give any query `--num-negatives` negatives: the ranks it takes them from,
+    [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
+    available = min(data_args.mine_range_max, pool_size) - data_args.mine_range_min
+    if available < data_args.num_negatives:
+        raise UserError(
+            f"mining ranks the {pool_size} documents of the corpus and takes negatives from ranks "
+            f"[{data_args.mine_range_min}, {min(data_args.mine_range_max, pool_size)}): at most {max(available, 0)} "
+            f"per query, fewer than --num-negatives {data_args.num_negatives}; lower --num-negatives or "
+            "--mine-range-min, or give a larger --corpus"
+        )
+
+
+def _check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[str, dict[str, float]],
+                            data_args: FinetuneDataArguments) -> None:
+    """Refuse teacher scores that miss every positive of a query (the distill stage needs the positive's score as
+    much as its mined negatives'): any query with `--on-missing error`, all of them otherwise."""
+    unscored = [g for g in groups if not any(doc_id in teacher_scores.get(g.query_id, {}) for doc_id, _ in g.positives)]
+    if not unscored or (data_args.on_missing != "error" and len(unscored) < len(groups)):
+        return
+    example = unscored[0]
+    fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
+           else "check that its query and document ids are those of --train-data")
+    raise UserError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
+                    f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
+                    f"{example.positives[0][0]!r}); {fix}")
+
+
+def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
+                      data_args: FinetuneDataArguments, training_args: FinetuneTrainingArguments,
+                      beir: RetrievalData | None, work_dir: Path,
+                      checked: CheckedNegatives) -> tuple[list[TrainingGroup], dict[str, int], str]:
+    """`groups` with hard negatives, cleaned, what cleaning dropped, and where the negatives came from:
+    `--negatives-file` or the training data (as `checked` read them), the run this one resumes, or mined now with
+    `model` (saved to `NEGATIVES_FILE`, recorded in `state`)."""
+    if checked.groups is not None:
+        source = (f"file {Path(data_args.negatives_file).name}" if data_args.negatives_file
+                  else "supplied with the training data")
+        return checked.groups, checked.dropped, source
+    if state["negatives"]:
+        return (*clean_groups(_negatives_from_file(work_dir / NEGATIVES_FILE, groups)), state["negatives"])
+    groups = mine_negatives(
+        model, groups, checked.pool if checked.pool is not None else _corpus_pool(data_args, beir, groups),
+        num_negatives=data_args.num_negatives,
+        range_min=data_args.mine_range_min, range_max=data_args.mine_range_max,
+        sampling=data_args.mine_sampling, batch_size=training_args.per_device_train_batch_size * 4,
+        seed=training_args.seed, output_file=work_dir / NEGATIVES_FILE,
+    )
+    state["negatives"] = (
+        f"mined with the {'previous-stage' if state['stages'] else 'starting'} model "
+        f"(ranks {data_args.mine_range_min}-{data_args.mine_range_max}, {data_args.mine_sampling})"
+    )
+    if training_args.process_index == 0:  # a resumed run reads them from NEGATIVES_FILE
+        write_json_atomic(work_dir / STATE_FILE, state)
+    return (*clean_groups(groups), state["negatives"])
+
+
+def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[TrainingGroup],
+                         teacher_scores: dict[str, dict[str, float]] | None, data_args: FinetuneDataArguments,
+                         loss_args: FinetuneLossArguments, seed: int, gather: bool,
+                         built: tuple[Dataset, dict[str, Any]] | None) -> tuple[Dataset, dict[str, Any], nn.Module, str]:
+    """A stage's dataset, its build report (`built`, when read before training), its loss and the loss's
+    description for the run record."""
+    if stage == "distill":
+        dataset, report = built or groups_to_distillation_dataset(
+            groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed
+        )
+        loss = DistillationLoss(model, loss_args.distill_loss_weight, loss_args.contrastive_loss_weight,
+                                loss_args.distill_temperature, loss_args.scale, gather)
+        description = f"KL(batchmean) to cross-encoder scores x {loss_args.distill_loss_weight:g}"
+        if loss_args.contrastive_loss_weight:
+            description += f" + in-batch contrastive x {loss_args.contrastive_loss_weight:g}"
+        return dataset, report, loss, description
+    negatives = 0 if stage == "in-batch" else data_args.num_negatives
+    dataset, report = built or groups_to_dataset(groups, negatives, seed=seed)
+    description = "in-batch negatives" if stage == "in-batch" else f"{negatives} hard negatives + in-batch negatives"
+    loss = contrastive_loss(model, loss_args.scale, gather, loss_args.mini_batch_size)
+    name = "MultipleNegativesRankingLoss" if loss_args.mini_batch_size is None else (
+        f"CachedMultipleNegativesRankingLoss, mini-batches of {loss_args.mini_batch_size}")
+    return dataset, report, loss, f"{description} ({name})"
+
+
+def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
+                      training_args: FinetuneTrainingArguments, stages: list[str]) -> Path:
+    """The work folder, after refusing, before anything is loaded or trained, what would fail in a later stage or
+    lose files: an output folder that is or holds an input or the working directory, a work folder inside the
+    output folder, a missing file, a rank range that cannot hold the negatives, a resume value other than `last`,
+    teacher scores without the distill stage, an in-batch stage without in-batch negatives."""
+    output_dir = Path(training_args.output_dir)
+    files = {"--corpus": data_args.corpus, "--negatives-file": data_args.negatives_file,
+             "--teacher-scores": data_args.teacher_scores}
+    check_destination(output_dir, training_args.overwrite, inputs={
+        "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
+    if (training_args.overwrite and output_dir.is_dir() and any(output_dir.iterdir())
+            and not any((output_dir / name).is_file() for name in ("modules.json", "config.json"))):
+        raise UserError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
+                        "--overwrite will not replace it: choose a new or empty folder")
+    work_dir = work_dir_of(training_args)
+    if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
+        raise UserError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
+                        f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
+    check_work_dir(work_dir)
+    resume = training_args.resume_from_checkpoint
+    if resume is not None and resume not in RESUME_LAST:
+        raise UserError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
+                        "stage from its newest checkpoint in the work folder; pass `last`")
+    for flag, path in files.items():
+        if path and Path(path).is_dir():
+            hint = f" (a BEIR folder's corpus is {Path(path) / 'corpus.jsonl'})" if flag == "--corpus" else ""
+            raise UserError(f"{flag} {path} is a folder, not a file{hint}")
+        if path and not Path(path).is_file():
+            raise UserError(f"{flag} {path}: no such file")
+    if data_args.eval_data:  # read whole now: a bad line would otherwise be found after training
+        read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing)
+    if data_args.teacher_scores and "distill" not in stages:
+        raise UserError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
+                        "the flag")
+    if stages != ["in-batch"] and data_args.num_negatives < 1:  # mined, read from a file or carried by the data
+        raise UserError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
+                        "negative per query; give 1 or more")
+    if stages != ["in-batch"] and not data_args.negatives_file:
+        check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
+    if "in-batch" in stages and training_args.per_device_train_batch_size < 2 and training_args.world_size == 1:
+        raise UserError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
+                        "always 0): give a batch of 2 or more queries")
+    return work_dir
+
+
+def run_finetune(
+    model_args: FinetuneModelArguments,
+    data_args: FinetuneDataArguments,
+    loss_args: FinetuneLossArguments,
+    training_args: FinetuneTrainingArguments,
+) -> FinetuneResult:
+    """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
+    stages = parse_stages(data_args.stages, data_args.teacher_scores)
+    if loss_args.mini_batch_size is not None and "distill" in stages:
+        raise UserError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
+                        "the distill stage in a fine-tuning of its own without it")
+    if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
+        raise UserError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
+                        "names no local paths: omit the flag to record the starting model as local")
+    finished = finished_work_dir_run(model_args, data_args, loss_args, training_args, stages)
+    if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
+        return finished
+    work_dir = _check_run_inputs(model_args, data_args, training_args, stages)
+    new_work_dir = not work_dir.exists()
+    # one run per work folder: a second would train into the first one's checkpoints
+    with folder_lock(work_dir, enabled=training_args.process_index == 0):
+        try:
+            return _run_stages(model_args, data_args, loss_args, training_args, stages, work_dir)
+        except UserError:
+            if new_work_dir and not (work_dir / STATE_FILE).is_file():  # refused before training: no folder left
+                shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+
+
+def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
+                loss_args: FinetuneLossArguments, training_args: FinetuneTrainingArguments, stages: list[str],
+                work_dir: Path) -> FinetuneResult:
+    """`run_finetune` once its inputs are checked and its work folder is locked."""
+    output_dir = Path(training_args.output_dir)
+    teacher_scores = read_teacher_scores(data_args.teacher_scores) if "distill" in stages else None
+    set_seed(training_args.seed)
+
+    groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
+    groups, dropped = clean_groups(groups)
+    checked = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
+    # a pre-training checkpoint is exported into the work folder first
+    model, model_info = load_as_sentence_transformer(
+        model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
+    )
+    work_dir.mkdir(parents=True, exist_ok=True)
+    state, resume = read_state(work_dir, finetune_run_settings(model_args, data_args, loss_args, training_args),
+                                training_args.resume_from_checkpoint in RESUME_LAST, training_args.process_index == 0)
+    model = model_after_finished_stages(model, stages, state, work_dir)
+    # all_gather only where there is more than one process (else sentence-transformers warns on every step)
+    gather = loss_args.gather_across_devices and training_args.world_size > 1
+    negatives_source = None
+    for stage in stages[len(state["stages"]):]:
+        if stage != "in-batch" and negatives_source is None:  # the first stage that needs negatives gets them
+            groups, more_dropped, negatives_source = _attach_negatives(model, groups, state, data_args,
+                                                                       training_args, beir, work_dir, checked)
+            for key, value in more_dropped.items():
+                dropped[key] = dropped.get(key, 0) + value
+        dataset, report, loss, description = _stage_data_and_loss(stage, model, groups, teacher_scores, data_args,
+                                                                  loss_args, training_args.seed, gather,
+                                                                  checked.datasets.get(stage))
+        logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
+        args = _stage_args(training_args, work_dir, stage, dataset.column_names, hybrid_method_of(model) is not None)
+        record = {"stage": stage, "loss": description, "examples": len(dataset),
+                  "negatives_per_query": 0 if stage == "in-batch" else data_args.num_negatives,
+                  "negatives": negatives_source if stage != "in-batch" else None,
+                  "loss_config": _loss_config(loss), **report}
+        record.update(_train_stage(model, args, dataset, loss, stage, resume))
+        finish_stage(state, work_dir, model, record, training_args.process_index == 0)
+
+    info = _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
+                     state["stages"], output_dir)
+    if training_args.process_index == 0:
+        save_finetuned_model(model, output_dir, info, overwrite=training_args.overwrite)
+        if data_args.eval_data:
+            try:
+                evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
+                                output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
+                                overwrite=True)  # the run's own folder
+            except UserError as error:
+                raise UserError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
+                                "`retromae evaluate` once that is fixed") from None
+            info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
+    return FinetuneResult(output_dir, info)
+
+
+def finetune(
+    model: str | os.PathLike,
+    train_data: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    stages: str | Sequence[str] = ("in-batch", "hard-negatives"),
+    overwrite: bool = False,
+    **options: Any,
+) -> FinetuneResult:
+    """Fine-tune a bi-encoder for retrieval and write it as a sentence-transformers folder (`retromae finetune`).
+
+    Args:
+        model: the starting point: a `retromae pretrain` checkpoint, a `retromae export` folder, any
+            sentence-transformers folder, a plain BERT folder or a Hub id.
+        train_data: a BEIR folder, a .jsonl file of {query, positive, negatives}, a datasets folder or a Hub dataset.
+        output_dir: the folder to write (built in a temporary sibling, renamed into place when complete).
+        stages: the stages in order, from `STAGES` ("distill" needs `teacher_scores=`).
+        overwrite: replace an existing `output_dir`.
+        **options: any other setting of `retromae finetune` by its field name, e.g. `max_steps=100`,
+            `per_device_train_batch_size=32`, `learning_rate=2e-5`, `eval_data="beir/scifact"`, `teacher_scores=...`,
+            `num_negatives=7`, `pooling="cls"`, `model_name="my-org/model"` (see `retromae finetune --help`).
+
+    Returns:
+        The output folder and the run record (`FinetuneResult`).
+
+    Raises:
+        UserError: an unknown option; any `UserError` of the data or the model.
+    """
+    options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.renamed))
+    values: dict[str, Any] = {
+        **options, "model": os.fspath(model), "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir),
+        "overwrite": overwrite, "stages": stages if isinstance(stages, str) else ",".join(stages),
+    }
+    arguments = []
+    for argument_class in ARGUMENT_CLASSES:
+        names = {f.name for f in dataclasses.fields(argument_class) if f.init}
+        arguments.append(argument_class(**{name: values.pop(name) for name in list(values) if name in names}))
+    if values:
+        raise UserError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
+    check_training_arguments(arguments[-1])  # the command line's are checked as they are parsed
+    return run_finetune(*arguments)
+
+
+def _loss_config(loss: nn.Module) -> dict[str, Any]:
+    config = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    return {k: (v if isinstance(v, int | float | str | bool | dict | type(None)) else str(v)) for k, v in config.items()}
+
+
+def _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
+              stage_records, output_dir: Path) -> dict[str, Any]:
+
+    # a local starting folder is recorded by its own Hub id when it names one, never by its path
+    base = model_args.base_model_name or hub_id_of_model(model_args.model)
+    train_name = beir.name if beir is not None else public_name(data_args.train_data) or "training data"
+    hyper = {
+        "learning_rate": training_args.learning_rate,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "world_size": training_args.world_size,
+        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+        "num_train_epochs": training_args.num_train_epochs,
+        "max_steps": training_args.max_steps,
+        "warmup_steps": training_args.warmup_steps,
+        "weight_decay": training_args.weight_decay,
+        "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
+        "batch_sampler": str(getattr(training_args.batch_sampler, "value", training_args.batch_sampler)),
+        "seed": training_args.seed,
+        "max_seq_length": model.max_seq_length,
+        "num_negatives": data_args.num_negatives,
+        "scale": loss_args.scale or similarity_functions(model)[2],
+        "gather_across_devices": loss_args.gather_across_devices,
+    }
+    if loss_args.mini_batch_size is not None:
+        hyper["mini_batch_size"] = loss_args.mini_batch_size
+    if "distill" in [r["stage"] for r in stage_records]:
+        hyper.update(distill_loss_weight=loss_args.distill_loss_weight, contrastive_loss_weight=loss_args.contrastive_loss_weight,
+                     distill_temperature=loss_args.distill_temperature)
+    return {
+        "model_name": model_args.model_name or output_dir.name,
+        "base_model": base,
+        "starting_point": model_info["kind"],
+        "pretraining_method": model_info.get("pretraining_method"),
+        "pooling": _pooling_description(model),
+        "similarity": model.similarity_fn_name,
+        "embedding_dim": model.get_embedding_dimension(),
+        "max_seq_length": model.max_seq_length,
+        "trust_remote_code": bool(model_info.get("trust_remote_code") or hybrid_method_of(model) is not None),
+        "train_data": {"name": train_name, "split": data_args.split, "queries": len(groups),
+                       "format": "beir" if beir is not None else "pairs", "dropped": dropped},
+        "stages": stage_records,
+        "hyperparameters": hyper,
+        "eval_results": [],
+        "retromae_version": package_version(),
+        "library_versions": library_versions(),
+    }
+
+
+
+
+def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLike, info: dict[str, Any],
+                         overwrite: bool = False) -> Path:
+    """Write `model` + its card + the run record to `output_dir`, atomically (temporary sibling, then rename)."""
+    output_dir = Path(output_dir)
+    with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
+        save_model_folder(model, build_dir)
+        write_finetuned_card(build_dir, info, METHODS)
+    logger.info("fine-tuned model written to %s", output_dir)
+    return output_dir
+
+
+
+__all__ = ['FinetuneResult', 'finetune', 'run_finetune', 'read_beir']

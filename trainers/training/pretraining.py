@@ -1,0 +1,302 @@
+"""Pre-training a model from resolved options: load or build it, apply the fast paths, train, keep the best checkpoint, export."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from retromae.modeling.backbones import BACKBONES, DEFAULT_ENCODER_TYPE, SUPPORTED_ENCODER_TYPES, backbone_of
+from transformers import (
+    PreTrainedConfig,
+    set_seed,
+)
+from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
+
+from ..data.collator import DataInputs
+from ..inputs.checkpoints import default_model_dir, load_tokenizer
+from ..inputs.errors import UserError
+from ..inputs.folders import check_model_folder, public_name
+from ..inputs.io import read_json_or_empty
+from ..inputs.pretrain_options import DEFAULT_BASE_MODEL_NAME, DEFAULT_CORPUS_NAME, ModelArguments, PretrainRun
+from ..inputs.versions import package_version
+from ..methods import METHODS, Method, get_method
+from .fast_paths import compile_layers, compile_loss, fast_path_wanted, pad_loss_vocab
+from .positions import check_model_and_tokenizer, extend_position_embeddings
+from .recipe import suggest_recipe
+from .retrieval_validation import RetrievalValidationCallback
+from .run_folder import (
+    RUN_INFO_NAME,
+)
+from .trainer import RetroMAETrainer
+
+logger = logging.getLogger(__name__)
+
+# what a flash / flex --attn-implementation needs besides a GPU, for the error that refuses it
+ATTENTION_REQUIREMENTS = {
+    "flash_attention_2": ("flash-attn 2", "pip install flash-attn --no-build-isolation"),
+    "flash_attention_3": ("FlashAttention 3 (flash_attn_interface)", "build it from flash-attention's hopper/ folder"),
+}
+
+
+def attn_implementation_for(choice: str, device_type: str) -> str | None:
+    """`--attn-implementation` as `from_pretrained` takes it (None for auto), or a one-line `UserError` when it cannot
+    run here: flash and flex need a GPU (flex has no CPU backward), flash its package (or `kernels`, which
+    transformers falls back to)."""
+    if choice in ("auto", "eager", "sdpa"):
+        return None if choice == "auto" else choice
+    if device_type == "cpu":
+        raise UserError(f"--attn-implementation {choice} needs a GPU and this run is on the CPU; choose sdpa or eager")
+    if choice in ATTENTION_REQUIREMENTS:
+        installed = is_flash_attn_2_available if choice == "flash_attention_2" else is_flash_attn_3_available
+        if not (installed() or is_kernels_available()):
+            package, how = ATTENTION_REQUIREMENTS[choice]
+            raise UserError(f"--attn-implementation {choice} needs {package}, which is not installed: {how}, or "
+                            "choose sdpa")
+    return choice
+
+
+def load_pretraining_model(
+    model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None = None
+):
+    """A pre-training checkpoint of the same method continues (decoder included), as does one of a method listed in
+    `method.continues_from` (SentMAE stage 2 continues a stage-1 `retromae` checkpoint); a BERT, RoBERTa, XLM-R or
+    ModernBERT checkpoint starts fresh (`from_encoder_checkpoint`); any other architecture is refused in one line
+    (`unsupported_model_message`). `attn_implementation` (from
+    `attn_implementation_for`; None: transformers' default) is the encoder's."""
+    check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
+    model_type = config_model_type(model_ref)
+    ours = {m.model_class.config_class.model_type: m for m in METHODS.values()}
+    if model_type in ours:
+        if ours[model_type].name != method.name and model_type not in method.continues_from:
+            raise UserError(
+                f"{model_ref} is a {ours[model_type].name!r} pre-training checkpoint but --method is {method.name!r}; "
+                f"continue it with --method {ours[model_type].name}, or export it first (`retromae export`) and "
+                f"start {method.name!r} from the exported encoder"
+            )
+        config = method.model_class.config_class.from_pretrained(model_ref, **settings)
+        model, info = method.model_class.from_pretrained(model_ref, config=config, output_loading_info=True,
+                                                         attn_implementation=attn_implementation)
+        model.after_encoder_checkpoint_loaded(set(info["missing_keys"]))  # e.g. a decoder grown by a layer
+        return model
+    if (model_type or DEFAULT_ENCODER_TYPE) not in SUPPORTED_ENCODER_TYPES:
+        raise UserError(unsupported_model_message(model_ref, model_type))
+    try:
+        return method.model_class.from_encoder_checkpoint(
+            model_ref, attn_implementation=attn_implementation, **settings
+        )
+    except ValueError as error:  # no encoder weights of the family: the --model the user gave
+        raise UserError(str(error)) from None
+
+
+def config_model_type(model_ref: str) -> str | None:
+    """The `model_type` of `model_ref`'s config.json (None when it names none); one line when there is no config."""
+    try:
+        return PreTrainedConfig.get_config_dict(model_ref)[0].get("model_type")
+    except OSError as error:
+        raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
+
+
+def override_text(value: str) -> str:
+    """`--config-overrides` as "key=value,...": as given, or from a mapping in a `--config` file (which reaches the
+    parser as a JSON object)."""
+    try:
+        mapping = json.loads(value)
+    except ValueError:
+        return value
+    if not isinstance(mapping, dict):
+        return value
+    return ",".join(f"{key}={str(item).lower() if isinstance(item, bool) else item}" for key, item in mapping.items())
+
+
+def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None,
+                  options: ModelArguments, tokenizer):
+    """`--from-scratch`: the method's model with `model_ref`'s architecture (and `--config-overrides`), every weight
+    random. With `--tokenizer`, `vocab_size` and `pad_token_id` are the tokenizer's unless the overrides set them."""
+    overrides = [override_text(options.config_overrides)] if options.config_overrides else []
+    given = {item.partition("=")[0].strip() for item in ",".join(overrides).split(",")}
+    if options.tokenizer:
+        overrides += [f"{key}={value}" for key, value in (("vocab_size", len(tokenizer)),
+                                                          ("pad_token_id", tokenizer.pad_token_id))
+                      if key not in given and value is not None]
+    model_type = config_model_type(model_ref) or DEFAULT_ENCODER_TYPE
+    if model_type not in SUPPORTED_ENCODER_TYPES:
+        families = ", ".join(backbone.display_name for backbone in BACKBONES)
+        raise UserError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
+                        f"{model_type!r} one (export a retromae checkpoint first to reuse its architecture)")
+    try:
+        model = method.model_class.from_encoder_config(
+            model_ref, attn_implementation=attn_implementation, architecture_overrides=",".join(overrides) or None,
+            **settings,
+        )
+    except ValueError as error:  # a bad override, or sizes the architecture cannot take
+        raise UserError(f"--from-scratch with --model {model_ref}: {error}") from None
+    except (KeyError, TypeError, RuntimeError, ArithmeticError) as error:  # e.g. hidden_act=<unknown>
+        raise UserError(f"--from-scratch with --model {model_ref}: the architecture cannot be built with "
+                        f"--config-overrides {options.config_overrides!r} ({type(error).__name__}: {error})") from None
+    config = model.config
+    logger.info("From scratch: a random %s encoder, %d layers, hidden size %d, vocabulary %d (%.1f M parameters with "
+                "the method's heads), the architecture of %s", backbone_of(config).display_name,
+                config.num_hidden_layers, config.hidden_size, config.vocab_size, model.num_parameters() / 1e6, model_ref)
+    return model
+
+
+def unsupported_model_message(model_ref: str, model_type: str | None) -> str:
+    """The one line that refuses a `--model` of an architecture retromae does not pre-train."""
+    families = ", ".join(backbone.display_name for backbone in BACKBONES)
+    return (f"--model {model_ref} is a {model_type!r} checkpoint; retromae pre-trains {families} masked-LM "
+            f"checkpoints (model_type {', '.join(SUPPORTED_ENCODER_TYPES)}) and its own pre-training checkpoints")
+
+
+# the vocabulary the default `loss_chunk_size` (4096 rows) was sized for: BERT's, fp32 logits chunks of ~500 MB
+LOSS_CHUNK_VOCAB = 30522
+
+
+def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -> None:
+    """Without a `loss_chunk_size` from the user, a vocabulary larger than BERT's (XLM-R: 250,002) gets a default
+    chunk scaled down so that chunk x vocab_size (the fp32 logits of one chunk) stays that of 4096 x 30,522."""
+    field_ = method.config_fields.get("loss_chunk_size")
+    if field_ is None or "loss_chunk_size" in settings:
+        return
+    try:
+        vocab_size = PreTrainedConfig.get_config_dict(model_ref)[0].get("vocab_size")
+    except OSError:  # refused with its own message when the model is loaded
+        return
+    if not isinstance(vocab_size, int) or vocab_size <= LOSS_CHUNK_VOCAB:
+        return
+    chunk = max(1, field_.default * LOSS_CHUNK_VOCAB // vocab_size)
+    settings["loss_chunk_size"] = chunk
+    logger.info("loss_chunk_size %d (default %d scaled to the %d-token vocabulary: %d x %d logits per chunk; set it "
+                "with --method-options '{\"loss_chunk_size\": N}')", chunk, field_.default, vocab_size, chunk,
+                vocab_size)
+
+
+def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
+    """Refuse, in one line naming the folder, a tokenizer without the mask and pad tokens that masking and padding
+    need (the collator would stop with a traceback), or one whose first token is not a special token: position 0
+    is the sentence embedding, and an ordinary token there would be masked and trained as a word."""
+    missing = [name for name in ("mask_token", "pad_token") if getattr(tokenizer, f"{name}_id", None) is None]
+    if missing:
+        raise UserError(f"the tokenizer in {tokenizer_ref} has no {' and no '.join(missing)}, which pre-training needs; "
+                        f"set {' and '.join(missing)} in its tokenizer_config.json to a token of its vocabulary (BERT: "
+                        "[MASK], [PAD]; RoBERTa: <mask>, <pad>), or pass --tokenizer with a tokenizer that has both")
+    first = tokenizer("hello world", add_special_tokens=True)["input_ids"][0]
+    if first not in tokenizer.all_special_ids:
+        raise UserError(f"the tokenizer in {tokenizer_ref} starts a text with {tokenizer.convert_ids_to_tokens(first)!r}, "
+                        "not a special token, but position 0 is the sentence embedding; declare the token its "
+                        "template puts first as cls_token in tokenizer_config.json (BERT: [CLS]; RoBERTa: <s>), give "
+                        "it a template that starts with one, or pass --tokenizer")
+
+
+def validation_callback(run: PretrainRun) -> RetrievalValidationCallback | None:
+    """The retrieval validation `--eval-beir-folder` asks for (None without it); reads the folder, so a folder
+    without the split, qrels, corpus or queries is refused here, in one line."""
+    options = run.validation
+    if not options.eval_beir_folder:  # "" on resume turns a recorded folder off
+        return None
+    return RetrievalValidationCallback(  # every --eval-steps (the Trainer's), else --logging-steps
+        options.eval_beir_folder, split=options.eval_split, max_queries=options.eval_max_queries,
+        max_seq_length=run.data.max_seq_length, coverage=options.eval_coverage,
+    )
+
+
+def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None = None
+                ) -> tuple[RetroMAETrainer, Any, float]:
+    """Build the method's model and data and train (a finished run's checkpoint is loaded, not trained further),
+    with `validation` among the trainer's callbacks when given; returns the trainer, the tokenizer and the seconds
+    the training took."""
+    args = run.training
+    method = get_method(run.model.method)
+    model_ref = run.model.model or default_model_dir()
+    resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
+    # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
+    scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
+    check_model_folder(run.resume or model_ref, purpose="--model", tokenizer=False,  # before its tokenizer is read
+                       weights=not scratch)
+    tokenizer_ref = run.resume or run.model.tokenizer or model_ref
+    tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
+    check_special_tokens(tokenizer, tokenizer_ref)
+    inputs = DataInputs(
+        corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
+        packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
+        global_batch_size=args.per_device_train_batch_size * args.world_size,
+        contrastive_anchor=run.recipe.contrastive_anchor_weight > 0,
+    )
+    settings = method.config_settings(run.method_settings, inputs, tokenizer)
+    scale_loss_chunk(settings, method, run.resume or model_ref)
+    attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
+    if scratch:
+        set_seed(args.seed)  # the same initial weights on every process and in every run of the same --seed
+        model = scratch_model(model_ref, method, settings, attention, run.model, tokenizer)
+    else:
+        model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
+    if not run.resume and not run.model.from_scratch and args.should_log:  # the main process only
+        suggest_recipe(model_ref, run.recipe)
+    if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
+        extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
+    check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref, scratch)
+    if fast_path_wanted(args.compile_layers, args.device):
+        compile_layers(model)
+    if fast_path_wanted(args.compile_loss, args.device):
+        compile_loss(model)
+    if args.pad_loss_vocab:
+        pad_loss_vocab(model)
+    with args.main_process_first(desc="reading and tokenizing the training data"):
+        data = method.training_data(model.config, tokenizer, inputs)
+    if data.drop_last and not args.dataloader_drop_last:
+        logger.info("In-batch negatives: dropping the last incomplete batch of each epoch (dataloader_drop_last)")
+        args.dataloader_drop_last = True
+
+    base_name = run.model.base_model_name or resumed_info.get("base_model") or (
+        public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME
+    )
+    corpus_name = (run.data.corpus_name or data.corpus_name or resumed_info.get("corpus")
+                   or public_name(run.data.corpus) or DEFAULT_CORPUS_NAME)
+    run_info = {
+        "method": method.name, "base_model": base_name, "corpus": corpus_name,
+        "max_seq_length": inputs.max_seq_length, "packing": inputs.packing, "retromae_version": package_version(),
+    }
+    if run.model.from_scratch:  # no base model, only its architecture
+        overrides = run.model.config_overrides
+        run_info.update(base_model=None, initialisation={
+            "from_scratch": True, "architecture_of": public_name(run.model.model) or DEFAULT_BASE_MODEL_NAME,
+            "config_overrides": override_text(overrides) if overrides else None})
+    trainer = RetroMAETrainer(
+        model=model, args=args, train_dataset=data.dataset, data_collator=data.collator,
+        processing_class=tokenizer, run_info=run_info, run_settings=run.settings, recipe=run.recipe,
+        callbacks=[validation] if validation is not None else None,
+    )
+    started = time.time()
+    trainer.train(resume_from_checkpoint=run.resume)
+    return trainer, tokenizer, time.time() - started
+
+
+def final_save_done(output_dir: str, step: int) -> bool:
+    """Whether OUTPUT_DIR holds the final save of step `step` (`config.json` is installed last)."""
+    info = read_json_or_empty(Path(output_dir) / RUN_INFO_NAME)
+    return (Path(output_dir) / "config.json").is_file() and info.get("global_step") == step
+
+
+def best_summary(trainer: RetroMAETrainer) -> str | None:
+    """The summary line of the best checkpoint (`--metric-for-best-model`), or None without that option."""
+    state, args = trainer.state, trainer.args
+    if args.metric_for_best_model is None:
+        return None
+    if state.best_global_step is None or state.best_metric is None:
+        return ("  best checkpoint: none (no evaluation at a saved step succeeded); the final save is the last "
+                "step's")
+    name = args.metric_for_best_model.removeprefix("eval_")
+    where = ("; the final save and export are its weights" if args.load_best_model_at_end
+             else "; the final save is the last step's (--load-best-model-at-end loads the best)")
+    return (f"  best checkpoint: step {state.best_global_step}, {name} {state.best_metric:.4f} "
+            f"({state.best_model_checkpoint}){where}")
+
+
+def checkpoint_extras(method: str) -> str:
+    """What a method's pre-training checkpoint holds besides the encoder: its decoder, or (BoW: none) its heads."""
+    return "decoder" if "num_decoder_layers" in get_method(method).config_fields else "heads"
+
+
+__all__ = ['attn_implementation_for', 'best_summary', 'check_special_tokens', 'scale_loss_chunk', 'unsupported_model_message', 'final_save_done', 'load_pretraining_model', 'train_model', 'validation_callback']

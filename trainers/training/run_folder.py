@@ -1,0 +1,184 @@
+"""A pre-training run's output folder: its checkpoints, which one to resume, and the files of a finished run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import retromae.modeling
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..inputs.errors import UserError
+from ..inputs.io import read_json_or_empty
+from ..inputs.outputs import clean_stale_siblings, sibling_target_name
+from .resume import run_id_of
+
+logger = logging.getLogger(__name__)
+
+RUN_INFO_NAME = "retromae_run.json"
+
+
+TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last: its presence marks a complete checkpoint
+
+
+_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """`checkpoint-N` folders of `output_dir`, oldest first."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+RESUME_LAST = {"last", "auto", "true", "True"}  # --resume-from-checkpoint values meaning the newest checkpoint
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest checkpoint whose save finished (a run killed mid-save leaves one without trainer_state.json)."""
+    complete = [p for p in list_checkpoints(output_dir) if (p / TRAINER_STATE_NAME).is_file()]
+    for partial in set(list_checkpoints(output_dir)) - set(complete):
+        logger.warning("Ignoring incomplete checkpoint %s (no %s: the run stopped while saving it)", partial, TRAINER_STATE_NAME)
+    return complete[-1] if complete else None
+
+
+def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
+    """What `--resume-from-checkpoint last` continues: the newest complete checkpoint in `output_dir`.
+
+    Raises:
+        UserError: the complete checkpoints there come from more than one run (`run_id`; none recorded counts as one
+            more): which run to continue is the user's choice, so the message names each run's newest checkpoint.
+    """
+    complete = [p for p in list_checkpoints(output_dir) if (p / TRAINER_STATE_NAME).is_file()]
+    newest = {run_id_of(p): p for p in complete}  # oldest first: each run's newest wins
+    if len(newest) > 1:
+        runs = sorted(newest.items(), key=lambda item: complete.index(item[1]), reverse=True)
+        listing = "; ".join(f"{path} (run {run_id or 'without a recorded id'})" for run_id, path in runs)
+        raise UserError(f"--resume-from-checkpoint last: {output_dir} holds checkpoints of {len(newest)} runs, newest "
+                        f"{listing}; pass the checkpoint folder of the run to continue, e.g. --resume-from-checkpoint "
+                        f"{runs[0][1]}")
+    return last_complete_checkpoint(output_dir)
+
+
+def check_no_checkpoint_collision(output_dir: str | os.PathLike, checkpoint: str | os.PathLike,
+                                  max_steps: int) -> None:
+    """Refuse resuming `checkpoint` into `output_dir` when the folder holds another run's `checkpoint-N` with N
+    after the resumed step (up to `max_steps` when > 0): a save of this run at step N would replace it.
+
+    Raises:
+        UserError: naming those checkpoints and the way out.
+    """
+    own = run_id_of(checkpoint)
+    step = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME).get("global_step", 0)
+    ahead = [p for p in list_checkpoints(output_dir) if run_id_of(p) != own
+             and step < int(_CHECKPOINT_RE.match(p.name).group(1)) <= (max_steps if max_steps > 0 else float("inf"))]
+    if ahead:
+        raise UserError(f"--resume-from-checkpoint {checkpoint}: {output_dir} holds checkpoints of another run after "
+                        f"step {step} ({', '.join(p.name for p in ahead)}), which this run's saves could replace; "
+                        "move them out of the folder, or resume into another --output-dir")
+
+
+def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:
+    """The step `checkpoint` was saved at if its run has nothing left to train, else None.
+
+    The Trainer checks `global_step >= max_steps` only after an optimizer step (`DefaultFlowCallback.on_step_end`), so
+    resuming a finished run whose last step is not at an epoch boundary would train one step more before stopping.
+
+    Args:
+        checkpoint: a complete `checkpoint-N` folder.
+        max_steps: the resumed run's `args.max_steps`; <= 0 (training by epochs): the checkpoint's own total.
+    """
+    state = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME)
+    step, total = state.get("global_step", 0), max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return step if total > 0 and step >= total else None
+
+
+FINAL_BUILD_NAME = ".retromae-final"  # the final save is built here, then its files move to the output root
+
+
+_ROOT_FILE_PATTERNS = (
+    "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+    "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "chat_template.jinja",
+    "training_args.bin", "collator_rng_*.safetensors", RUN_INFO_NAME, "validation.png",
+)
+
+
+def _remote_code_files() -> set[str]:
+    """The modeling files `save_pretrained` copies beside a checkpoint's weights (our Hub remote code)."""
+    return {path.name for path in Path(retromae.modeling.__file__).parent.glob("*.py") if path.name != "__init__.py"}
+
+
+def run_output_files(output_dir: str | os.PathLike) -> list[Path]:
+    """What `retromae pretrain` wrote in `output_dir`: the final model's files at the root (weights, config,
+    tokenizer, run info, remote code), the `checkpoint-N` folders, the default export `encoder/` (a
+    sentence-transformers folder) and folders left by killed saves. Anything else there is the user's."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    code = _remote_code_files()
+    return [entry for entry in sorted(folder.iterdir()) if _is_run_file(entry, code) or _is_run_folder(entry)]
+
+
+def _is_run_file(entry: Path, remote_code: set[str]) -> bool:
+    return entry.is_file() and (entry.name in remote_code or any(entry.match(p) for p in _ROOT_FILE_PATTERNS))
+
+
+def _is_run_folder(entry: Path) -> bool:
+    return entry.is_dir() and bool(
+        _CHECKPOINT_RE.match(entry.name) or _is_killed_save(entry.name)
+        or (entry.name == "encoder" and (entry / "modules.json").is_file())
+    )
+
+
+def _is_killed_save(name: str) -> bool:
+    """The final save's build folder, or an `atomic_folder` sibling (`.<name>.tmp-...`/`.old-...`) of a checkpoint
+    or of that build folder."""
+    target = sibling_target_name(name)
+    return name == FINAL_BUILD_NAME or target == FINAL_BUILD_NAME or bool(target and _CHECKPOINT_RE.match(target))
+
+
+def remove_previous_run(output_dir: str | os.PathLike) -> list[Path]:
+    """Delete what an earlier run wrote in `output_dir` (see `run_output_files`); other files stay."""
+    removed = run_output_files(output_dir)
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return removed
+
+
+def clean_killed_saves(output_dir: str | os.PathLike) -> None:
+    """Remove the build folders of checkpoint and final saves that a killed run left in `output_dir` (a swap cut
+    short between its two renames is undone by `clean_stale_siblings`)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name == FINAL_BUILD_NAME:
+            shutil.rmtree(entry, ignore_errors=True)
+        elif _is_killed_save(entry.name) and entry.is_dir():
+            clean_stale_siblings(folder / sibling_target_name(entry.name))
+
+
+def install_files(build: Path, root: Path) -> None:
+    """Move the files of a finished final save from `build` into `root`, replacing the previous final save's
+    files (and removing those the new save does not have, e.g. shards or another method's code). `config.json` goes
+    first and comes back last, so `root` lacks it, and readers refuse it, while the two saves are mixed."""
+    incoming = {path.name for path in build.iterdir()}
+    (root / "config.json").unlink(missing_ok=True)
+    for stale in run_output_files(root):
+        if stale.is_file() and stale.name not in incoming:
+            stale.unlink()
+    for path in sorted(build.iterdir(), key=lambda p: (p.name == "config.json", p.name == RUN_INFO_NAME, p.name)):
+        os.replace(path, root / path.name)
+    build.rmdir()
+
+
+__all__ = ['RESUME_LAST', 'RUN_INFO_NAME', 'check_no_checkpoint_collision', 'checkpoint_to_resume', 'clean_killed_saves', 'finished_step', 'last_complete_checkpoint', 'list_checkpoints', 'remove_previous_run', 'run_output_files']

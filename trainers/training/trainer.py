@@ -1,0 +1,546 @@
+"""`RetroMAETrainer`: the HF Trainer for every pre-training method of this package.
+
+- logs every loss component of the model output (fields ending in `_loss`), averaged over the logging window
+  and across processes, and the top-1 accuracy of each cross-entropy term (fields ending in `_accuracy`) on the
+  steps it logs: the model measures them only there (`measure_accuracy`), so other steps cost nothing more;
+- masking is drawn in the training process, not in DataLoader workers: with a `PretrainingCollator` (or subclass)
+  the workers only `pad`, and `training_step` applies `mask_batch` with one generator per process, seeded from
+  `(args.seed, args.process_index)`. Masks therefore differ across workers, epochs and ranks. Evaluation masks come
+  from a second generator, re-seeded at every evaluation (the same masks each time, so eval losses compare) and
+  leaving the training stream untouched;
+- periodic checkpoints are full `save_pretrained` folders (decoder included) plus `retromae_run.json` and that
+  generator's state (`collator_rng_<rank>.safetensors`). The Trainer skips already-trained batches on resume
+  without a `training_step`, so `--resume-from-checkpoint` continues exactly where the run stopped, with or without
+  workers (a streamed corpus is re-read up to the checkpoint by the Trainer; the masks continue from the state);
+- resuming reads only safetensors and JSON files of ours; the Trainer's `optimizer.pt`, `scheduler.pt`,
+  `rng_state*.pth` (and `scaler.pt`) are read with `torch.load(weights_only=True)`; `training_args.bin` is never read;
+- every save is atomic: `checkpoint-N` is built in a hidden sibling (`core.folders.atomic_folder`) and renamed when
+  complete; the final save is built in `OUTPUT_DIR/.retromae-final` and moved into the root with `config.json`
+  last. Each checkpoint also records the run's settings and id (`retromae_resume.json`, see `resume.py`);
+  rotation (`save_total_limit`) deletes only checkpoints with this run's id, never the newest or the best
+  (`--metric-for-best-model`, recorded as the Trainer does); resuming the newest checkpoint
+  (`checkpoint_to_resume`) refuses a folder with checkpoints of several runs, and resuming a finished run
+  (`finished_step`) loads it and trains nothing;
+- callbacks a method needs (BoW's weight schedule) are registered automatically, and the last step is always
+  logged (`LogLastStepCallback`); a callback with a `pop_logs()` method adds what it returns to the next log entry
+  (`validation.RetrievalValidationCallback`'s retrieval metrics). With that callback, `evaluate()` is its retrieval
+  validation, so `--eval-strategy steps --metric-for-best-model ndcg@10 --load-best-model-at-end` selects, keeps and
+  loads the best checkpoint at the end as for any Trainer;
+- the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
+  the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
+  `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
+- what does not fit together is refused on construction, in one line, rather than deep in the first step: the
+  command line's checks of the training arguments (numbers that are not numbers among them), a dataset without
+  `input_ids` (not tokenized), a collator built from another tokenizer than `processing_class`, a tokenizer with more
+  ids than the embedding rows or rows longer than the position table (`positions.check_model_and_tokenizer`); a
+  tokenizer with under half as many ids as the embedding rows is warned about;
+- `save_model()` saves the model as `transformers.Trainer` does; the sentence-transformers export is a separate,
+  explicit call (`export.export_from_model`), made by `retromae pretrain` after training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow.compute as pc
+import torch
+from accelerate.utils import broadcast_object_list
+from retromae.modeling.configuration_retromae import hides_whole_words
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState, TrainerState
+from transformers.trainer_optimizer import is_optimizer_factory
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
+
+from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
+from ..inputs.arguments import check_training_arguments
+from ..inputs.errors import UserError
+from ..inputs.io import write_json_atomic
+from ..inputs.outputs import atomic_folder
+from .divergence import divergence_on_any_process
+from .positions import check_model_and_tokenizer
+from .recipe import (
+    HeadWarmupCallback,
+    RecipeArguments,
+    add_contrastive_anchor,
+    encoder_parameters,
+    merge_pairs,
+    parameter_groups,
+)
+from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of
+from .run_folder import (
+    FINAL_BUILD_NAME,
+    RUN_INFO_NAME,
+    TRAINER_STATE_NAME,
+    checkpoint_to_resume,
+    finished_step,
+    install_files,
+    last_complete_checkpoint,
+    list_checkpoints,
+)
+from .schedules import schedule_callbacks
+
+logger = logging.getLogger(__name__)
+
+
+_RUN_INFO_TRAINING_KEYS = (
+    "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs",
+    "warmup_steps", "weight_decay", "seed", "lr_scheduler_type",
+)
+
+
+def logs_at_step(args, state, step: int) -> bool:
+    """Whether optimizer step `step` ends with a loss log: transformers' DefaultFlowCallback rule (the first step
+    with `logging_first_step`, every `logging_steps`) and `LogLastStepCallback`'s last step."""
+    if step == 1 and args.logging_first_step:
+        return True
+    return args.logging_strategy == "steps" and (step % state.logging_steps == 0 or step >= state.max_steps > 0)
+
+
+class LogLastStepCallback(TrainerCallback):
+    """Log at the last step too: a run shorter than `logging_steps` would otherwise log only its first step, and
+    its summary would show that step's losses as both first and last."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if logs_at_step(args, state, state.global_step):  # DefaultFlowCallback has set the others already
+            control.should_log = True
+        return control
+
+
+def check_tokenized(dataset: Any, name: str) -> None:
+    """Refuse a dataset (or a dict of them) without `input_ids`, e.g. read_corpus's text: transformers would say only
+    that no column matches the model."""
+    for key, part in (dataset.items() if isinstance(dataset, dict) else [(None, dataset)]):
+        columns = getattr(part, "column_names", None)
+        if isinstance(columns, list) and "input_ids" not in columns:
+            where = name if key is None else f"{name}[{key!r}]"
+            raise UserError(f"{where} has no 'input_ids' column (columns: {columns}); tokenize it first: "
+                            "retromae.tokenize_corpus(dataset, tokenizer, max_seq_length=...)")
+
+
+def _token_ids(tokenizer: Any) -> tuple[int | None, ...]:
+    """What masking and padding read off a tokenizer: its size and mask, pad, cls and sep ids."""
+    return (len(tokenizer), *(getattr(tokenizer, f"{kind}_token_id", None) for kind in ("mask", "pad", "cls", "sep")))
+
+
+def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
+    """Refuse a collator built from another tokenizer than the trainer's (`processing_class`): it would mask
+    special tokens as words, insert its own mask id and pad with its own pad id. Equal ids pass (a copy is fine).
+
+    Raises:
+        UserError: naming both tokenizers' classes, sizes and special ids.
+    """
+    if _token_ids(collator_tokenizer) == _token_ids(tokenizer):
+        return
+
+    def described(which: Any) -> str:
+        size, mask, pad, cls, sep = _token_ids(which)
+        return f"{type(which).__name__} ({size} tokens, mask {mask}, pad {pad}, cls {cls}, sep {sep})"
+
+    raise UserError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
+                    f"{described(tokenizer)}; build the collator from the same tokenizer: "
+                    "PretrainingCollator(processing_class, ...)")
+
+
+def longest_sequence(dataset: Any) -> int | None:
+    """The most tokens of a row of a `datasets.Dataset` (any `*input_ids` column), read off the Arrow list lengths
+    without decoding the rows; None for other datasets (a stream has no length to read)."""
+    if not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
+        return None
+    longest = 0
+    for column in (name for name in dataset.column_names if name.endswith("input_ids")):
+        lengths = pc.list_value_length(dataset.data.column(column))
+        if dataset._indices is not None:  # a select/shuffle view: only its rows
+            lengths = lengths.take(dataset._indices.column(0))
+        longest = max(longest, pc.max(lengths).as_py() or 0)
+    return longest
+
+
+class RetroMAETrainer(Trainer):
+    """Trainer for `*ForPretraining` models.
+
+    Args:
+        run_info: what the run was (method, base model, corpus, lengths); written to every checkpoint as
+            `retromae_run.json` and used by the model card. Must not contain local paths.
+        run_settings: what resuming restores (`resume.record_settings`), written to every checkpoint as
+            `retromae_resume.json`; its `run_id` marks the checkpoints checkpoint rotation may delete (default: a
+            fresh id and no settings).
+        recipe: the continued-pre-training recipe (`recipe.RecipeArguments`); default: off.
+        Other arguments as `transformers.Trainer`. A `PretrainingCollator` data collator is split: its `pad` runs
+        in the DataLoader (so `trainer.data_collator` is that bound method), its `mask_batch` in `training_step`
+        and `prediction_step`, drawing from the trainer's generators (its own `generator` is not used).
+    """
+
+    def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
+                 recipe: RecipeArguments | None = None, **kwargs):
+        # a callback that can score the model (`validation.RetrievalValidationCallback`; not imported: it sits a
+        # layer above the trainer, beside the coverage diagnostic it reuses)
+        if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
+            raise UserError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
+                            "collator of your own that returns the model's labels)")
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if training_args is not None:  # before the Trainer compares any of them
+            check_training_arguments(training_args)  # as the command line checks its flags
+        validation = next((c for c in kwargs.get("callbacks") or [] if callable(getattr(c, "evaluate_model", None))),
+                          None)
+        if validation is not None and kwargs.get("eval_dataset") is None:
+            kwargs["eval_dataset"] = validation.data  # the evaluation set is the BEIR split (`evaluate`)
+        super().__init__(*args, **kwargs)
+        self.validation = validation
+        self.recipe = recipe or RecipeArguments()
+        self.head_warmup = None
+        if self.recipe.head_warmup_steps > 0:
+            self.head_warmup = HeadWarmupCallback(encoder_parameters(self.model), self.recipe.head_warmup_steps,
+                                                  toggle_requires_grad=self.args.world_size == 1)
+            self.add_callback(self.head_warmup)
+        self.run_info = dict(run_info or {})
+        self._best_loaded = False  # the best checkpoint's weights replaced the last step's (load_best_model_at_end)
+        self.run_settings = dict(run_settings or record_settings({}, new_run_id()))
+        self.add_callback(LogLastStepCallback())
+        self._loss_sums: dict[str, torch.Tensor] = {}
+        self._loss_steps = 0
+        self._accuracy_sums: dict[str, torch.Tensor] = {}  # over the logged step's forwards (NaN ones left out)
+        self._accuracy_counts: dict[str, torch.Tensor] = {}
+        collator = self.data_collator
+        self.masking_collator = collator if isinstance(collator, PretrainingCollator) else None
+        check_tokenized(self.train_dataset, "train_dataset")
+        if validation is None:  # the validation's BEIR split is text by design
+            check_tokenized(self.eval_dataset, "eval_dataset")
+        tokenizer = self.processing_class if isinstance(self.processing_class, PreTrainedTokenizerBase) else None
+        if tokenizer is not None and self.masking_collator is not None:
+            check_same_tokenizer(self.masking_collator.tokenizer, tokenizer)
+        if tokenizer is None:  # the collator's, which made the masks
+            tokenizer = getattr(self.masking_collator, "tokenizer", None)
+        if tokenizer is not None:
+            self._check_model_fits(tokenizer)
+        if self.masking_collator is not None:
+            self.data_collator = self.masking_collator.pad  # workers pad; masks are drawn in this process
+        self._train_masking = masking_generator(self.args.seed, self.args.process_index)
+        self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
+        for callback in schedule_callbacks(self.model):
+            self.add_callback(callback)
+
+    def _check_model_fits(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Refuse a tokenizer with ids beyond the embedding rows and sequences beyond the position table with the
+        command line's check (`positions.check_model_and_tokenizer`, on the longest sequence of the training data);
+        warn when the tokenizer uses under half of the embedding rows (most likely another model's tokenizer)."""
+        config = getattr(self.model, "config", None)
+        if not hasattr(config, "vocab_size") or not hasattr(config, "max_position_embeddings"):
+            return
+        longest = longest_sequence(self.train_dataset)
+        try:  # 8 is the command line's shortest --max-seq-length, no rule for the rows of a dataset
+            check_model_and_tokenizer(self.model, tokenizer, max(longest or 0, 8),
+                                      config._name_or_path or type(self.model).__name__)
+        except UserError as error:
+            rows = f"; train_dataset's longest sequence: {longest} tokens" if longest is not None else ""
+            raise UserError(f"RetroMAETrainer (tokenizer {type(tokenizer).__name__}{rows}): {error}") from None
+        if len(tokenizer) < config.vocab_size / 2:
+            logger.warning("the tokenizer (%s) has %d tokens but the model has %d embedding rows: it is most likely "
+                           "another model's, whose ids mean other words to this model; use the tokenizer that "
+                           "belongs to the model", type(tokenizer).__name__, len(tokenizer), config.vocab_size)
+
+    # ---- masking ------------------------------------------------------------------------------------------------
+
+    def _mask_inputs(self, inputs: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """Masks a padded batch (one that still has `UNMASKED_KEY`); other batches pass unchanged."""
+        if self.masking_collator is None or UNMASKED_KEY not in inputs:
+            return inputs
+        masked = self.masking_collator.mask_batch(inputs, generator)
+        if hides_whole_words(self.model.config):
+            masked["decoder_word_starts"] = inputs[UNMASKED_KEY].to(masked["input_ids"].device)
+        return masked
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        # Called once per consumed micro-batch, in order, and never for the batches a resume skips: the generator's
+        # state at a checkpoint is exactly what the next batch needs, whatever the workers prefetched.
+        unwrapped = self.accelerator.unwrap_model(model)
+        unwrapped.measure_accuracy = logs_at_step(self.args, self.state, self.state.global_step + 1)  # in progress
+        try:
+            loss = super().training_step(model, self._mask_inputs(inputs, self._train_masking), num_items_in_batch)
+        finally:
+            unwrapped.measure_accuracy = False
+        if self.head_warmup is not None:
+            self.head_warmup.drop_encoder_gradients()  # before clipping and the optimizer step
+        return loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        return super().prediction_step(model, self._mask_inputs(inputs, self._eval_masking), prediction_loss_only,
+                                       ignore_keys)
+
+    def evaluation_loop(self, *args, **kwargs):
+        self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
+        return super().evaluation_loop(*args, **kwargs)
+
+    # ---- retrieval validation as the Trainer's evaluation ----------------------------------------------------
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """With a `RetrievalValidationCallback` and no other `eval_dataset`: its retrieval metrics (`eval_ndcg@10`,
+        ...), computed on the main process and given to every process, logged as their own entry; empty when the
+        evaluation failed (warned). So `--eval-strategy steps` and `--metric-for-best-model ndcg@10` work as for any
+        Trainer. Otherwise the Trainer's evaluation (the masked-LM losses of `eval_dataset`)."""
+        if self.validation is None or eval_dataset is not None:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        model = self.accelerator.unwrap_model(self.model)
+        metrics = self.validation.evaluate_model(self.args, self.state, model, self.processing_class)
+        if self.args.world_size > 1:  # every process compares the best metric and saves alike
+            metrics = broadcast_object_list([metrics], from_process=0)[0]
+        if metrics:
+            self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial) -> bool:
+        if self.validation is not None and not metrics:  # a failed retrieval validation (warned) is no best
+            return False
+        if self.args.save_strategy != SaveStrategy.BEST and not self.control.should_save:
+            # an evaluation between saves (--eval-steps below --save-steps): no checkpoint holds its weights, and
+            # the Trainer would record it as best yet load an older checkpoint at the end
+            return False
+        return super()._determine_best_metric(metrics, trial)
+
+    # ---- continued-pre-training recipe ------------------------------------------------------------------------
+
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer; with the recipe, its parameter groups carry the encoder's learning-rate factors
+        (`recipe.parameter_groups`) and hold every parameter, including those frozen during the warm-up."""
+        if not self.recipe.changes_optimizer or self.optimizer is not None:
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        if is_optimizer_factory(optimizer_cls) or {"params", "model", "optimizer_dict"} & optimizer_kwargs.keys():
+            raise UserError(f"--optim {self.args.optim} builds its own parameter groups and cannot take the "
+                            "continued-pre-training recipe's; use --optim adamw_torch")
+        groups = parameter_groups(
+            opt_model, self.recipe, self.accelerator.unwrap_model(self.model).config.num_hidden_layers,
+            self.args.learning_rate, self.args.weight_decay, set(self.get_decay_parameter_names(opt_model)),
+        )
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    def _encoder_learning_rate(self, learning_rate: float) -> float:
+        """The top encoder layer's rate in the step just logged (the Trainer's `learning_rate` is the full rate)."""
+        if self.state.global_step <= self.recipe.head_warmup_steps:
+            return 0.0
+        num_layers = self.accelerator.unwrap_model(self.model).config.num_hidden_layers
+        return learning_rate * self.recipe.top_layer_scale(num_layers)
+
+    # ---- loss components --------------------------------------------------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.recipe.contrastive_anchor_weight > 0 and "positive_input_ids" in inputs:  # recipe: B anchors + B
+            outputs = model(**merge_pairs(inputs))  # positives in one pass, then the in-batch loss on their [CLS]
+            if outputs.loss is not None:
+                outputs = add_contrastive_anchor(outputs, inputs["input_ids"].shape[0],
+                                                 self.recipe.contrastive_anchor_weight)
+        else:
+            outputs = model(**inputs)
+        if model.training:
+            for name, value in outputs.items():
+                if name.endswith("_loss") and value is not None:
+                    self._loss_sums[name] = self._loss_sums.get(name, 0.0) + value.detach().float()
+                elif name.endswith("_accuracy") and value is not None:
+                    measured = ~value.isnan()
+                    self._accuracy_sums[name] = self._accuracy_sums.get(name, 0.0) + value.nan_to_num(0.0)
+                    self._accuracy_counts[name] = self._accuracy_counts.get(name, 0) + measured.float()
+            self._loss_steps += 1
+        return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._loss_steps:  # same branch on every rank, so the collective below is safe
+            for name, total in sorted(self._loss_sums.items()):
+                mean = self.accelerator.reduce(total / self._loss_steps, reduction="mean")
+                logs[name] = round(mean.item(), 4)
+            for name, total in sorted(self._accuracy_sums.items()):
+                count = self.accelerator.reduce(self._accuracy_counts[name], reduction="sum")
+                if count > 0:
+                    logs[name] = round((self.accelerator.reduce(total, reduction="sum") / count).item(), 4)
+            self._loss_sums, self._loss_steps = {}, 0
+            self._accuracy_sums, self._accuracy_counts = {}, {}
+        if self.recipe.changes_optimizer and "learning_rate" in logs:
+            logs["encoder_learning_rate"] = self._encoder_learning_rate(logs["learning_rate"])
+        if any(isinstance(value, float) and not math.isfinite(value) for value in logs.values()):
+            self._refuse_divergence()  # at once, not at the next save
+        for callback in self.callback_handler.callbacks:  # e.g. validation.RetrievalValidationCallback's metrics
+            if callable(getattr(callback, "pop_logs", None)):
+                logs.update(callback.pop_logs())
+        super().log(logs, start_time)
+
+    # ---- checkpoints --------------------------------------------------------------------------------------------
+
+    def _save_run_files(self, folder: Path) -> None:
+        """What a checkpoint or the final save holds beside the model: every process's masking-generator state and
+        the run info (`retromae_run.json`)."""
+        self._save_collator_state(str(folder))
+        if self.args.should_save:
+            write_json_atomic(folder / RUN_INFO_NAME, self.current_run_info())
+
+    def _refuse_divergence(self) -> None:
+        """Stop a run whose weights became NaN or infinite before it saves them (a checkpoint, the final model or
+        its export), naming the last checkpoint saved before."""
+        diverged = divergence_on_any_process(self.model, self.state.log_history)
+        if diverged is None:
+            return
+        last = last_complete_checkpoint(self.args.output_dir)
+        raise UserError(
+            f"pre-training diverged at step {self.state.global_step}: {diverged}; nothing was saved"
+            f"{f' after {last.name}' if last else ''}. Lower --learning-rate (or raise --warmup-steps) and run again"
+        )
+
+    def save_pretraining_model(self, output_dir: str | os.PathLike) -> None:
+        """Save the full pre-training model (decoder included) + tokenizer + run info, e.g. at the end of training.
+
+        The output root also holds the checkpoints, so it cannot be swapped whole: the files are built in
+        `FINAL_BUILD_NAME`, then moved in one by one. `config.json` (which every reader needs) is removed first and
+        moved in last, so a kill in between leaves a root that readers refuse rather than a mix of two saves."""
+        self._refuse_divergence()
+        root = Path(output_dir)
+        with self._atomic_save(root / FINAL_BUILD_NAME) as build:
+            self.save_model(str(build), _internal_call=True)
+            self._save_run_files(build)
+        if self.args.should_save:
+            install_files(root / FINAL_BUILD_NAME, root)
+        self.accelerator.wait_for_everyone()
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's checkpoint (model, optimizer, scheduler, RNG states, trainer state, our files), written into
+        a temporary sibling and renamed to `checkpoint-N` only when complete; then this run's older checkpoints are
+        rotated. As the Trainer's, it records the best checkpoint so far (`state.best_model_checkpoint`, with
+        `--metric-for-best-model`), which rotation keeps."""
+        self._refuse_divergence()
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()
+        run_dir = Path(self._get_output_dir(trial=trial))
+        target = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        if self.state.best_global_step:
+            best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
+            if best == target or best.is_dir():  # recorded before the trainer state is written, as the Trainer does
+                self.state.best_model_checkpoint = str(best)
+        with self._atomic_save(target) as build:
+            self.save_model(str(build), _internal_call=True)
+            self._save_run_files(build)
+            if not self.args.save_only_model:
+                self._save_optimizer_and_scheduler(str(build))
+                self._save_scaler(str(build))
+                self._save_rng_state(str(build))
+            if self.args.should_save:
+                write_json_atomic(build / RESUME_FILE, self.run_settings)
+                self._save_trainer_state(build)
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(str(target))
+        if self.args.should_save:
+            self._rotate_own_checkpoints(run_dir)
+
+    def _save_trainer_state(self, folder: Path) -> None:
+        """`trainer_state.json` with the state of the callbacks that export one (as `Trainer._save_checkpoint`)."""
+        for callback in [*self.callback_handler.callbacks, self.control]:
+            if isinstance(callback, ExportableState):
+                name, state = type(callback).__name__, callback.state()
+                if isinstance(self.state.stateful_callbacks.get(name), list):
+                    self.state.stateful_callbacks[name].append(state)
+                else:
+                    self.state.stateful_callbacks[name] = state
+        self.state.save_to_json(str(folder / TRAINER_STATE_NAME))
+
+    @contextmanager
+    def _atomic_save(self, target: Path):
+        """Yield one temporary folder that every process writes into; the main process renames it to `target`
+        (`core.folders.atomic_folder`) once all processes are done, and nobody goes on before that."""
+        if self.args.should_save:
+            with atomic_folder(target, overwrite=True) as build:
+                yield self._shared_path(build)
+                self.accelerator.wait_for_everyone()  # every process's files are in
+        else:
+            yield self._shared_path(None)
+            self.accelerator.wait_for_everyone()
+        self.accelerator.wait_for_everyone()  # the folder has its final name
+
+    def _shared_path(self, path: Path | None) -> Path:
+        """The main process's `path`, on every process."""
+        if self.args.world_size > 1:
+            path = Path(broadcast_object_list([str(path) if path else None], from_process=0)[0])
+        return path
+
+    def _rotate_own_checkpoints(self, run_dir: Path) -> None:
+        """Keep at most `save_total_limit` checkpoints of this run (same `run_id`), the newest and the best
+        (`state.best_model_checkpoint`) always, as the Trainer does; checkpoints that another run left in the folder
+        are never deleted."""
+        limit = self.args.save_total_limit
+        if not limit or limit <= 0:
+            return
+        own = [p for p in list_checkpoints(run_dir) if run_id_of(p) == self.run_settings.get("run_id")]
+        best = self.state.best_model_checkpoint
+        deletable = [p for p in own[:-1] if best is None or p.resolve() != Path(best).resolve()]  # oldest first
+        for checkpoint in deletable[: max(len(own) - limit, 0)]:  # the slice keeps the newest and the best
+            logger.info("Deleting older checkpoint %s (save_total_limit=%d)", checkpoint, limit)
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+    def current_run_info(self) -> dict[str, Any]:
+        training = {key: getattr(self.args, key) for key in _RUN_INFO_TRAINING_KEYS}
+        training["world_size"] = self.args.world_size
+        training["warmup_steps"] = self.args.warmup_steps
+        training.update(self.recipe.as_record())
+        losses = [entry for entry in self.state.log_history if "loss" in entry]
+        final = {k: v for k, v in losses[-1].items() if k == "loss" or k.endswith("_loss")} if losses else {}
+        first = {k: v for k, v in losses[0].items() if k == "loss" or k.endswith("_loss")} if losses else {}
+        record = {**self.run_info, "global_step": self.state.global_step}
+        if self._best_loaded:  # the weights are the best checkpoint's, not the last step's
+            metric = self.args.metric_for_best_model.removeprefix("eval_")
+            record.update(weights_step=self.state.best_global_step, best_metric={metric: self.state.best_metric})
+        return {**record, "training": training, "first_losses": first, "final_losses": final}
+
+    def _load_best_model(self) -> None:
+        """The Trainer's; the run record then names the step whose weights these are (`weights_step`)."""
+        super()._load_best_model()
+        self._best_loaded = True
+
+    def _collator_state_to_save(self) -> torch.Tensor | None:
+        return self._train_masking.get_state() if self.masking_collator is not None else None
+
+    def _collator_state_file(self, folder: str | os.PathLike) -> Path:
+        return Path(folder) / f"collator_rng_{self.args.process_index}.safetensors"
+
+    def _save_collator_state(self, folder: str) -> None:
+        state = self._collator_state_to_save()
+        if state is not None:
+            os.makedirs(folder, exist_ok=True)
+            save_file({"state": state}, str(self._collator_state_file(folder)))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """As `Trainer.train`; the masks start from `(args.seed, process_index)`, or from the checkpoint's state. A
+        checkpoint whose run is finished (`finished_step`) is loaded (weights and state) and nothing is trained."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = checkpoint_to_resume(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise UserError(f"no complete checkpoint to resume from in {self.args.output_dir}")
+            resume_from_checkpoint = str(resume_from_checkpoint)
+        if resume_from_checkpoint and finished_step(resume_from_checkpoint, self.args.max_steps) is not None:
+            return self._load_finished_run(resume_from_checkpoint)
+        self._train_masking = masking_generator(self.args.seed, self.args.process_index)
+        if resume_from_checkpoint and self.masking_collator is not None:
+            state_file = self._collator_state_file(resume_from_checkpoint)
+            if state_file.is_file():
+                self._train_masking.set_state(load_file(str(state_file))["state"])
+            else:
+                logger.warning("%s has no %s; masks after resuming will differ", resume_from_checkpoint, state_file.name)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _load_finished_run(self, checkpoint: str) -> TrainOutput:
+        """Load a finished run's checkpoint (weights and trainer state) instead of training past its last step."""
+        self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and Path(best).is_dir():
+            self._load_best_model()  # as the run's own end did: its final save and export are the best's
+        logger.warning("%s is the last step (%d) of its run: the run is finished, nothing to train", checkpoint,
+                       self.state.global_step)
+        return TrainOutput(self.state.global_step, 0.0, {})  # as Trainer reports a call that trained no step
+
+
+__all__ = ['LogLastStepCallback', 'RetroMAETrainer', 'check_same_tokenizer', 'check_tokenized', 'longest_sequence']
