@@ -40,7 +40,7 @@ class BoWForPretraining(BertPretrainingBase):
     Keys are `BertForMaskedLM`'s. The BoW logits are the masked input's [CLS] state through the full tied MLM head,
     as in the reference code (bowdpr). The schedule factor is the non-persistent buffer `bow_schedule_factor` (a
     tensor, so changing it does not recompile), set each optimizer step by
-    `retromae.trainers.schedules.BoWScheduleCallback`.
+    `retromae.trainers.training.schedules.BoWScheduleCallback`.
     """
 
     config_class = BoWConfig

@@ -160,7 +160,7 @@ class SentMAEForPretraining(RetroMAEForPretraining):
         if anchor_count is None:
             raise ValueError(
                 f"contrastive_loss_weight={self.config.contrastive_loss_weight} needs positives (positive_input_ids "
-                "...): collate with retromae.trainers.contrastive_data.ContrastiveCollator, or set "
+                "...): collate with retromae.trainers.data.pairs.ContrastiveCollator, or set "
                 "contrastive_loss_weight=0 for RetroMAE alone"
             )
         losses["contrastive_loss"] = in_batch_contrastive_loss(

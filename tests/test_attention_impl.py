@@ -203,7 +203,7 @@ def test_pretrain_cli_trains_on_the_chosen_implementation_and_may_change_it_on_r
     tiny_bert, corpus, tmp_path, monkeypatch
 ):
     """The flag reaches the model (`--attn-implementation eager`: every attention of encoder and decoder is eager);
-    resuming the run with another implementation is accepted (`resume.MAY_CHANGE`)."""
+    resuming the run with another implementation is accepted (`training.resume.MAY_CHANGE`)."""
     loaded = []
     load = pretrain_module.load_pretraining_model
     monkeypatch.setattr(pretrain_module, "load_pretraining_model", lambda *a: loaded.append(load(*a)) or loaded[-1])

@@ -370,7 +370,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(comm
         monkeypatch.chdir(locked)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    flag = {"search": "--output", "coverage": "--output-dir", "evaluate": "--output-dir"}.get(command, "output")
+    flag = {"search": "--output", "export": "output folder"}.get(command, "--output-dir")
     assert err.startswith(f"retromae {command}: error: {flag} ") and err.count("\n") == 1, err
     assert err.endswith(f": {locked} cannot be written (no write permission); make it writable, or choose another "
                         "folder\n"), err

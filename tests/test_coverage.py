@@ -217,8 +217,8 @@ def test_results_not_ours_or_of_other_models_are_kept_without_overwrite(tiny_ber
     out.mkdir()
     (out / "coverage.json").write_text('{"my": "results"}')
     monkeypatch.setattr(coverage, "_encoder", _no_loading)  # refused before any model loads
-    with pytest.raises(UserError, match=r"out/coverage\.json holds results that `retromae coverage` did not "
-                       r"write; choose another --output-dir, or pass --overwrite to replace them$"):
+    with pytest.raises(UserError, match=r"out holds a coverage\.json that `retromae coverage` did not "
+                       r"write; choose another --output-dir, or pass --overwrite \(Python: overwrite=True\) to replace it$"):
         coverage_command(["--model", str(tiny_bert), "--corpus", str(tmp_path / "not-read.txt"),
                           "--output-dir", str(out)])
     assert json.loads((out / "coverage.json").read_text()) == {"my": "results"}
@@ -233,7 +233,7 @@ def test_results_not_ours_or_of_other_models_are_kept_without_overwrite(tiny_ber
     assert list(json.loads((out / "coverage.json").read_text())["coverage"]) == [tiny_bert.name]
     monkeypatch.setattr(coverage, "_encoder", _no_loading)
     with pytest.raises(UserError, match=r"holds the coverage of .*tiny-bert.*; choose another --output-dir, or "
-                       r"pass --overwrite to replace them$"):
+                       r"pass --overwrite \(Python: overwrite=True\) to replace it$"):
         run_coverage([str(minilm_dir), tiny_bert.name], TEXTS, output_dir=out)  # a superset is other models, too
     older = {**json.loads((out / "coverage.json").read_text()), "coverage": {"a-model": {"10": 0.5}}}
     del older["model_paths"]  # written before coverage.json recorded its models: the names given then decide
@@ -242,7 +242,8 @@ def test_results_not_ours_or_of_other_models_are_kept_without_overwrite(tiny_ber
         run_coverage([tiny_bert.name], TEXTS, output_dir=out)
     check_coverage_run(["a-model"], out)
     (out / "coverage.json").unlink()
-    with pytest.raises(UserError, match=r"coverage\.png .*did not write.*pass --overwrite to replace it$"):
+    with pytest.raises(UserError, match=r"coverage\.png that .*did not write.*pass --overwrite "
+                                          r"\(Python: overwrite=True\) to replace it$"):
         run_coverage([tiny_bert.name], TEXTS, output_dir=out)
 
 

@@ -1,4 +1,5 @@
-"""Tests for retromae.trainers.data.collator: corpus readers, tokenization and the encoder MLM collator."""
+"""Tests for retromae.trainers.data (reading, builtin, tokenize, collator): corpus readers, tokenization and the
+encoder MLM collator."""
 
 from __future__ import annotations
 

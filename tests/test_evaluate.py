@@ -530,7 +530,7 @@ def test_another_models_results_are_kept_unless_overwrite(spread_cls_bert, tiny_
     assert json.loads(first)["model_path"] == str((tmp_path / "run1" / "encoder").resolve())
     assert evaluate_command(["run1/encoder", *flags]) == 0  # the same model again: replaced
     with pytest.raises(UserError, match=r"eval-results/encoder holds the results of .*run1/encoder \(summary"
-                       r"\.json\); choose another --output-dir for run2/encoder, or pass --overwrite"):
+                       r"\.json\); choose another --output-dir, or pass --overwrite"):
         evaluate_command(["run2/encoder", *flags])
     assert summary.read_text() == first
     assert evaluate_command(["run2/encoder", *flags, "--output-dir", "eval-results/run2"]) == 0

@@ -1,4 +1,4 @@
-"""Export of a pre-training checkpoint as a sentence-transformers model (trainers/export.py)."""
+"""Export of a pre-training checkpoint as a sentence-transformers model (trainers/export/sentence_transformer.py)."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    with pytest.raises(UserError, match=r"not empty; pass --overwrite \(Python: overwrite=True\)"):
+    with pytest.raises(UserError, match=r"not empty; choose another output folder, or pass --overwrite \(Python: overwrite=True\)"):
         export_sentence_transformer(checkpoint, out)
     assert (out / "keep.txt").read_text() == "user data" and not (out / "modules.json").exists()
 
@@ -247,7 +247,7 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
             export_sentence_transformer(source, tmp_path / "out")
         assert not (tmp_path / "out").exists()
     _, checkpoint = pretrained
-    with pytest.raises(UserError, match="is or holds the checkpoint .* which replacing it would delete"):
+    with pytest.raises(UserError, match="replacing it would delete the checkpoint "):
         export_sentence_transformer(checkpoint, checkpoint.parent, overwrite=True)
 
 
@@ -279,7 +279,7 @@ def test_an_export_over_the_working_directory_is_refused_even_with_overwrite(pre
     (work / "notes.txt").write_text("mine")
     monkeypatch.chdir(work)
     for target in (tmp_path / "project", Path(".")):
-        with pytest.raises(UserError, match="is or holds the working directory"):
+        with pytest.raises(UserError, match="replacing it would delete the working directory"):
             export_sentence_transformer(checkpoint, target, overwrite=True)
     assert (work / "notes.txt").read_text() == "mine"
 
@@ -532,8 +532,8 @@ def test_overwrite_never_replaces_a_runs_folder_nor_exports_an_unknown_pooling(p
     run = tmp_path / "run"
     shutil.copytree(checkpoint, run / "checkpoint-2")
     (run / "checkpoint-2" / "optimizer.pt").write_bytes(b"state")  # what makes it a Trainer checkpoint
-    with pytest.raises(UserError, match=r"output folder .*run holds the training checkpoint checkpoint-2, which "
-                                          r"replacing it would delete; choose another folder"):
+    with pytest.raises(UserError, match=r"output folder .*run: replacing it would delete the training checkpoint "
+                                          r"checkpoint-2 \(.*\), even with --overwrite; choose another folder"):
         export_sentence_transformer(checkpoint, run, overwrite=True)
     assert (run / "checkpoint-2" / "optimizer.pt").is_file()
     for option, message in [({"pooling": "max"}, "pooling 'max': give one of cls, mean"),

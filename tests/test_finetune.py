@@ -373,13 +373,11 @@ def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, t
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(UserError, match="already exists and is not empty.*--overwrite"):
-        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST])
-    assert (out / "keep.txt").is_file()
     # HEAD deleted a folder of the user's own files with --overwrite
-    with pytest.raises(UserError, match=r"--output-dir .*out holds no model \(no modules.json or config.json\), "
-                                            r"so --overwrite will not replace it: choose a new or empty folder"):
-        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST, "--overwrite"])
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(UserError, match=r"--output-dir .*out holds no model \(no modules.json or config.json\), "
+                                            r"which --overwrite does not replace; choose a new or empty folder"):
+            finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST, *overwrite])
     assert (out / "keep.txt").is_file() and not (tmp_path / "out.work").exists()
     with pytest.raises(UserError, match="needs cross-encoder scores"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
@@ -564,10 +562,10 @@ def test_an_output_folder_over_an_input_is_refused_even_with_overwrite(case, spr
     (data / "teacher.tsv").write_text("q1\td1\t1.0\n")
     monkeypatch.chdir(tmp_path / "project")
     out, extra, match = {
-        "train-data": (data, [], "is or holds --train-data"),
-        "working-directory": (tmp_path / "project", [], "is or holds the working directory"),
+        "train-data": (data, [], "would delete --train-data"),
+        "working-directory": (tmp_path / "project", [], "would delete the working directory"),
         "teacher-scores": (data, ["--stages", "in-batch,distill", "--teacher-scores", str(data / "teacher.tsv")],
-                           "is or holds --train-data"),
+                           "would delete --train-data"),
         "work-dir-inside": (tmp_path / "out", ["--work-dir", str(tmp_path / "out" / "work")], "is inside --output-dir"),
     }[case]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))

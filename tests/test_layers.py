@@ -26,13 +26,13 @@ LAYERS: dict[str, int] = {
     # 1: the parts the methods are made of (data, collators, the Trainer and its run folder, exporters, metrics)
     **{f"data.{path.stem}": 1 for path in (TRAINERS / "data").glob("*.py")},
     **{f"training.{name}": 1 for name in ("trainer", "run_folder", "resume", "recipe", "schedules", "positions",
-                                          "fast_paths", "lock", "divergence", "finetune_losses")},
+                                          "fast_paths", "lock", "divergence", "finetune_losses", "sharding")},
     "export.cls": 1, "export.dupmae": 1, "retrieval.beir": 1, "retrieval.metrics": 1,
     # 2: the method registry, the one place that knows how the methods differ
     "methods": 2,
     # 3: what the commands run (training, retrieval, export, publishing) and each command's resolved options
     **{f"training.{name}": 3 for name in ("pretraining", "finetuning", "finetune_state", "retrieval_validation")},
-    **{f"retrieval.{name}": 3 for name in ("mteb", "coverage", "hybrid_index", "mining")},
+    **{f"retrieval.{name}": 3 for name in ("mteb", "coverage", "hybrid_index", "hybrid_parts", "index_files", "mining")},
     "export.sentence_transformer": 3, "export.publishing": 3,
     "inputs.pretrain_options": 3, "inputs.finetune_options": 3,
     # 4: the drivers, one per command
@@ -72,7 +72,7 @@ def _imports(module: str, path: Path) -> list[tuple[str, ast.ImportFrom]]:
             target = _resolve(module, node)
             if target is not None:
                 modules = _trainers_modules()
-                # `from .core import io` names the module core.io
+                # `from ..inputs import io` names the module inputs.io
                 names = [f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target for alias in node.names]
                 found += [(name, node) for name in dict.fromkeys(names)]
     return found
@@ -198,6 +198,7 @@ METHOD_IMPLEMENTATIONS = {
     "methods": "the registry",
     "export.dupmae": "DupMAE's exporter, validation vectors and sentence-transformers module (its `Method` fields)",
     "retrieval.hybrid_index": "the exact index of DupMAE's hybrid representation",
+    "retrieval.hybrid_parts": "what that index takes from a DupMAE model",
     "commands.index": "`retromae index` / `search` over that index",
     "data.pairs": "SentMAE's training data (its `Method.training_data`)",
 }

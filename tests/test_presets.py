@@ -81,7 +81,8 @@ def test_unknown_preset_lists_the_bundled_ones(capsys):
 
 
 def test_wheel_ships_the_presets(tmp_path):
-    """`pip install retromae` users get configs/ as package data beside retromae/trainers/ (where core/arguments.py looks)."""
+    """`pip install retromae` users get configs/ as package data beside retromae/trainers/ (where
+    inputs/config_files.py looks)."""
     pytest.importorskip("setuptools")
     root = CONFIGS.parent
     source = tmp_path / "src"

@@ -63,7 +63,7 @@ def test_a_non_empty_export_dir_needs_overwrite_export(tiny_bert, corpus, tmp_pa
     (target / "notes.txt").write_text("mine")
     assert main(pretrain_args(tiny_bert, corpus, out, "--export-dir", str(target))) == 2
     err = one_line(capsys)
-    assert f"--export-dir {target} is not empty" in err and "--overwrite-export" in err
+    assert f"--export-dir {target} already exists and is not empty" in err and "--overwrite-export" in err
     assert (target / "notes.txt").read_text() == "mine" and not out.exists(), "refused before training"
     assert main(pretrain_args(tiny_bert, corpus, out, "--export-dir", str(target), "--overwrite-export", "true")) == 0
     assert (target / "modules.json").is_file() and not (target / "notes.txt").exists()
@@ -103,8 +103,9 @@ def test_an_input_inside_the_default_export_dir_is_refused_with_a_fix_that_helps
     beir = write_beir(out / "encoder" / "beir")
     assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(beir))) == 2
     assert one_line(capsys) == (
-        f"retromae pretrain: error: the export into {out / 'encoder'} (the default --export-dir) would delete the "
-        f"--eval-beir-folder ({beir}): move it out of that folder, or pass another --export-dir (or --no-export)")
+        f"retromae pretrain: error: the default --export-dir {out / 'encoder'}: replacing it would delete the "
+        f"--eval-beir-folder ({beir}), even with --overwrite-export; move it out of that folder, or pass another "
+        "--export-dir (or --no-export)")
     assert sorted(p.name for p in out.iterdir()) == ["encoder"] and (beir / "corpus.jsonl").is_file()
 
 

@@ -1,4 +1,5 @@
-"""The continued-pre-training recipe (trainers/recipe.py): head warm-up, encoder learning-rate scale, layer decay."""
+"""The continued-pre-training recipe (trainers/training/recipe.py): head warm-up, encoder learning-rate scale, layer
+decay."""
 
 from __future__ import annotations
 

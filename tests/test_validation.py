@@ -1,6 +1,7 @@
-"""Retrieval validation during pre-training (`validation.py`, `retromae pretrain --eval-beir-folder`): the metrics
-against hand-computed values, exact chunked search, the logged metrics and plot of a tiny run, bit-identical
-training with and without it, bad folders refused before training, a failing evaluation that does not stop the run."""
+"""Retrieval validation during pre-training (`training/retrieval_validation.py`, `retromae pretrain
+--eval-beir-folder`): the metrics against hand-computed values, exact chunked search, the logged metrics and plot of
+a tiny run, bit-identical training with and without it, bad folders refused before training, a failing evaluation
+that does not stop the run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The `retromae` command line: the table of commands and `main()`. Each command is a driver's function
-`(argv) -> exit status`, imported only when the command runs (`retromae pretrain` lives in `pretrain.py`, ...).
+`(argv) -> exit status`, imported only when the command runs (`retromae pretrain` lives in
+`commands/pretrain.py`, ...).
 
 A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) and a write
 that the disk refused (ENOSPC, EDQUOT, EFBIG, torch.save's write failure, a read-only file system or a folder
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def version_line() -> str:
     """`retromae X (transformers A, sentence-transformers B, torch C)`: what a bug report needs. Read from the
-    installed metadata: importing the libraries (`core.versions.library_versions`) takes seconds."""
+    installed metadata: importing the libraries (`inputs.versions.library_versions`) takes seconds."""
 
     def installed(name: str) -> str:
         try:

@@ -105,7 +105,7 @@ class Method:
         sentence_vectors: the vectors of a batch a retrieval validation scores, from the model's encoder states.
         metric_prefixes: the prefixes of the metrics a validation logs: "" for its representation, and one for each
             other part `sentence_vectors` returns (DupMAE: "cls_", its [CLS] part).
-        export_overrides: the config fields `export.export_encoder` may change at export time.
+        export_overrides: the config fields `export.sentence_transformer.export_encoder` may change at export time.
         pooling_module: the sentence-transformers module of its export (hybrid), else None.
         finetuning_recipe: `retromae finetune` follows its paper's recipe, so every fine-tuned card cites it.
     """

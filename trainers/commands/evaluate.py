@@ -74,4 +74,4 @@ def evaluate_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ['evaluate_command']
+__all__ = ["evaluate_command"]

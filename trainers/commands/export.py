@@ -43,4 +43,4 @@ def export_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ['ExportArguments', 'export_command']
+__all__ = ["ExportArguments", "export_command"]

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 from ..inputs.arguments import start_command
 from ..inputs.errors import UserError
-from ..inputs.finetune_options import (
-    FinetuneDataArguments,
-    FinetuneLossArguments,
-    FinetuneModelArguments,
-    FinetuneTrainingArguments,
-)
-from ..retrieval.beir import (
-    ON_MISSING,
-    RetrievalDataError,
-)
+from ..inputs.finetune_options import ARGUMENT_CLASSES
+from ..retrieval.beir import ON_MISSING, RetrievalDataError
 from ..training.finetuning import run_finetune
 
 
 def finetune_command(argv: list[str]) -> int:
     """`retromae finetune MODEL TRAIN_DATA [options]`."""
     model_args, data_args, loss_args, training_args = start_command(
-        argv, (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments), prog="retromae finetune",
+        argv, ARGUMENT_CLASSES, prog="retromae finetune", positional=["model", "train_data"],
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
-        "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT", positional=["model", "train_data"],
-        renamed=FinetuneLossArguments.renamed,
+        "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT",
     )
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise UserError(f"--on-missing must be one of {ON_MISSING}")
@@ -48,4 +39,4 @@ def finetune_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ['finetune_command']
+__all__ = ["finetune_command"]

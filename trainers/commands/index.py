@@ -16,9 +16,9 @@ from ..inputs.arguments import LIST_FLAG, start_command
 from ..inputs.errors import UserError, one_line_message
 from ..inputs.folders import check_model_folder, is_local_path
 from ..inputs.io import atomic_file
-from ..inputs.outputs import check_output_file
+from ..inputs.outputs import claim_output
 from ..retrieval.beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
-from ..retrieval.hybrid_index import HybridIndex, check_index_destination
+from ..retrieval.hybrid_index import HybridIndex, claim_index_folder
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def index_command(argv: list[str]) -> int:
     (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__,
                             positive=("batch_size",))
     # refused before hours of encoding, not after
-    check_index_destination(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
+    claim_index_folder(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
                                                                           "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")
     ids, texts = _documents(args.corpus, args.text_format)
@@ -146,8 +146,8 @@ def search_command(argv: list[str]) -> int:
     (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__,
                             positive=("top_n",))
     if args.output:
-        check_output_file(Path(args.output), "--output", args.overwrite,
-                          inputs={"--queries": args.queries, "--index": args.index, "--model": args.model})
+        claim_output(Path(args.output), "--output", args.overwrite, kind="file",
+                     inputs={"--queries": args.queries, "--index": args.index, "--model": args.model})
     try:
         index = HybridIndex.load(args.index)
     except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it

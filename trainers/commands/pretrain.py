@@ -40,6 +40,7 @@ from ..training.run_folder import (
     finished_step,
     last_complete_checkpoint,
 )
+from ..training.sharding import full_state_dict
 from ..training.trainer import RetroMAETrainer
 
 logger = logging.getLogger("retromae")
@@ -57,7 +58,7 @@ def resume_hint(output_dir: str) -> str:
 
 def pretrain(argv: list[str]) -> int:
     """`retromae pretrain ARGS`: train, save the pre-training model (decoder included), export the encoder. The main
-    process holds the output folder's lock (`core.lock`) from preparing the folder to the end. A finished run
+    process holds the output folder's lock (`training.lock`) from preparing the folder to the end. A finished run
     resumed trains nothing: it writes only what is missing of its final save and export."""
     run = pretrain_arguments(argv)
     args = run.training
@@ -92,9 +93,12 @@ def pretrain(argv: list[str]) -> int:
         trainer, tokenizer, seconds = train_model(run, validation)
         if save_final:
             trainer.save_pretraining_model(args.output_dir)
-        if write_export and args.should_save:
-            export_from_model(trainer.accelerator.unwrap_model(trainer.model), tokenizer, export_dir,
-                              run_info=trainer.current_run_info(), overwrite=overwrite_export)
+        if write_export:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            weights = full_state_dict(model)  # a collective under FSDP: every process calls it
+            if args.should_save:
+                export_from_model(model, tokenizer, export_dir,
+                                  run_info=trainer.current_run_info(), overwrite=overwrite_export, state_dict=weights)
         if trainer.is_world_process_zero():
             if validation is not None:
                 plot_validation(trainer.state.log_history, Path(args.output_dir) / "validation.png")
@@ -148,4 +152,4 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
     print("\n".join(lines), flush=True)
 
 
-__all__ = ['check_model_and_tokenizer', 'pretrain', 'print_summary']
+__all__ = ["check_model_and_tokenizer", "pretrain", "print_summary"]

@@ -47,4 +47,4 @@ def publish_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ['publish_command']
+__all__ = ["publish_command"]

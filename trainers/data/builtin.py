@@ -26,20 +26,12 @@ BUILTIN_MODULES = (  # noqa: SIM905 (one readable string)
     "symtable sys sysconfig tabnanny tarfile tempfile textwrap threading time timeit token tokenize tomllib trace "
     "traceback tracemalloc types typing unicodedata uuid warnings weakref zipapp zipfile zipimport zlib"
 ).split()
-
-
 BUILTIN_PACKAGES = (  # noqa: SIM905 (one readable string)
     "asyncio collections concurrent email html http importlib json logging multiprocessing sqlite3 unittest urllib "
     "wsgiref xml xmlrpc"
 ).split()
-
-
 MIN_BUILTIN_CHARS = 150
-
-
 CODE_CHARS = "()=[]{}<>_*`|\\:"
-
-
 MAX_CODE_CHAR_SHARE = 0.03  # paragraphs with more of CODE_CHARS than this share of characters look like code
 
 
@@ -164,4 +156,4 @@ def _is_method(attr: Any) -> bool:
     return inspect.isroutine(attr) or isinstance(attr, (classmethod, staticmethod, property))
 
 
-__all__ = ['builtin_corpus']
+__all__ = ["builtin_corpus"]

@@ -1,4 +1,5 @@
-"""Pre-training batches: the collator (padding in DataLoader workers, masking in the training process) and what a method's training data holds."""
+"""Pre-training batches: the collator (padding in DataLoader workers, masking in the training process) and what a
+method's training data holds."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import torch
 from .reading import TextFormat
 
 logger = logging.getLogger(__name__)
-
-
 UNMASKED_KEY = "word_starts"  # in a padded batch that still awaits masking (models take no such input)
 
 
@@ -236,7 +235,7 @@ class DataInputs:
         pairs: a JSONL file of {"anchor", "positive"} pairs, for a method with an in-batch contrastive loss.
         global_batch_size: sequences per optimizer micro-step over all processes (in-batch negatives need >= 2).
         contrastive_anchor: the continued-pre-training recipe adds an in-batch contrastive loss with span positives
-            (`recipe.RecipeArguments.contrastive_anchor_weight`).
+            (`training.recipe.RecipeArguments.contrastive_anchor_weight`).
     """
 
     corpus: str | None = None
@@ -267,4 +266,4 @@ class TrainingData:
     corpus_name: str | None = None
 
 
-__all__ = ['DataInputs', 'PretrainingCollator', 'TrainingData', 'UNMASKED_KEY', 'masking_generator']
+__all__ = ["DataInputs", "PretrainingCollator", "TrainingData", "UNMASKED_KEY", "masking_generator"]

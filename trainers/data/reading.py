@@ -1,4 +1,5 @@
-"""Reading a pre-training corpus: text files (lines, blank-line blocks, JSONL), folders of them, saved datasets and Hub datasets, with errors that name the file and line."""
+"""Reading a pre-training corpus: text files (lines, blank-line blocks, JSONL), folders of them, saved datasets and
+Hub datasets, with errors that name the file and line."""
 
 from __future__ import annotations
 
@@ -23,11 +24,7 @@ from .builtin import builtin_corpus
 logger = logging.getLogger(__name__)
 
 TextFormat = Literal["auto", "lines", "blocks"]
-
-
 TEXT_FORMATS = ("auto", "lines", "blocks")
-
-
 CORPUS_SUFFIXES = (".txt", ".jsonl")
 
 
@@ -357,8 +354,6 @@ def _generate_passages(
 # byte-order marks, UTF-32's first: its little-endian mark starts with UTF-16's
 _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
               (codecs.BOM_UTF16_BE, "utf-16"))
-
-
 ENCODING_PROBE_BYTES = 4096
 
 
@@ -477,4 +472,4 @@ def _check_jsonl_record(record: dict[str, Any], where: str) -> None:
         )
 
 
-__all__ = ['code_fingerprint', 'iter_decoded_lines', 'numbered_passages', 'read_corpus']
+__all__ = ["code_fingerprint", "iter_decoded_lines", "numbered_passages", "read_corpus"]

@@ -19,18 +19,12 @@ from .reading import code_fingerprint
 logger = logging.getLogger(__name__)
 
 MIN_PACKED_BLOCK = 8  # a trailing packed block shorter than this many tokens is dropped
-
-
 NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many rows
 
 
 # [UNK] is never masked nor predicted: a corpus mostly [UNK] for its tokenizer (wrong language or script) trains nothing
 MAX_UNK_SHARE = 0.5  # more [UNK] than this among the text tokens: refused
-
-
 WARN_UNK_SHARE = 0.05  # more than this: a warning
-
-
 UNK_SAMPLE_ROWS = 1000  # sequences the share is measured on (spread over the corpus; the first ones of a stream)
 
 
@@ -269,4 +263,4 @@ def _packed_blocks(
     return {"input_ids": input_ids, "word_starts": word_starts}
 
 
-__all__ = ['special_template', 'tokenize_corpus', 'unknown_token_share', 'word_start_flags']
+__all__ = ["special_template", "tokenize_corpus", "unknown_token_share", "word_start_flags"]

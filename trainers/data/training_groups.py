@@ -1,4 +1,13 @@
-"""Fine-tuning data: (query, positives, negatives) groups from a BEIR folder or a JSONL file, and the datasets the sentence-transformers trainer takes."""
+"""Fine-tuning data: (query, positives, negatives) groups from a BEIR folder (positives from its qrels), a JSONL
+file or a `datasets` dataset, and the datasets the sentence-transformers trainer takes. JSONL lines look like::
+
+    {"query": "...", "positive": "..." | ["...", ...], "negatives": ["...", ...]}
+    # optional ids, kept for distillation scores and written by hard-negative mining:
+    {"query_id": "q1", "query": "...", "positive_id": "d7", "positive": "...",
+     "negative_ids": ["d3", ...], "negatives": ["...", ...]}
+
+Texts without ids get content ids (`"q:" / "d:" + sha1[:16]`); `clean_groups` drops negatives equal to a positive.
+"""
 
 from __future__ import annotations
 
@@ -304,4 +313,7 @@ def write_training_jsonl(groups: Iterable[TrainingGroup], path: str | os.PathLik
     return path
 
 
-__all__ = ['TrainingGroup', 'clean_groups', 'groups_from_beir', 'groups_to_dataset', 'groups_to_distillation_dataset', 'load_training_groups', 'read_training_jsonl', 'write_training_jsonl']
+__all__ = [
+    "TrainingGroup", "clean_groups", "groups_from_beir", "groups_to_dataset", "groups_to_distillation_dataset",
+    "load_training_groups", "read_training_jsonl", "write_training_jsonl"
+]

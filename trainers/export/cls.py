@@ -1,10 +1,10 @@
 """The exporter of the CLS methods (retromae, bow, seed, sentmae) and the request every exporter receives.
 
 An exporter is a callable `(request: ExportRequest, build_dir: Path) -> None` that fills an empty folder; the method
-registry names each method's exporter, and `retromae.trainers.export.sentence_transformer` does everything around it (reading the
-checkpoint, the temporary sibling folder, the atomic rename, overwrite). Beside its exporter a representation has
-its sentence-vector function (`SentenceVectors`: the vectors a validation scores during pre-training, the CLS one
-here) and, when the export holds a module of its own, a `PoolingModule`.
+registry names each method's exporter, and `retromae.trainers.export.sentence_transformer` does everything around
+it (reading the checkpoint, the temporary sibling folder, the atomic rename, overwrite). Beside its exporter a
+representation has its sentence-vector function (`SentenceVectors`: the vectors a validation scores during
+pre-training, the CLS one here) and, when the export holds a module of its own, a `PoolingModule`.
 
 Layout decision: the CLS exporter writes the **legacy sentence-transformers layout** by hand instead of calling
 sentence-transformers 6.2's `SentenceTransformer.save`::

@@ -56,17 +56,9 @@ from ..inputs.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
 from .cards import find_local_paths
 
 logger = logging.getLogger(__name__)
-
-
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-
-
 IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
-
-
 RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
-
-
 CARD_FIX = "fix the metadata block (a YAML mapping between the --- lines) at the top of README.md"
 
 
@@ -432,4 +424,4 @@ def _http_failure(error: HfHubHTTPError, repo_id: str) -> str:
     return f"the Hub answered HTTP {status}{server}; run the command again later (RETROMAE_DEBUG=1 shows the details)"
 
 
-__all__ = ['ValidationReport', 'check_repo_id', 'publish', 'repo_id_problem', 'validate_model_folder']
+__all__ = ["ValidationReport", "check_repo_id", "publish", "repo_id_problem", "validate_model_folder"]

@@ -8,8 +8,8 @@ Two entry points share one implementation (`export_request`):
   Trainer's `save_model`).
 
 Both build an `ExportRequest` (method, pre-training config, state dict, tokenizer, run info) and hand it to the
-method's exporter, named by the method registry (`Method.exporter`): `export_cls.write_cls_encoder` for the CLS
-methods, `export_dupmae.write_dupmae_export` for DupMAE's hybrid CLS + sparse representation. An exporter fills an
+method's exporter, named by the method registry (`Method.exporter`): `export.cls.write_cls_encoder` for the CLS
+methods, `export.dupmae.write_dupmae_export` for DupMAE's hybrid CLS + sparse representation. An exporter fills an
 empty build folder; everything else (validation, the temporary sibling folder, the atomic rename, overwrite,
 clean-up) happens here. `export_encoder` exports a method's encoder with representation overrides
 (`Method.export_overrides`); `build_dupmae_sentence_transformer` is DupMAE's.
@@ -41,17 +41,14 @@ from ..inputs.checkpoints import (
 from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, is_trainer_checkpoint, public_name
 from ..inputs.io import read_json_or_empty
-from ..inputs.outputs import atomic_folder, check_destination
+from ..inputs.outputs import atomic_folder, claim_output
 from ..inputs.sentence_models import check_pooling, load_sentence_transformer
 from ..methods import METHODS, Method, get_method, method_of_config, method_of_folder
+from ..training.sharding import is_sharded
 from .cls import ExportRequest
 
 logger = logging.getLogger(__name__)
-
-
 RUN_INFO_FILE = "retromae_run.json"
-
-
 EXPECTS = "export expects the output of `retromae pretrain` (a checkpoint-N folder or the output dir)"
 
 
@@ -94,7 +91,7 @@ def export_sentence_transformer(
     check_pooling(pooling, similarity)
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)
-    check_destination(output_dir, overwrite, inputs={"the checkpoint": checkpoint})
+    claim_output(output_dir, "output folder", overwrite, inputs={"the checkpoint": checkpoint})
     in_checkpoint = next((p for p in (output_dir.absolute(), *output_dir.absolute().parents)
                           if is_trainer_checkpoint(p)), None)
     if in_checkpoint is not None:
@@ -128,9 +125,11 @@ def export_from_model(
     overwrite: bool = False,
     *,
     model_name: str | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Export an in-memory pre-training model (e.g. from the Trainer's `save_model`); same output as
-    `export_sentence_transformer`. Call it on the main process only.
+    `export_sentence_transformer`. Call it on the main process only; a sharded (FSDP) model's weights must come as
+    `state_dict`, gathered by every process beforehand (`training.sharding.full_state_dict`).
 
     Args:
         model: a `*ForPretraining` model of one of our methods (unwrapped, not DDP/FSDP-wrapped).
@@ -139,19 +138,24 @@ def export_from_model(
         run_info: the run record (schema of `retromae_run.json`), or None when not available.
         overwrite: replace a non-empty `output_dir`.
         model_name: name for the model card (default as in `export_sentence_transformer`).
+        state_dict: the model's whole weights (default: `model.state_dict()`, which a sharded model holds in part).
     """
     if not isinstance(model, BertPretrainingBase):
         raise UserError(
             f"export_from_model expects a retromae *ForPretraining model, got {type(model).__name__}; "
             "unwrap it first (e.g. accelerator.unwrap_model(model))"
         )
+    if state_dict is None and is_sharded(model):  # its state dict is this process's shards: a partial export
+        raise UserError("export_from_model got a sharded (FSDP) model without its whole weights; gather them on "
+                        "every process with training.sharding.full_state_dict(model) and pass them as state_dict, "
+                        "or export the saved checkpoint: retromae export CHECKPOINT OUTPUT")
     output_dir = Path(output_dir)
     method = method_of(model.config.model_type, type(model).__name__, hint=f"known methods: {', '.join(METHODS)}")
-    check_destination(output_dir, overwrite)
+    claim_output(output_dir, "output folder", overwrite)
     request = ExportRequest(
         method=method,
         config=model.config.to_dict(),
-        state_dict=model.state_dict(),
+        state_dict=model.state_dict() if state_dict is None else state_dict,
         tokenizer=tokenizer,
         run_info=run_info,
         model_name=model_name or default_model_name(method, run_info, output_dir),
@@ -211,8 +215,8 @@ def export_encoder(
             f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(method.export_overrides)}"
         )
     output_dir = Path(output_dir)
-    check_destination(output_dir, overwrite,
-                      inputs={"the encoder": encoder} if isinstance(encoder, str | os.PathLike) else None)
+    claim_output(output_dir, "output folder", overwrite,
+                 inputs={"the encoder": encoder} if isinstance(encoder, str | os.PathLike) else None)
     if isinstance(encoder, str | os.PathLike):
         folder = Path(encoder)
         if tokenizer is None:
@@ -288,7 +292,7 @@ def load_as_sentence_transformer(
     Args:
         model_ref: a sentence-transformers folder, a `retromae pretrain` checkpoint (exported into `work_dir`), a
             plain HF encoder folder (CLS pooling by default, with a warning), or a Hub id; see
-            `core.checkpoints.load_sentence_transformer`.
+            `inputs.sentence_models.load_sentence_transformer`.
         pooling: only for folders without modules.json (a pre-training checkpoint or a plain encoder): "cls"
             (default, dot product) or "mean" (cosine).
         max_seq_length: override the model's maximum length.
@@ -405,4 +409,8 @@ def default_model_name(method: Method, run_info: dict[str, Any] | None, output_d
     return stem if stem.lower().startswith(method.name) else f"{method.name}-{stem}"
 
 
-__all__ = ['ExportRequest', 'build_dupmae_sentence_transformer', 'default_model_name', 'export_encoder', 'export_from_model', 'export_request', 'export_sentence_transformer', 'is_pretraining_checkpoint_of', 'load_as_sentence_transformer', 'method_of', 'pretraining_method', 'read_checkpoint_config', 'read_run_info']
+__all__ = [
+    "ExportRequest", "build_dupmae_sentence_transformer", "default_model_name", "export_encoder", "export_from_model",
+    "export_request", "export_sentence_transformer", "is_pretraining_checkpoint_of", "load_as_sentence_transformer",
+    "method_of", "pretraining_method", "read_checkpoint_config", "read_run_info"
+]

@@ -1,19 +1,12 @@
-"""Command-line parsing shared by every command: dataclass options, `--config` files, list and repeated flags.
+"""Command-line parsing shared by every command: dataclass options, list and repeated flags, training checks.
 
-* `parse(parser, argv)`: argv into the parser's dataclasses; `--config FILE` (YAML/JSON, or a bundled preset by name)
-  sets defaults that flags on the command line override.
-* argparse keeps only the last value of a repeated flag, so `coverage --model A --model B` would silently measure B
-  alone.
-
-* A list field of a command's dataclass takes `metadata=LIST_FLAG`: `--model A --model B` and `--model A B` both give
-  `["A", "B"]`; the first use on the command line replaces the default (or the `--config` file's list).
-* `reject_repeated_flags(parser, argv)` refuses any other flag given twice, naming it (`parse` calls it).
-* `start_command(argv, arguments, ...)`: a command's options parsed, positional values included, and its logging
-  set up (`configure_logging`, the one logging set-up of every command).
+* `parse(parser, argv)`: argv into the parser's dataclasses, over the defaults of a `--config` file (read by
+  `config_files`); a flag given twice is refused (`reject_repeated_flags`: argparse would keep only the last value).
+* A list field takes `metadata=LIST_FLAG`: `--model A --model B` and `--model A B` both give `["A", "B"]`.
+* `start_command(argv, arguments, ...)`: a command's options parsed and its logging set up (`configure_logging`).
 * `check_training_arguments(args)`: refuse training options that would train nothing, train forever or fail deep in
-  the Trainer (`parse` calls it for every parser with a `TrainingArguments` before building it).
-* `expand_home(values)`: `~` in every path value expanded, as a shell would; `CommandParser` applies it to every
-  option it parses (flags and `--config` files alike), so no command sees a literal `~`.
+  the Trainer (`parse` calls it for every parser with a `TrainingArguments`).
+* `expand_home(values)`: `~` in every path value expanded, as a shell would (`CommandParser` applies it).
 """
 
 from __future__ import annotations
@@ -48,11 +41,7 @@ logger = logging.getLogger(__name__)
 # options whose values are text, never paths: a leading `~` there is the user's text
 TEXT_OPTIONS = frozenset({"query", "commit_message", "model_name", "base_model_name", "corpus_name", "run_name",
                           "project", "prompts"})
-
-
 HOME_PREFIX = re.compile(r"^~[\w.-]*(?=[/\\]|$)")  # `~`, `~/x`, `~user/x`: what a shell expands
-
-
 EXPECTED_ONE = re.compile(r"^argument (?P<flags>\S+): expected (at least )?one argument$")
 
 
@@ -300,7 +289,7 @@ def check_training_arguments(args: Any) -> None:
     epochs = getattr(args, "num_train_epochs", 1.0)
     if max_steps == -1 and epochs <= 0:
         raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
-    check_positive(args, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+    _check_positive(args, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
     for kind in ("save", "logging"):  # 0 with the "steps" strategy: never saves (a killed run loses everything)
         steps = getattr(args, f"{kind}_steps", 1)
         if getattr(args, f"{kind}_strategy", "steps") == "steps" and not steps > 0:
@@ -312,7 +301,7 @@ def check_training_arguments(args: Any) -> None:
     _check_bf16(args)
 
 
-def check_positive(args: Any, *names: str) -> None:
+def _check_positive(args: Any, *names: str) -> None:
     """Refuse a value below 1 of each named integer option (unset ones pass), naming the flag."""
     for name in names:
         value = getattr(args, name, None)
@@ -336,17 +325,19 @@ def _check_bf16(args: Any) -> None:
 
 
 def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = (),
-                  renamed: Mapping[str, str] | None = None, positive: Sequence[str] = ()):
+                  positive: Sequence[str] = ()):
     """A command's options, with logging set up: `arguments` (a dataclass or a tuple of them) parsed from argv with
     `parse`; the leading positional values fill the fields named in `positional` (`retromae export CHECKPOINT
-    OUTPUT_DIR`); the flags of options renamed since (`renamed`: old field name -> new) are read under their new
-    names with a deprecation warning; the options named in `positive` must be integers >= 1. The log level is the
+    OUTPUT_DIR`); the flags of options renamed since (a class's `legacy_keys`, old field name -> new, as a config's)
+    are read under their new names with a deprecation warning; the options named in `positive` must be integers >= 1. The log level is the
     TrainingArguments' process level where the command has them, else INFO."""
     parser = CommandParser(arguments, prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
-    argv = rename_legacy_flags(positional_to_flags(argv, list(positional)), renamed or {}, prog)
+    classes = arguments if isinstance(arguments, tuple) else (arguments,)
+    legacy_keys = {old: new for cls in classes for old, new in getattr(cls, "legacy_keys", {}).items()}
+    argv = rename_legacy_flags(positional_to_flags(argv, list(positional)), legacy_keys, prog)
     parsed = parse(parser, argv)
     for options in parsed:
-        check_positive(options, *(name for name in positive if hasattr(options, name)))
+        _check_positive(options, *(name for name in positive if hasattr(options, name)))
     levels = [a.get_process_log_level() for a in parsed if isinstance(a, transformers.TrainingArguments)]
     configure_logging(levels[0] if levels else logging.INFO)
     return parsed
@@ -376,4 +367,7 @@ def positional_to_flags(argv: list[str], names: list[str]) -> list[str]:
     return converted + rest
 
 
-__all__ = ['LIST_FLAG', 'TEXT_OPTIONS', 'CollectValues', 'DashValueError', 'check_training_arguments', 'configure_logging', 'expand_home', 'parse', 'rename_legacy_flags', 'start_command', 'positional_to_flags', 'reject_repeated_flags']
+__all__ = [
+    "LIST_FLAG", "TEXT_OPTIONS", "CollectValues", "DashValueError", "check_training_arguments", "configure_logging",
+    "expand_home", "parse", "rename_legacy_flags", "start_command", "positional_to_flags", "reject_repeated_flags"
+]

@@ -7,8 +7,6 @@
 * `load_bert_encoder(path_or_id)`: the transformer encoder of a checkpoint folder or Hub id, loaded through the Auto
   classes (our pre-training checkpoints through their registered encoder class).
 * `load_mlm_head(path_or_id)`: a checkpoint's trained MLM head (h -> vocabulary logits), tied to its word embeddings.
-* `load_sentence_transformer(path_or_id, ...)`: a `SentenceTransformer`, CLS pooling + dot product for a folder
-  without modules.json.
 * `read_state_dict(folder)`, `load_tokenizer(path_or_id)`: a checkpoint's weights (safetensors only) and tokenizer.
 
 Every loader of a local folder calls `check_model_folder` first: a folder of a run killed mid-save is refused with
@@ -55,8 +53,6 @@ from .folders import TOKENIZER_VOCAB_FILES, check_model_folder, is_local_path, m
 from .io import read_json_or_empty
 
 logger = logging.getLogger(__name__)
-
-
 MLM_HEAD_PREFIX = "cls.predictions."
 
 
@@ -394,4 +390,8 @@ def needs_remote_code(folder: str | os.PathLike) -> bool:
     return any(not str(m.get("type", "")).startswith("sentence_transformers.") for m in modules if isinstance(m, dict))
 
 
-__all__ = ['BERT_CONFIG_FIELDS', 'CheckpointError', 'base_config_of', 'bert_encoder_from_state_dict', 'default_model_dir', 'encoder_from_state_dict', 'encoder_kwargs', 'position_offset', 'usable_positions', 'load_bert_encoder', 'load_mlm_head', 'check_tokenizer_saved', 'load_tokenizer', 'needs_remote_code', 'read_state_dict', 'weight_names']
+__all__ = [
+    "BERT_CONFIG_FIELDS", "CheckpointError", "base_config_of", "bert_encoder_from_state_dict", "default_model_dir",
+    "encoder_from_state_dict", "encoder_kwargs", "position_offset", "usable_positions", "load_bert_encoder",
+    "load_mlm_head", "check_tokenizer_saved", "load_tokenizer", "needs_remote_code", "read_state_dict", "weight_names"
+]

@@ -158,4 +158,4 @@ def read_config_file(path: str) -> dict[str, Any]:
     return {key: json.dumps(value) if isinstance(value, dict) else value for key, value in values.items()}
 
 
-__all__ = ['PRESETS_DIR', 'config_argument', 'merge_file_mappings', 'preset_names', 'read_config_file', 'split_config']
+__all__ = ["PRESETS_DIR", "config_argument", "merge_file_mappings", "preset_names", "read_config_file", "split_config"]

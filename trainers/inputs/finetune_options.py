@@ -75,8 +75,8 @@ class FinetuneDataArguments:
 
 @dataclass
 class FinetuneLossArguments:
-    # old option name -> new: every loss weight is `<term>_loss_weight`; the old names are read with a warning
-    renamed = {"distill_weight": "distill_loss_weight", "contrastive_weight": "contrastive_loss_weight"}
+    # old option name -> new, as a config's `legacy_keys`: every loss weight is `<term>_loss_weight`
+    legacy_keys = {"distill_weight": "distill_loss_weight", "contrastive_weight": "contrastive_loss_weight"}
 
     scale: float | None = field(
         default=None,
@@ -157,6 +157,4 @@ def parse_stages(text: str, teacher_scores: str | None) -> list[str]:
 
 
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
-
-
-__all__ = ['STAGES', 'check_mining_range']
+__all__ = ["STAGES", "check_mining_range"]

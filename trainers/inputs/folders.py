@@ -1,13 +1,11 @@
-"""Model folders on disk: refuse incomplete ones, write new ones atomically, clean up after killed writers.
+"""Model folders on disk and model names: refuse incomplete folders, tell local paths from Hub ids.
 
 * `check_model_folder(path, purpose=...)`: every command that reads a local model folder calls it first. A run killed
   mid-save leaves weights without a tokenizer vocabulary; transformers then silently loads a 5-token tokenizer
   (every word becomes [UNK]), so such a folder must be refused, not loaded. Hub ids pass through.
-* `atomic_folder(target, overwrite=...)`: build a folder in a hidden temporary sibling and rename it into place only
-  when complete, so a reader never sees half a folder. A previous `target` is swapped out and removed only after the
-  new one is in place.
-* `clean_stale_siblings(target)`: remove (or restore) what a killed `atomic_folder` left beside `target`.
+* `is_local_path`, `is_hub_id`, `model_location`, `public_name`: what a name means and how results and cards name it.
 * `hub_id_of_model(path_or_id)`: what a model card may call a starting model: a Hub id, never a local path.
+* `COMMAND_INPUTS`, `INTERRUPTED_HINT`: what the running command reads, and what Ctrl-C says.
 """
 
 from __future__ import annotations
@@ -37,31 +35,21 @@ TOKENIZER_VOCAB_FILES = (
 
 # file names, never Hub ids (`data/corpus.jsonl` looks like `owner/name` otherwise)
 FILE_SUFFIXES = (".jsonl", ".json", ".tsv", ".csv", ".txt", ".parquet", ".arrow", ".safetensors", ".bin", ".pt")
-
-
 TRAINER_CHECKPOINT = re.compile(r"^checkpoint-\d+$")
-
-
 TRAINER_STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")
-
-
 KILLED_SAVE_HINT = (
     "it was probably written by a run killed mid-save; use another checkpoint (e.g. the previous checkpoint-N) "
     "or save it again"
 )
-
-
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 
 
 # what only a path looks like: absolute (/x, ~/x, C:\x), explicitly relative (./x, ../x), backslashes, /./ or /../
 LOCAL_PATH = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|\\|/\.{1,2}(/|$)")
-
-
 _HF_CACHE_REPO = re.compile(r"^models--(?P<id>[\w.-]+(--[\w.-]+)?)$")  # huggingface_hub's cache folder names
 
 
-# what the running command reads besides its options' inputs (its `--config` file, set by `core.arguments.parse`;
+# what the running command reads besides its options' inputs (its `--config` file, set by `inputs.arguments.parse`;
 # `cli.main` runs each command in a context of its own): no output may replace it, whatever the flags
 COMMAND_INPUTS: ContextVar[Mapping[str, str]] = ContextVar("command_inputs", default=MappingProxyType({}))
 
@@ -329,4 +317,7 @@ def _card_model_name(readme: Path) -> str:
         return ""
 
 
-__all__ = ['HUB_ID', 'TOKENIZER_VOCAB_FILES', 'check_model_folder', 'INTERRUPTED_HINT', 'hub_id_of_model', 'is_hub_id', 'model_location', 'public_name', 'LOCAL_PATH', 'is_local_path', 'missing_model_files', 'safetensors_problem']
+__all__ = [
+    "HUB_ID", "TOKENIZER_VOCAB_FILES", "check_model_folder", "INTERRUPTED_HINT", "hub_id_of_model", "is_hub_id",
+    "model_location", "public_name", "LOCAL_PATH", "is_local_path", "missing_model_files", "safetensors_problem"
+]

@@ -1,4 +1,12 @@
-"""Output targets: whether a command may write a file or folder (the owned-output policy), and atomic folder swaps."""
+"""Output targets: whether a command may write a file or folder (the owned-output policy), and atomic folder swaps.
+
+* `claim_output`: the one owned-output policy, applied before anything is written; `check_folder_option` for
+  a folder option's shape alone.
+* `atomic_folder(target, overwrite=...)`: build a folder in a hidden temporary sibling and rename it into place only
+  when complete, so a reader never sees half a folder. A previous `target` is swapped out and removed only after the
+  new one is in place.
+* `clean_stale_siblings(target)`: remove (or restore) what a killed `atomic_folder` left beside `target`.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +16,10 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from .errors import UserError
 from .folders import COMMAND_INPUTS, is_trainer_checkpoint
@@ -34,7 +43,7 @@ def _check_folder(flag: str, path: str | os.PathLike, folder: Path, writable: bo
     for part in (absolute, *absolute.parents):
         if part.exists():
             break
-        check_no_symlink_loop(flag, path, part)
+        _refuse_symlink_loop(flag, path, part)
     existing = part
     if not existing.is_dir():
         raise UserError(f"{flag} {path}: {existing} is a file, not a folder; choose a folder")
@@ -46,7 +55,7 @@ def _check_folder(flag: str, path: str | os.PathLike, folder: Path, writable: bo
                         "another folder")
 
 
-def check_no_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> None:
+def _refuse_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> None:
     """Refuse `part` of the option's `path` when it is a symbolic link that leads back to itself: every later
     step (`resolve`, `mkdir`) would fail on it with a traceback."""
     if not part.is_symlink():
@@ -72,50 +81,71 @@ def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]
     return None
 
 
-def check_destination(target: Path, overwrite: bool, inputs: Mapping[str, str | os.PathLike | None] | None = None,
-                      ) -> None:
-    """Refuse a target that is a file; even with `overwrite`, one that is or holds the working directory, one of
-    `inputs` (description -> path, e.g. {"--model": ...}) or a Trainer checkpoint; without it, a non-empty folder."""
+# What an existing, non-empty output target holds, as an `owner` function judges it: None when this command wrote
+# it for the same subject (written again freely); else (whose it is, kept), where `kept` means no flag replaces it.
+Holding = tuple[str, bool] | None
+Inputs = Mapping[str, str | os.PathLike | None]
+
+
+def claim_output(target: Path, flag: str, overwrite: bool, *, kind: Literal["folder", "into", "file"] = "folder",
+                 inputs: Inputs | None = None, owner: Callable[[Path], Holding] | None = None,
+                 overwrite_flag: str = "--overwrite", fix: str = "choose another folder") -> None:
+    """The one owned-output policy: may the command write `target`, named by the option `flag`? `kind`: a folder it
+    replaces whole ("folder"), a folder it writes files into ("into"), or a file. Refused in one line:
+
+    - whatever `overwrite` says: a target of the other kind, one under a file or through a symbolic-link loop, or in
+      a folder that cannot be written; one that replacing would delete or change: the working directory, a file or
+      folder the command reads (`inputs` and the `--config` file), a training checkpoint (the line ends with `fix`);
+    - an existing, non-empty target that `owner` does not call this command's own (without `owner`: any): without
+      `overwrite`, or always when `owner` says no flag replaces it.
+    """
+    if kind == "file":
+        _check_file_target(target, flag, {**COMMAND_INPUTS.get(), **(inputs or {})})
+    else:
+        hit = _check_folder_target(target, flag, kind, {**COMMAND_INPUTS.get(), **(inputs or {})})
+        if hit is not None:
+            raise UserError(f"{flag} {target}: replacing it would delete {hit[0]} ({hit[1]}), even with "
+                            f"{overwrite_flag}; {fix}")
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        return
+    holding = owner(target) if owner is not None else ("", False)
+    if holding is None:
+        return
+    whose, kept = holding
+    held = f"holds {whose}" if whose else ("already exists" if kind == "file" else "already exists and is not empty")
+    if kept:
+        raise UserError(f"{flag} {target} {held}, which {overwrite_flag} does not replace; choose a new or empty "
+                        "folder")
+    if not overwrite:
+        python = " (Python: overwrite=True)" if overwrite_flag == "--overwrite" else ""
+        raise UserError(f"{flag} {target} {held}; choose another {flag}, or pass {overwrite_flag}{python} to "
+                        "replace it")
+
+
+def _check_folder_target(target: Path, flag: str, kind: str, protected: Inputs) -> tuple[str, Path] | None:
+    """Refuse a folder target of the wrong shape; return what replacing it would delete, if anything."""
     if target.exists() and not target.is_dir():
-        raise UserError(f"output {target} exists and is not a folder")
-    check_folder_option("output", target)  # a file above it, a loop, a folder that cannot be written
+        raise UserError(f"{flag} {target} is a file; choose a folder")
+    check_folder_option(flag, target)  # a file above it, a loop, a folder that cannot be written
+    if kind == "into":
+        return None
     if target.exists():  # the new folder is built beside it and renamed into place
-        _check_folder("output", target, target.parent, writable=True)
-    hit = would_delete(target, {"the working directory": Path.cwd(), **COMMAND_INPUTS.get(), **(inputs or {})})
-    if hit is not None:
-        raise UserError(f"output folder {target} is or holds {hit[0]} ({hit[1]}), which replacing it would delete; "
-                        "choose another folder")
+        _check_folder(flag, target, target.parent, writable=True)
     held = next((p for p in sorted(target.glob("checkpoint-*")) if is_trainer_checkpoint(p)), None)
-    if held is not None:  # a run's output folder: replacing it would end the run's resumability
-        raise UserError(f"output folder {target} holds the training checkpoint {held.name}, which replacing it "
-                        "would delete; choose another folder")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise UserError(
-            f"output folder {target} already exists and is not empty; pass --overwrite (Python: overwrite=True) "
-            "to replace it"
-        )
+    return would_delete(target, {"the working directory": Path.cwd(), **protected}) or (
+        (f"the training checkpoint {held.name}", held) if held is not None else None)
 
 
-def check_output_file(target: Path, flag: str, overwrite: bool,
-                      inputs: Mapping[str, str | os.PathLike | None] | None = None) -> None:
-    """Refuse an output file that is a folder, lies under a file, is one of `inputs` or lies in a folder of them
-    (even with `overwrite`); without `overwrite`, one that exists."""
+def _check_file_target(target: Path, flag: str, protected: Inputs) -> None:
     if target.is_dir():
         raise UserError(f"{flag} {target} is a folder; give a file path")
-    check_no_symlink_loop(flag, target, target.absolute())
-    _check_folder(flag, target, target.parent, writable=True)  # written beside it first (`core.io.atomic_file`)
-    protected = {**COMMAND_INPUTS.get(), **(inputs or {})}
-    hit = would_delete(target, protected)
+    _refuse_symlink_loop(flag, target, target.absolute())
+    _check_folder(flag, target, target.parent, writable=True)  # written beside it first (`inputs.io.atomic_file`)
+    hit = would_delete(target, protected) or next(
+        ((what, path) for what, path in protected.items()
+         if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
     if hit is not None:
-        raise UserError(f"{flag} {target} is {hit[0]} ({hit[1]}), which writing it would replace; choose another "
-                        "file")
-    inside = next(((what, path) for what, path in protected.items()
-                   if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
-    if inside is not None:
-        raise UserError(f"{flag} {target} lies in {inside[0]} ({inside[1]}), which writing it would change; choose "
-                        "a file outside it")
-    if target.exists() and not overwrite:
-        raise UserError(f"{flag} {target} already exists; pass --overwrite to replace it")
+        raise UserError(f"{flag} {target}: writing it would change {hit[0]} ({hit[1]}); choose a file outside it")
 
 
 @contextmanager
@@ -127,7 +157,7 @@ def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False) -> Iter
     """
     target = Path(target)
     clean_stale_siblings(target)  # first: it may restore a previous `target` that a killed swap left aside
-    check_destination(target, overwrite)
+    claim_output(target, "output folder", overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     build_dir = _sibling(target, "tmp")
     build_dir.mkdir()  # honours the umask (tempfile.mkdtemp would make it 0700)
@@ -140,7 +170,7 @@ def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False) -> Iter
 
 
 def _move_into_place(build_dir: Path, target: Path, overwrite: bool) -> None:
-    check_destination(target, overwrite)  # again: something may have appeared while we were building
+    claim_output(target, "output folder", overwrite)  # again: something may have appeared while we were building
     if not target.exists() or not any(target.iterdir()):
         os.replace(build_dir, target)  # replaces an empty folder too
         return
@@ -208,4 +238,7 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-__all__ = ['atomic_folder', 'check_destination', 'check_folder_option', 'check_no_symlink_loop', 'clean_stale_siblings', 'sibling_target_name', 'process_alive', 'would_delete']
+__all__ = [
+    "atomic_folder", "claim_output", "check_folder_option", "clean_stale_siblings", "sibling_target_name",
+    "process_alive", "would_delete"
+]

@@ -1,4 +1,5 @@
-"""`retromae pretrain`'s options: the argument groups, the parser, and the checks that resolve them once (resume, output folder, export target)."""
+"""`retromae pretrain`'s options: the argument groups, the parser, and the checks that resolve them once (resume,
+output folder, export target)."""
 
 from __future__ import annotations
 
@@ -39,13 +40,11 @@ from .arguments import CommandParser, DefaultsHelpFormatter, expand_home, parse
 from .config_files import config_argument, merge_file_mappings, split_config
 from .errors import UserError
 from .folders import TRAINER_CHECKPOINT
-from .outputs import check_folder_option, would_delete
+from .outputs import check_folder_option, claim_output, would_delete
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BASE_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-
-
 DEFAULT_CORPUS_NAME = "python-stdlib-docstrings"
 
 
@@ -54,8 +53,6 @@ DEMO_DEFAULTS = {
     "max_steps": 200, "max_seq_length": 64, "per_device_train_batch_size": 8, "learning_rate": 5e-5,
     "logging_steps": 20, "save_steps": 100, "output_dir": "out/retromae-demo",
 }
-
-
 PRETRAIN_EXAMPLES = """examples:
   retromae pretrain                                          # the demo: MiniLM + built-in corpus, ~5 min on CPU
   retromae pretrain --model bert-base-uncased --corpus wiki.txt --output-dir out/retromae \\
@@ -217,7 +214,7 @@ class PretrainingArguments(TrainingArguments):
 @dataclass
 class PretrainRun:
     """`retromae pretrain`'s parsed options, the checkpoint it resumes from (or None) and the settings it records
-    in its checkpoints (`resume.record_settings`)."""
+    in its checkpoints (`training.resume.record_settings`)."""
 
     model: ModelArguments
     method_settings: MethodArguments
@@ -233,7 +230,7 @@ class PretrainRun:
 
 class RecordingParser(CommandParser):
     """A `CommandParser` that keeps the namespace of its last parse: every option as the run uses it, before the
-    dataclasses convert it (what `resume.record_settings` records)."""
+    dataclasses convert it (what `training.resume.record_settings` records)."""
 
     namespace: dict[str, Any]
 
@@ -265,8 +262,8 @@ def pretrain_parser() -> RecordingParser:
 def pretrain_arguments(argv: list[str]) -> PretrainRun:
     """Parse `retromae pretrain`'s options: once for the options given (flags and `--config` file), which locate
     the checkpoint to resume, and once in full. Resuming, the checkpoint's recorded settings are the defaults and a
-    given option may only repeat them (or be one that may change, `resume.MAY_CHANGE`). Nothing is written: the
-    output folder is prepared by `pretrain` under its lock (`prepare_output_dir`)."""
+    given option may only repeat them (or be one that may change, `training.resume.MAY_CHANGE`). Nothing is written:
+    the output folder is prepared by `pretrain` under its lock (`prepare_output_dir`)."""
     flags, file_values = split_config(argv)
     if {"-h", "--help"} & set(flags):  # the full parser prints the help (with --config) and exits
         parse(pretrain_parser(), argv)
@@ -294,8 +291,8 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
                             "--eval-strategy steps --eval-steps N (--save-steps a multiple of N), --eval-beir-folder "
                             "FOLDER and --metric-for-best-model ndcg@10") from None
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
-    check_validation_options(training, validation, model.method)
-    check_from_scratch_options(model)
+    _check_validation_options(training, validation, model.method)
+    _check_from_scratch_options(model)
     check_extension_length(model.extend_position_embeddings, data.max_seq_length)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
     found = config_argument(argv)
@@ -303,7 +300,7 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
                        found[2] if found else None)
 
 
-def check_from_scratch_options(model: ModelArguments) -> None:
+def _check_from_scratch_options(model: ModelArguments) -> None:
     """Refuse, in one line, options that need or contradict `--from-scratch`."""
     if model.config_overrides and not model.from_scratch:
         raise UserError("--config-overrides changes the architecture, which a checkpoint's weights fix: add "
@@ -313,7 +310,7 @@ def check_from_scratch_options(model: ModelArguments) -> None:
                         "--config-overrides max_position_embeddings=N")
 
 
-def check_validation_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
+def _check_validation_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
     """Refuse, in one line, validation options the run cannot honour: any without `--eval-beir-folder` (the
     Trainer would stop with a traceback, or they would be ignored), an `--eval-steps` below one, and best-model
     options: `--metric-for-best-model` (which `--load-best-model-at-end` defaults to `loss`) must name a retrieval
@@ -357,7 +354,7 @@ def _field_default(dataclass_type: type, name: str) -> Any:
 
 def resolve_resume(output_dir: str, resume: str | None) -> str | None:
     """The checkpoint `--resume-from-checkpoint` names: `last` is the newest complete one in OUTPUT_DIR (refused
-    when OUTPUT_DIR holds checkpoints of several runs, `trainer.checkpoint_to_resume`)."""
+    when OUTPUT_DIR holds checkpoints of several runs, `training.run_folder.checkpoint_to_resume`)."""
     if resume in RESUME_LAST:
         found = checkpoint_to_resume(output_dir)
         if found is None:
@@ -371,10 +368,10 @@ def resolve_resume(output_dir: str, resume: str | None) -> str | None:
 def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool,
                        inputs: Mapping[str, str | None] | None = None) -> None:
     """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
-    --overwrite-output-dir delete what the earlier run wrote there (`trainer.run_output_files`), nothing else, and
-    refuse first when that would delete one of `inputs` (`run_inputs`). Build folders of saves a kill interrupted
-    are removed in any case. The main process calls it holding the folder's lock (`core.lock`), whose file does not
-    count as an earlier run's."""
+    --overwrite-output-dir delete what the earlier run wrote there (`training.run_folder.run_output_files`), nothing
+    else, and refuse first when that would delete one of `inputs` (`run_inputs`). Build folders of saves a kill
+    interrupted are removed in any case. The main process calls it holding the folder's lock (`training.lock`),
+    whose file does not count as an earlier run's."""
     folder = Path(output_dir)
     if should_save:
         clean_killed_saves(folder)
@@ -434,28 +431,27 @@ def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
 
 
 def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None:
-    """Refuse, before training, an export target the export would fail on or that it must not delete (an export
-    replaces its whole folder): a file; even with `overwrite`, a folder that is or holds the output folder, one of
-    its checkpoints, the working directory or an input (`run_inputs`); without it, any
-    non-empty folder."""
-    check_folder_option("--export-dir", target)
+    """`claim_output` for the export folder, before training: the export replaces its whole folder, so besides the
+    run's inputs it may not delete the working directory, the output folder or one of its checkpoints (which may
+    not exist yet)."""
     output, resolved = Path(run.training.output_dir).resolve(), target.resolve()
     top = resolved.relative_to(output).parts[0] if output in resolved.parents else ""  # its entry in OUTPUT_DIR
-    made = {"the output folder": output}  # by this run: may not exist yet, which `would_delete` skips
+    made = {"the working directory": Path.cwd(), "the output folder": output}
     if TRAINER_CHECKPOINT.match(top):
         made["a checkpoint of this run"] = output / top
-    hit = would_delete(target, {"the working directory": Path.cwd()}) or next(
-        ((what, path) for what, path in made.items() if resolved == path or resolved in path.parents), None
-    ) or would_delete(target, run_inputs(run))
-    if hit is not None and resolved == output / "encoder":  # the default: suggesting it again would not help
-        raise UserError(f"the export into {target} (the default --export-dir) would delete {hit[0]} ({hit[1]}): "
-                        "move it out of that folder, or pass another --export-dir (or --no-export)")
+    default = resolved == output / "encoder"  # suggesting it again would not help
+    flag = "the default --export-dir" if default else "--export-dir"
+    fix = ("move it out of that folder, or pass another --export-dir (or --no-export)" if default else
+           f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
+    hit = next(((what, path) for what, path in made.items() if resolved == path or resolved in path.parents), None)
     if hit is not None:
-        raise UserError(f"--export-dir {target} would delete {hit[0]} ({hit[1]}), even with --overwrite-export; "
-                        f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise UserError(f"--export-dir {target} is not empty; pass --overwrite-export to replace what it holds, or "
-                        "choose an empty or new --export-dir")
+        raise UserError(f"{flag} {target}: replacing it would delete {hit[0]} ({hit[1]}), even with "
+                        f"--overwrite-export; {fix}")
+    claim_output(target, flag, overwrite, inputs=run_inputs(run), overwrite_flag="--overwrite-export", fix=fix)
 
 
-__all__ = ['DEFAULT_BASE_MODEL_NAME', 'DEMO_DEFAULTS', 'DataArguments', 'ModelArguments', 'PretrainRun', 'PretrainingArguments', 'RunArguments', 'ValidationArguments', 'check_validation_options', 'check_export_target', 'export_target', 'prepare_output_dir', 'pretrain_arguments', 'pretrain_parser', 'resolve_resume', 'run_inputs']
+__all__ = [
+    "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun",
+    "PretrainingArguments", "RunArguments", "ValidationArguments", "check_export_target", "export_target",
+    "prepare_output_dir", "pretrain_arguments", "pretrain_parser", "resolve_resume", "run_inputs"
+]

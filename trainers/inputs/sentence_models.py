@@ -1,4 +1,8 @@
-"""Loading sentence-transformers models, and saving them without a pooler."""
+"""Loading sentence-transformers models, and saving them without a pooler.
+
+`load_sentence_transformer(path_or_id, ...)`: a `SentenceTransformer`, CLS pooling + dot product for a folder without
+modules.json.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,6 @@ logger = logging.getLogger(__name__)
 # the similarity a pooling implies when nothing says otherwise: CLS with the dot product (the papers' BEIR protocol),
 # mean pooling with cosine (sentence-transformers' bases such as all-MiniLM-L6-v2)
 POOLING_SIMILARITY = {"cls": "dot", "mean": "cosine"}
-
-
 NO_MODULES_WARNING = (
     "{model} has no modules.json (it is not a sentence-transformers folder): assuming {pooling} pooling and the "
     "{similarity} product. RetroMAE-style pre-training trains the last-layer [CLS] state as the sentence embedding "
@@ -114,4 +116,4 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     )
 
 
-__all__ = ['check_pooling', 'load_sentence_transformer', 'save_without_pooler']
+__all__ = ["check_pooling", "load_sentence_transformer", "save_without_pooler"]

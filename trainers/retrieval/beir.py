@@ -1,31 +1,12 @@
-"""Retrieval data for fine-tuning and evaluation: BEIR folders, (query, positive, negatives) JSONL, `datasets`.
+"""BEIR folders for fine-tuning and evaluation: corpus, queries and qrels as `RetrievalData` (`read_beir`)::
 
-Two shapes come out of here:
+    scifact/corpus.jsonl        {"_id": "4983", "title": "...", "text": "..."}
+    scifact/queries.jsonl       {"_id": "1", "text": "..."}
+    scifact/qrels/dev.tsv       query-id <TAB> corpus-id <TAB> score   (header line optional; score > 0 = relevant)
 
-* `RetrievalData` (corpus, queries, qrels): what `retromae evaluate` scores and what `retromae finetune` mines hard
-  negatives from. Read from a BEIR folder by `read_beir`::
-
-      scifact/corpus.jsonl        {"_id": "4983", "title": "...", "text": "..."}
-      scifact/queries.jsonl       {"_id": "1", "text": "..."}
-      scifact/qrels/dev.tsv       query-id <TAB> corpus-id <TAB> score   (header line optional; score > 0 = relevant)
-
-* `TrainingGroup` (one query, its positives, optional negatives): what `retromae finetune` trains on. Read by
-  `load_training_groups` from a BEIR folder (positives from the qrels), a JSONL file, or a `datasets` dataset
-  (a `save_to_disk` folder or a Hub name). JSONL lines look like::
-
-      {"query": "...", "positive": "..." | ["...", ...], "negatives": ["...", ...]}
-      # optional ids, kept for distillation scores and written by hard-negative mining:
-      {"query_id": "q1", "query": "...", "positive_id": "d7", "positive": "...",
-       "negative_ids": ["d3", ...], "negatives": ["...", ...]}
-
-  A document's text is `title + " " + text` stripped, exactly as mteb builds it (`mteb._create_dataloaders`), so a
-  model sees the same strings in fine-tuning, mining and evaluation. Texts without ids get content ids
-  (`"q:" / "d:" + sha1[:16]`), so the same text always has the same id.
-
-Bad input is reported with counts, never silently: qrels naming a query or document that does not exist
-(`on_missing="error"` refuses, `"skip"` drops them with a warning), a query without any positive (dropped, counted),
-negatives equal to one of the query's positives (dropped, counted), a BEIR folder missing a file (`RetrievalDataError`
-naming the file and the expected layout).
+A document's text is `title + " " + text` stripped, exactly as mteb builds it (`doc_text`). Bad input is reported
+with counts, never silently: qrels naming a query or document that does not exist (`on_missing="error"` refuses,
+`"skip"` drops them with a warning), a query without any positive, a missing file (`RetrievalDataError`).
 """
 
 from __future__ import annotations
@@ -46,27 +27,15 @@ from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl
 
 logger = logging.getLogger(__name__)
-
-
 OnMissing = Literal["skip", "error"]
-
-
 ON_MISSING = ("skip", "error")
-
-
 BEIR_LAYOUT = "corpus.jsonl, queries.jsonl and qrels/<split>.tsv"
-
-
 QUERY_COLUMNS = ("query", "anchor", "question")
-
-
 POSITIVE_COLUMNS = ("positive", "positives", "answer", "document")
 
 
 # the shape of a line, shown in the message about a bad line
 CORPUS_EXAMPLE = '{"_id": "d1", "title": "...", "text": "..."}'
-
-
 QUERY_EXAMPLE = '{"_id": "q1", "text": "..."}'
 
 
@@ -212,7 +181,7 @@ def _known_qrels(raw_qrels: dict[str, dict[str, int]], queries: Mapping[str, Any
 
 
 def beir_records(path: Path, example: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The JSON objects of a BEIR/training JSONL file with their place `file:line` (`core.io.iter_jsonl`)."""
+    """The JSON objects of a BEIR/training JSONL file with their place `file:line` (`inputs.io.iter_jsonl`)."""
     return iter_jsonl(path, error=RetrievalDataError, example=example)
 
 
@@ -306,4 +275,7 @@ def read_teacher_scores(path: str | os.PathLike) -> dict[str, dict[str, float]]:
     return read_qrels(path, value_type=float)
 
 
-__all__ = ['ON_MISSING', 'RetrievalData', 'RetrievalDataError', 'check_beir_layout', 'doc_text', 'is_beir_folder', 'read_beir', 'read_qrels', 'read_teacher_scores']
+__all__ = [
+    "ON_MISSING", "RetrievalData", "RetrievalDataError", "check_beir_layout", "doc_text", "is_beir_folder", "read_beir",
+    "read_qrels", "read_teacher_scores"
+]

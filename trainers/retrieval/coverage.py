@@ -43,35 +43,17 @@ from ..inputs.checkpoints import load_bert_encoder, load_mlm_head, load_tokenize
 from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, model_location
 from ..inputs.io import atomic_file, read_json_or_empty, write_json_atomic
-from ..inputs.outputs import check_folder_option
+from ..inputs.outputs import Holding, check_folder_option, claim_output
 from .metrics import DEFAULT_KS
 
 logger = logging.getLogger(__name__)
-
-
-
-
 DEFAULT_MAX_SEQ_LENGTH = 256  # tokens per text unless given; capped at the model's positions
-
-
 MIN_SEQ_LENGTH = 3  # [CLS] + one text token + [SEP]: with 2, no text keeps a token to cover
-
-
 COVERAGE_JSON = "coverage.json"
-
-
 COVERAGE_PNG = "coverage.png"
-
-
 METRIC = "input token coverage@k (Ma et al., 2024, Algorithm 1)"  # also marks a coverage.json as ours
-
-
 PROJECTIONS = ("embeddings", "lm_head")
-
-
 Projection = Literal["embeddings", "lm_head"]
-
-
 LM_HEAD_HINT = ("; --projection lm_head needs a pre-training or masked-LM checkpoint: use --projection embeddings "
                 "(projection='embeddings' in Python)")
 
@@ -100,7 +82,7 @@ def _hits_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) 
 
 def _encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
     """The encoder whose last-layer [CLS] state is the representation: a module as given (or its `base_model`, e.g.
-    the `bert` / `roberta` / `model` encoder of a `*ForPretraining` model), else `core.checkpoints.load_bert_encoder`
+    the `bert` / `roberta` / `model` encoder of a `*ForPretraining` model), else `inputs.checkpoints.load_bert_encoder`
     of the folder or Hub id (any supported base, or one of our checkpoints on it)."""
     if not isinstance(model_or_path, nn.Module):
         return load_bert_encoder(model_or_path, purpose="coverage")
@@ -112,7 +94,7 @@ def _encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
 
 def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """The trained MLM head as h (B, H) -> float32 vocabulary scores (B, V): a pre-training model's `head_parts`, the
-    `cls` of a `BertForMaskedLM`, or a checkpoint's head (`core.checkpoints.load_mlm_head`, any supported base)."""
+    `cls` of a `BertForMaskedLM`, or a checkpoint's head (`inputs.checkpoints.load_mlm_head`, any supported base)."""
     if isinstance(model_or_path, nn.Module) and callable(getattr(model_or_path, "head_parts", None)):
         model = model_or_path
 
@@ -208,7 +190,7 @@ def input_token_coverage(
     """Mean input-token coverage@k of a model's [CLS] representations over `texts` (Algorithm 1, see module doc).
 
     Args:
-        model_dir_or_model: checkpoint directory / Hub id (see `core.checkpoints.load_bert_encoder`) or a module
+        model_dir_or_model: checkpoint directory / Hub id (see `inputs.checkpoints.load_bert_encoder`) or a module
             (a transformers encoder, or a model with a `bert` encoder such as `*ForPretraining`).
         tokenizer: a transformers tokenizer; None loads the one saved with `model_dir_or_model`.
         texts: the texts; each is tokenized without masking, truncated to `max_seq_length`.
@@ -368,21 +350,22 @@ def check_coverage_run(models: Sequence[str | os.PathLike], output_dir: str | os
 
 
 def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bool) -> None:
-    """Refuse a folder in place of coverage.json or coverage.png; without `overwrite`, also a coverage.json that this
-    command did not write or that scored other models (every run's default `out/coverage` is the same folder), and a
-    coverage.png without a coverage.json (ours always has one: the JSON is written first). The same models, by any
-    path to them, may replace their own results."""
-    results, plot = output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG
-    for path in (results, plot):
+    """Refuse a folder in place of coverage.json or coverage.png, then apply `claim_output` with `coverage_holding`:
+    the same models, by any path to them, may replace their own results."""
+    for path in (output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG):
         if path.is_dir():
             raise UserError(f"{path} is a folder; choose another --output-dir")
-    if overwrite:
-        return
+    claim_output(output_dir, "--output-dir", overwrite, kind="into", owner=lambda _: coverage_holding(output_dir, models))
+
+
+def coverage_holding(output_dir: Path, models: Sequence[str]) -> Holding:
+    """Not ours: a coverage.json that this command did not write or that scored other models (every run's default
+    `out/coverage` is the same folder), and a coverage.png without a coverage.json (ours always has one: the JSON is
+    written first)."""
+    results, plot = output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG
     if not results.is_file():
-        if plot.exists():
-            raise UserError(f"{plot} is a plot that `retromae coverage` did not write (no {COVERAGE_JSON} beside "
-                            "it); choose another --output-dir, or pass --overwrite to replace it")
-        return
+        return (f"a {COVERAGE_PNG} that `retromae coverage` did not write (no {COVERAGE_JSON} beside it)", False) \
+            if plot.exists() else None
     record = read_json_or_empty(results)
     scored = record.get("model_paths")
     if not isinstance(scored, list):  # written before coverage.json recorded its models: the names given then
@@ -390,12 +373,10 @@ def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bo
     else:
         given = sorted(model_location(m) for m in models)
     if record.get("metric") != METRIC:
-        whose = "results that `retromae coverage` did not write"
-    elif sorted(map(str, scored)) != given:
-        whose = f"the coverage of {', '.join(map(str, scored))}"
-    else:
-        return
-    raise UserError(f"{results} holds {whose}; choose another --output-dir, or pass --overwrite to replace them")
+        return f"a {COVERAGE_JSON} that `retromae coverage` did not write", False
+    if sorted(map(str, scored)) != given:
+        return f"the coverage of {', '.join(map(str, scored))}", False
+    return None
 
 
 def run_coverage(
@@ -454,4 +435,7 @@ def run_coverage(
     return results
 
 
-__all__ = ['DEFAULT_KS', 'DEFAULT_MAX_SEQ_LENGTH', 'MIN_SEQ_LENGTH', 'PROJECTIONS', 'check_coverage_run', 'coverage_at_k', 'input_token_coverage', 'plot_coverage', 'run_coverage']
+__all__ = [
+    "DEFAULT_KS", "DEFAULT_MAX_SEQ_LENGTH", "MIN_SEQ_LENGTH", "PROJECTIONS", "check_coverage_run", "coverage_at_k",
+    "input_token_coverage", "plot_coverage", "run_coverage"
+]

@@ -21,20 +21,10 @@ Typical use::
     index.save("out/index")
     index = HybridIndex.load("out/index")
     hits = index.search_texts(model, ["what is dense retrieval?"], top_n=10)  # [[(doc_id, score), ...]]
-
-Saved folder (written to a temporary sibling and renamed into place)::
-
-    manifest.json        format, model fingerprint, dims, k, document count, index parameters, per-file bytes + sha256
-    dense.faiss          the faiss index (absent when the representation has no dense part)
-    sparse_indptr.npy    CSR row pointers (int64, num_documents + 1)
-    sparse_indices.npy   vocabulary ids (int32, num_documents * doc_top_k)
-    sparse_data.npy      weights (float32, num_documents * doc_top_k)
-    ids.json             document ids, in index order
-"""
+Saved folder: see `index_files`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,88 +35,23 @@ from typing import Any
 import faiss
 import numpy as np
 import scipy.sparse as sp
-import torch
-from retromae.modeling.st_dupmae import is_dupmae_pooling
 
 from ..inputs.errors import UserError, one_line_message
-from ..inputs.outputs import atomic_folder, check_destination, clean_stale_siblings
+from ..inputs.outputs import atomic_folder
+from .hybrid_parts import as_numpy, document_parts, dupmae_pooling, model_fingerprint, queries_sparse, top_columns
+from .index_files import (
+    DENSE_FILE,
+    IDS_FILE,
+    MANIFEST,
+    SPARSE_FILES,
+    claim_index_folder,
+    read_manifest,
+    write_manifest,
+)
 
 logger = logging.getLogger(__name__)
-
-
-FORMAT = "retromae-hybrid-index"
-
-
-FORMAT_VERSION = 1
-
-
-MANIFEST = "manifest.json"
-
-
-MANIFEST_KEYS = ("model_fingerprint", "dense_dim", "vocab_size", "doc_top_k", "num_documents", "index_type",
-                 "index_params", "files")
-
-
-DENSE_FILE = "dense.faiss"
-
-
-SPARSE_FILES = ("sparse_indptr.npy", "sparse_indices.npy", "sparse_data.npy")
-
-
-IDS_FILE = "ids.json"
-
-
 INDEX_TYPES = ("flat", "hnsw", "ivf")
-
-
 SCORE_BLOCK = 1 << 23  # query x document scores per block (32 MiB of float32)
-
-
-QUERY_SIDE_SETTINGS = ("query_top_k", "chunk_size")  # pooling settings that leave the documents unchanged
-
-
-def _pooling(model: Any):
-    for module in model.modules():
-        if is_dupmae_pooling(module):
-            return module
-    raise UserError(
-        f"{type(model).__name__} has no DupMAEPooling module: export the encoder with "
-        "retromae.trainers.export.sentence_transformer.build_dupmae_sentence_transformer"
-    )
-
-
-def model_fingerprint(model: torch.nn.Module) -> str:
-    """A content hash of a DupMAE SentenceTransformer: the pooling module's config and every weight of the model
-    (names, dtypes, shapes, bytes). Equal models -- also when one was saved and reloaded, or loaded as remote code --
-    give equal fingerprints; any changed weight or document-side setting gives a different one. `query_top_k` and
-    `chunk_size` are left out: they do not change the stored documents. Cost: one pass over the weights (~0.5 s for
-    BERT-base)."""
-    digest = hashlib.blake2b(digest_size=16)
-    config = {k: v for k, v in _pooling(model).get_config_dict().items() if k not in QUERY_SIDE_SETTINGS}
-    for key in ("head_dense_bias", "head_norm_bias"):  # added for ModernBERT heads: at their default (True), a
-        if config.get(key, True) is True:  # model hashes as before the keys existed (indexes built then still open)
-            config.pop(key, None)
-    digest.update(json.dumps(config, sort_keys=True).encode())
-    for name, tensor in model.state_dict().items():
-        tensor = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
-        digest.update(tensor.view(torch.uint8).numpy().data if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
-def _as_numpy(x: Any, dtype=np.float32) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        x = (x.float() if x.is_floating_point() else x).numpy()
-    return np.ascontiguousarray(np.asarray(x), dtype=dtype)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class HybridIndex:
@@ -144,21 +69,10 @@ class HybridIndex:
         candidates: dense and sparse candidates per query for the approximate types (default 10 x top_n, >= 100).
     """
 
-    def __init__(
-        self,
-        dense_dim: int | None,
-        vocab_size: int,
-        doc_top_k: int | None,
-        *,
-        index_type: str = "flat",
-        model_fingerprint: str | None = None,
-        hnsw_m: int = 32,
-        hnsw_ef_construction: int = 80,
-        hnsw_ef_search: int = 128,
-        ivf_nlist: int | None = None,
-        ivf_nprobe: int = 16,
-        candidates: int | None = None,
-    ):
+    def __init__(self, dense_dim: int | None, vocab_size: int, doc_top_k: int | None, *, index_type: str = "flat",
+                 model_fingerprint: str | None = None, hnsw_m: int = 32, hnsw_ef_construction: int = 80,
+                 hnsw_ef_search: int = 128, ivf_nlist: int | None = None, ivf_nprobe: int = 16,
+                 candidates: int | None = None):
         if index_type not in INDEX_TYPES:
             raise UserError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
         if vocab_size < 1:
@@ -173,14 +87,8 @@ class HybridIndex:
             raise UserError(f"candidates={candidates} must be >= 1")
         self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
         self.index_type, self.model_fingerprint = index_type, model_fingerprint
-        self.params = {
-            "hnsw_m": hnsw_m,
-            "hnsw_ef_construction": hnsw_ef_construction,
-            "hnsw_ef_search": hnsw_ef_search,
-            "ivf_nlist": ivf_nlist,
-            "ivf_nprobe": ivf_nprobe,
-            "candidates": candidates,
-        }
+        self.params = {"hnsw_m": hnsw_m, "hnsw_ef_construction": hnsw_ef_construction, "hnsw_ef_search": hnsw_ef_search,
+                       "ivf_nlist": ivf_nlist, "ivf_nprobe": ivf_nprobe, "candidates": candidates}
         self.ids: list[str] = []
         self._dense: faiss.Index | None = None
         self._pending_dense: list[np.ndarray] = []  # IVF: vectors waiting for training
@@ -223,11 +131,11 @@ class HybridIndex:
         """
         n = len(ids)
         if self.dense_dim is not None:
-            dense = _as_numpy(dense)
+            dense = as_numpy(dense)
             if dense.shape != (n, self.dense_dim):
                 raise UserError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
         if self.doc_top_k is not None:
-            idx, val = _as_numpy(sparse_indices, np.int64), _as_numpy(sparse_values)
+            idx, val = as_numpy(sparse_indices, np.int64), as_numpy(sparse_values)
             if idx.shape != (n, self.doc_top_k) or val.shape != (n, self.doc_top_k):
                 raise UserError(
                     f"sparse_indices {idx.shape} / sparse_values {val.shape}, expected ({n}, {self.doc_top_k}) each"
@@ -300,7 +208,7 @@ class HybridIndex:
         ids = [str(i) for i in range(len(texts))] if ids is None else [str(i) for i in ids]
         if len(ids) != len(texts):
             raise UserError(f"{len(texts)} texts but {len(ids)} ids")
-        pooling = _pooling(model)
+        pooling = dupmae_pooling(model)
         index = cls(
             dense_dim=pooling.get_config_dict()["dense_dim"] if pooling.has_dense else None,
             vocab_size=pooling.vocab_size,
@@ -314,7 +222,7 @@ class HybridIndex:
             outputs = model.encode_document(
                 chunk, batch_size=batch_size, output_value=None, show_progress_bar=show_progress_bar
             )
-            index.add(ids[start : start + len(chunk)], **_document_parts(outputs, pooling))
+            index.add(ids[start : start + len(chunk)], **document_parts(outputs, pooling))
             logger.info("indexed %d / %d documents", start + len(chunk), len(texts))
         index._finalize()
         return index
@@ -378,10 +286,10 @@ class HybridIndex:
             self.check_fingerprint(model_fingerprint(model))
         if not queries:
             return []
-        pooling = _pooling(model)
+        pooling = dupmae_pooling(model)
         outputs = model.encode_query(list(queries), batch_size=batch_size, output_value=None)
-        dense = np.stack([_as_numpy(o["dense_embedding"]) for o in outputs]) if pooling.has_dense else None
-        sparse = _queries_sparse(outputs, pooling) if pooling.has_sparse else None
+        dense = np.stack([as_numpy(o["dense_embedding"]) for o in outputs]) if pooling.has_dense else None
+        sparse = queries_sparse(outputs, pooling) if pooling.has_sparse else None
         scores, positions = self.search(dense, sparse, top_n)
         return [
             [(self.ids[p], float(s)) for s, p in zip(row_s, row_p, strict=True)]
@@ -402,7 +310,7 @@ class HybridIndex:
         if self.dense_dim is not None:
             if query_dense is None:
                 raise UserError("this index has a dense part: pass query_dense")
-            q_dense = _as_numpy(query_dense)
+            q_dense = as_numpy(query_dense)
             if q_dense.ndim != 2 or q_dense.shape[1] != self.dense_dim:
                 raise UserError(
                     f"query_dense has shape {q_dense.shape}, expected (num_queries, {self.dense_dim})"
@@ -412,7 +320,7 @@ class HybridIndex:
             if query_sparse is None:
                 raise UserError("this index has a sparse part: pass query_sparse")
             q_sparse = (
-                sp.csr_matrix(query_sparse, dtype=np.float32) if sp.issparse(query_sparse) else _as_numpy(query_sparse)
+                sp.csr_matrix(query_sparse, dtype=np.float32) if sp.issparse(query_sparse) else as_numpy(query_sparse)
             )
             if q_sparse.ndim != 2 or q_sparse.shape[1] != self.vocab_size:
                 raise UserError(
@@ -451,7 +359,7 @@ class HybridIndex:
             positions = np.concatenate(
                 [best_pos, np.broadcast_to(np.arange(start, stop), (num_queries, stop - start))], 1
             )
-            keep = _top_columns(scores, n)
+            keep = top_columns(scores, n)
             best_scores = np.take_along_axis(scores, keep, 1)
             best_pos = np.take_along_axis(positions, keep, 1)
         return best_scores, best_pos
@@ -470,7 +378,7 @@ class HybridIndex:
                 positions = np.concatenate(
                     [sparse_candidates, np.broadcast_to(np.arange(start, stop), (num_queries, stop - start))], 1
                 )
-                keep = _top_columns(scores, c)
+                keep = top_columns(scores, c)
                 best, sparse_candidates = np.take_along_axis(scores, keep, 1), np.take_along_axis(positions, keep, 1)
         out_scores = np.full((num_queries, n), -np.inf, np.float32)
         out_pos = np.zeros((num_queries, n), np.int64)
@@ -479,7 +387,7 @@ class HybridIndex:
             scores = self._dense.reconstruct_batch(cand) @ q_dense[q]
             if q_sparse is not None:
                 scores = scores + self._sparse_scores(q_sparse[q : q + 1], cand)[0]
-            keep = _top_columns(scores[None, :], min(n, len(cand)))[0]
+            keep = top_columns(scores[None, :], min(n, len(cand)))[0]
             out_scores[q, : len(keep)], out_pos[q, : len(keep)] = scores[keep], cand[keep]
         return out_scores, out_pos
 
@@ -503,7 +411,7 @@ class HybridIndex:
         """Write the index to `folder` atomically: a temporary sibling folder is filled, then renamed into place
         (a previous index there is removed only after the new one is complete)."""
         folder = Path(folder)
-        check_index_destination(folder, overwrite)  # before the work, not after it
+        claim_index_folder(folder, overwrite)  # before the work, not after it
         self._finalize()
         with atomic_folder(folder, overwrite=overwrite) as tmp:
             files = []
@@ -521,9 +429,7 @@ class HybridIndex:
                 files.extend(SPARSE_FILES)
             (tmp / IDS_FILE).write_text(json.dumps(self.ids), encoding="utf-8")
             files.append(IDS_FILE)
-            manifest = {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
+            write_manifest(tmp, files, {
                 "model_fingerprint": self.model_fingerprint,
                 "dense_dim": self.dense_dim,
                 "vocab_size": self.vocab_size,
@@ -532,11 +438,7 @@ class HybridIndex:
                 "index_type": self.index_type,
                 "index_params": self.params,
                 "memory_bytes_per_document": self.memory_bytes_per_document(),
-                "files": {
-                    name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files
-                },
-            }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            })
         return folder
 
     @classmethod
@@ -548,43 +450,8 @@ class HybridIndex:
             UserError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
         """
         folder = Path(folder)
-        clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
+        manifest = read_manifest(folder, verify_checksums)
         manifest_path = folder / MANIFEST
-        if not manifest_path.is_file():
-            raise FileNotFoundError(
-                f"{manifest_path} is missing: {folder} is not a hybrid index folder (see HybridIndex.save)"
-            )
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise UserError(
-                f"{manifest_path} is not valid JSON ({error}); the index folder is corrupted"
-            ) from error
-        if not isinstance(manifest, dict):
-            raise UserError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
-        if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
-            raise UserError(
-                f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
-                f"expected {FORMAT!r} v{FORMAT_VERSION}"
-            )
-        missing = [key for key in MANIFEST_KEYS if key not in manifest]
-        files = manifest.get("files")
-        if missing or not isinstance(files, dict) or not all(
-                isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
-            raise UserError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
-                            "the index folder is corrupted: rebuild it")
-        for name, meta in files.items():
-            path = folder / name
-            if not path.is_file():
-                raise FileNotFoundError(f"index file {name} is missing from {folder}; rebuild or re-copy the index")
-            size = path.stat().st_size
-            if size != meta["bytes"]:
-                raise UserError(
-                    f"index file {name} in {folder} has {size} bytes, the manifest says {meta['bytes']}: "
-                    "truncated or replaced; rebuild or re-copy the index"
-                )
-            if verify_checksums and _sha256(path) != meta["sha256"]:
-                raise UserError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
         params = manifest["index_params"]
         try:
             index = cls(
@@ -620,53 +487,4 @@ class HybridIndex:
         return index
 
 
-def check_index_destination(folder: Path, overwrite: bool,
-                            inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
-    """`check_destination`, where `overwrite` replaces an index only: a non-empty folder without a manifest holds
-    the user's files, and is refused either way."""
-    clean_stale_siblings(folder)  # a rebuild killed mid-swap: its previous index comes back before it is judged
-    user_files = folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file()
-    check_destination(folder, overwrite or user_files, inputs)  # user files: refused below, whatever the flag says
-    if user_files:
-        raise UserError(f"{folder} is not empty and holds no hybrid index (no {MANIFEST}); choose a new or "
-                        "empty folder (--overwrite replaces an index only)")
-
-
-def _top_columns(scores: np.ndarray, n: int) -> np.ndarray:
-    """Column indices of the `n` largest entries of each row of `scores` `(Q, m)`, best first."""
-    if scores.shape[1] > n:
-        part = np.argpartition(-scores, n - 1, axis=1)[:, :n]
-    else:
-        part = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
-    order = np.argsort(-np.take_along_axis(scores, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, 1)
-
-
-def _document_parts(outputs: list[dict[str, Any]], pooling: Any) -> dict[str, np.ndarray]:
-    parts: dict[str, np.ndarray] = {}
-    if pooling.has_dense:
-        parts["dense"] = np.stack([_as_numpy(o["dense_embedding"]) for o in outputs])
-    if pooling.has_sparse:
-        if "sparse_indices" in outputs[0]:
-            parts["sparse_indices"] = np.stack([_as_numpy(o["sparse_indices"], np.int64) for o in outputs])
-            parts["sparse_values"] = np.stack([_as_numpy(o["sparse_values"]) for o in outputs])
-        else:  # doc_top_k == vocab_size: every entry is kept
-            mu = np.stack([_as_numpy(o["sparse_embedding"]) for o in outputs])
-            parts["sparse_indices"] = np.broadcast_to(np.arange(mu.shape[1]), mu.shape)
-            parts["sparse_values"] = mu
-    return parts
-
-
-def _queries_sparse(outputs: list[dict[str, Any]], pooling: Any) -> Any:
-    """The queries' OT parts: a dense `(Q, V)` array for the full mu, CSR when `query_top_k` sparsified them."""
-    if "sparse_indices" in outputs[0]:
-        indices = np.stack([_as_numpy(o["sparse_indices"], np.int64) for o in outputs])
-        values = np.stack([_as_numpy(o["sparse_values"]) for o in outputs])
-        num, k = indices.shape
-        return sp.csr_matrix(
-            (values.reshape(-1), indices.reshape(-1), np.arange(0, num * k + 1, k)), shape=(num, pooling.vocab_size)
-        )
-    return np.stack([_as_numpy(o["sparse_embedding"]) for o in outputs])
-
-
-__all__ = ['HybridIndex', 'model_fingerprint']
+__all__ = ["HybridIndex", "model_fingerprint"]

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 import torch
 
 METRICS = ("ndcg@10", "mrr@10", "recall@100")
-
-
 SEARCH_DEPTH = 100  # the deepest cut-off of METRICS
 
 
@@ -74,6 +72,4 @@ def metric_names(coverage: bool = False, prefixes: Sequence[str] = ("",)) -> lis
 
 
 DEFAULT_KS = (10, 20, 50, 100)
-
-
-__all__ = ['METRICS', 'RunningTopK', 'metric_names', 'retrieval_metrics']
+__all__ = ["METRICS", "RunningTopK", "metric_names", "retrieval_metrics"]

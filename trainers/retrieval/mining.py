@@ -111,4 +111,4 @@ def _rank_documents(model: SentenceTransformer, groups: list[TrainingGroup], tex
     return [ranked for top, _ in tops for ranked in top.ranking()]
 
 
-__all__ = ['mine_negatives']
+__all__ = ["mine_negatives"]

@@ -34,7 +34,7 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,19 +47,13 @@ from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, is_local_path, model_location
 from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
-from ..inputs.outputs import check_folder_option
+from ..inputs.outputs import Holding, check_folder_option, claim_output
 from ..methods import METHODS, hybrid_method_of
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
 
 logger = logging.getLogger(__name__)
-
-
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
-
-
 SUMMARY_JSON = "summary.json"
-
-
 SUMMARY_MD = "summary.md"
 
 
@@ -283,20 +277,21 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
 
-def check_results_folder(output_dir: Path, model: str | os.PathLike, overwrite: bool) -> None:
-    """Refuse, without `overwrite`, an output folder whose summary is another model's (every `retromae pretrain`
-    export is named `encoder`, so default folders of two runs coincide)."""
-    summary = output_dir / SUMMARY_JSON
-    if overwrite or not summary.is_file():
-        return
-    recorded = read_json_or_empty(summary).get("model_path")
-    if recorded != model_location(model):
-        whose = f"the results of {recorded}" if recorded else "results of another model"
-        raise UserError(f"{output_dir} holds {whose} ({SUMMARY_JSON}); choose another --output-dir for "
-                        f"{model}, or pass --overwrite to replace them")
+def results_holding(model: str | os.PathLike) -> Callable[[Path], Holding]:
+    """`claim_output`'s owner of an evaluation folder: a summary of another model is not ours (every `retromae
+    pretrain` export is named `encoder`, so default folders of two runs coincide); other files are left alone."""
+
+    def holding(output_dir: Path) -> Holding:
+        summary = output_dir / SUMMARY_JSON
+        recorded = read_json_or_empty(summary).get("model_path") if summary.is_file() else model_location(model)
+        if recorded == model_location(model):
+            return None
+        return f"{f'the results of {recorded}' if recorded else 'results of another model'} ({SUMMARY_JSON})", False
+
+    return holding
 
 
-def check_card_folder(model_dir: str | os.PathLike) -> Path:
+def card_run_info_file(model_dir: str | os.PathLike) -> Path:
     """The run record of a folder written by `retromae finetune` (whose card `--update-card` may rewrite); any other
     folder or a Hub id is refused."""
     info_file = Path(model_dir) / FINETUNE_RUN_INFO_FILE
@@ -312,7 +307,7 @@ def update_model_card(model_dir: str | os.PathLike, rows: list[dict[str, Any]]) 
     """Merge `rows` into the folder's `retromae_finetune.json` (same dataset + split replaced) and re-render the
     card. Only for folders written by `retromae finetune` (a foreign README is never overwritten)."""
     model_dir = Path(model_dir)
-    info_file = check_card_folder(model_dir)
+    info_file = card_run_info_file(model_dir)
     info = read_json_or_empty(info_file)
     keep = [r for r in info.get("eval_results") or []
             if (r["dataset_id"], r["split"]) not in {(n["dataset_id"], n["split"]) for n in rows}]
@@ -358,10 +353,10 @@ def evaluate_folder(
     if on_missing not in ON_MISSING:
         raise UserError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
-    check_results_folder(Path(output_dir), model, overwrite)
+    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model))
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     if update_card:
-        check_card_folder(model)
+        card_run_info_file(model)
     mteb_tasks = []
     for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, local_task_names(beir_folders), strict=True)):
         try:
@@ -449,4 +444,7 @@ def mteb_model_name(model: str | os.PathLike) -> str:
     return str(model)
 
 
-__all__ = ['check_card_folder', 'check_results_folder', 'default_output_dir', 'evaluate', 'evaluate_folder', 'evaluate_model', 'local_task_names', 'make_local_task', 'summary_markdown', 'update_model_card']
+__all__ = [
+    "card_run_info_file", "results_holding", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
+    "local_task_names", "make_local_task", "summary_markdown", "update_model_card"
+]

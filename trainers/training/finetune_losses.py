@@ -105,4 +105,4 @@ def contrastive_loss(model: SentenceTransformer, scale: float | None, gather_acr
     return CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size, **options)
 
 
-__all__ = ['DistillationLoss']
+__all__ = ["DistillationLoss"]

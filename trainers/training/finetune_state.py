@@ -6,15 +6,17 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sentence_transformers import SentenceTransformer
+from torch import nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..export.cards import FINETUNE_RUN_INFO_FILE
+from ..export.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.errors import UserError
 from ..inputs.finetune_options import (
@@ -24,18 +26,18 @@ from ..inputs.finetune_options import (
     FinetuneModelArguments,
     FinetuneTrainingArguments,
 )
-from ..inputs.folders import model_location
+from ..inputs.folders import hub_id_of_model, model_location, public_name
 from ..inputs.io import read_json_or_empty, write_json_atomic
-from ..inputs.outputs import atomic_folder
+from ..inputs.outputs import Holding, atomic_folder
 from ..inputs.sentence_models import save_without_pooler
-from ..methods import hybrid_method_of
+from ..inputs.versions import library_versions, package_version
+from ..methods import METHODS, hybrid_method_of
+from .finetune_losses import similarity_functions
 from .run_folder import RESUME_LAST
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "finetune_state.json"  # in the work folder: the finished stages of a run, for resuming it
-
-
 STAGE_MODEL = "model"  # in a stage's folder: the model that stage finished with
 
 
@@ -133,11 +135,11 @@ def work_dir_of(training_args: FinetuneTrainingArguments) -> Path:
 
 
 def finished_work_dir_run(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
-                  loss_args: FinetuneLossArguments, training_args: FinetuneTrainingArguments,
-                  stages: list[str]) -> FinetuneResult | None:
+                          loss_args: FinetuneLossArguments, training_args: FinetuneTrainingArguments,
+                          stages: list[str]) -> FinetuneResult | None:
     """The result of this very run when `--resume-from-checkpoint last` finds it finished: its work folder records
     every stage under the same settings and its output folder holds the model those stages wrote. None otherwise
-    (the output folder is then refused as any other, `check_destination`)."""
+    (the output folder is then judged as any other, `claim_output`)."""
     if training_args.resume_from_checkpoint not in RESUME_LAST:
         return None
     state = read_json_or_empty(work_dir_of(training_args) / STATE_FILE)
@@ -152,21 +154,24 @@ def finished_work_dir_run(model_args: FinetuneModelArguments, data_args: Finetun
     return FinetuneResult(output_dir, info, already_finished=True)
 
 
-def check_work_dir(work_dir: Path) -> None:
-    """Refuse a work folder that is a file or holds what no fine-tuning run made: a run writes and clears its
-    stage folders and negatives there. A run's own folder holds `STATE_FILE` (written when it starts); before that,
+def work_dir_holding(work_dir: Path) -> Holding:
+    """`claim_output`'s owner of a work folder: files no fine-tuning run made are kept (a run writes and clears its
+    stage folders and negatives there). A run's own folder holds `STATE_FILE` (written when it starts); before that,
     only the export of a pre-training checkpoint and temporary siblings."""
-    if work_dir.exists() and not work_dir.is_dir():
-        raise UserError(f"--work-dir {work_dir} is a file; choose a folder")
     ours = {"pretrained-encoder"}
     if (work_dir / STATE_FILE).is_file():
         ours |= {STATE_FILE, NEGATIVES_FILE, "eval", *(f"stage-{stage}" for stage in STAGES)}
-    foreign = sorted(p.name for p in work_dir.iterdir() if p.name not in ours and not p.name.startswith(".")) \
-        if work_dir.is_dir() else []
-    if foreign:
-        raise UserError(f"work folder {work_dir} holds files no `retromae finetune` run made ({', '.join(foreign[:3])}"
-                        f"{', ...' if len(foreign) > 3 else ''}), which the run could replace or delete; choose a "
-                        "new or empty folder with --work-dir")
+    foreign = sorted(p.name for p in work_dir.iterdir() if p.name not in ours and not p.name.startswith("."))
+    if not foreign:
+        return None
+    return f"files no `retromae finetune` run made ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})", True
+
+
+def model_holding(output_dir: Path) -> Holding:
+    """`claim_output`'s owner of a fine-tuning output folder: --overwrite replaces a model only."""
+    if any((output_dir / name).is_file() for name in ("modules.json", "config.json")):
+        return "", False  # refused without --overwrite as any non-empty folder
+    return "no model (no modules.json or config.json)", True
 
 
 NEGATIVES_FILE = "hard_negatives.jsonl"
@@ -187,3 +192,83 @@ def save_model_folder(model: SentenceTransformer, folder: Path) -> None:
     else:
         model.save(str(folder), create_model_card=False)
         save_without_pooler(model, folder)
+
+
+def loss_config_of(loss: nn.Module) -> dict[str, Any]:
+    config = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
+    return {k: (v if isinstance(v, int | float | str | bool | dict | type(None)) else str(v)) for k, v in config.items()}
+
+
+def finetune_run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
+              stage_records, output_dir: Path) -> dict[str, Any]:
+
+    # a local starting folder is recorded by its own Hub id when it names one, never by its path
+    base = model_args.base_model_name or hub_id_of_model(model_args.model)
+    train_name = beir.name if beir is not None else public_name(data_args.train_data) or "training data"
+    hyper = {
+        "learning_rate": training_args.learning_rate,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "world_size": training_args.world_size,
+        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+        "num_train_epochs": training_args.num_train_epochs,
+        "max_steps": training_args.max_steps,
+        "warmup_steps": training_args.warmup_steps,
+        "weight_decay": training_args.weight_decay,
+        "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
+        "batch_sampler": str(getattr(training_args.batch_sampler, "value", training_args.batch_sampler)),
+        "seed": training_args.seed,
+        "max_seq_length": model.max_seq_length,
+        "num_negatives": data_args.num_negatives,
+        "scale": loss_args.scale or similarity_functions(model)[2],
+        "gather_across_devices": loss_args.gather_across_devices,
+    }
+    if loss_args.mini_batch_size is not None:
+        hyper["mini_batch_size"] = loss_args.mini_batch_size
+    if "distill" in [r["stage"] for r in stage_records]:
+        hyper.update(distill_loss_weight=loss_args.distill_loss_weight, contrastive_loss_weight=loss_args.contrastive_loss_weight,
+                     distill_temperature=loss_args.distill_temperature)
+    return {
+        "model_name": model_args.model_name or output_dir.name,
+        "base_model": base,
+        "starting_point": model_info["kind"],
+        "pretraining_method": model_info.get("pretraining_method"),
+        "pooling": _pooling_description(model),
+        "similarity": model.similarity_fn_name,
+        "embedding_dim": model.get_embedding_dimension(),
+        "max_seq_length": model.max_seq_length,
+        "trust_remote_code": bool(model_info.get("trust_remote_code") or hybrid_method_of(model) is not None),
+        "train_data": {"name": train_name, "split": data_args.split, "queries": len(groups),
+                       "format": "beir" if beir is not None else "pairs", "dropped": dropped},
+        "stages": stage_records,
+        "hyperparameters": hyper,
+        "eval_results": [],
+        "retromae_version": package_version(),
+        "library_versions": library_versions(),
+    }
+
+
+def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLike, info: dict[str, Any],
+                         overwrite: bool = False) -> Path:
+    """Write `model` + its card + the run record to `output_dir`, atomically (temporary sibling, then rename)."""
+    output_dir = Path(output_dir)
+    with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
+        save_model_folder(model, build_dir)
+        write_finetuned_card(build_dir, info, METHODS)
+    logger.info("fine-tuned model written to %s", output_dir)
+    return output_dir
+
+
+def _pooling_description(model: SentenceTransformer) -> str:
+    hybrid = hybrid_method_of(model)
+    if hybrid is not None:  # the method's own module
+        return hybrid.pooling_module.describe(model)
+    for module in model.modules():
+        name = type(module).__name__
+        if name == "Pooling":
+            config = module.get_config_dict()
+            mode = config.get("pooling_mode")
+            if mode is None:  # legacy keys
+                mode = next((k[len("pooling_mode_"):].removesuffix("_token").removesuffix("_tokens")
+                             for k, v in config.items() if k.startswith("pooling_mode_") and v), "unknown")
+            return str(mode)
+    return "unknown"

@@ -31,7 +31,7 @@ from ..data.training_groups import (
     load_training_groups,
     read_training_jsonl,
 )
-from ..export.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
+from ..export.cards import FINETUNE_RUN_INFO_FILE
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.arguments import check_training_arguments
 from ..inputs.errors import UserError
@@ -44,12 +44,11 @@ from ..inputs.finetune_options import (
     check_mining_range,
     parse_stages,
 )
-from ..inputs.folders import hub_id_of_model, is_hub_id, public_name
+from ..inputs.folders import is_hub_id
 from ..inputs.io import read_json_or_empty, write_json_atomic
-from ..inputs.outputs import atomic_folder, check_destination
+from ..inputs.outputs import claim_output
 from ..inputs.sentence_models import save_without_pooler
-from ..inputs.versions import library_versions, package_version
-from ..methods import METHODS, hybrid_method_of
+from ..methods import hybrid_method_of
 from ..retrieval.beir import (
     RetrievalData,
     doc_text,
@@ -60,44 +59,27 @@ from ..retrieval.beir import (
 from ..retrieval.mining import mine_negatives
 from ..retrieval.mteb import evaluate_folder
 from .divergence import divergence
-from .finetune_losses import DistillationLoss, contrastive_loss, similarity_functions
+from .finetune_losses import DistillationLoss, contrastive_loss
 from .finetune_state import (
     NEGATIVES_FILE,
     STATE_FILE,
     FinetuneResult,
-    check_work_dir,
+    finetune_run_info,
     finetune_run_settings,
     finish_stage,
     finished_work_dir_run,
+    loss_config_of,
     model_after_finished_stages,
+    model_holding,
     read_state,
-    save_model_folder,
+    save_finetuned_model,
+    work_dir_holding,
     work_dir_of,
 )
 from .lock import folder_lock
 from .run_folder import RESUME_LAST, last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
-
-
-
-
-
-
-def _pooling_description(model: SentenceTransformer) -> str:
-    hybrid = hybrid_method_of(model)
-    if hybrid is not None:  # the method's own module
-        return hybrid.pooling_module.describe(model)
-    for module in model.modules():
-        name = type(module).__name__
-        if name == "Pooling":
-            config = module.get_config_dict()
-            mode = config.get("pooling_mode")
-            if mode is None:  # legacy keys
-                mode = next((k[len("pooling_mode_"):].removesuffix("_token").removesuffix("_tokens")
-                             for k, v in config.items() if k.startswith("pooling_mode_") and v), "unknown")
-            return str(mode)
-    return "unknown"
 
 
 def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
@@ -312,17 +294,13 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
     output_dir = Path(training_args.output_dir)
     files = {"--corpus": data_args.corpus, "--negatives-file": data_args.negatives_file,
              "--teacher-scores": data_args.teacher_scores}
-    check_destination(output_dir, training_args.overwrite, inputs={
+    claim_output(output_dir, "--output-dir", training_args.overwrite, owner=model_holding, inputs={
         "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
-    if (training_args.overwrite and output_dir.is_dir() and any(output_dir.iterdir())
-            and not any((output_dir / name).is_file() for name in ("modules.json", "config.json"))):
-        raise UserError(f"--output-dir {output_dir} holds no model (no modules.json or config.json), so "
-                        "--overwrite will not replace it: choose a new or empty folder")
     work_dir = work_dir_of(training_args)
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
         raise UserError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
                         f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
-    check_work_dir(work_dir)
+    claim_output(work_dir, "--work-dir", False, kind="into", owner=work_dir_holding)
     resume = training_args.resume_from_checkpoint
     if resume is not None and resume not in RESUME_LAST:
         raise UserError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
@@ -414,11 +392,11 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
         record = {"stage": stage, "loss": description, "examples": len(dataset),
                   "negatives_per_query": 0 if stage == "in-batch" else data_args.num_negatives,
                   "negatives": negatives_source if stage != "in-batch" else None,
-                  "loss_config": _loss_config(loss), **report}
+                  "loss_config": loss_config_of(loss), **report}
         record.update(_train_stage(model, args, dataset, loss, stage, resume))
         finish_stage(state, work_dir, model, record, training_args.process_index == 0)
 
-    info = _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
+    info = finetune_run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
                      state["stages"], output_dir)
     if training_args.process_index == 0:
         save_finetuned_model(model, output_dir, info, overwrite=training_args.overwrite)
@@ -462,7 +440,7 @@ def finetune(
     Raises:
         UserError: an unknown option; any `UserError` of the data or the model.
     """
-    options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.renamed))
+    options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.legacy_keys))
     values: dict[str, Any] = {
         **options, "model": os.fspath(model), "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir),
         "overwrite": overwrite, "stages": stages if isinstance(stages, str) else ",".join(stages),
@@ -477,71 +455,4 @@ def finetune(
     return run_finetune(*arguments)
 
 
-def _loss_config(loss: nn.Module) -> dict[str, Any]:
-    config = loss.get_config_dict() if hasattr(loss, "get_config_dict") else {}
-    return {k: (v if isinstance(v, int | float | str | bool | dict | type(None)) else str(v)) for k, v in config.items()}
-
-
-def _run_info(model, model_info, model_args, data_args, loss_args, training_args, beir, groups, dropped,
-              stage_records, output_dir: Path) -> dict[str, Any]:
-
-    # a local starting folder is recorded by its own Hub id when it names one, never by its path
-    base = model_args.base_model_name or hub_id_of_model(model_args.model)
-    train_name = beir.name if beir is not None else public_name(data_args.train_data) or "training data"
-    hyper = {
-        "learning_rate": training_args.learning_rate,
-        "per_device_train_batch_size": training_args.per_device_train_batch_size,
-        "world_size": training_args.world_size,
-        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-        "num_train_epochs": training_args.num_train_epochs,
-        "max_steps": training_args.max_steps,
-        "warmup_steps": training_args.warmup_steps,
-        "weight_decay": training_args.weight_decay,
-        "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
-        "batch_sampler": str(getattr(training_args.batch_sampler, "value", training_args.batch_sampler)),
-        "seed": training_args.seed,
-        "max_seq_length": model.max_seq_length,
-        "num_negatives": data_args.num_negatives,
-        "scale": loss_args.scale or similarity_functions(model)[2],
-        "gather_across_devices": loss_args.gather_across_devices,
-    }
-    if loss_args.mini_batch_size is not None:
-        hyper["mini_batch_size"] = loss_args.mini_batch_size
-    if "distill" in [r["stage"] for r in stage_records]:
-        hyper.update(distill_loss_weight=loss_args.distill_loss_weight, contrastive_loss_weight=loss_args.contrastive_loss_weight,
-                     distill_temperature=loss_args.distill_temperature)
-    return {
-        "model_name": model_args.model_name or output_dir.name,
-        "base_model": base,
-        "starting_point": model_info["kind"],
-        "pretraining_method": model_info.get("pretraining_method"),
-        "pooling": _pooling_description(model),
-        "similarity": model.similarity_fn_name,
-        "embedding_dim": model.get_embedding_dimension(),
-        "max_seq_length": model.max_seq_length,
-        "trust_remote_code": bool(model_info.get("trust_remote_code") or hybrid_method_of(model) is not None),
-        "train_data": {"name": train_name, "split": data_args.split, "queries": len(groups),
-                       "format": "beir" if beir is not None else "pairs", "dropped": dropped},
-        "stages": stage_records,
-        "hyperparameters": hyper,
-        "eval_results": [],
-        "retromae_version": package_version(),
-        "library_versions": library_versions(),
-    }
-
-
-
-
-def save_finetuned_model(model: SentenceTransformer, output_dir: str | os.PathLike, info: dict[str, Any],
-                         overwrite: bool = False) -> Path:
-    """Write `model` + its card + the run record to `output_dir`, atomically (temporary sibling, then rename)."""
-    output_dir = Path(output_dir)
-    with atomic_folder(output_dir, overwrite=overwrite) as build_dir:
-        save_model_folder(model, build_dir)
-        write_finetuned_card(build_dir, info, METHODS)
-    logger.info("fine-tuned model written to %s", output_dir)
-    return output_dir
-
-
-
-__all__ = ['FinetuneResult', 'finetune', 'run_finetune', 'read_beir']
+__all__ = ["finetune", "run_finetune"]

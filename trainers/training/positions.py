@@ -1,6 +1,6 @@
 """`--extend-position-embeddings`: a learned absolute position table grown to more positions the way BGE-M3 grew
 XLM-R's (copies of the learned table, then continued pre-training at the new length). The limits of the bases
-(`core.checkpoints.usable_positions`):
+(`inputs.checkpoints.usable_positions`):
 
 - BERT: positions 0 .. max_position_embeddings - 1 (row i is position i).
 - RoBERTa / XLM-R: rows 0 .. padding_idx belong to no real position (row padding_idx is the padding's); the first
@@ -93,7 +93,7 @@ def extend_position_embeddings(model: nn.Module, tokenizer, length: int) -> None
 def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: str,
                               from_scratch: bool = False) -> None:
     """Refuse, in one line, a tokenizer larger than the embedding matrix and a --max-seq-length beyond the encoder's
-    usable positions (`core.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table);
+    usable positions (`inputs.checkpoints.usable_positions`: RoBERTa / XLM-R lose padding_idx + 1 rows of their table);
     `from_scratch`: the fix named is a --config-overrides size."""
     config = model.config
     if len(tokenizer) > config.vocab_size:

@@ -1,4 +1,5 @@
-"""Pre-training a model from resolved options: load or build it, apply the fast paths, train, keep the best checkpoint, export."""
+"""Pre-training a model from resolved options: load or build it, apply the fast paths, train, summarise the best
+checkpoint (the driver, `commands/pretrain.py`, saves the final model and exports it)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .retrieval_validation import RetrievalValidationCallback
 from .run_folder import (
     RUN_INFO_NAME,
 )
+from .sharding import check_sharding
 from .trainer import RetroMAETrainer
 
 logger = logging.getLogger(__name__)
@@ -208,6 +210,8 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     with `validation` among the trainer's callbacks when given; returns the trainer, the tokenizer and the seconds
     the training took."""
     args = run.training
+    check_sharding(args, validation=validation is not None, head_warmup=run.recipe.head_warmup_steps > 0,
+                   recipe_groups=run.recipe.changes_optimizer)  # before any weight is read
     method = get_method(run.model.method)
     model_ref = run.model.model or default_model_dir()
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
@@ -299,4 +303,7 @@ def checkpoint_extras(method: str) -> str:
     return "decoder" if "num_decoder_layers" in get_method(method).config_fields else "heads"
 
 
-__all__ = ['attn_implementation_for', 'best_summary', 'check_special_tokens', 'scale_loss_chunk', 'unsupported_model_message', 'final_save_done', 'load_pretraining_model', 'train_model', 'validation_callback']
+__all__ = [
+    "attn_implementation_for", "best_summary", "check_special_tokens", "scale_loss_chunk", "unsupported_model_message",
+    "final_save_done", "load_pretraining_model", "train_model", "validation_callback"
+]

@@ -8,8 +8,8 @@ linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort 
    parameter under the base's prefix (`bert.*`; RoBERTa / XLM-R `roberta.*`; ModernBERT `model.*`), embeddings
    included, and therefore also the MLM output matrix (tied to the word
    embeddings). What trains: the MLM head's transform and output bias, and the method's own modules (`decoder.*`,
-   ...). Frozen parameters get no gradient (`requires_grad=False` in a single process; under DDP their gradients
-   are dropped before clipping), and AdamW skips parameters without a gradient, weight decay included, so they stay
+   ...). Frozen parameters get no gradient (`requires_grad=False` in a single process; under DDP and FSDP their
+   gradients are dropped before clipping), and AdamW skips parameters without a gradient, weight decay included, so they stay
    bit-identical. The phase is derived from `state.global_step` at the start of every optimizer step, so a run
    resumed from any checkpoint, inside or after the warm-up, continues exactly.
 2. joint training with a smaller encoder learning rate: the encoder's rate is `S = --encoder-lr-scale` times the
@@ -21,7 +21,7 @@ linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort 
    `model.final_norm`) get S.
 3. contrastive anchoring (`--contrastive-anchor-weight W`): SentMAE's in-batch contrastive loss on the [CLS]
    embeddings (cosine, temperature 0.05, `modeling_sentmae.in_batch_contrastive_loss`) with span positives (two
-   disjoint spans of each passage, `contrastive_data.span_pair_training_data`) is added to any method's loss with
+   disjoint spans of each passage, `data.pairs.span_pair_training_data`) is added to any method's loss with
    weight W, so the embedding space keeps its geometry. As in SentMAE, anchors and positives both go through the
    method's own losses (one forward pass over 2B sequences) and the contrastive term reuses their [CLS] states.
 
@@ -93,7 +93,7 @@ BERT_NAMES = EncoderNames()
 
 @dataclass
 class RecipeArguments:
-    """Continued pre-training of an existing retriever (see trainers/recipe.py). The defaults change nothing."""
+    """Continued pre-training of an existing retriever (see training/recipe.py). The defaults change nothing."""
 
     head_warmup_steps: int = field(
         default=0,
@@ -188,11 +188,13 @@ class HeadWarmupCallback(TrainerCallback):
     resumed run is in the right phase) and logs when the warm-up ends.
 
     Args:
-        encoder: the parameters to freeze (`encoder_parameters`).
+        encoder: the parameters to freeze (`encoder_parameters`). At the start of training they are looked up again,
+            by name, in the model being trained: FSDP2 (`fully_shard`) replaces every parameter when it shards the
+            model, after the trainer built this callback, and freezing the old ones would leave the encoder training.
         steps: the warm-up length in optimizer steps.
         toggle_requires_grad: freeze through `requires_grad` (single process: the backward pass skips the encoder).
-            Under DDP the set of parameters that need gradients must not change after wrapping, so the trainer
-            drops their gradients instead (`drop_encoder_gradients`).
+            Under DDP and FSDP the set of parameters that need gradients must not change after wrapping, so the
+            trainer drops their gradients instead (`drop_encoder_gradients`).
     """
 
     def __init__(self, encoder: list[torch.nn.Parameter], steps: int, toggle_requires_grad: bool):
@@ -201,7 +203,9 @@ class HeadWarmupCallback(TrainerCallback):
         self.toggle_requires_grad = toggle_requires_grad
         self.frozen = False
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:  # the parameters training updates (FSDP2 has replaced those of the unwrapped model)
+            self.encoder = encoder_parameters(model)
         if state.global_step < self.steps and state.is_world_process_zero:
             logger.warning("Head warm-up: the encoder (tied MLM output matrix included) is frozen for optimizer "
                         "steps %d-%d; the MLM head transform and the method's new parts train",

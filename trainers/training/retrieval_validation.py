@@ -52,11 +52,7 @@ from ..retrieval.coverage import DEFAULT_KS, input_token_coverage
 from ..retrieval.metrics import METRICS, RunningTopK, retrieval_metrics
 
 logger = logging.getLogger(__name__)
-
-
 PREFIX = "eval_"  # as the Trainer names evaluation metrics (`metric_for_best_model` adds it)
-
-
 COVERAGE_TEXTS = 1000  # documents (first by sorted id) the coverage diagnostic is measured on
 
 
@@ -66,7 +62,7 @@ class ValidationSet:
 
     Args:
         name: the folder's name and split, for messages.
-        doc_ids, doc_texts: the corpus (`beir.doc_text`: title + text).
+        doc_ids, doc_texts: the corpus (`retrieval.beir.doc_text`: title + text).
         query_ids, query_texts: the queries kept (the first `max_queries` by sorted id that have a relevant document).
         qrels: per query, document index -> relevance (> 0).
     """
@@ -149,9 +145,9 @@ def evaluation_mode(model: nn.Module) -> Iterator[None]:
 def evaluate_retrieval(model: nn.Module, tokenizer, data: ValidationSet, max_seq_length: int, batch_size: int = 32,
                        coverage: bool = False, show_progress_bar: bool = False) -> dict[str, float]:
     """Score `model` zero-shot on `data`: `{"ndcg@10", "mrr@10", "recall@100"}` of its own representation (DupMAE:
-    also `cls_` + each for its [CLS] part; + `coverage@k` for `coverage.DEFAULT_KS` on the first `COVERAGE_TEXTS`
-    documents when `coverage`). The queries are encoded first, then the corpus once, batch by batch, each batch
-    scored at once: memory is bounded by the queries' vectors, whatever the corpus size."""
+    also `cls_` + each for its [CLS] part; + `coverage@k` for `retrieval.metrics.DEFAULT_KS` on the first
+    `COVERAGE_TEXTS` documents when `coverage`). The queries are encoded first, then the corpus once, batch by
+    batch, each batch scored at once: memory is bounded by the queries' vectors, whatever the corpus size."""
     with evaluation_mode(model):
         batches = _batches(model, tokenizer, data.query_texts, max_seq_length, batch_size)
         parts = [sentence_vectors(model, batch, "query") for _, batch in batches]
@@ -184,7 +180,7 @@ class RetrievalValidationCallback(TrainerCallback):
         eval_steps: evaluate every N optimizer steps; None: the Trainer's `eval_steps` (a ratio < 1 is of the run),
             else its `logging_steps`.
         batch_size: texts per forward pass; None: `args.per_device_eval_batch_size`.
-        coverage: also log the input-token coverage diagnostic (`coverage.py`) as `eval_coverage@k`.
+        coverage: also log the input-token coverage diagnostic (`retrieval/coverage.py`) as `eval_coverage@k`.
         tokenizer: None: the Trainer's `processing_class`.
 
     Raises:
@@ -281,4 +277,7 @@ def plot_validation(log_history: Sequence[dict[str, Any]], path: str | os.PathLi
     return Path(path)
 
 
-__all__ = ['RetrievalValidationCallback', 'ValidationSet', 'evaluate_retrieval', 'load_validation_set', 'plot_validation', 'sentence_vectors', 'validation_summary']
+__all__ = [
+    "RetrievalValidationCallback", "ValidationSet", "evaluate_retrieval", "load_validation_set", "plot_validation",
+    "sentence_vectors", "validation_summary"
+]

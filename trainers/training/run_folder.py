@@ -19,11 +19,7 @@ from .resume import run_id_of
 logger = logging.getLogger(__name__)
 
 RUN_INFO_NAME = "retromae_run.json"
-
-
 TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last: its presence marks a complete checkpoint
-
-
 _CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
@@ -99,8 +95,6 @@ def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:
 
 
 FINAL_BUILD_NAME = ".retromae-final"  # the final save is built here, then its files move to the output root
-
-
 _ROOT_FILE_PATTERNS = (
     "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
     "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json", "tokenizer.json",
@@ -181,4 +175,7 @@ def install_files(build: Path, root: Path) -> None:
     build.rmdir()
 
 
-__all__ = ['RESUME_LAST', 'RUN_INFO_NAME', 'check_no_checkpoint_collision', 'checkpoint_to_resume', 'clean_killed_saves', 'finished_step', 'last_complete_checkpoint', 'list_checkpoints', 'remove_previous_run', 'run_output_files']
+__all__ = [
+    "RESUME_LAST", "RUN_INFO_NAME", "check_no_checkpoint_collision", "checkpoint_to_resume", "clean_killed_saves",
+    "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files"
+]

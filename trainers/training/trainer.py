@@ -1,41 +1,16 @@
 """`RetroMAETrainer`: the HF Trainer for every pre-training method of this package.
 
-- logs every loss component of the model output (fields ending in `_loss`), averaged over the logging window
-  and across processes, and the top-1 accuracy of each cross-entropy term (fields ending in `_accuracy`) on the
-  steps it logs: the model measures them only there (`measure_accuracy`), so other steps cost nothing more;
-- masking is drawn in the training process, not in DataLoader workers: with a `PretrainingCollator` (or subclass)
-  the workers only `pad`, and `training_step` applies `mask_batch` with one generator per process, seeded from
-  `(args.seed, args.process_index)`. Masks therefore differ across workers, epochs and ranks. Evaluation masks come
-  from a second generator, re-seeded at every evaluation (the same masks each time, so eval losses compare) and
-  leaving the training stream untouched;
-- periodic checkpoints are full `save_pretrained` folders (decoder included) plus `retromae_run.json` and that
-  generator's state (`collator_rng_<rank>.safetensors`). The Trainer skips already-trained batches on resume
-  without a `training_step`, so `--resume-from-checkpoint` continues exactly where the run stopped, with or without
-  workers (a streamed corpus is re-read up to the checkpoint by the Trainer; the masks continue from the state);
-- resuming reads only safetensors and JSON files of ours; the Trainer's `optimizer.pt`, `scheduler.pt`,
-  `rng_state*.pth` (and `scaler.pt`) are read with `torch.load(weights_only=True)`; `training_args.bin` is never read;
-- every save is atomic: `checkpoint-N` is built in a hidden sibling (`core.folders.atomic_folder`) and renamed when
-  complete; the final save is built in `OUTPUT_DIR/.retromae-final` and moved into the root with `config.json`
-  last. Each checkpoint also records the run's settings and id (`retromae_resume.json`, see `resume.py`);
-  rotation (`save_total_limit`) deletes only checkpoints with this run's id, never the newest or the best
-  (`--metric-for-best-model`, recorded as the Trainer does); resuming the newest checkpoint
-  (`checkpoint_to_resume`) refuses a folder with checkpoints of several runs, and resuming a finished run
-  (`finished_step`) loads it and trains nothing;
-- callbacks a method needs (BoW's weight schedule) are registered automatically, and the last step is always
-  logged (`LogLastStepCallback`); a callback with a `pop_logs()` method adds what it returns to the next log entry
-  (`validation.RetrievalValidationCallback`'s retrieval metrics). With that callback, `evaluate()` is its retrieval
-  validation, so `--eval-strategy steps --metric-for-best-model ndcg@10 --load-best-model-at-end` selects, keeps and
-  loads the best checkpoint at the end as for any Trainer;
-- the continued-pre-training recipe (`recipe.py`: head warm-up, encoder learning-rate scale, layer-wise decay) sets
-  the optimizer's parameter groups and freezes the encoder during the warm-up; the logs then carry
-  `encoder_learning_rate` (the top encoder layer's rate; 0 during the warm-up);
-- what does not fit together is refused on construction, in one line, rather than deep in the first step: the
-  command line's checks of the training arguments (numbers that are not numbers among them), a dataset without
-  `input_ids` (not tokenized), a collator built from another tokenizer than `processing_class`, a tokenizer with more
-  ids than the embedding rows or rows longer than the position table (`positions.check_model_and_tokenizer`); a
-  tokenizer with under half as many ids as the embedding rows is warned about;
-- `save_model()` saves the model as `transformers.Trainer` does; the sentence-transformers export is a separate,
-  explicit call (`export.export_from_model`), made by `retromae pretrain` after training.
+- logs each loss term (`*_loss`) averaged over the window and processes, and each cross-entropy term's top-1
+  accuracy on logged steps; a callback's `pop_logs()` joins the next log entry (retrieval validation);
+- masks in the training process (DataLoader workers only pad), one generator per process seeded from
+  `(seed, process_index)`; evaluation masks from a second generator re-seeded at every evaluation;
+- checkpoints are atomic, full `save_pretrained` folders with the run record and the masking generator's state, so
+  `--resume-from-checkpoint` continues exactly; resuming reads safetensors, JSON and `weights_only` torch files only;
+  rotation deletes this run's checkpoints only (`run_folder`); under sharding the weights are gathered first;
+- registers the callbacks a method needs, always logs the last step, applies the recipe's parameter groups and
+  head warm-up (`recipe.py`);
+- refuses on construction, in one line, what does not fit together: bad training arguments, an untokenized
+  dataset, a collator of another tokenizer, a tokenizer or rows the model cannot embed.
 """
 
 from __future__ import annotations
@@ -48,8 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import datasets
-import pyarrow.compute as pc
 import torch
 from accelerate.utils import broadcast_object_list
 from retromae.modeling.configuration_retromae import hides_whole_words
@@ -60,6 +33,7 @@ from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
 
 from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
+from ..data.dataset_checks import check_same_tokenizer, check_tokenized, longest_sequence
 from ..inputs.arguments import check_training_arguments
 from ..inputs.errors import UserError
 from ..inputs.io import write_json_atomic
@@ -86,6 +60,7 @@ from .run_folder import (
     list_checkpoints,
 )
 from .schedules import schedule_callbacks
+from .sharding import full_state_dict, is_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -114,53 +89,12 @@ class LogLastStepCallback(TrainerCallback):
         return control
 
 
-def check_tokenized(dataset: Any, name: str) -> None:
-    """Refuse a dataset (or a dict of them) without `input_ids`, e.g. read_corpus's text: transformers would say only
-    that no column matches the model."""
-    for key, part in (dataset.items() if isinstance(dataset, dict) else [(None, dataset)]):
-        columns = getattr(part, "column_names", None)
-        if isinstance(columns, list) and "input_ids" not in columns:
-            where = name if key is None else f"{name}[{key!r}]"
-            raise UserError(f"{where} has no 'input_ids' column (columns: {columns}); tokenize it first: "
-                            "retromae.tokenize_corpus(dataset, tokenizer, max_seq_length=...)")
 
 
-def _token_ids(tokenizer: Any) -> tuple[int | None, ...]:
-    """What masking and padding read off a tokenizer: its size and mask, pad, cls and sep ids."""
-    return (len(tokenizer), *(getattr(tokenizer, f"{kind}_token_id", None) for kind in ("mask", "pad", "cls", "sep")))
 
 
-def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
-    """Refuse a collator built from another tokenizer than the trainer's (`processing_class`): it would mask
-    special tokens as words, insert its own mask id and pad with its own pad id. Equal ids pass (a copy is fine).
-
-    Raises:
-        UserError: naming both tokenizers' classes, sizes and special ids.
-    """
-    if _token_ids(collator_tokenizer) == _token_ids(tokenizer):
-        return
-
-    def described(which: Any) -> str:
-        size, mask, pad, cls, sep = _token_ids(which)
-        return f"{type(which).__name__} ({size} tokens, mask {mask}, pad {pad}, cls {cls}, sep {sep})"
-
-    raise UserError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
-                    f"{described(tokenizer)}; build the collator from the same tokenizer: "
-                    "PretrainingCollator(processing_class, ...)")
 
 
-def longest_sequence(dataset: Any) -> int | None:
-    """The most tokens of a row of a `datasets.Dataset` (any `*input_ids` column), read off the Arrow list lengths
-    without decoding the rows; None for other datasets (a stream has no length to read)."""
-    if not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
-        return None
-    longest = 0
-    for column in (name for name in dataset.column_names if name.endswith("input_ids")):
-        lengths = pc.list_value_length(dataset.data.column(column))
-        if dataset._indices is not None:  # a select/shuffle view: only its rows
-            lengths = lengths.take(dataset._indices.column(0))
-        longest = max(longest, pc.max(lengths).as_py() or 0)
-    return longest
 
 
 class RetroMAETrainer(Trainer):
@@ -180,8 +114,8 @@ class RetroMAETrainer(Trainer):
 
     def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
                  recipe: RecipeArguments | None = None, **kwargs):
-        # a callback that can score the model (`validation.RetrievalValidationCallback`; not imported: it sits a
-        # layer above the trainer, beside the coverage diagnostic it reuses)
+        # a callback that can score the model (`retrieval_validation.RetrievalValidationCallback`; not imported: it
+        # sits a layer above the trainer, beside the coverage diagnostic it reuses)
         if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
             raise UserError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
                             "collator of your own that returns the model's labels)")
@@ -197,8 +131,9 @@ class RetroMAETrainer(Trainer):
         self.recipe = recipe or RecipeArguments()
         self.head_warmup = None
         if self.recipe.head_warmup_steps > 0:
-            self.head_warmup = HeadWarmupCallback(encoder_parameters(self.model), self.recipe.head_warmup_steps,
-                                                  toggle_requires_grad=self.args.world_size == 1)
+            self.head_warmup = HeadWarmupCallback(  # FSDP2 keeps the requires_grad of its first forward
+                encoder_parameters(self.model), self.recipe.head_warmup_steps,
+                toggle_requires_grad=self.args.world_size == 1 and not self.is_fsdp_enabled)
             self.add_callback(self.head_warmup)
         self.run_info = dict(run_info or {})
         self._best_loaded = False  # the best checkpoint's weights replaced the last step's (load_best_model_at_end)
@@ -367,7 +302,7 @@ class RetroMAETrainer(Trainer):
             logs["encoder_learning_rate"] = self._encoder_learning_rate(logs["learning_rate"])
         if any(isinstance(value, float) and not math.isfinite(value) for value in logs.values()):
             self._refuse_divergence()  # at once, not at the next save
-        for callback in self.callback_handler.callbacks:  # e.g. validation.RetrievalValidationCallback's metrics
+        for callback in self.callback_handler.callbacks:  # e.g. RetrievalValidationCallback's metrics
             if callable(getattr(callback, "pop_logs", None)):
                 logs.update(callback.pop_logs())
         super().log(logs, start_time)
@@ -402,7 +337,7 @@ class RetroMAETrainer(Trainer):
         self._refuse_divergence()
         root = Path(output_dir)
         with self._atomic_save(root / FINAL_BUILD_NAME) as build:
-            self.save_model(str(build), _internal_call=True)
+            self._save_whole_model(build)
             self._save_run_files(build)
         if self.args.should_save:
             install_files(root / FINAL_BUILD_NAME, root)
@@ -423,7 +358,7 @@ class RetroMAETrainer(Trainer):
             if best == target or best.is_dir():  # recorded before the trainer state is written, as the Trainer does
                 self.state.best_model_checkpoint = str(best)
         with self._atomic_save(target) as build:
-            self.save_model(str(build), _internal_call=True)
+            self._save_whole_model(build)
             self._save_run_files(build)
             if not self.args.save_only_model:
                 self._save_optimizer_and_scheduler(str(build))
@@ -436,6 +371,16 @@ class RetroMAETrainer(Trainer):
             self._push_from_checkpoint(str(target))
         if self.args.should_save:
             self._rotate_own_checkpoints(run_dir)
+
+    def _save_whole_model(self, folder: Path) -> None:
+        """The model (weights, config) and tokenizer in `folder`, as `save_model` writes them. A sharded (FSDP)
+        model's tensors are gathered whole by every process (`sharding.full_state_dict`, a collective) and written
+        by the main one: each process's `state_dict()` holds its shards only, and the Trainer's own FSDP save writes
+        no weights at all with a SHARDED_STATE_DICT config."""
+        if not is_sharded(self.model):
+            self.save_model(str(folder), _internal_call=True)
+            return
+        self._save(str(folder), state_dict=full_state_dict(self.model))
 
     def _save_trainer_state(self, folder: Path) -> None:
         """`trainer_state.json` with the state of the callbacks that export one (as `Trainer._save_checkpoint`)."""
@@ -451,7 +396,7 @@ class RetroMAETrainer(Trainer):
     @contextmanager
     def _atomic_save(self, target: Path):
         """Yield one temporary folder that every process writes into; the main process renames it to `target`
-        (`core.folders.atomic_folder`) once all processes are done, and nobody goes on before that."""
+        (`inputs.outputs.atomic_folder`) once all processes are done, and nobody goes on before that."""
         if self.args.should_save:
             with atomic_folder(target, overwrite=True) as build:
                 yield self._shared_path(build)
@@ -543,4 +488,4 @@ class RetroMAETrainer(Trainer):
         return TrainOutput(self.state.global_step, 0.0, {})  # as Trainer reports a call that trained no step
 
 
-__all__ = ['LogLastStepCallback', 'RetroMAETrainer', 'check_same_tokenizer', 'check_tokenized', 'longest_sequence']
+__all__ = ["LogLastStepCallback", "RetroMAETrainer"]

@@ -1,0 +1,60 @@
+"""Checks of tokenized training data against the model and tokenizer: ids in range, one tokenizer on both sides,
+the longest sequence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datasets
+import pyarrow.compute as pc
+
+from ..inputs.errors import UserError
+
+
+def check_tokenized(dataset: Any, name: str) -> None:
+    """Refuse a dataset (or a dict of them) without `input_ids`, e.g. read_corpus's text: transformers would say only
+    that no column matches the model."""
+    for key, part in (dataset.items() if isinstance(dataset, dict) else [(None, dataset)]):
+        columns = getattr(part, "column_names", None)
+        if isinstance(columns, list) and "input_ids" not in columns:
+            where = name if key is None else f"{name}[{key!r}]"
+            raise UserError(f"{where} has no 'input_ids' column (columns: {columns}); tokenize it first: "
+                            "retromae.tokenize_corpus(dataset, tokenizer, max_seq_length=...)")
+
+
+def _token_ids(tokenizer: Any) -> tuple[int | None, ...]:
+    """What masking and padding read off a tokenizer: its size and mask, pad, cls and sep ids."""
+    return (len(tokenizer), *(getattr(tokenizer, f"{kind}_token_id", None) for kind in ("mask", "pad", "cls", "sep")))
+
+
+def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
+    """Refuse a collator built from another tokenizer than the trainer's (`processing_class`): it would mask
+    special tokens as words, insert its own mask id and pad with its own pad id. Equal ids pass (a copy is fine).
+
+    Raises:
+        UserError: naming both tokenizers' classes, sizes and special ids.
+    """
+    if _token_ids(collator_tokenizer) == _token_ids(tokenizer):
+        return
+
+    def described(which: Any) -> str:
+        size, mask, pad, cls, sep = _token_ids(which)
+        return f"{type(which).__name__} ({size} tokens, mask {mask}, pad {pad}, cls {cls}, sep {sep})"
+
+    raise UserError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
+                    f"{described(tokenizer)}; build the collator from the same tokenizer: "
+                    "PretrainingCollator(processing_class, ...)")
+
+
+def longest_sequence(dataset: Any) -> int | None:
+    """The most tokens of a row of a `datasets.Dataset` (any `*input_ids` column), read off the Arrow list lengths
+    without decoding the rows; None for other datasets (a stream has no length to read)."""
+    if not isinstance(dataset, datasets.Dataset) or len(dataset) == 0:
+        return None
+    longest = 0
+    for column in (name for name in dataset.column_names if name.endswith("input_ids")):
+        lengths = pc.list_value_length(dataset.data.column(column))
+        if dataset._indices is not None:  # a select/shuffle view: only its rows
+            lengths = lengths.take(dataset._indices.column(0))
+        longest = max(longest, pc.max(lengths).as_py() or 0)
+    return longest

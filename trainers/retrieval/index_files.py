@@ -1,0 +1,104 @@
+"""The files of a saved hybrid index, written to a temporary sibling and renamed into place::
+
+    manifest.json        format, model fingerprint, dims, k, document count, index parameters, per-file bytes + sha256
+    dense.faiss          the faiss index (absent when the representation has no dense part)
+    sparse_indptr.npy    CSR row pointers (int64, num_documents + 1)
+    sparse_indices.npy   vocabulary ids (int32, num_documents * doc_top_k)
+    sparse_data.npy      weights (float32, num_documents * doc_top_k)
+    ids.json             document ids, in index order
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..inputs.errors import UserError
+from ..inputs.outputs import Holding, Inputs, claim_output, clean_stale_siblings
+
+FORMAT = "retromae-hybrid-index"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MANIFEST_KEYS = ("model_fingerprint", "dense_dim", "vocab_size", "doc_top_k", "num_documents", "index_type",
+                 "index_params", "files")
+DENSE_FILE = "dense.faiss"
+SPARSE_FILES = ("sparse_indptr.npy", "sparse_indices.npy", "sparse_data.npy")
+IDS_FILE = "ids.json"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def claim_index_folder(folder: Path, overwrite: bool, inputs: Inputs | None = None) -> None:
+    """`claim_output` for an index folder, after restoring what a killed rebuild left: `overwrite` replaces an
+    index only, never other files."""
+    clean_stale_siblings(folder)  # a rebuild killed mid-swap: its previous index comes back before it is judged
+    claim_output(folder, "--output-dir", overwrite, inputs=inputs, owner=index_holding)
+
+
+def index_holding(folder: Path) -> Holding:
+    if (folder / MANIFEST).is_file():
+        return "", False  # an index: refused without --overwrite as any non-empty folder
+    return f"files but no hybrid index (no {MANIFEST})", True
+
+
+def write_manifest(folder: Path, files: list[str], fields: dict[str, Any]) -> None:
+    """`MANIFEST` in `folder`: our format, `fields` and the bytes and sha256 of each of `files` (written already)."""
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields,
+                "files": {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_of(folder / name)}
+                          for name in files}}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def read_manifest(folder: Path, verify_checksums: bool = True) -> dict[str, Any]:
+    """The manifest of the index in `folder`, once every file it lists is there with its size (and checksum).
+
+    Raises:
+        FileNotFoundError: the folder, its manifest or one of its files is missing (the message names it).
+        UserError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
+    """
+    clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(
+            f"{manifest_path} is missing: {folder} is not a hybrid index folder (see HybridIndex.save)"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(
+            f"{manifest_path} is not valid JSON ({error}); the index folder is corrupted"
+        ) from error
+    if not isinstance(manifest, dict):
+        raise UserError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise UserError(
+            f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
+            f"expected {FORMAT!r} v{FORMAT_VERSION}"
+        )
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    files = manifest.get("files")
+    if missing or not isinstance(files, dict) or not all(
+            isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
+        raise UserError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
+                        "the index folder is corrupted: rebuild it")
+    for name, meta in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"index file {name} is missing from {folder}; rebuild or re-copy the index")
+        size = path.stat().st_size
+        if size != meta["bytes"]:
+            raise UserError(
+                f"index file {name} in {folder} has {size} bytes, the manifest says {meta['bytes']}: "
+                "truncated or replaced; rebuild or re-copy the index"
+            )
+        if verify_checksums and sha256_of(path) != meta["sha256"]:
+            raise UserError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
+    return manifest
