@@ -5,6 +5,8 @@ from typing import Literal
 from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
+from .configuration_retromae import check_loss_settings
+
 
 @strict
 class BoWConfig(BertConfig):
@@ -33,13 +35,7 @@ class BoWConfig(BertConfig):
     loss_chunk_size: int = 4096
 
     def validate_bow_fields(self) -> None:
-        if not 0.0 < self.encoder_mask_ratio < 1.0:
-            raise ValueError(f"encoder_mask_ratio={self.encoder_mask_ratio} must lie in the open interval (0, 1)")
-        for name in ("encoder_loss_weight", "bow_loss_weight", "bow_weight_final"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if self.loss_chunk_size < 1:
-            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} must be >= 1")
+        check_loss_settings(self, ("encoder_loss_weight", "bow_loss_weight", "bow_weight_final"))
 
 
 __all__ = ["BoWConfig"]

@@ -38,9 +38,12 @@ class LegacyKeysMixin:
         super().__post_init__(**kwargs)
 
 
-def check_loss_settings(config: Any) -> None:
-    """The loss fields the RetroMAE-style configs share: non-negative term weights and a positive chunk size."""
-    for name in ("encoder_loss_weight", "decoder_loss_weight"):
+def check_loss_settings(config: Any, weights: tuple[str, ...] = ("encoder_loss_weight", "decoder_loss_weight")
+                        ) -> None:
+    """The loss fields every method's config has: non-negative term `weights`, a positive chunk size, and its
+    encoder's mask ratio in (0, 1)."""
+    check_ratio("encoder_mask_ratio", config.encoder_mask_ratio)
+    for name in weights:
         if getattr(config, name) < 0:
             raise ValueError(f"{name}={getattr(config, name)} must be >= 0")
     if config.loss_chunk_size < 1:
@@ -52,7 +55,8 @@ def hides_whole_words(config: Any) -> bool:
     return getattr(config, "decoder_visibility", None) == "reference"
 
 
-def _check_open_unit_interval(name: str, value: float) -> None:
+def check_ratio(name: str, value: float) -> None:
+    """The one check of a mask ratio (configs and the collator): it lies in the open interval (0, 1)."""
     if not 0.0 < value < 1.0:
         raise ValueError(f"{name}={value} must lie in the open interval (0, 1)")
 
@@ -100,8 +104,7 @@ class RetroMAEConfig(BertConfig):
     decoder_targets: Literal["ordinary", "reference"] = "ordinary"
 
     def validate_retromae_fields(self) -> None:
-        _check_open_unit_interval("encoder_mask_ratio", self.encoder_mask_ratio)
-        _check_open_unit_interval("decoder_mask_ratio", self.decoder_mask_ratio)
+        check_ratio("decoder_mask_ratio", self.decoder_mask_ratio)
         if self.decoder_visibility == "reference" and self.decoding != "enhanced":
             raise ValueError(
                 "decoder_visibility='reference' samples the visibility matrix of enhanced decoding; "

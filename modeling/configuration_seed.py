@@ -40,8 +40,6 @@ class SEEDConfig(LegacyKeysMixin, BertConfig):
     legacy_keys = {"decoder_layers": "num_decoder_layers"}
 
     def validate_seed_fields(self) -> None:
-        if not 0.0 < self.encoder_mask_ratio < 1.0:
-            raise ValueError(f"encoder_mask_ratio={self.encoder_mask_ratio} must lie in the open interval (0, 1)")
         if self.num_decoder_layers < 1:
             raise ValueError(f"num_decoder_layers={self.num_decoder_layers} must be >= 1")
         if self.attention_window < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import re
 import resource
@@ -453,3 +454,14 @@ def test_an_extension_that_cannot_hold_the_sequence_is_refused_naming_the_fix(ex
     assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "run", *extra)) == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"retromae pretrain: error: {message}"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="deepspeed is installed here")
+def test_deepspeed_without_its_package_is_one_line(tmp_path, capsys):
+    """HEAD ended in transformers' PackageNotFoundError traceback while parsing the options."""
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 2}}')
+    assert cli.main(["pretrain", "--deepspeed", str(config), "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("retromae pretrain: error: --deepspeed needs the deepspeed package, which is not installed: "
+                   "pip install deepspeed (or drop the option)\n")

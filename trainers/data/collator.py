@@ -10,6 +10,7 @@ from typing import Any
 
 import datasets
 import torch
+from retromae.modeling.configuration_retromae import check_ratio
 
 from .reading import TextFormat
 
@@ -87,8 +88,7 @@ class PretrainingCollator:
     )
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.mask_ratio < 1.0:
-            raise ValueError(f"mask_ratio={self.mask_ratio} is not in the allowed range (0, 1)")
+        check_ratio("mask_ratio", self.mask_ratio)
         for name in ("replace_with_mask", "replace_with_random"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} is not in the allowed range [0, 1]")

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 TEXT_OPTIONS = frozenset({"query", "commit_message", "model_name", "base_model_name", "corpus_name", "run_name",
                           "project", "prompts"})
 HOME_PREFIX = re.compile(r"^~[\w.-]*(?=[/\\]|$)")  # `~`, `~/x`, `~user/x`: what a shell expands
+OPTIONAL_PACKAGES = ("deepspeed",)  # TrainingArguments options that import a package of that name
 EXPECTED_ONE = re.compile(r"^argument (?P<flags>\S+): expected (at least )?one argument$")
 
 
@@ -200,6 +201,12 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
         raise
     except ValueError as error:  # an options dataclass's own check (TrainingArguments.__post_init__): the input's
         raise UserError(f"{' '.join(str(error).split())} (see {parser.prog} --help)") from error
+    except ImportError as error:  # an option whose package is missing (transformers checks --deepspeed's)
+        needed = next((name for name in OPTIONAL_PACKAGES if name in str(error)), None)
+        if needed is None:
+            raise
+        raise UserError(f"--{needed} needs the {needed} package, which is not installed: pip install {needed} "
+                        "(or drop the option)") from None
     if unknown_flags:
         raise UserError(f"unknown option(s): {' '.join(unknown_flags)} (see {parser.prog} --help for the options)")
     return tuple(parsed)
