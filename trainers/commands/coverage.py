@@ -71,5 +71,6 @@ def coverage_command(argv: list[str]) -> int:
     print(f"{'model':{width}s}  " + "  ".join(f"cov@{k:<4d}" for k in DEFAULT_KS))
     for name, by_k in results.items():
         print(f"{name:{width}s}  " + "  ".join(f"{by_k[k]:8.4f}" for k in DEFAULT_KS))
-    print(f"retromae: wrote {Path(args.output_dir) / COVERAGE_JSON} and {COVERAGE_PNG}", flush=True)
+    plot = f" and {COVERAGE_PNG}" if (Path(args.output_dir) / COVERAGE_PNG).is_file() else ""  # not without matplotlib
+    print(f"retromae: wrote {Path(args.output_dir) / COVERAGE_JSON}{plot}", flush=True)
     return 0

@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..inputs.arguments import LIST_FLAG, start_command
-from ..retrieval.mteb import default_output_dir, evaluate_folder, mteb_model_name, summary_markdown
+from ..retrieval.mteb import (
+    DEFAULT_LANGUAGE,
+    default_output_dir,
+    evaluate_folder,
+    mteb_model_name,
+    summary_markdown,
+)
 
 
 @dataclass
@@ -20,7 +26,15 @@ class EvaluateArguments:
     tasks: str | None = field(
         default=None, metadata={"help": "registered MTEB retrieval tasks, comma-separated (downloads their data)"}
     )
+    benchmark: str | None = field(
+        default=None, metadata={"help": "an MTEB benchmark (mteb.get_benchmark), e.g. NanoBEIR or BEIR: its retrieval "
+                                "tasks (downloads their data)"}
+    )
     split: str = field(default="test", metadata={"help": "qrels split of the BEIR folders"})
+    language: str = field(
+        default=DEFAULT_LANGUAGE, metadata={"help": "language of the BEIR folders, as mteb writes it: ISO 639-3 "
+                                            "language + ISO 15924 script (eng-Latn, deu-Latn, ...)"}
+    )
     output_dir: str | None = field(
         default=None, metadata={"help": "where mteb's JSON and the summary go (default: eval-results/<model folder name>)"}
     )
@@ -45,10 +59,12 @@ class EvaluateArguments:
 
 
 def evaluate_command(argv: list[str]) -> int:
-    """`retromae evaluate MODEL --beir-folder DIR [--split dev] [--tasks SciFact] [--output-dir OUT]`."""
+    """`retromae evaluate MODEL --beir-folder DIR [--split dev] [--language eng-Latn] [--tasks SciFact]
+    [--benchmark NanoBEIR] [--output-dir OUT]`."""
     (args,) = start_command(
         argv, EvaluateArguments, prog="retromae evaluate",
-        description="Evaluate a model with MTEB on local BEIR folders and/or registered retrieval tasks; writes "
+        description="Evaluate a model with MTEB on local BEIR folders, registered retrieval tasks and/or the retrieval "
+        "tasks of an MTEB benchmark; writes "
         "mteb's result JSON and a summary table (NDCG@10, MRR@10, Recall@100, Recall@1000).", positional=["model"],
         positive=("batch_size",),
     )
@@ -57,7 +73,9 @@ def evaluate_command(argv: list[str]) -> int:
         args.model,
         beir_folders=args.beir_folder,
         tasks=[t.strip() for t in (args.tasks or "").split(",") if t.strip()],
+        benchmark=args.benchmark,
         split=args.split,
+        language=args.language,
         output_dir=output_dir,
         batch_size=args.batch_size,
         search=args.search,

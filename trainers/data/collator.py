@@ -236,6 +236,10 @@ class DataInputs:
         global_batch_size: sequences per optimizer micro-step over all processes (in-batch negatives need >= 2).
         contrastive_anchor: the continued-pre-training recipe adds an in-batch contrastive loss with span positives
             (`training.recipe.RecipeArguments.contrastive_anchor_weight`).
+        tokenize_workers: processes that tokenize a corpus of more than 10,000 passages (None: `tokenize_corpus`'s
+            default).
+        text_column, corpus_config, corpus_split, corpus_revision: where the corpus text is (`read_corpus`'s
+            text_column, config, split, revision).
     """
 
     corpus: str | None = None
@@ -246,6 +250,11 @@ class DataInputs:
     pairs: str | None = None
     global_batch_size: int = 8
     contrastive_anchor: bool = False
+    tokenize_workers: int | None = None
+    text_column: str = "text"
+    corpus_config: str | None = None
+    corpus_split: str | None = None
+    corpus_revision: str | None = None
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl
 from .collator import UNMASKED_KEY, DataInputs, PretrainingCollator, TrainingData
 from .reading import code_fingerprint, read_corpus
-from .tokenize import special_template, tokenize_corpus, word_start_flags
+from .tokenize import load_tokenized_corpus, special_template, tokenize_corpus, word_start_flags
 
 logger = logging.getLogger(__name__)
 
@@ -307,8 +307,14 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
             raise UserError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
                             'the default "token"')
         return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")
-    texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming)
-    dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, packing=inputs.packing)
+    dataset = load_tokenized_corpus(inputs.corpus, tokenizer, max_seq_length=inputs.max_seq_length,
+                                    streaming=inputs.streaming)  # a saved, pre-tokenised corpus; None for text
+    if dataset is None:
+        texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming,
+                            text_column=inputs.text_column, config=inputs.corpus_config, split=inputs.corpus_split,
+                            revision=inputs.corpus_revision)
+        dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, packing=inputs.packing,
+                                  num_proc=inputs.tokenize_workers)
     # no generator: RetroMAETrainer draws the masks from its own per-process, checkpointed generator
     collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask,
                                    max_length=inputs.max_seq_length)
@@ -329,8 +335,10 @@ def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, 
             "(the spans could come from different documents); drop --packing"
         )
     check_in_batch_negatives(inputs, purpose, unit="passages")
-    texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming)
-    dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length)
+    texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming,
+                        text_column=inputs.text_column, config=inputs.corpus_config, split=inputs.corpus_split,
+                        revision=inputs.corpus_revision)
+    dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, num_proc=inputs.tokenize_workers)
     _check_enough_rows(dataset, inputs, unit="passages")
     collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
                                    whole_word_mask=config.whole_word_mask, positives="spans",

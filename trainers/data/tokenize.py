@@ -9,11 +9,14 @@ import numbers
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.compute as pc
 
 from ..inputs.errors import UserError
+from .dataset_checks import longest_sequence
 from .reading import code_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -54,8 +57,8 @@ def tokenize_corpus(
         tokenizer: A fast (``tokenizers``-backed) tokenizer; ``word_ids()`` gives the word boundaries.
         max_seq_length: Maximum tokens per sequence, special tokens included.
         packing: Concatenate passages into full-length blocks instead of truncating each one.
-        num_proc: Processes for a ``Dataset`` with more than 10,000 rows (default ``min(4, os.cpu_count())``);
-            ignored otherwise.
+        num_proc: Processes for a ``Dataset`` with more than 10,000 rows (default ``min(4, os.cpu_count())``; 1: this
+            process only); ignored otherwise.
 
     Returns:
         The dataset with the columns ``"input_ids"`` (token ids, special tokens included, length
@@ -64,7 +67,8 @@ def tokenize_corpus(
 
     Raises:
         TypeError: ``dataset`` is none of the accepted types, or ``max_seq_length`` is not an integer.
-        ValueError: The tokenizer is not fast, or ``max_seq_length`` leaves no room for an ordinary token.
+        ValueError: The tokenizer is not fast, ``max_seq_length`` leaves no room for an ordinary token, or
+            ``num_proc`` is below 1.
         UserError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
             text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
     """
@@ -73,6 +77,10 @@ def tokenize_corpus(
         raise TypeError(f"tokenize_corpus: max_seq_length={max_seq_length!r} is not a whole number of tokens; pass an "
                         "int, e.g. max_seq_length=256")
     max_seq_length = int(max_seq_length)  # e.g. a numpy integer
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, numbers.Integral)
+                                 or num_proc < 1):
+        raise ValueError(f"tokenize_corpus: num_proc={num_proc!r} is not a number of processes; pass 1 or more (or "
+                         "None for min(4, CPUs))")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(
             f"tokenize_corpus needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}; "
@@ -148,6 +156,83 @@ def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
         got = type(corpus).__name__
     raise TypeError(f"tokenize_corpus takes a datasets.Dataset, datasets.IterableDataset or a list of strings (one "
                     f"passage each; for files, read_corpus(path)), got {got}")
+
+
+SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
+
+
+def load_tokenized_corpus(
+    source: str | os.PathLike | None, tokenizer: Any, *, max_seq_length: int, streaming: bool = False
+) -> datasets.Dataset | datasets.IterableDataset | None:
+    """A pre-tokenised corpus: a ``save_to_disk`` folder whose rows already hold ``"input_ids"`` (e.g.
+    ``tokenize_corpus(...).save_to_disk(folder)``: tokenise once, train many times), or None when ``source`` is
+    anything else (text, read by ``read_corpus``).
+
+    The rows are used as saved (special tokens included); ``"word_starts"`` is kept when present (without it every
+    token is its own word for whole-word masking). A ``DatasetDict`` gives its ``"train"`` split, or its only one.
+
+    Raises:
+        UserError: in one line naming the folder and the limit, when a token id is not one of the tokenizer's
+            (``>= len(tokenizer)`` or negative: another tokenizer's ids), a row is longer than ``max_seq_length``, the
+            ``input_ids`` are not lists of integers, or the folder holds no rows.
+    """
+    if source is None:
+        return None
+    path = Path(source).expanduser()
+    if not path.is_dir() or not any((path / name).is_file() for name in SAVED_DATASET_FILES):
+        return None
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded and len(loaded) != 1:
+            return None  # read_corpus names the splits
+        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    if "input_ids" not in loaded.column_names:
+        return None
+    where = f"--corpus {source}"
+    feature = loaded.features["input_ids"]
+    inner = getattr(feature, "feature", None)
+    if not str(getattr(inner, "dtype", "")).startswith(("int", "uint")):
+        raise UserError(f"{where}: its 'input_ids' column holds {feature!r}, not lists of token ids; save the result "
+                        "of retromae.tokenize_corpus (or lists of integer ids) there")
+    if len(loaded) == 0:
+        raise UserError(f"{where} holds no rows: the pre-tokenised corpus is empty")
+    loaded = loaded.select_columns([name for name in ("input_ids", "word_starts") if name in loaded.column_names])
+    flat = pc.list_flatten(loaded.data.column("input_ids"))
+    bounds = pc.min_max(flat).as_py() if len(flat) else {"min": None, "max": None}
+    vocabulary = len(tokenizer)
+    if bounds["max"] is not None and (bounds["max"] >= vocabulary or bounds["min"] < 0):
+        bad = bounds["max"] if bounds["max"] >= vocabulary else bounds["min"]
+        raise UserError(f"{where} holds token id {bad}, but the tokenizer {tokenizer.name_or_path} has ids 0 to "
+                        f"{vocabulary - 1}: it was tokenised with another tokenizer; tokenise the text again with "
+                        "this one (or pass the tokenizer it was made with, --tokenizer)")
+    longest = longest_sequence(loaded) or 0
+    if longest > max_seq_length:
+        raise UserError(f"{where} holds rows of up to {longest} tokens, but --max-seq-length is {max_seq_length}: "
+                        f"raise --max-seq-length to {longest} or tokenise the text again with the shorter length")
+    if "word_starts" not in loaded.column_names:
+        logger.warning("%s has no 'word_starts' column: whole-word masking masks single tokens", where)
+    logger.info("Pre-tokenised corpus %s: %d sequences of up to %d tokens", source, len(loaded), longest)
+    # streamed in up to 64 shards, in order: shuffled by the buffer's seed, and split among DDP processes
+    corpus = loaded.to_iterable_dataset(num_shards=min(len(loaded), 64)) if streaming else loaded
+    corpus.info.dataset_name = str(source)
+    return corpus
+
+
+def shuffle_stream(
+    dataset: datasets.Dataset | datasets.IterableDataset, buffer_size: int, seed: int
+) -> datasets.Dataset | datasets.IterableDataset:
+    """A streamed corpus (``IterableDataset``) read through a shuffle buffer of ``buffer_size`` rows (and its shards
+    in a shuffled order), seeded by ``seed``; the order changes with ``set_epoch`` (the Trainer's epochs). A
+    ``Dataset`` (shuffled by the Trainer's sampler) or ``buffer_size`` 0 is returned unchanged (file order).
+
+    Raises:
+        UserError: ``buffer_size`` is negative.
+    """
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, numbers.Integral) or buffer_size < 0:
+        raise UserError(f"--shuffle-buffer {buffer_size}: give a number of sequences, 0 to keep the file order")
+    if not isinstance(dataset, datasets.IterableDataset) or buffer_size == 0:
+        return dataset
+    return dataset.shuffle(seed=seed, buffer_size=int(buffer_size))
 
 
 def unknown_token_share(tokenizer: Any, rows: Iterable[Sequence[int]]) -> float | None:
@@ -263,4 +348,7 @@ def _packed_blocks(
     return {"input_ids": input_ids, "word_starts": word_starts}
 
 
-__all__ = ["special_template", "tokenize_corpus", "unknown_token_share", "word_start_flags"]
+__all__ = [
+    "load_tokenized_corpus", "shuffle_stream", "special_template", "tokenize_corpus", "unknown_token_share",
+    "word_start_flags",
+]

@@ -186,6 +186,8 @@ def render_pretrained_card(
     model_name = card_name(model_name)
     base_model = run_info.get("base_model")
     hub_base_model = _hub_id(base_model)
+    # a corpus read from the Hub (`--corpus owner/name`) is the card's dataset; a local file or folder is not named
+    hub_corpus = _hub_id(run_info.get("corpus"))
     title, summary = _title_and_summary(method)
     card_data = ModelCardData(
         language="en",
@@ -193,6 +195,7 @@ def render_pretrained_card(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
         base_model=hub_base_model,
+        datasets=[hub_corpus] if hub_corpus else None,
         tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", "feature-extraction",
                                  *(["custom_code"] if representation is not None else [])])),
         model_name=model_name,
@@ -212,7 +215,8 @@ def render_pretrained_card(
         method_summary=summary,
         paper_url=method.paper.url,
         base_model_text=base_model_text,
-        corpus=public_name(run_info.get("corpus")) or "not recorded",
+        corpus=(f"[{hub_corpus}](https://huggingface.co/datasets/{hub_corpus})" if hub_corpus
+                else public_name(run_info.get("corpus")) or "not recorded"),
         num_layers=num_layers,
         embedding_dim=embedding_dim,
         hidden_size=config["hidden_size"],

@@ -18,7 +18,8 @@ sentence-transformers 6.2's `SentenceTransformer.save`::
                                          "model_args": {"add_pooling_layer": false}} (the last only for a
                                          family whose model has a pooler: not ModernBERT)
     1_Pooling/config.json               word_embedding_dimension + pooling_mode_cls_token: true (or mean_tokens)
-    config_sentence_transformers.json   {"similarity_fn_name": "dot", "prompts": {"query": "", "document": ""}, ...}
+    config_sentence_transformers.json   {"model_type": "SentenceTransformer", "similarity_fn_name": "dot",
+                                         "prompts": {"query": "", "document": ""}, ...}
     README.md                           model card (model_cards/pretrained_encoder.md)
 
 6.2's own `save` writes module paths (`sentence_transformers.base.modules.transformer.Transformer`) and config keys
@@ -167,6 +168,7 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
     write_json_atomic(
         build_dir / "config_sentence_transformers.json",
         {
+            "model_type": "SentenceTransformer",  # what 6.2's own save writes; older releases ignore the key
             "__version__": library_versions(),
             "prompts": {"query": "", "document": ""},
             "default_prompt_name": None,

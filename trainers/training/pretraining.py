@@ -3,6 +3,7 @@ checkpoint (the driver, `commands/pretrain.py`, saves the final model and export
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
 from ..data.collator import DataInputs
+from ..data.tokenize import shuffle_stream
 from ..inputs.checkpoints import default_model_dir, load_tokenizer
 from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, public_name
@@ -226,8 +228,15 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
         packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
         global_batch_size=args.per_device_train_batch_size * args.world_size,
-        contrastive_anchor=run.recipe.contrastive_anchor_weight > 0,
+        text_column=run.data.text_column, corpus_config=run.data.corpus_config, corpus_split=run.data.corpus_split,
+        corpus_revision=run.data.corpus_revision,
+        contrastive_anchor=run.recipe.contrastive_anchor_weight > 0, tokenize_workers=run.data.tokenize_workers,
     )
+    if inputs.tokenize_workers is not None and inputs.tokenize_workers < 1:
+        raise UserError(f"--tokenize-workers {inputs.tokenize_workers}: give 1 or more processes")
+    if run.data.shuffle_buffer < 0:
+        raise UserError(f"--shuffle-buffer {run.data.shuffle_buffer}: give a number of sequences, 0 to keep the file "
+                        "order")
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
     scale_loss_chunk(settings, method, run.resume or model_ref)
     attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
@@ -249,6 +258,9 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         pad_loss_vocab(model)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
+    # a stream is read through a seeded shuffle buffer (a Dataset is shuffled by the Trainer's sampler)
+    data = dataclasses.replace(data, dataset=shuffle_stream(
+        data.dataset, run.data.shuffle_buffer, args.data_seed if args.data_seed is not None else args.seed))
     if data.drop_last and not args.dataloader_drop_last:
         logger.info("In-batch negatives: dropping the last incomplete batch of each epoch (dataloader_drop_last)")
         args.dataloader_drop_last = True
