@@ -16,8 +16,10 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import retromae.trainers.data.arrow_reading as arrow_reading
 import retromae.trainers.data.reading as reading_module
-from retromae.trainers.data.reading import numbered_passages, read_corpus
+from retromae.trainers.data.passages import numbered_passages
+from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.inputs.errors import UserError
 
 
@@ -348,10 +350,10 @@ def test_arrow_whitespace_collapse_is_pythons_split_join():
     import sys
 
     python_whitespace = "".join(chr(code) for code in range(sys.maxunicode + 1) if chr(code).isspace())
-    assert python_whitespace == reading_module.PYTHON_WHITESPACE
-    samples = [f"{w}a{w}{w}b {w}c{w}" for w in reading_module.PYTHON_WHITESPACE] + [
-        "", " ", "x\u200by", "a" + reading_module.PYTHON_WHITESPACE + "b", "é  ü\t"]
-    collapsed = reading_module._collapse_whitespace(pa.array(samples)).to_pylist()
+    assert python_whitespace == arrow_reading.PYTHON_WHITESPACE
+    samples = [f"{w}a{w}{w}b {w}c{w}" for w in arrow_reading.PYTHON_WHITESPACE] + [
+        "", " ", "x\u200by", "a" + arrow_reading.PYTHON_WHITESPACE + "b", "é  ü\t"]
+    collapsed = arrow_reading.collapse_whitespace(pa.array(samples)).to_pylist()
     assert collapsed == [" ".join(sample.split()) for sample in samples]
 
 

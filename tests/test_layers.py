@@ -26,13 +26,14 @@ LAYERS: dict[str, int] = {
     # 1: the parts the methods are made of (data, collators, the Trainer and its run folder, exporters, metrics)
     **{f"data.{path.stem}": 1 for path in (TRAINERS / "data").glob("*.py")},
     **{f"training.{name}": 1 for name in ("trainer", "run_folder", "resume", "recipe", "schedules", "positions",
-                                          "fast_paths", "lock", "divergence", "finetune_losses", "sharding")},
+                                          "fast_paths", "lock", "divergence", "finetune_losses", "sharding", "stream_loader")},
     "export.cls": 1, "export.dupmae": 1, "retrieval.beir": 1, "retrieval.metrics": 1,
     # 2: the method registry, the one place that knows how the methods differ
     "methods": 2,
     # 3: what the commands run (training, retrieval, export, publishing) and each command's resolved options
     **{f"training.{name}": 3 for name in ("pretraining", "finetuning", "finetune_state", "retrieval_validation")},
-    **{f"retrieval.{name}": 3 for name in ("mteb", "coverage", "hybrid_index", "hybrid_parts", "index_files", "mining")},
+    **{f"retrieval.{name}": 3 for name in ("mteb", "benchmarks", "coverage", "hybrid_index", "hybrid_parts", "index_files",
+                                           "mining")},
     "export.sentence_transformer": 3, "export.publishing": 3,
     "inputs.pretrain_options": 3, "inputs.finetune_options": 3,
     # 4: the drivers, one per command

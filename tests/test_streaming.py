@@ -13,10 +13,9 @@ from retromae.trainers.cli import main
 from retromae.trainers.data.collator import DataInputs
 from retromae.trainers.data.pairs import corpus_training_data
 from retromae.trainers.data.reading import read_corpus
-from retromae.trainers.data.tokenize import load_tokenized_corpus, shuffle_stream, tokenize_corpus
+from retromae.trainers.data.tokenize import load_tokenized_corpus, rank_stream, shuffle_stream, tokenize_corpus
 from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.inputs.pretrain_options import pretrain_arguments
-from retromae.trainers.training.trainer import rank_stream
 
 from .builders import SENTENCES, pretrain_args, write_lines
 

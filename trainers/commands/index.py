@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from retromae.modeling.st_dupmae import is_dupmae_pooling
 
-from ..data.reading import iter_decoded_lines, numbered_passages, read_corpus
+from ..data.passages import numbered_passages
+from ..data.reading import iter_decoded_lines, read_corpus
 from ..export.dupmae import load_dupmae_sentence_transformer
 from ..inputs.arguments import LIST_FLAG, start_command
 from ..inputs.errors import UserError, one_line_message

@@ -3,43 +3,46 @@ Hub datasets, with errors that name the file and line."""
 
 from __future__ import annotations
 
-import bz2
-import codecs
 import functools
-import gzip
 import hashlib
-import importlib
-import importlib.util
 import inspect
-import json
 import logging
-import lzma
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import datasets
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
 from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl, json_type
+from .arrow_reading import PASSAGE_FEATURES, passages_batch, read_with_builder, select_text_column
 from .builtin import builtin_corpus
+from .passages import (
+    COMPRESSED_SUFFIXES,
+    PASSAGE_READERS,
+    TEXT_FORMATS,
+    TextFormat,
+    check_jsonl_record,
+    check_text_encoding,
+    describe_file,
+    iter_decoded_lines,
+    iter_jsonl_passages,
+    iter_parquet_passages,
+    iter_text_blocks,
+    iter_text_lines,
+    open_binary,
+    split_name,
+    wide_encoding,
+)
 
 logger = logging.getLogger(__name__)
 
-TextFormat = Literal["auto", "lines", "blocks"]
-TEXT_FORMATS = ("auto", "lines", "blocks")
 CORPUS_SUFFIXES = (".txt", ".jsonl", ".parquet")
-# Compressed .txt/.jsonl files (``name.jsonl.gz``): decompressed while read. ``.zst`` needs the zstandard package.
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 
 
 # Suffixes that mark a source as a file path (never a Hub dataset name) when it does not exist.
@@ -196,28 +199,13 @@ def _read_directory(
     return _read_files(files, text_format, streaming, text_column)
 
 
-def _split_name(path: Path) -> tuple[str, str]:
-    """``(format suffix, compression suffix)`` of a file name, e.g. ``(".jsonl", ".gz")``; ``""`` for none."""
-    stem, compression = os.path.splitext(path.name)
-    if compression not in COMPRESSED_SUFFIXES:
-        return compression, ""
-    return os.path.splitext(stem)[1], compression
 
 
 def _is_corpus_file(path: Path) -> bool:
-    suffix, compression = _split_name(path)
+    suffix, compression = split_name(path)
     return suffix in (".txt", ".jsonl") or (suffix == ".parquet" and not compression)
 
 
-def _open_binary(path: str | os.PathLike):
-    """The file opened for reading bytes, decompressed when its name ends in a compression suffix."""
-    compression = _split_name(Path(path))[1]
-    if compression == ".zst":
-        if importlib.util.find_spec("zstandard") is None:
-            raise UserError(f"{path}: a zstandard-compressed file, and the zstandard package is not installed; "
-                            "pip install zstandard, or decompress it (zstd -d)")
-        return importlib.import_module("zstandard").open(path, "rb")  # an optional dependency
-    return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(compression, open)(path, "rb")
 
 
 def _files_below(folder: Path) -> list[Path]:
@@ -281,7 +269,7 @@ def _load_saved_dataset(
                 f"{str(path)!r} is a DatasetDict without a 'train' split (splits: {sorted(loaded)}); "
                 f"save the split to use with dataset_dict['<split>'].save_to_disk(...)"
             )
-    corpus = _select_text_column(loaded, str(path), text_column)
+    corpus = select_text_column(loaded, str(path), text_column)
     if len(corpus) == 0:
         raise UserError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
     return corpus.to_iterable_dataset() if streaming else corpus
@@ -313,31 +301,9 @@ def _load_hub_dataset(
             f"({found}); check the path, or the dataset name, --corpus-config, --corpus-revision and your "
             f"connection (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"
         ) from exc
-    return _select_text_column(loaded, name, text_column)
+    return select_text_column(loaded, name, text_column)
 
 
-def _select_text_column(
-    dataset: datasets.Dataset | datasets.IterableDataset, where: str, column: str = "text"
-) -> datasets.Dataset | datasets.IterableDataset:
-    """Keeps only the ``column`` column, renamed ``"text"``, or raises ``UserError`` when there is none or it does
-    not hold strings (a list of two strings would be tokenized as a sentence pair)."""
-    columns = dataset.column_names
-    if columns is None:  # a streaming dataset with unknown features: checked when iterating
-        selected = dataset.select_columns([column])
-        return selected.rename_column(column, "text") if column != "text" else selected
-    if column not in columns:
-        hint = ("rename the passage column to 'text', e.g. dataset.rename_column('<column>', 'text'), or name it "
-                "with --text-column" if column == "text" else "name the passage column with --text-column")
-        raise UserError(f"dataset {where!r} has no {column!r} column (columns: {columns}); {hint}")
-    feature = dataset.features[column]
-    if getattr(feature, "dtype", None) not in ("string", "large_string"):
-        raise UserError(
-            f"dataset {where!r}: the {column!r} column holds {feature!r}, not strings; save one passage string per "
-            f"row in {column!r} (e.g. join a list of sentences with a space), or name another with --text-column"
-        )
-    if columns != [column]:
-        dataset = dataset.select_columns([column])
-    return dataset.rename_column(column, "text") if column != "text" else dataset
 
 
 def _read_files(
@@ -345,7 +311,7 @@ def _read_files(
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Materialises the passages of corpus files with ``datasets``' builders (``_read_run``), or streams them
     through our own generator."""
-    sources = [_describe_file(path, text_format) for path in files]
+    sources = [describe_file(path, text_format) for path in files]
     if not any(_has_content(path) for path in files):
         names = ", ".join(repr(str(p)) for p in files)
         raise UserError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
@@ -370,15 +336,12 @@ def _read_files(
     return corpus
 
 
-PASSAGE_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 
-class _ReadLineByLine(Exception):
-    """A builder's reading of a file cannot be trusted to match ours: read it line by line instead."""
 
 
 def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets.Dataset:
-    """The passages of files of one format, read by ``datasets``' builder (``_read_with_builder``); where it fails,
+    """The passages of files of one format, read by ``datasets``' builder (``read_with_builder``); where it fails,
     or could differ from our reader, by our own line-by-line generator, which names the file and line of an error
     (``.parquet`` has no lines: its errors are the builder's)."""
     sources = [source for source in sources if _has_content(Path(source[0]))]  # a builder fails on no rows
@@ -388,7 +351,7 @@ def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets
         for path, *_ in sources:
             check_text_encoding(path)  # UTF-16 without a byte-order mark would read as valid UTF-8 with NULs
     try:
-        return _read_with_builder(sources, column)
+        return read_with_builder(sources, column, _reader_fingerprint())
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure: our reader finds and names the problem, or reads it
@@ -416,156 +379,38 @@ def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets
         return datasets.Dataset.from_dict({"text": []}, features=PASSAGE_FEATURES)
 
 
-def _read_with_builder(sources: list[tuple[str, str, int, int]], column: str) -> datasets.Dataset:
-    """Files of one format through ``load_dataset("json" | "text" | "parquet")``, then one batched ``map`` that
-    forms the passages as our reader does (title joined, whitespace collapsed, blank ones dropped).
-
-    Raises ``_ReadLineByLine`` where the builder's reading could differ from ours: a ``.jsonl`` line that is not
-    one JSON object (a JSON array file, two objects on a line), a missing or non-string field, a ``.txt`` file with
-    a carriage return that does not end a line (the builder would split lines there)."""
-    fmt = sources[0][1]
-    paths = [source[0] for source in sources]
-    title = False
-    if fmt == "jsonl":
-        if any(_first_text_byte(path) not in (b"{", b"") for path in paths):
-            raise _ReadLineByLine("a line that is not a JSON object")
-        loaded = datasets.load_dataset("json", data_files=paths, split="train", on_mixed_types=None)
-        columns = loaded.column_names
-        if (column not in columns or not _string_type(loaded, column) or loaded.data.column(column).null_count
-                or len(loaded) != sum(_count_content_lines(path) for path in paths)):
-            raise _ReadLineByLine(f"a line without a string {column!r}, or with more than one JSON object")
-        # a title of another JSON type is no title (our reader's rule); mixed types fail in the builder
-        title = "title" in columns and column != "title" and _string_type(loaded, "title")
-    elif fmt in ("lines", "blocks"):
-        if any(_has_lone_carriage_return(path) for path in paths):
-            raise _ReadLineByLine("a carriage return that does not end a line")
-        loaded = datasets.load_dataset("text", data_files=paths, split="train", encoding="utf-8-sig",
-                                       sample_by="line" if fmt == "lines" else "paragraph")
-        column = "text"
-    else:  # parquet
-        loaded = datasets.load_dataset("parquet", data_files=paths, split="train")
-        where = paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more .parquet files)"
-        _select_text_column(loaded, where, column)  # the one-line errors of a missing or non-string column
-        nulls = loaded.data.column(column).null_count
-        if nulls:
-            raise UserError(f"{where}: {nulls} row(s) have no text (null) in column {column!r}; drop them or fill "
-                            "them in")
-        title = "title" in loaded.column_names and column != "title" and _string_type(loaded, "title")
-    return loaded.with_format("arrow").map(
-        _passages_batch, batched=True, batch_size=10_000, remove_columns=loaded.column_names,
-        features=PASSAGE_FEATURES, desc="Forming passages",
-        fn_kwargs={"column": column, "title": bool(title), "code": _reader_fingerprint()},
-    ).with_format(None)
 
 
-def _string_type(dataset: datasets.Dataset, column: str) -> bool:
-    return getattr(dataset.features[column], "dtype", None) in ("string", "large_string")
 
 
-# The characters Python's str.split() splits on (str.isspace), as an RE2 class: collapsing runs of them in Arrow
-# gives " ".join(text.split()) without a Python loop.
-PYTHON_WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-                     "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-_WHITESPACE_CLASS = "[" + "".join(f"\\x{{{ord(char):x}}}" for char in PYTHON_WHITESPACE) + "]"
-# a run of two or more, or one other than a space: replacing every single space too is several times slower
-_WHITESPACE_RUN = f"{_WHITESPACE_CLASS}{{2,}}|{_WHITESPACE_CLASS.replace(chr(92) + 'x{20}', '')}"
 
 
-def _collapse_whitespace(texts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """``" ".join(text.split())`` for every string of an Arrow array (nulls stay null)."""
-    return pc.utf8_trim(pc.replace_substring_regex(texts, _WHITESPACE_RUN, " "), " ")
 
 
-def _passages_batch(batch: pa.Table, column: str, title: bool, code: str = "") -> pa.Table:
-    """The passages of a batch of rows (an Arrow table): ``title + " " + text`` where a title is given, whitespace
-    collapsed, blank ones dropped (``_iter_jsonl``'s rule). ``code`` is part of the cache fingerprint only."""
-    texts = batch.column(column)
-    if title:
-        titles = batch.column("title")
-        has_title = pc.fill_null(pc.greater(pc.utf8_length(_collapse_whitespace(titles)), 0), False)
-        texts = pc.if_else(has_title, pc.binary_join_element_wise(titles, texts, " "), texts)
-    texts = _collapse_whitespace(texts)
-    return pa.table({"text": pc.filter(texts, pc.greater(pc.utf8_length(texts), 0))})
 
 
-def _first_text_byte(path: str) -> bytes:
-    """The first byte after a UTF-8 byte-order mark and whitespace, ``b""`` for an empty file."""
-    with _open_binary(path) as handle:
-        head = handle.read(ENCODING_PROBE_BYTES)
-        while head:
-            stripped = head.removeprefix(codecs.BOM_UTF8).lstrip()
-            if stripped:
-                return stripped[:1]
-            head = handle.read(ENCODING_PROBE_BYTES)
-    return b""
 
 
-_CHUNK_BYTES = 1 << 24
 
 
-def _count_content_lines(path: str) -> int:
-    """The lines with something other than whitespace on them (our JSONL reader's records)."""
-    with _open_binary(path) as handle:
-        return sum(1 for raw in handle if raw.strip())
 
 
-def _has_lone_carriage_return(path: str) -> bool:
-    """Whether the file has a ``\r`` not followed by ``\n``: our reader keeps it inside the line, the ``text``
-    builder (universal newlines) ends the line there."""
-    previous_ends_in_cr = False
-    with _open_binary(path) as handle:
-        while chunk := handle.read(_CHUNK_BYTES):
-            if previous_ends_in_cr and not chunk.startswith(b"\n"):
-                return True
-            if b"\r" in chunk and re.search(rb"\r(?!\n)", chunk[:-1] if chunk.endswith(b"\r") else chunk):
-                return True
-            previous_ends_in_cr = chunk.endswith(b"\r")
-    return previous_ends_in_cr
 
 
-def _describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, int]:
-    """``(path, format, size, mtime_ns)``: the format resolved, size and mtime so edits invalidate the cache."""
-    stat = path.stat()
-    suffix, compression = _split_name(path)
-    if suffix == ".jsonl":
-        fmt = "jsonl"
-    elif suffix == ".txt":
-        fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
-    elif suffix == ".parquet" and not compression:
-        fmt = "parquet"
-    else:
-        raise UserError(f"{str(path)!r}: unsupported file type {suffix + compression!r}; use a .txt, .jsonl or "
-                        f".parquet file (.txt and .jsonl may be compressed: {', '.join(COMPRESSED_SUFFIXES)})")
-    return str(path.resolve()), fmt, stat.st_size, stat.st_mtime_ns
 
 
-def _has_blank_separator(path: Path) -> bool:
-    """Whether the file has an empty line between two non-empty lines (the ``"blocks"`` layout)."""
-    seen_text = blank_after_text = False
-    with _open_binary(path) as handle:
-        for raw in handle:
-            line = raw.rstrip(b"\r\n")
-            if not line:
-                blank_after_text = seen_text
-            elif not line.strip():
-                continue  # whitespace only: neither text nor a separator
-            elif blank_after_text:
-                return True
-            else:
-                seen_text = True
-    return False
 
 
 def _has_content(path: Path) -> bool:
     """Whether the file has at least one non-blank line (stops at the first); a ``.parquet`` file: whether it has
     rows."""
-    if _split_name(path)[0] == ".parquet":
+    if split_name(path)[0] == ".parquet":
         try:
             return pq.ParquetFile(path).metadata.num_rows > 0
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
             raise UserError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())}); check the "
                             "file") from exc
-    with _open_binary(path) as handle:
+    with open_binary(path) as handle:
         return any(raw.strip() for raw in handle)
 
 
@@ -599,8 +444,8 @@ def code_fingerprint(*functions: Any) -> str:
 @functools.lru_cache(maxsize=1)
 def _reader_fingerprint() -> str:
     return code_fingerprint(
-        _generate_passages, iter_decoded_lines, _iter_text_lines, _iter_text_blocks, _iter_jsonl, _check_jsonl_record,
-        iter_jsonl, json_type, check_text_encoding, wide_encoding, _iter_parquet, _passages_batch, _open_binary,
+        _generate_passages, iter_decoded_lines, iter_text_lines, iter_text_blocks, iter_jsonl_passages, check_jsonl_record,
+        iter_jsonl, json_type, check_text_encoding, wide_encoding, iter_parquet_passages, passages_batch, open_binary,
     )
 
 
@@ -610,7 +455,7 @@ def _generate_passages(
     require_passages: bool = False,
     column: str = "text",
 ) -> Iterator[dict]:
-    """Yields ``{"text": passage}`` for every file in ``sources`` (see ``_describe_file``).
+    """Yields ``{"text": passage}`` for every file in ``sources`` (see ``describe_file``).
 
     ``code`` (the readers' ``code_fingerprint``) is unused here: it is part of the cache fingerprint.
     With ``require_passages`` an empty result raises ``UserError`` (not for streaming, where a shard of the files
@@ -618,7 +463,7 @@ def _generate_passages(
     """
     count = 0
     for path, fmt, _size, _mtime in sources:
-        for _line_no, text in _READERS[fmt](path, column):
+        for _line_no, text in PASSAGE_READERS[fmt](path, column):
             count += 1
             yield {"text": text}
     if require_passages and count == 0:
@@ -626,166 +471,28 @@ def _generate_passages(
         raise UserError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
-# byte-order marks, UTF-32's first: its little-endian mark starts with UTF-16's
-_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
-              (codecs.BOM_UTF16_BE, "utf-16"))
-ENCODING_PROBE_BYTES = 4096
 
 
-def wide_encoding(head: bytes) -> str | None:
-    """The ``iconv`` name of the UTF-16 or UTF-32 encoding of a file that starts with ``head``, or None: read off a
-    byte-order mark, else off the NUL bytes that UTF-8 text lacks: UTF-32 has two in each 4-byte unit of a character
-    below U+10000 (the last two little-endian), UTF-16 one in each 2-byte unit of a character below U+0100."""
-    for bom, name in _WIDE_BOMS:
-        if head.startswith(bom):
-            return name
-    if len(head) < 4:
-        return None
-    nul_share = [head[i::4].count(0) / len(head[i::4]) for i in range(4)]  # by position in a 4-byte unit
-    if min(nul_share[2:]) > 0.9:
-        return "utf-32le"
-    if min(nul_share[:2]) > 0.9:
-        return "utf-32be"
-    odd, even = (nul_share[1] + nul_share[3]) / 2, (nul_share[0] + nul_share[2]) / 2
-    if max(odd, even) > 0.5:
-        return "utf-16le" if odd > even else "utf-16be"
-    return None
 
 
-def check_text_encoding(path: str | os.PathLike) -> None:
-    """Refuse a UTF-16 or UTF-32 file (``wide_encoding``), naming the ``iconv`` call that converts it: decoded as
-    UTF-8 it fails at the first byte or, without a byte-order mark, reads as text full of NUL characters."""
-    with _open_binary(path) as handle:
-        encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
-    if encoding is not None:
-        raise UserError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
-                        f"{encoding} -t utf-8 in > out")
 
 
-def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
-    """Yields ``(1-based line number, line without its end)``, raising ``UserError`` on bytes that are not UTF-8
-    (``check_text_encoding`` first, so that UTF-16 and UTF-32 are named as such)."""
-    check_text_encoding(path)
-    with _open_binary(path) as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                raise UserError(
-                    f"{path}:{line_no}: bytes that are not valid UTF-8 ({exc.reason} at column {exc.start + 1}); "
-                    f"re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out"
-                ) from None
-            yield line_no, line.rstrip("\r\n")
 
 
-def numbered_passages(
-    path: str | os.PathLike, text_format: TextFormat = "auto", text_column: str = "text"
-) -> Iterator[tuple[int, str]]:
-    """``(line, passage)`` for each passage of one ``.txt`` or ``.jsonl`` file, as ``read_corpus`` reads it; ``line``
-    is the 1-based line the passage starts on (an id that blank passages, which are skipped, do not shift)."""
-    fmt = _describe_file(Path(path), text_format)[1]
-    if fmt != "jsonl":
-        logger.info("%s: one passage per %s (text format %s)", Path(path).name,
-                    "line" if fmt == "lines" else "block of lines between blank lines", text_format)
-    return _READERS[fmt](str(path), text_column)
 
 
-def _iter_text_lines(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
-    """One passage per non-empty line (whitespace collapsed), with its line number."""
-    for line_no, line in iter_decoded_lines(path):
-        text = " ".join(line.split())
-        if text:
-            yield line_no, text
 
 
-def _iter_text_blocks(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
-    """Passages separated by empty lines, with the line each starts on; the lines of a block are joined with a space.
-
-    A line of only spaces or tabs is skipped without ending the block (Wikipedia-style dumps keep such lines inside
-    articles; ``awk`` paragraph mode counts the same way).
-    """
-    block: list[str] = []
-    start = 0
-    for line_no, line in iter_decoded_lines(path):
-        text = " ".join(line.split())
-        if text:
-            start = start if block else line_no
-            block.append(text)
-        elif not line and block:
-            yield start, " ".join(block)
-            block = []
-    if block:
-        yield start, " ".join(block)
 
 
-def _iter_jsonl(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
-    """One passage per JSON line, with its line number: ``column``, or ``title + " " + text`` when a title is
-    given. A compressed file is decompressed into a temporary file first (messages name the file given)."""
-    check_text_encoding(path)
-    if not _split_name(Path(path))[1]:
-        yield from _iter_jsonl_plain(path, path, column)
-        return
-    with tempfile.TemporaryDirectory() as folder:
-        plain = os.path.join(folder, "corpus.jsonl")
-        with _open_binary(path) as source, open(plain, "wb") as target:
-            shutil.copyfileobj(source, target)
-        try:
-            yield from _iter_jsonl_plain(plain, path, column)
-        except UserError as exc:
-            raise UserError(str(exc).replace(plain, str(path))) from None
 
 
-def _iter_jsonl_plain(path: str, shown: str, column: str) -> Iterator[tuple[int, str]]:
-    for where, record in iter_jsonl(path, error=UserError, example=f'{{"{column}": "..."}}'):
-        _check_jsonl_record(record, where, column)
-        title = record.get("title") if column != "title" else None
-        text = f"{title} {record[column]}" if isinstance(title, str) and title.strip() else record[column]
-        text = " ".join(text.split())
-        if text:
-            yield int(where.rsplit(":", 1)[1]), text
 
 
-def _iter_parquet(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
-    """One passage per row of a ``.parquet`` file (streaming), with its 1-based row number."""
-    parquet = pq.ParquetFile(path)
-    names = parquet.schema_arrow.names
-    if column not in names:
-        raise UserError(f"dataset {path!r} has no {column!r} column (columns: {names}); name the passage column "
-                        "with --text-column")
-    title = "title" in names and column != "title"
-    row = 0
-    for batch in parquet.iter_batches(columns=[column, "title"] if title else [column]):
-        table = batch.to_pydict()
-        for index, text in enumerate(table[column]):
-            row += 1
-            if not isinstance(text, str):
-                raise UserError(f"{path}: row {row}: the {column!r} column holds {text!r}, not a string; save one "
-                                f"passage string per row")
-            head = table["title"][index] if title else None
-            text = " ".join((f"{head} {text}" if isinstance(head, str) and head.strip() else text).split())
-            if text:
-                yield row, text
 
 
-_READERS = {"jsonl": _iter_jsonl, "lines": _iter_text_lines, "blocks": _iter_text_blocks, "parquet": _iter_parquet}
 
 
-def _check_jsonl_record(record: dict[str, Any], where: str, column: str = "text") -> None:
-    """Raises ``UserError`` unless ``record`` has a string ``column``; ``where`` is ``file:line``."""
-    if column not in record:
-        title = ' (and optionally a "title")' if column != "title" else ""
-        other = "; or name the passage field with --text-column" if column == "text" and record else ""
-        raise UserError(
-            f'{where}: no "{column}" field (keys: {sorted(record)}); give every line a string "{column}" field'
-            f"{title}{other}"
-        )
-    if not isinstance(record[column], str):
-        found = json.dumps(record[column])
-        found = found if len(found) <= 40 else found[:37] + "..."
-        raise UserError(
-            f'{where}: the "{column}" field must be a string, found {found} (JSON {json_type(record[column])}); '
-            f'write the passage in quotes, e.g. {{"{column}": "..."}}'
-        )
 
 
-__all__ = ["code_fingerprint", "iter_decoded_lines", "numbered_passages", "read_corpus"]
+__all__ = ["code_fingerprint", "read_corpus"]

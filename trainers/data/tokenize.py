@@ -14,6 +14,7 @@ from typing import Any
 
 import datasets
 import pyarrow.compute as pc
+from datasets.distributed import split_dataset_by_node
 
 from ..inputs.errors import UserError
 from .dataset_checks import longest_sequence
@@ -348,7 +349,14 @@ def _packed_blocks(
     return {"input_ids": input_ids, "word_starts": word_starts}
 
 
+def rank_stream(dataset: datasets.IterableDataset, rank: int, world_size: int) -> datasets.IterableDataset:
+    """The part of a stream that process ``rank`` of ``world_size`` trains on (``split_dataset_by_node``): whole shards
+    (files) when their number divides by ``world_size``, else every ``world_size``-th row. The parts are disjoint and
+    together the whole stream; a seeded shuffle (``shuffle_stream``) is the same on every process, so it stays so."""
+    return split_dataset_by_node(dataset, rank=rank, world_size=world_size) if world_size > 1 else dataset
+
+
 __all__ = [
-    "load_tokenized_corpus", "shuffle_stream", "special_template", "tokenize_corpus", "unknown_token_share",
+    "load_tokenized_corpus", "rank_stream", "shuffle_stream", "special_template", "tokenize_corpus", "unknown_token_share",
     "word_start_flags",
 ]

@@ -16,7 +16,26 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BoWScheduleCallback", "schedule_callbacks"]
+
+def logs_at_step(args, state, step: int) -> bool:
+    """Whether optimizer step `step` ends with a loss log: transformers' DefaultFlowCallback rule (the first step
+    with `logging_first_step`, every `logging_steps`) and `LogLastStepCallback`'s last step."""
+    if step == 1 and args.logging_first_step:
+        return True
+    return args.logging_strategy == "steps" and (step % state.logging_steps == 0 or step >= state.max_steps > 0)
+
+
+class LogLastStepCallback(TrainerCallback):
+    """Log at the last step too: a run shorter than `logging_steps` would otherwise log only its first step, and
+    its summary would show that step's losses as both first and last."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if logs_at_step(args, state, state.global_step):  # DefaultFlowCallback has set the others already
+            control.should_log = True
+        return control
+
+
+__all__ = ["BoWScheduleCallback", "LogLastStepCallback", "schedule_callbacks"]
 
 
 def _unwrap(model):

@@ -25,12 +25,10 @@ from typing import Any
 
 import datasets
 import torch
-from accelerate.data_loader import prepare_data_loader
 from accelerate.utils import broadcast_object_list
-from datasets.distributed import split_dataset_by_node
 from retromae.modeling.configuration_retromae import hides_whole_words
 from safetensors.torch import load_file, save_file
-from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers import PreTrainedTokenizerBase, Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
@@ -62,8 +60,9 @@ from .run_folder import (
     last_complete_checkpoint,
     list_checkpoints,
 )
-from .schedules import schedule_callbacks
+from .schedules import LogLastStepCallback, logs_at_step, schedule_callbacks
 from .sharding import full_state_dict, is_sharded
+from .stream_loader import rank_stream_loader
 
 logger = logging.getLogger(__name__)
 
@@ -74,22 +73,8 @@ _RUN_INFO_TRAINING_KEYS = (
 )
 
 
-def logs_at_step(args, state, step: int) -> bool:
-    """Whether optimizer step `step` ends with a loss log: transformers' DefaultFlowCallback rule (the first step
-    with `logging_first_step`, every `logging_steps`) and `LogLastStepCallback`'s last step."""
-    if step == 1 and args.logging_first_step:
-        return True
-    return args.logging_strategy == "steps" and (step % state.logging_steps == 0 or step >= state.max_steps > 0)
 
 
-class LogLastStepCallback(TrainerCallback):
-    """Log at the last step too: a run shorter than `logging_steps` would otherwise log only its first step, and
-    its summary would show that step's losses as both first and last."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if logs_at_step(args, state, state.global_step):  # DefaultFlowCallback has set the others already
-            control.should_log = True
-        return control
 
 
 
@@ -187,34 +172,11 @@ class RetroMAETrainer(Trainer):
     # ---- data ---------------------------------------------------------------------------------------------------
 
     def get_train_dataloader(self):
-        """As the Trainer's; under DDP a stream (`datasets.IterableDataset`) is split by node instead (`rank_stream`):
-        each process reads its own shards (or, with fewer shards than processes, keeps its own share of the rows)
-        rather than the main process reading every batch and dispatching it."""
-        dataset = self.train_dataset
-        if not isinstance(dataset, datasets.IterableDataset) or self.args.world_size <= 1:
+        """As the Trainer's; under DDP a stream (`datasets.IterableDataset`) is split by node instead
+        (`stream_loader`), so that each process reads its own part rather than the main process reading for all."""
+        if not isinstance(self.train_dataset, datasets.IterableDataset) or self.args.world_size <= 1:
             return super().get_train_dataloader()
-        args = self.args
-        whole_shards = dataset.num_shards % args.world_size == 0
-        logger.info("Streaming on %d processes: process %d reads its own part of the stream (%s)", args.world_size,
-                    args.process_index, f"{dataset.num_shards // args.world_size} of its {dataset.num_shards} shards"
-                    if whole_shards else f"every {args.world_size}th row of its {dataset.num_shards} shard(s)")
-        loader = torch.utils.data.DataLoader(
-            rank_stream(dataset, args.process_index, args.world_size), batch_size=self._train_batch_size,
-            collate_fn=self._get_collator_with_removed_columns(self.data_collator, description="Training"),
-            num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,
-            persistent_workers=args.dataloader_persistent_workers,
-            multiprocessing_context=args.dataloader_multiprocessing_context,
-            prefetch_factor=args.dataloader_prefetch_factor, in_order=args.dataloader_in_order,
-            drop_last=args.dataloader_drop_last,
-        )
-        accelerator = self.accelerator
-        prepared = prepare_data_loader(  # as Accelerator.prepare, but as one process: the stream is split already
-            loader, accelerator.device, num_processes=1, process_index=0, put_on_device=accelerator.device_placement,
-            rng_types=accelerator.rng_types.copy(), dispatch_batches=False, non_blocking=accelerator.non_blocking,
-            use_stateful_dataloader=accelerator.use_stateful_dataloader,
-        )
-        accelerator._dataloaders.append(prepared)
-        return prepared
+        return rank_stream_loader(self)
 
     # ---- masking ------------------------------------------------------------------------------------------------
 
@@ -523,11 +485,6 @@ class RetroMAETrainer(Trainer):
         return TrainOutput(self.state.global_step, 0.0, {})  # as Trainer reports a call that trained no step
 
 
-def rank_stream(dataset: datasets.IterableDataset, rank: int, world_size: int) -> datasets.IterableDataset:
-    """The part of a stream that process ``rank`` of ``world_size`` trains on (``split_dataset_by_node``): whole shards
-    (files) when their number divides by ``world_size``, else every ``world_size``-th row. The parts are disjoint and
-    together the whole stream; a seeded shuffle (``shuffle_stream``) is the same on every process, so it stays so."""
-    return split_dataset_by_node(dataset, rank=rank, world_size=world_size) if world_size > 1 else dataset
 
 
-__all__ = ["LogLastStepCallback", "RetroMAETrainer", "rank_stream"]
+__all__ = ["RetroMAETrainer"]

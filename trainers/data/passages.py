@@ -1,0 +1,254 @@
+"""Passages of one corpus file, line by line, with the file:line of every problem: text lines and blank-line blocks,
+JSONL and Parquet records, compressed files, and the UTF-16/32 detection that runs first."""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import gzip
+import importlib
+import json
+import logging
+import lzma
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow.parquet as pq
+
+from ..inputs.errors import UserError
+from ..inputs.io import iter_jsonl, json_type
+
+logger = logging.getLogger(__name__)
+
+
+# Compressed .txt/.jsonl files (``name.jsonl.gz``): decompressed while read. ``.zst`` needs the zstandard package.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+
+
+def split_name(path: Path) -> tuple[str, str]:
+    """``(format suffix, compression suffix)`` of a file name, e.g. ``(".jsonl", ".gz")``; ``""`` for none."""
+    stem, compression = os.path.splitext(path.name)
+    if compression not in COMPRESSED_SUFFIXES:
+        return compression, ""
+    return os.path.splitext(stem)[1], compression
+
+
+def open_binary(path: str | os.PathLike):
+    """The file opened for reading bytes, decompressed when its name ends in a compression suffix."""
+    compression = split_name(Path(path))[1]
+    if compression == ".zst":
+        if importlib.util.find_spec("zstandard") is None:
+            raise UserError(f"{path}: a zstandard-compressed file, and the zstandard package is not installed; "
+                            "pip install zstandard, or decompress it (zstd -d)")
+        return importlib.import_module("zstandard").open(path, "rb")  # an optional dependency
+    return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(compression, open)(path, "rb")
+
+
+# byte-order marks, UTF-32's first: its little-endian mark starts with UTF-16's
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+              (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+ENCODING_PROBE_BYTES = 4096
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The ``iconv`` name of the UTF-16 or UTF-32 encoding of a file that starts with ``head``, or None: read off a
+    byte-order mark, else off the NUL bytes that UTF-8 text lacks: UTF-32 has two in each 4-byte unit of a character
+    below U+10000 (the last two little-endian), UTF-16 one in each 2-byte unit of a character below U+0100."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            return name
+    if len(head) < 4:
+        return None
+    nul_share = [head[i::4].count(0) / len(head[i::4]) for i in range(4)]  # by position in a 4-byte unit
+    if min(nul_share[2:]) > 0.9:
+        return "utf-32le"
+    if min(nul_share[:2]) > 0.9:
+        return "utf-32be"
+    odd, even = (nul_share[1] + nul_share[3]) / 2, (nul_share[0] + nul_share[2]) / 2
+    if max(odd, even) > 0.5:
+        return "utf-16le" if odd > even else "utf-16be"
+    return None
+
+
+def check_text_encoding(path: str | os.PathLike) -> None:
+    """Refuse a UTF-16 or UTF-32 file (``wide_encoding``), naming the ``iconv`` call that converts it: decoded as
+    UTF-8 it fails at the first byte or, without a byte-order mark, reads as text full of NUL characters."""
+    with open_binary(path) as handle:
+        encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
+    if encoding is not None:
+        raise UserError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
+                        f"{encoding} -t utf-8 in > out")
+
+
+def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
+    """Yields ``(1-based line number, line without its end)``, raising ``UserError`` on bytes that are not UTF-8
+    (``check_text_encoding`` first, so that UTF-16 and UTF-32 are named as such)."""
+    check_text_encoding(path)
+    with open_binary(path) as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(
+                    f"{path}:{line_no}: bytes that are not valid UTF-8 ({exc.reason} at column {exc.start + 1}); "
+                    f"re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out"
+                ) from None
+            yield line_no, line.rstrip("\r\n")
+
+
+def numbered_passages(
+    path: str | os.PathLike, text_format: TextFormat = "auto", text_column: str = "text"
+) -> Iterator[tuple[int, str]]:
+    """``(line, passage)`` for each passage of one ``.txt`` or ``.jsonl`` file, as ``read_corpus`` reads it; ``line``
+    is the 1-based line the passage starts on (an id that blank passages, which are skipped, do not shift)."""
+    fmt = describe_file(Path(path), text_format)[1]
+    if fmt != "jsonl":
+        logger.info("%s: one passage per %s (text format %s)", Path(path).name,
+                    "line" if fmt == "lines" else "block of lines between blank lines", text_format)
+    return PASSAGE_READERS[fmt](str(path), text_column)
+
+
+def iter_text_lines(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
+    """One passage per non-empty line (whitespace collapsed), with its line number."""
+    for line_no, line in iter_decoded_lines(path):
+        text = " ".join(line.split())
+        if text:
+            yield line_no, text
+
+
+def iter_text_blocks(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
+    """Passages separated by empty lines, with the line each starts on; the lines of a block are joined with a space.
+
+    A line of only spaces or tabs is skipped without ending the block (Wikipedia-style dumps keep such lines inside
+    articles; ``awk`` paragraph mode counts the same way).
+    """
+    block: list[str] = []
+    start = 0
+    for line_no, line in iter_decoded_lines(path):
+        text = " ".join(line.split())
+        if text:
+            start = start if block else line_no
+            block.append(text)
+        elif not line and block:
+            yield start, " ".join(block)
+            block = []
+    if block:
+        yield start, " ".join(block)
+
+
+def iter_jsonl_passages(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
+    """One passage per JSON line, with its line number: ``column``, or ``title + " " + text`` when a title is
+    given. A compressed file is decompressed into a temporary file first (messages name the file given)."""
+    check_text_encoding(path)
+    if not split_name(Path(path))[1]:
+        yield from _iter_jsonl_plain(path, path, column)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        plain = os.path.join(folder, "corpus.jsonl")
+        with open_binary(path) as source, open(plain, "wb") as target:
+            shutil.copyfileobj(source, target)
+        try:
+            yield from _iter_jsonl_plain(plain, path, column)
+        except UserError as exc:
+            raise UserError(str(exc).replace(plain, str(path))) from None
+
+
+def _iter_jsonl_plain(path: str, shown: str, column: str) -> Iterator[tuple[int, str]]:
+    for where, record in iter_jsonl(path, error=UserError, example=f'{{"{column}": "..."}}'):
+        check_jsonl_record(record, where, column)
+        title = record.get("title") if column != "title" else None
+        text = f"{title} {record[column]}" if isinstance(title, str) and title.strip() else record[column]
+        text = " ".join(text.split())
+        if text:
+            yield int(where.rsplit(":", 1)[1]), text
+
+
+def iter_parquet_passages(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
+    """One passage per row of a ``.parquet`` file (streaming), with its 1-based row number."""
+    parquet = pq.ParquetFile(path)
+    names = parquet.schema_arrow.names
+    if column not in names:
+        raise UserError(f"dataset {path!r} has no {column!r} column (columns: {names}); name the passage column "
+                        "with --text-column")
+    title = "title" in names and column != "title"
+    row = 0
+    for batch in parquet.iter_batches(columns=[column, "title"] if title else [column]):
+        table = batch.to_pydict()
+        for index, text in enumerate(table[column]):
+            row += 1
+            if not isinstance(text, str):
+                raise UserError(f"{path}: row {row}: the {column!r} column holds {text!r}, not a string; save one "
+                                f"passage string per row")
+            head = table["title"][index] if title else None
+            text = " ".join((f"{head} {text}" if isinstance(head, str) and head.strip() else text).split())
+            if text:
+                yield row, text
+
+
+PASSAGE_READERS = {"jsonl": iter_jsonl_passages, "lines": iter_text_lines, "blocks": iter_text_blocks, "parquet": iter_parquet_passages}
+
+
+def check_jsonl_record(record: dict[str, Any], where: str, column: str = "text") -> None:
+    """Raises ``UserError`` unless ``record`` has a string ``column``; ``where`` is ``file:line``."""
+    if column not in record:
+        title = ' (and optionally a "title")' if column != "title" else ""
+        other = "; or name the passage field with --text-column" if column == "text" and record else ""
+        raise UserError(
+            f'{where}: no "{column}" field (keys: {sorted(record)}); give every line a string "{column}" field'
+            f"{title}{other}"
+        )
+    if not isinstance(record[column], str):
+        found = json.dumps(record[column])
+        found = found if len(found) <= 40 else found[:37] + "..."
+        raise UserError(
+            f'{where}: the "{column}" field must be a string, found {found} (JSON {json_type(record[column])}); '
+            f'write the passage in quotes, e.g. {{"{column}": "..."}}'
+        )
+
+
+TextFormat = Literal["auto", "lines", "blocks"]
+
+
+TEXT_FORMATS = ("auto", "lines", "blocks")
+
+
+def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, int]:
+    """``(path, format, size, mtime_ns)``: the format resolved, size and mtime so edits invalidate the cache."""
+    stat = path.stat()
+    suffix, compression = split_name(path)
+    if suffix == ".jsonl":
+        fmt = "jsonl"
+    elif suffix == ".txt":
+        fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
+    elif suffix == ".parquet" and not compression:
+        fmt = "parquet"
+    else:
+        raise UserError(f"{str(path)!r}: unsupported file type {suffix + compression!r}; use a .txt, .jsonl or "
+                        f".parquet file (.txt and .jsonl may be compressed: {', '.join(COMPRESSED_SUFFIXES)})")
+    return str(path.resolve()), fmt, stat.st_size, stat.st_mtime_ns
+
+
+def _has_blank_separator(path: Path) -> bool:
+    """Whether the file has an empty line between two non-empty lines (the ``"blocks"`` layout)."""
+    seen_text = blank_after_text = False
+    with open_binary(path) as handle:
+        for raw in handle:
+            line = raw.rstrip(b"\r\n")
+            if not line:
+                blank_after_text = seen_text
+            elif not line.strip():
+                continue  # whitespace only: neither text nor a separator
+            elif blank_after_text:
+                return True
+            else:
+                seen_text = True
+    return False
+
+
+__all__ = ["TEXT_FORMATS", "TextFormat", "check_text_encoding", "iter_decoded_lines", "numbered_passages", "wide_encoding"]
