@@ -367,3 +367,19 @@ def test_blank_and_empty_files_beside_passages(tmp_path):
     write(tmp_path / "h.txt", "\u3000\r\u3000\n")  # read line by line (a lone \r), no passage: blank to Python
     assert texts(read_corpus(tmp_path)) == ["x", "y"]
     assert texts(read_corpus(tmp_path, streaming=True)) == ["x", "y"]
+
+
+def test_passages_formed_in_several_processes_keep_the_order(tmp_path, monkeypatch):
+    """A large corpus forms its passages in several processes (`PARALLEL_MAP_MIN_ROWS`): the same passages, in order."""
+    monkeypatch.setattr(arrow_reading, "PARALLEL_MAP_MIN_ROWS", 1)
+    monkeypatch.setattr(arrow_reading.os, "cpu_count", lambda: 2)
+    processes, original_map = [], datasets.Dataset.map
+
+    def spy(self, *args, **kwargs):
+        processes.append(kwargs.get("num_proc"))
+        return original_map(self, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "map", spy)
+    path = write(tmp_path / "c.jsonl", "".join(jsonl({"text": f"passage  {i} "}) for i in range(300)))
+    assert texts(read_corpus(path)) == line_reader(path) == [f"passage {i}" for i in range(300)]
+    assert 2 in processes

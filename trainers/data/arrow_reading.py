@@ -4,6 +4,7 @@ line-by-line reader forms them; where the two could differ, `ReadLineByLine` sen
 from __future__ import annotations
 
 import codecs
+import os
 import re
 
 import datasets
@@ -83,7 +84,7 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
         title = "title" in loaded.column_names and column != "title" and is_string_column(loaded, "title")
     return loaded.with_format("arrow").map(
         passages_batch, batched=True, batch_size=10_000, remove_columns=loaded.column_names,
-        features=PASSAGE_FEATURES, desc="Forming passages",
+        features=PASSAGE_FEATURES, desc="Forming passages", num_proc=_map_processes(len(loaded)),
         fn_kwargs={"column": column, "title": bool(title), "code": code},
     ).with_format(None)
 
@@ -155,3 +156,12 @@ def has_lone_carriage_return(path: str) -> bool:
                 return True
             previous_ends_in_cr = chunk.endswith(b"\r")
     return previous_ends_in_cr
+
+
+PARALLEL_MAP_MIN_ROWS = 100_000  # below this, starting processes costs more than it saves
+
+
+def _map_processes(rows: int) -> int | None:
+    """Processes for forming the passages: up to 4 (as tokenizing) for a large corpus, else None (in process)."""
+    processes = min(4, os.cpu_count() or 1)
+    return processes if rows >= PARALLEL_MAP_MIN_ROWS and processes > 1 else None
