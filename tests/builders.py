@@ -46,6 +46,21 @@ WORDS = ["apple", "banana", "cherry", "dog", "elephant", "fish", "grape", "horse
          "mango", "night", "ocean", "piano", "queen", "river", "snake", "tiger"]
 
 
+def write_file(path: Path, content: str | bytes) -> Path:
+    """`content` (bytes as they are, text as UTF-8) at `path`, its folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+def jsonl_text(*records: dict) -> str:
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def texts_of(dataset) -> list[str]:
+    return [row["text"] for row in dataset]
+
+
 def write_lines(path: Path, lines: list[str]) -> Path:
     """A plain-text corpus: one passage a line."""
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 
@@ -40,6 +41,15 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="retromae-induct
 atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def datasets_cache(tmp_path_factory):
+    """A `datasets` cache of the test module's own (`pytestmark = pytest.mark.usefixtures("datasets_cache")`), so
+    that the Arrow files load_dataset, from_generator and map write stay out of the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

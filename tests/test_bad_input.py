@@ -27,12 +27,7 @@ from .builders import pretrain_args, save_headless_bert, write_beir, write_lines
 EMOJI = ["😀 🎉 🚀 🙂", "🙃 😎 🤖", "🎈 🎁 🎂 🍰 🍕"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _datasets_cache(tmp_path_factory):
-    """Keep the Arrow files that from_generator / map write out of the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("datasets_cache")
 
 
 def one_line_error(capsys, command: str) -> str:

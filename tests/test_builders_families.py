@@ -152,15 +152,8 @@ def test_overrides_and_corpus_texts(tmp_path):
         tiny_bpe_tokenizer("bert")
 
 
-@pytest.fixture(scope="module")
-def _datasets_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
-        yield
-
-
 @pytest.mark.parametrize("packing", [False, True])
-def test_retromae_tokenization_and_masking_accept_the_tokenizers(family_folder, packing, _datasets_cache):
+def test_retromae_tokenization_and_masking_accept_the_tokenizers(family_folder, packing, datasets_cache):
     from retromae.trainers.data.collator import PretrainingCollator
     from retromae.trainers.data.tokenize import special_template, tokenize_corpus
     from transformers import AutoTokenizer

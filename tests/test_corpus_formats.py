@@ -8,7 +8,6 @@ from __future__ import annotations
 import bz2
 import gzip
 import importlib.util
-import json
 import lzma
 from pathlib import Path
 
@@ -22,27 +21,9 @@ from retromae.trainers.data.passages import numbered_passages
 from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.inputs.errors import UserError
 
+from .builders import jsonl_text, texts_of, write_file
 
-@pytest.fixture(scope="module", autouse=True)
-def _datasets_cache(tmp_path_factory):
-    """Keep the Arrow files that load_dataset / map write out of the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
-        yield
-
-
-def write(path: Path, content: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    return path
-
-
-def jsonl(*records: dict) -> str:
-    return "".join(json.dumps(record) + "\n" for record in records)
-
-
-def texts(dataset) -> list[str]:
-    return [row["text"] for row in dataset]
+pytestmark = pytest.mark.usefixtures("datasets_cache")
 
 
 def line_reader(path: Path, text_format: str = "auto", text_column: str = "text") -> list[str]:
@@ -74,14 +55,14 @@ def test_hub_dataset_with_config_split_revision_and_column(monkeypatch):
     assert hub.calls == [(("owner/papers", "abstracts"), {"split": "validation", "revision": "v1.0",
                                                            "streaming": False})]
     assert corpus.column_names == ["text"]
-    assert texts(corpus) == ["first  passage", "second"]  # a Hub dataset's text is used as it is
+    assert texts_of(corpus) == ["first  passage", "second"]  # a Hub dataset's text is used as it is
     assert corpus.info.dataset_name == "owner/papers"
 
 
 def test_hub_dataset_defaults(monkeypatch):
     hub = FakeHub(datasets.Dataset.from_dict({"text": ["a"], "title": ["T"]}))
     monkeypatch.setattr(datasets, "load_dataset", hub)
-    assert texts(read_corpus("owner/name", streaming=True)) == ["a"]
+    assert texts_of(read_corpus("owner/name", streaming=True)) == ["a"]
     assert hub.calls == [(("owner/name", None), {"split": "train", "revision": None, "streaming": True})]
 
 
@@ -121,7 +102,7 @@ def test_hub_dataset_without_the_text_column_lists_the_columns(monkeypatch, colu
 
 
 def test_hub_options_are_refused_for_a_local_file(tmp_path):
-    path = write(tmp_path / "c.txt", "a\n")
+    path = write_file(tmp_path / "c.txt", "a\n")
     with pytest.raises(UserError, match="--corpus-config and --corpus-revision apply to a Hub dataset"):
         read_corpus(path, config="en", revision="main")
     with pytest.raises(UserError, match="--corpus-split apply to a Hub dataset, not to corpus .*c.txt', a local file"):
@@ -139,8 +120,8 @@ def test_saved_dataset_dict_split_and_column(tmp_path):
         "train": datasets.Dataset.from_dict({"body": ["train passage"]}),
         "dev": datasets.Dataset.from_dict({"body": ["dev passage"]}),
     }).save_to_disk(str(tmp_path / "ds"))
-    assert texts(read_corpus(tmp_path / "ds", text_column="body")) == ["train passage"]
-    assert texts(read_corpus(tmp_path / "ds", text_column="body", split="dev")) == ["dev passage"]
+    assert texts_of(read_corpus(tmp_path / "ds", text_column="body")) == ["train passage"]
+    assert texts_of(read_corpus(tmp_path / "ds", text_column="body", split="dev")) == ["dev passage"]
     with pytest.raises(UserError, match=r"has no split 'test' \(splits: \['dev', 'train'\]\)"):
         read_corpus(tmp_path / "ds", text_column="body", split="test")
     with pytest.raises(UserError, match=r"has no 'text' column \(columns: \['body'\]\)"):
@@ -157,12 +138,12 @@ def write_parquet(path: Path, columns: dict) -> Path:
 def test_parquet_file_with_title(tmp_path, streaming):
     path = write_parquet(tmp_path / "c.parquet", {"_id": ["1", "2", "3"], "title": ["Title", None, " "],
                                                   "text": ["body  one", "body two", "  "]})
-    assert texts(read_corpus(path, streaming=streaming)) == ["Title body one", "body two"]
+    assert texts_of(read_corpus(path, streaming=streaming)) == ["Title body one", "body two"]
 
 
 def test_parquet_other_column_and_its_errors(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", {"abstract": ["one", "two"], "n": [1, 2]})
-    assert texts(read_corpus(path, text_column="abstract")) == ["one", "two"]
+    assert texts_of(read_corpus(path, text_column="abstract")) == ["one", "two"]
     with pytest.raises(UserError, match=r"has no 'text' column \(columns: \['abstract', 'n'\]\)"):
         read_corpus(path)
     with pytest.raises(UserError, match="the 'n' column holds .*, not strings"):
@@ -177,60 +158,60 @@ COMPRESSORS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
 
 @pytest.mark.parametrize("suffix", sorted(COMPRESSORS))
 def test_compressed_files_read_as_the_file_they_hold(tmp_path, suffix):
-    records = jsonl({"title": "T", "text": "one"}, {"text": "two"})
-    jsonl_path = write(tmp_path / f"c.jsonl{suffix}", COMPRESSORS[suffix](records.encode()))
-    assert texts(read_corpus(jsonl_path)) == ["T one", "two"]
+    records = jsonl_text({"title": "T", "text": "one"}, {"text": "two"})
+    jsonl_path = write_file(tmp_path / f"c.jsonl{suffix}", COMPRESSORS[suffix](records.encode()))
+    assert texts_of(read_corpus(jsonl_path)) == ["T one", "two"]
     blocks = "first block\nline\n\nsecond\n"
-    txt_path = write(tmp_path / f"c.txt{suffix}", COMPRESSORS[suffix](blocks.encode()))
-    assert texts(read_corpus(txt_path)) == ["first block line", "second"]  # auto: blocks, read through the file
-    assert texts(read_corpus(txt_path, streaming=True)) == ["first block line", "second"]
+    txt_path = write_file(tmp_path / f"c.txt{suffix}", COMPRESSORS[suffix](blocks.encode()))
+    assert texts_of(read_corpus(txt_path)) == ["first block line", "second"]  # auto: blocks, read through the file
+    assert texts_of(read_corpus(txt_path, streaming=True)) == ["first block line", "second"]
 
 
 def test_bad_line_in_a_compressed_file_is_named(tmp_path):
-    path = write(tmp_path / "c.jsonl.gz", gzip.compress(b'{"text": "fine"}\n{not json}\n'))
+    path = write_file(tmp_path / "c.jsonl.gz", gzip.compress(b'{"text": "fine"}\n{not json}\n'))
     with pytest.raises(UserError, match=r"c\.jsonl\.gz:2: not valid JSON"):
         read_corpus(path)
-    latin = write(tmp_path / "l.txt.gz", gzip.compress(b"fine\ncaf\xe9\n"))
+    latin = write_file(tmp_path / "l.txt.gz", gzip.compress(b"fine\ncaf\xe9\n"))
     with pytest.raises(UserError, match=r"l\.txt\.gz:2: bytes that are not valid UTF-8"):
         read_corpus(latin)
 
 
 def test_zstandard_files(tmp_path):
     if importlib.util.find_spec("zstandard") is None:
-        path = write(tmp_path / "c.jsonl.zst", b"\x28\xb5\x2f\xfd")
+        path = write_file(tmp_path / "c.jsonl.zst", b"\x28\xb5\x2f\xfd")
         with pytest.raises(UserError, match="the zstandard package is not installed; pip install zstandard"):
             read_corpus(path)
     else:
         import zstandard
 
-        path = write(tmp_path / "c.jsonl.zst", zstandard.ZstdCompressor().compress(b'{"text": "one"}\n'))
-        assert texts(read_corpus(path)) == ["one"]
+        path = write_file(tmp_path / "c.jsonl.zst", zstandard.ZstdCompressor().compress(b'{"text": "one"}\n'))
+        assert texts_of(read_corpus(path)) == ["one"]
 
 
 def test_folder_of_mixed_formats_keeps_path_order(tmp_path):
-    write(tmp_path / "a.jsonl.gz", gzip.compress(jsonl({"text": "a1"}, {"text": "a2"}).encode()))
+    write_file(tmp_path / "a.jsonl.gz", gzip.compress(jsonl_text({"text": "a1"}, {"text": "a2"}).encode()))
     write_parquet(tmp_path / "b.parquet", {"text": ["b1"]})
-    write(tmp_path / "c.txt", "c1\nc2\n")
-    write(tmp_path / "d.jsonl", jsonl({"text": "d1"}))
-    assert texts(read_corpus(tmp_path)) == ["a1", "a2", "b1", "c1", "c2", "d1"]
-    assert texts(read_corpus(tmp_path, streaming=True)) == ["a1", "a2", "b1", "c1", "c2", "d1"]
+    write_file(tmp_path / "c.txt", "c1\nc2\n")
+    write_file(tmp_path / "d.jsonl", jsonl_text({"text": "d1"}))
+    assert texts_of(read_corpus(tmp_path)) == ["a1", "a2", "b1", "c1", "c2", "d1"]
+    assert texts_of(read_corpus(tmp_path, streaming=True)) == ["a1", "a2", "b1", "c1", "c2", "d1"]
 
 
 def test_compressed_parquet_is_refused_in_a_folder(tmp_path):
-    write(tmp_path / "a.txt", "a\n")
-    write(tmp_path / "b.parquet.gz", b"x")
+    write_file(tmp_path / "a.txt", "a\n")
+    write_file(tmp_path / "b.parquet.gz", b"x")
     with pytest.raises(UserError, match=r"not a corpus format: b\.parquet\.gz"):
         read_corpus(tmp_path)
 
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_jsonl_text_column(tmp_path, streaming):
-    path = write(tmp_path / "c.jsonl", jsonl({"title": "T", "body": "one"}, {"body": "two", "text": "ignored"}))
-    assert texts(read_corpus(path, text_column="body", streaming=streaming)) == ["T one", "two"]
+    path = write_file(tmp_path / "c.jsonl", jsonl_text({"title": "T", "body": "one"}, {"body": "two", "text": "ignored"}))
+    assert texts_of(read_corpus(path, text_column="body", streaming=streaming)) == ["T one", "two"]
 
 
 def test_jsonl_missing_text_column_names_the_line(tmp_path):
-    path = write(tmp_path / "c.jsonl", jsonl({"body": "one"}, {"text": "two"}))
+    path = write_file(tmp_path / "c.jsonl", jsonl_text({"body": "one"}, {"text": "two"}))
     with pytest.raises(UserError, match=r"c\.jsonl:2: no \"body\" field \(keys: \['text'\]\); give every line a "
                                         r"string \"body\" field"):
         read_corpus(path, text_column="body")
@@ -257,19 +238,19 @@ class BuilderSpy:
 def test_well_formed_files_go_through_the_builders(tmp_path, monkeypatch):
     spy = BuilderSpy(monkeypatch)
     monkeypatch.setattr(reading_module, "_generate_passages", None)  # our reader is not used
-    write(tmp_path / "a.jsonl", jsonl({"text": "a"}))
-    write(tmp_path / "b.txt", "b\n")
+    write_file(tmp_path / "a.jsonl", jsonl_text({"text": "a"}))
+    write_file(tmp_path / "b.txt", "b\n")
     write_parquet(tmp_path / "c.parquet", {"text": ["c"]})
-    assert texts(read_corpus(tmp_path)) == ["a", "b", "c"]
+    assert texts_of(read_corpus(tmp_path)) == ["a", "b", "c"]
     assert spy.builders == ["json", "text", "parquet"]
 
 
 def test_files_with_different_fields_are_read_one_builder_call_each(tmp_path, monkeypatch):
     spy = BuilderSpy(monkeypatch)
     monkeypatch.setattr(reading_module, "_generate_passages", None)  # our reader is not used
-    write(tmp_path / "a.jsonl", jsonl({"text": "a", "n": 1}))
-    write(tmp_path / "b.jsonl", jsonl({"text": "b", "tags": ["x"]}))
-    assert texts(read_corpus(tmp_path)) == ["a", "b"]
+    write_file(tmp_path / "a.jsonl", jsonl_text({"text": "a", "n": 1}))
+    write_file(tmp_path / "b.jsonl", jsonl_text({"text": "b", "tags": ["x"]}))
+    assert texts_of(read_corpus(tmp_path)) == ["a", "b"]
     assert spy.builders == ["json", "json", "json"]  # both files, then each
 
 
@@ -286,13 +267,13 @@ TRICKY_TEXTS = {
 @pytest.mark.parametrize("text_format", ["lines", "blocks"])
 @pytest.mark.parametrize("name", sorted(TRICKY_TEXTS))
 def test_txt_passages_equal_the_line_reader(tmp_path, name, text_format):
-    path = write(tmp_path / "c.txt", TRICKY_TEXTS[name])
+    path = write_file(tmp_path / "c.txt", TRICKY_TEXTS[name])
     expected = line_reader(path, text_format)
     if not expected:
         with pytest.raises(UserError, match="the corpus is empty"):
             read_corpus(path, text_format=text_format)
     else:
-        assert texts(read_corpus(path, text_format=text_format)) == expected
+        assert texts_of(read_corpus(path, text_format=text_format)) == expected
 
 
 TRICKY_JSONL = {
@@ -307,8 +288,8 @@ TRICKY_JSONL = {
 
 @pytest.mark.parametrize("name", sorted(TRICKY_JSONL))
 def test_jsonl_passages_equal_the_line_reader(tmp_path, name):
-    path = write(tmp_path / "c.jsonl", TRICKY_JSONL[name])
-    assert texts(read_corpus(path)) == line_reader(path)
+    path = write_file(tmp_path / "c.jsonl", TRICKY_JSONL[name])
+    assert texts_of(read_corpus(path)) == line_reader(path)
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -319,11 +300,11 @@ def test_jsonl_passages_equal_the_line_reader(tmp_path, name):
 ])
 def test_what_the_json_builder_would_accept_is_refused_as_before(tmp_path, content, message):
     with pytest.raises(UserError, match=message):
-        read_corpus(write(tmp_path / "c.jsonl", content))
+        read_corpus(write_file(tmp_path / "c.jsonl", content))
 
 
 def test_utf16_without_a_bom_is_still_refused(tmp_path):
-    path = write(tmp_path / "c.txt", "plain ascii text\n".encode("utf-16-le"))
+    path = write_file(tmp_path / "c.txt", "plain ascii text\n".encode("utf-16-le"))
     with pytest.raises(UserError, match="UTF-16LE text, not UTF-8"):
         read_corpus(path)
 
@@ -331,18 +312,18 @@ def test_utf16_without_a_bom_is_still_refused(tmp_path):
 def test_edited_jsonl_is_not_served_from_the_builders_cache(tmp_path):
     import os
 
-    path = write(tmp_path / "c.jsonl", jsonl({"text": "old"}))
-    assert texts(read_corpus(path)) == ["old"]
-    write(path, jsonl({"text": "new"}))
+    path = write_file(tmp_path / "c.jsonl", jsonl_text({"text": "old"}))
+    assert texts_of(read_corpus(path)) == ["old"]
+    write_file(path, jsonl_text({"text": "new"}))
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    assert texts(read_corpus(path)) == ["new"]
+    assert texts_of(read_corpus(path)) == ["new"]
 
 
 def test_real_corpora_equal_the_line_reader(shared_data):
     for path in (shared_data / "scifact" / "corpus.jsonl", shared_data / "enwiki-sample" / "valid.txt"):
-        assert texts(read_corpus(path)) == line_reader(path)
-    assert texts(read_corpus(shared_data / "enwiki-sample" / "valid.txt", text_format="lines")) == line_reader(
+        assert texts_of(read_corpus(path)) == line_reader(path)
+    assert texts_of(read_corpus(shared_data / "enwiki-sample" / "valid.txt", text_format="lines")) == line_reader(
         shared_data / "enwiki-sample" / "valid.txt", "lines")
 
 
@@ -358,15 +339,15 @@ def test_arrow_whitespace_collapse_is_pythons_split_join():
 
 
 def test_blank_and_empty_files_beside_passages(tmp_path):
-    write(tmp_path / "a.jsonl", "\n  \n")
-    write(tmp_path / "b.txt", "x\n")
-    write(tmp_path / "c.jsonl", "")
-    write(tmp_path / "d.txt", "  \n")
-    write(tmp_path / "e.jsonl", '{"text": " ", "x": 1}\n{"text": " ", "x": "s"}\n')  # the json builder fails
-    write(tmp_path / "f.parquet.d/g.jsonl", jsonl({"text": "y"}))
-    write(tmp_path / "h.txt", "\u3000\r\u3000\n")  # read line by line (a lone \r), no passage: blank to Python
-    assert texts(read_corpus(tmp_path)) == ["x", "y"]
-    assert texts(read_corpus(tmp_path, streaming=True)) == ["x", "y"]
+    write_file(tmp_path / "a.jsonl", "\n  \n")
+    write_file(tmp_path / "b.txt", "x\n")
+    write_file(tmp_path / "c.jsonl", "")
+    write_file(tmp_path / "d.txt", "  \n")
+    write_file(tmp_path / "e.jsonl", '{"text": " ", "x": 1}\n{"text": " ", "x": "s"}\n')  # the json builder fails
+    write_file(tmp_path / "f.parquet.d/g.jsonl", jsonl_text({"text": "y"}))
+    write_file(tmp_path / "h.txt", "\u3000\r\u3000\n")  # read line by line (a lone \r), no passage: blank to Python
+    assert texts_of(read_corpus(tmp_path)) == ["x", "y"]
+    assert texts_of(read_corpus(tmp_path, streaming=True)) == ["x", "y"]
 
 
 def test_passages_formed_in_several_processes_keep_the_order(tmp_path, monkeypatch):
@@ -380,6 +361,6 @@ def test_passages_formed_in_several_processes_keep_the_order(tmp_path, monkeypat
         return original_map(self, *args, **kwargs)
 
     monkeypatch.setattr(datasets.Dataset, "map", spy)
-    path = write(tmp_path / "c.jsonl", "".join(jsonl({"text": f"passage  {i} "}) for i in range(300)))
-    assert texts(read_corpus(path)) == line_reader(path) == [f"passage {i}" for i in range(300)]
+    path = write_file(tmp_path / "c.jsonl", "".join(jsonl_text({"text": f"passage  {i} "}) for i in range(300)))
+    assert texts_of(read_corpus(path)) == line_reader(path) == [f"passage {i}" for i in range(300)]
     assert 2 in processes

@@ -6,43 +6,22 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import datasets
 import pytest
 import retromae.trainers.data.reading as reading_module
 import retromae.trainers.data.tokenize as tokenize_module
 import torch
+from retromae.trainers.data.arrow_reading import map_processes
 from retromae.trainers.data.builtin import builtin_corpus
 from retromae.trainers.data.collator import PretrainingCollator
 from retromae.trainers.data.reading import read_corpus
-from retromae.trainers.data.tokenize import _effective_num_proc, tokenize_corpus
+from retromae.trainers.data.tokenize import NUM_PROC_MIN_ROWS, tokenize_corpus
 from retromae.trainers.inputs.errors import UserError
 
+from .builders import jsonl_text, texts_of, write_file
 
-@pytest.fixture(scope="module", autouse=True)
-def _datasets_cache(tmp_path_factory):
-    """Keep the Arrow files that from_generator / map write out of the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
-        yield
-
-
-def write(path: Path, content: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
-    return path
-
-
-def jsonl(*records: dict) -> str:
-    return "".join(json.dumps(record) + "\n" for record in records)
-
-
-def texts(dataset) -> list[str]:
-    return [row["text"] for row in dataset]
+pytestmark = pytest.mark.usefixtures("datasets_cache")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -51,22 +30,22 @@ def texts(dataset) -> list[str]:
 
 
 def test_txt_lines(tmp_path):
-    path = write(tmp_path / "c.txt", "first passage\nsecond   passage \n\n  third\n")
+    path = write_file(tmp_path / "c.txt", "first passage\nsecond   passage \n\n  third\n")
     corpus = read_corpus(path, text_format="lines")
     assert isinstance(corpus, datasets.Dataset)
     assert corpus.column_names == ["text"]
-    assert texts(corpus) == ["first passage", "second passage", "third"]
+    assert texts_of(corpus) == ["first passage", "second passage", "third"]
 
 
 def test_txt_blocks(tmp_path):
-    path = write(tmp_path / "c.txt", "Title one\nline a\nline b\n\n\nTitle two\r\nline c\n")
-    assert texts(read_corpus(path, text_format="blocks")) == ["Title one line a line b", "Title two line c"]
+    path = write_file(tmp_path / "c.txt", "Title one\nline a\nline b\n\n\nTitle two\r\nline c\n")
+    assert texts_of(read_corpus(path, text_format="blocks")) == ["Title one line a line b", "Title two line c"]
 
 
 def test_txt_blocks_whitespace_only_line_does_not_split(tmp_path):
     # As in ../shared/data/enwiki-sample: a line holding a space sits inside an article.
-    path = write(tmp_path / "c.txt", "Article one\nSection.\n \nMore text.\n\nArticle two\n")
-    assert texts(read_corpus(path)) == ["Article one Section. More text.", "Article two"]
+    path = write_file(tmp_path / "c.txt", "Article one\nSection.\n \nMore text.\n\nArticle two\n")
+    assert texts_of(read_corpus(path)) == ["Article one Section. More text.", "Article two"]
 
 
 @pytest.mark.parametrize(
@@ -78,39 +57,39 @@ def test_txt_blocks_whitespace_only_line_does_not_split(tmp_path):
     ],
 )
 def test_txt_auto_detection(tmp_path, content, expected):
-    assert texts(read_corpus(write(tmp_path / "c.txt", content))) == expected
+    assert texts_of(read_corpus(write_file(tmp_path / "c.txt", content))) == expected
 
 
 def test_jsonl_with_and_without_title(tmp_path):
-    content = jsonl(
+    content = jsonl_text(
         {"_id": "1", "title": "A title", "text": "the body."},
         {"_id": "2", "title": "", "text": "no title here."},
         {"_id": "3", "text": "no title key."},
     )
-    path = write(tmp_path / "corpus.jsonl", content.replace("\n", "\n\n", 1))  # a blank line is skipped
-    assert texts(read_corpus(path)) == ["A title the body.", "no title here.", "no title key."]
+    path = write_file(tmp_path / "corpus.jsonl", content.replace("\n", "\n\n", 1))  # a blank line is skipped
+    assert texts_of(read_corpus(path)) == ["A title the body.", "no title here.", "no title key."]
 
 
 def test_jsonl_with_a_byte_order_mark(tmp_path):
     """Windows editors start UTF-8 files with a byte order mark; it is not part of the first record."""
     path = tmp_path / "bom.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + jsonl({"text": "first"}, {"text": "second"}).encode())
-    assert texts(read_corpus(path)) == ["first", "second"]
+    path.write_bytes(b"\xef\xbb\xbf" + jsonl_text({"text": "first"}, {"text": "second"}).encode())
+    assert texts_of(read_corpus(path)) == ["first", "second"]
 
 
 def test_beir_folder_reads_corpus_jsonl_only(tmp_path):
-    write(tmp_path / "beir" / "corpus.jsonl", jsonl({"_id": "d1", "title": "T", "text": "doc"}))
-    write(tmp_path / "beir" / "queries.jsonl", jsonl({"_id": "q1", "text": "a query"}))
-    write(tmp_path / "beir" / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\n")
-    assert texts(read_corpus(tmp_path / "beir")) == ["T doc"]
+    write_file(tmp_path / "beir" / "corpus.jsonl", jsonl_text({"_id": "d1", "title": "T", "text": "doc"}))
+    write_file(tmp_path / "beir" / "queries.jsonl", jsonl_text({"_id": "q1", "text": "a query"}))
+    write_file(tmp_path / "beir" / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert texts_of(read_corpus(tmp_path / "beir")) == ["T doc"]
 
 
 def test_a_folder_with_corpus_jsonl_but_no_queries_or_qrels_is_a_folder_corpus(tmp_path):
     """Not a BEIR folder: every file is read, corpus.jsonl included (it used to be read alone)."""
-    write(tmp_path / "mixed" / "corpus.jsonl", jsonl({"text": "alpha"}))
-    write(tmp_path / "mixed" / "more.jsonl", jsonl({"text": "beta"}))
-    write(tmp_path / "mixed" / "notes.txt", "gamma\n")
-    assert texts(read_corpus(tmp_path / "mixed")) == ["alpha", "beta", "gamma"]
+    write_file(tmp_path / "mixed" / "corpus.jsonl", jsonl_text({"text": "alpha"}))
+    write_file(tmp_path / "mixed" / "more.jsonl", jsonl_text({"text": "beta"}))
+    write_file(tmp_path / "mixed" / "notes.txt", "gamma\n")
+    assert texts_of(read_corpus(tmp_path / "mixed")) == ["alpha", "beta", "gamma"]
 
 
 def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
@@ -122,7 +101,7 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
     for folder in ("ds", "dd"):
         corpus = read_corpus(tmp_path / folder)
         assert corpus.column_names == ["text"]
-        assert texts(corpus) == ["alpha beta", "gamma delta"]
+        assert texts_of(corpus) == ["alpha beta", "gamma delta"]
 
 
 @pytest.mark.parametrize(("values", "shown"), [([1, 2], "Value('int64')"),
@@ -141,25 +120,25 @@ def test_save_to_disk_without_text_column(tmp_path):
 
 
 def test_directory_of_files_sorted(tmp_path):
-    write(tmp_path / "b" / "2.jsonl", jsonl({"text": "from jsonl"}))
-    write(tmp_path / "a.txt", "from a\n")
-    write(tmp_path / "c.txt", "c block one\nstill one\n\nc block two\n")
-    write(tmp_path / ".hidden.txt", "ignored\n")
+    write_file(tmp_path / "b" / "2.jsonl", jsonl_text({"text": "from jsonl"}))
+    write_file(tmp_path / "a.txt", "from a\n")
+    write_file(tmp_path / "c.txt", "c block one\nstill one\n\nc block two\n")
+    write_file(tmp_path / ".hidden.txt", "ignored\n")
     corpus = read_corpus(tmp_path)
-    assert texts(corpus) == ["from a", "from jsonl", "c block one still one", "c block two"]
+    assert texts_of(corpus) == ["from a", "from jsonl", "c block one still one", "c block two"]
 
 
 def test_a_folder_corpus_reads_symlinked_subfolders(tmp_path):
     """HEAD: `Path.rglob` did not descend into the link, so the run trained on a.jsonl's 30 passages of 70."""
-    write(tmp_path / "corpus" / "a.jsonl", jsonl(*({"text": f"a {i}"} for i in range(30))))
-    write(tmp_path / "elsewhere" / "b.jsonl", jsonl(*({"text": f"b {i}"} for i in range(40))))
+    write_file(tmp_path / "corpus" / "a.jsonl", jsonl_text(*({"text": f"a {i}"} for i in range(30))))
+    write_file(tmp_path / "elsewhere" / "b.jsonl", jsonl_text(*({"text": f"b {i}"} for i in range(40))))
     (tmp_path / "corpus" / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     assert len(read_corpus(tmp_path / "corpus")) == 30 + 40
 
 
 @pytest.mark.parametrize("target", ["..", "."], ids=["parent", "itself"])
 def test_a_symlink_loop_in_a_corpus_folder_is_refused(tmp_path, target):
-    write(tmp_path / "corpus" / "sub" / "a.txt", "one passage\n")
+    write_file(tmp_path / "corpus" / "sub" / "a.txt", "one passage\n")
     (tmp_path / "corpus" / "sub" / "loop").symlink_to(target, target_is_directory=True)
     with pytest.raises(UserError, match=r"sub/loop is a symbolic link to .*, a folder that holds it \(a loop\); "
                                           r"remove the link$"):
@@ -167,7 +146,7 @@ def test_a_symlink_loop_in_a_corpus_folder_is_refused(tmp_path, target):
 
 
 def test_a_folder_reached_twice_through_a_symlink_is_refused(tmp_path):
-    write(tmp_path / "corpus" / "real" / "a.txt", "one passage\n")
+    write_file(tmp_path / "corpus" / "real" / "a.txt", "one passage\n")
     (tmp_path / "corpus" / "again").symlink_to(tmp_path / "corpus" / "real", target_is_directory=True)
     with pytest.raises(UserError, match=r"real and again are the same folder through a symbolic link, so its files "
                                           r"would be read twice; remove the link$"):
@@ -175,31 +154,31 @@ def test_a_folder_reached_twice_through_a_symlink_is_refused(tmp_path):
 
 
 def test_streaming_yields_the_same_texts(tmp_path):
-    write(tmp_path / "a.txt", "one\ntwo\n")
-    write(tmp_path / "b.jsonl", jsonl({"title": "T", "text": "three"}))
+    write_file(tmp_path / "a.txt", "one\ntwo\n")
+    write_file(tmp_path / "b.jsonl", jsonl_text({"title": "T", "text": "three"}))
     streamed = read_corpus(tmp_path, streaming=True)
     assert isinstance(streamed, datasets.IterableDataset)
-    assert texts(streamed) == texts(read_corpus(tmp_path)) == ["one", "two", "T three"]
+    assert texts_of(streamed) == texts_of(read_corpus(tmp_path)) == ["one", "two", "T three"]
 
 
 def test_none_reads_the_builtin_corpus():
     corpus = read_corpus(None)
-    assert texts(corpus)[:3] == texts(builtin_corpus())[:3]
+    assert texts_of(corpus)[:3] == texts_of(builtin_corpus())[:3]
     assert isinstance(read_corpus(None, streaming=True), datasets.IterableDataset)
 
 
 def test_edited_file_is_not_served_from_cache(tmp_path):
-    path = write(tmp_path / "c.txt", "old text\n")
-    assert texts(read_corpus(path)) == ["old text"]
-    write(path, "new text\n")  # same size: only the mtime tells the edit apart
+    path = write_file(tmp_path / "c.txt", "old text\n")
+    assert texts_of(read_corpus(path)) == ["old text"]
+    write_file(path, "new text\n")  # same size: only the mtime tells the edit apart
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    assert texts(read_corpus(path)) == ["new text"]
+    assert texts_of(read_corpus(path)) == ["new text"]
 
 
 def test_code_change_invalidates_caches(tmp_path, tokenizer, monkeypatch):
     """datasets does not hash the helpers a generator / map function calls; our code fingerprint must."""
-    path = write(tmp_path / "c.txt", "some text\n")
+    path = write_file(tmp_path / "c.txt", "some text\n")
     corpus = read_corpus(path)
     tokenized = tokenize_corpus(corpus, tokenizer, max_seq_length=16)
     monkeypatch.setattr(reading_module, "_reader_fingerprint", lambda: "changed reader code")
@@ -210,7 +189,7 @@ def test_code_change_invalidates_caches(tmp_path, tokenizer, monkeypatch):
 
 def test_invalid_text_format(tmp_path):
     with pytest.raises(ValueError, match="text_format"):
-        read_corpus(write(tmp_path / "c.txt", "a\n"), text_format="paragraphs")
+        read_corpus(write_file(tmp_path / "c.txt", "a\n"), text_format="paragraphs")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -240,7 +219,7 @@ BAD_FILES = {
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_bad_file_names_file_and_line(tmp_path, case, streaming):
     name, content, line, reason = BAD_FILES[case]
-    path = write(tmp_path / name, content)
+    path = write_file(tmp_path / name, content)
     with pytest.raises(UserError) as excinfo:
         corpus = read_corpus(path, streaming=streaming)
         list(corpus)  # streaming: errors surface while iterating
@@ -259,8 +238,8 @@ def test_bad_file_names_file_and_line(tmp_path, case, streaming):
 @pytest.mark.parametrize("name", ["c.txt", "c.jsonl"])
 def test_a_utf16_or_utf32_corpus_names_its_encoding(tmp_path, codec, iconv, name):
     """HEAD: a UTF-16 .txt was told "iconv -f latin1" (with a BOM) or read as text full of NULs (without one)."""
-    content = "first passage\nsecond passage\n" if name.endswith(".txt") else jsonl({"text": "first"}, {"text": "x"})
-    path = write(tmp_path / name, content.encode(codec))
+    content = "first passage\nsecond passage\n" if name.endswith(".txt") else jsonl_text({"text": "first"}, {"text": "x"})
+    path = write_file(tmp_path / name, content.encode(codec))
     with pytest.raises(UserError) as excinfo:
         read_corpus(path)
     message = str(excinfo.value)
@@ -281,20 +260,20 @@ def test_unknown_hub_name_offline():
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_empty_file(tmp_path, streaming):
-    path = write(tmp_path / "empty.txt", "\n  \n\n")
+    path = write_file(tmp_path / "empty.txt", "\n  \n\n")
     with pytest.raises(UserError, match=r"empty\.txt.* holds no non-blank line"):
         read_corpus(path, streaming=streaming)
 
 
 def test_directory_without_corpus_files(tmp_path):
-    write(tmp_path / "notes.csv", "a,b\n")
+    write_file(tmp_path / "notes.csv", "a,b\n")
     with pytest.raises(UserError, match="holds no corpus"):
         read_corpus(tmp_path)
 
 
 def test_all_blank_passages_fail_in_read_corpus(tmp_path):
     """Whitespace-only JSONL passages are skipped by read_corpus, which then reports the empty corpus."""
-    path = write(tmp_path / "blank.jsonl", jsonl({"text": "   "}, {"title": "", "text": "\t"}))
+    path = write_file(tmp_path / "blank.jsonl", jsonl_text({"text": "   "}, {"title": "", "text": "\t"}))
     with pytest.raises(UserError, match=r"blank\.jsonl.* is blank"):
         read_corpus(path)
 
@@ -367,14 +346,14 @@ def test_packing(tokenizer, passages):
         assert starts == expected
         inner.extend(ids[1:-1])
     # Nothing lost but a tail shorter than 8 tokens (200 passages: one map batch).
-    flat = [i for text in texts(passages) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    flat = [i for text in texts_of(passages) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     assert flat[: len(inner)] == inner and len(flat) - len(inner) < 8
     assert len(rows) == len(flat) // (max_len - 2) + (len(flat) % (max_len - 2) >= 8)
 
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_streaming_tokenization_matches(tokenizer, tmp_path, packing):
-    path = write(tmp_path / "c.txt", "\n".join(texts(builtin_corpus().select(range(30)))) + "\n")
+    path = write_file(tmp_path / "c.txt", "\n".join(texts_of(builtin_corpus().select(range(30)))) + "\n")
     streamed = tokenize_corpus(read_corpus(path, streaming=True), tokenizer, max_seq_length=48, packing=packing)
     assert isinstance(streamed, datasets.IterableDataset)
     eager = tokenize_corpus(read_corpus(path), tokenizer, max_seq_length=48, packing=packing)
@@ -383,7 +362,7 @@ def test_streaming_tokenization_matches(tokenizer, tmp_path, packing):
 
 
 def test_tokenization_is_cached(tokenizer, tmp_path):
-    path = write(tmp_path / "c.txt", "one passage\nanother passage\n")
+    path = write_file(tmp_path / "c.txt", "one passage\nanother passage\n")
     first = tokenize_corpus(read_corpus(path), tokenizer, max_seq_length=16)
     second = tokenize_corpus(read_corpus(path), tokenizer, max_seq_length=16)
     assert first.cache_files and first.cache_files == second.cache_files  # same fingerprint: tokenizer hashes stably
@@ -432,11 +411,11 @@ def test_tokenize_corpus_refuses_other_inputs_naming_the_accepted_types(tokenize
 
 
 def test_num_proc_only_for_large_datasets():
-    assert _effective_num_proc(4, 10_000) is None
-    assert _effective_num_proc(3, 10_001) == 3
-    assert _effective_num_proc(1, 50_000) is None
+    assert map_processes(10_000, NUM_PROC_MIN_ROWS, 4) is None
+    assert map_processes(10_001, NUM_PROC_MIN_ROWS, 3) == 3
+    assert map_processes(50_000, NUM_PROC_MIN_ROWS, 1) is None
     cpus = os.cpu_count() or 1
-    assert _effective_num_proc(None, 50_000) == (min(4, cpus) if cpus > 1 else None)
+    assert map_processes(50_000, NUM_PROC_MIN_ROWS, None) == (min(4, cpus) if cpus > 1 else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -671,7 +650,7 @@ def test_global_rng_makes_masking_reproducible(tokenizer, features):
 
 def test_builtin_corpus():
     corpus = builtin_corpus()
-    passages = texts(corpus)
+    passages = texts_of(corpus)
     assert corpus.column_names == ["text"]
     assert len(passages) >= 1500
     assert all(isinstance(p, str) and len(p) >= 150 and p == " ".join(p.split()) for p in passages)

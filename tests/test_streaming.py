@@ -19,13 +19,7 @@ from retromae.trainers.inputs.pretrain_options import pretrain_arguments
 
 from .builders import SENTENCES, pretrain_args, write_lines
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _datasets_cache(tmp_path_factory):
-    """Keep the Arrow files that from_generator / map write out of the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("datasets_cache")
 
 
 def numbered(count: int) -> list[str]:

@@ -18,7 +18,6 @@ from transformers import (
 from ..export.sentence_transformer import export_from_model
 from ..inputs.arguments import configure_logging
 from ..inputs.errors import UserError
-from ..inputs.extras import plotting_available
 from ..inputs.folders import INTERRUPTED_HINT
 from ..inputs.outputs import check_folder_option
 from ..inputs.pretrain_options import (
@@ -101,7 +100,7 @@ def pretrain(argv: list[str]) -> int:
                 export_from_model(model, tokenizer, export_dir,
                                   run_info=trainer.current_run_info(), overwrite=overwrite_export, state_dict=weights)
         if trainer.is_world_process_zero():
-            if validation is not None and plotting_available("validation.png"):  # matplotlib: the plots extra
+            if validation is not None:
                 plot_validation(trainer.state.log_history, Path(args.output_dir) / "validation.png")
             print_summary(trainer, args.output_dir, str(export_dir) if export_dir else None, seconds,
                           finished_checkpoint=run.resume if finished is not None else None)

@@ -84,7 +84,7 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
         title = "title" in loaded.column_names and column != "title" and is_string_column(loaded, "title")
     return loaded.with_format("arrow").map(
         passages_batch, batched=True, batch_size=10_000, remove_columns=loaded.column_names,
-        features=PASSAGE_FEATURES, desc="Forming passages", num_proc=_map_processes(len(loaded)),
+        features=PASSAGE_FEATURES, desc="Forming passages", num_proc=map_processes(len(loaded), PARALLEL_MAP_MIN_ROWS),
         fn_kwargs={"column": column, "title": bool(title), "code": code},
     ).with_format(None)
 
@@ -158,10 +158,13 @@ def has_lone_carriage_return(path: str) -> bool:
     return previous_ends_in_cr
 
 
-PARALLEL_MAP_MIN_ROWS = 100_000  # below this, starting processes costs more than it saves
+PARALLEL_MAP_MIN_ROWS = 100_000  # forming passages: up to this many rows, starting processes costs more than it saves
 
 
-def _map_processes(rows: int) -> int | None:
-    """Processes for forming the passages: up to 4 (as tokenizing) for a large corpus, else None (in process)."""
-    processes = min(4, os.cpu_count() or 1)
-    return processes if rows >= PARALLEL_MAP_MIN_ROWS and processes > 1 else None
+def map_processes(num_rows: int, min_rows: int, num_proc: int | None = None) -> int | None:
+    """Processes for a ``Dataset.map`` over `num_rows` rows: only for more than `min_rows`, `num_proc` or by default
+    ``min(4, cpus)``; None (in process) otherwise or when that is 1."""
+    if num_rows <= min_rows:
+        return None
+    chosen = num_proc if num_proc is not None else min(4, os.cpu_count() or 1)
+    return chosen if chosen > 1 else None

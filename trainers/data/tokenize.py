@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from datasets.distributed import split_dataset_by_node
 
 from ..inputs.errors import UserError
+from .arrow_reading import map_processes
 from .dataset_checks import longest_sequence
 from .reading import code_fingerprint
 
@@ -126,7 +127,7 @@ def tokenize_corpus(
         fn_kwargs=fn_kwargs,
         remove_columns=dataset.column_names,
         features=features,
-        num_proc=_effective_num_proc(num_proc, len(dataset)),
+        num_proc=map_processes(len(dataset), NUM_PROC_MIN_ROWS, num_proc),
         desc="Tokenizing (packing)" if packing else "Tokenizing",
     )
     if len(tokenized) == 0:
@@ -275,14 +276,6 @@ def _check_unknown_tokens(
 @functools.lru_cache(maxsize=1)
 def _tokenizer_fingerprint() -> str:
     return code_fingerprint(_tokenize_batch, _packed_blocks, word_start_flags)
-
-
-def _effective_num_proc(num_proc: int | None, num_rows: int) -> int | None:
-    """Processes for ``Dataset.map``: only for more than ``NUM_PROC_MIN_ROWS`` rows, default ``min(4, cpus)``."""
-    if num_rows <= NUM_PROC_MIN_ROWS:
-        return None
-    chosen = num_proc if num_proc is not None else min(4, os.cpu_count() or 1)
-    return chosen if chosen > 1 else None
 
 
 def special_template(tokenizer: Any) -> tuple[list[int], list[int]]:

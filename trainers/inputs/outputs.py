@@ -68,12 +68,13 @@ def _refuse_symlink_loop(flag: str, path: str | os.PathLike, part: Path) -> None
                             "it, or choose another folder") from None
 
 
-def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None]) -> tuple[str, Path] | None:
-    """The first `(description, path)` of `protected` (existing paths only; None values skipped) that replacing
-    `target` would delete, because `target` is it or a folder above it; None when there is none."""
+def would_delete(target: Path, protected: Mapping[str, str | os.PathLike | None], *, existing_only: bool = True
+                 ) -> tuple[str, Path] | None:
+    """The first `(description, path)` of `protected` (existing paths only, unless not `existing_only`; None values
+    skipped) that replacing `target` would delete, because `target` is it or a folder above it; None when none is."""
     resolved = target.resolve()
     for what, path in protected.items():
-        if not path or not Path(path).exists():  # "" would be the working directory
+        if not path or (existing_only and not Path(path).exists()):  # "" would be the working directory
             continue
         held = Path(path).resolve()
         if resolved == held or resolved in held.parents:
@@ -88,21 +89,23 @@ Inputs = Mapping[str, str | os.PathLike | None]
 
 
 def claim_output(target: Path, flag: str, overwrite: bool, *, kind: Literal["folder", "into", "file"] = "folder",
-                 inputs: Inputs | None = None, owner: Callable[[Path], Holding] | None = None,
+                 inputs: Inputs | None = None, planned: Inputs | None = None,
+                 owner: Callable[[Path], Holding] | None = None,
                  overwrite_flag: str = "--overwrite", fix: str = "choose another folder") -> None:
     """The one owned-output policy: may the command write `target`, named by the option `flag`? `kind`: a folder it
     replaces whole ("folder"), a folder it writes files into ("into"), or a file. Refused in one line:
 
     - whatever `overwrite` says: a target of the other kind, one under a file or through a symbolic-link loop, or in
       a folder that cannot be written; one that replacing would delete or change: the working directory, a file or
-      folder the command reads (`inputs` and the `--config` file), a training checkpoint (the line ends with `fix`);
+      folder the command reads (`inputs` and the `--config` file), a training checkpoint, a path the command is
+      about to create (`planned`, which need not exist yet); the line ends with `fix`;
     - an existing, non-empty target that `owner` does not call this command's own (without `owner`: any): without
       `overwrite`, or always when `owner` says no flag replaces it.
     """
     if kind == "file":
         _check_file_target(target, flag, {**COMMAND_INPUTS.get(), **(inputs or {})})
     else:
-        hit = _check_folder_target(target, flag, kind, {**COMMAND_INPUTS.get(), **(inputs or {})})
+        hit = _check_folder_target(target, flag, kind, {**COMMAND_INPUTS.get(), **(inputs or {})}, planned or {})
         if hit is not None:
             raise UserError(f"{flag} {target}: replacing it would delete {hit[0]} ({hit[1]}), even with "
                             f"{overwrite_flag}; {fix}")
@@ -122,7 +125,8 @@ def claim_output(target: Path, flag: str, overwrite: bool, *, kind: Literal["fol
                         "replace it")
 
 
-def _check_folder_target(target: Path, flag: str, kind: str, protected: Inputs) -> tuple[str, Path] | None:
+def _check_folder_target(target: Path, flag: str, kind: str, protected: Inputs, planned: Inputs
+                         ) -> tuple[str, Path] | None:
     """Refuse a folder target of the wrong shape; return what replacing it would delete, if anything."""
     if target.exists() and not target.is_dir():
         raise UserError(f"{flag} {target} is a file; choose a folder")
@@ -132,8 +136,9 @@ def _check_folder_target(target: Path, flag: str, kind: str, protected: Inputs) 
     if target.exists():  # the new folder is built beside it and renamed into place
         _check_folder(flag, target, target.parent, writable=True)
     held = next((p for p in sorted(target.glob("checkpoint-*")) if is_trainer_checkpoint(p)), None)
-    return would_delete(target, {"the working directory": Path.cwd(), **protected}) or (
-        (f"the training checkpoint {held.name}", held) if held is not None else None)
+    return (would_delete(target, {"the working directory": Path.cwd()})
+            or would_delete(target, planned, existing_only=False) or would_delete(target, protected)
+            or ((f"the training checkpoint {held.name}", held) if held is not None else None))
 
 
 def _check_file_target(target: Path, flag: str, protected: Inputs) -> None:

@@ -458,18 +458,15 @@ def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None
     not exist yet)."""
     output, resolved = Path(run.training.output_dir).resolve(), target.resolve()
     top = resolved.relative_to(output).parts[0] if output in resolved.parents else ""  # its entry in OUTPUT_DIR
-    made = {"the working directory": Path.cwd(), "the output folder": output}
+    made = {"the output folder": output}
     if TRAINER_CHECKPOINT.match(top):
         made["a checkpoint of this run"] = output / top
     default = resolved == output / "encoder"  # suggesting it again would not help
     flag = "the default --export-dir" if default else "--export-dir"
     fix = ("move it out of that folder, or pass another --export-dir (or --no-export)" if default else
            f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
-    hit = next(((what, path) for what, path in made.items() if resolved == path or resolved in path.parents), None)
-    if hit is not None:
-        raise UserError(f"{flag} {target}: replacing it would delete {hit[0]} ({hit[1]}), even with "
-                        f"--overwrite-export; {fix}")
-    claim_output(target, flag, overwrite, inputs=run_inputs(run), overwrite_flag="--overwrite-export", fix=fix)
+    claim_output(target, flag, overwrite, inputs=run_inputs(run), planned=made, overwrite_flag="--overwrite-export",
+                 fix=fix)
 
 
 __all__ = [

@@ -51,7 +51,7 @@ from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
 from ..inputs.outputs import Holding, check_folder_option, claim_output
 from ..methods import METHODS, hybrid_method_of
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
-from .benchmarks import DEFAULT_LANGUAGE, RETRIEVAL_TASK_TYPES, benchmark_tasks, resolve_language, load_task_data
+from .benchmarks import DEFAULT_LANGUAGE, RETRIEVAL_TASK_TYPES, benchmark_tasks, load_task_data, resolve_language
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings

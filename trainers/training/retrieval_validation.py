@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from ..inputs.errors import UserError
+from ..inputs.extras import plotting_available
 from ..methods import sentence_vectors_of
 from ..retrieval.beir import RetrievalDataError, read_beir
 from ..retrieval.coverage import DEFAULT_KS, input_token_coverage
@@ -248,7 +249,10 @@ def validation_summary(log_history: Sequence[dict[str, Any]]) -> str | None:
 
 def plot_validation(log_history: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
     """Each logged validation metric, loss term and accuracy against the step, one panel each, saved to `path`
-    (PNG); None (nothing written) when no evaluation was logged."""
+    (PNG); None (nothing written) without matplotlib (the `plots` extra; a log line says so) or when no evaluation
+    was logged."""
+    if not plotting_available(Path(path).name):
+        return None
     keys = {key for entry in log_history for key in entry}
     metrics = sorted(key for key in keys if key.startswith(PREFIX) and "@" in key)
     if not metrics:
