@@ -390,11 +390,11 @@ def test_compiled_loss_gives_the_eager_losses_and_gradients(method):
 
 @pytest.mark.parametrize(("flag", "applied"), [
     ((), False), (("--compile-loss", "true"), True), (("--compile-loss", "false"), False),
-    (("--pad-loss-vocab", "true"), True),
+    (("--pad-loss-vocab", "true"), True), (("--pad-loss-vocab", "false"), False),
 ])
 def test_pretrain_loss_path_flags(tiny_bert, corpus, tmp_path, monkeypatch, flag, applied):
     """`--compile-loss true` turns the compiled softmax on for the model it trains (unset, it stays off on CPU);
-    `--pad-loss-vocab true` pads its vocabulary losses to a multiple of 64."""
+    `--pad-loss-vocab true` pads its vocabulary losses to a multiple of 64 (also off on CPU when unset)."""
     name = flag[0].removeprefix("--").replace("-", "_") if flag else "compile_loss"
     function = {"compile_loss": compile_loss, "pad_loss_vocab": pad_loss_vocab}[name]
     models = []

@@ -24,7 +24,7 @@ source benchmarks/device/lib.sh
 init_run efficiency eff
 BATCH=${BATCH:-$([ "$SMOKE" = 1 ] && echo 2 || echo 64)}
 PATHS=${PATHS:-eager,compile_layers+compile_loss+fused_adamw,pad_vocab+compile_layers+compile_loss+fused_adamw}
-BREAKDOWN_PATHS=${BREAKDOWN_PATHS:-compile_layers+compile_loss+fused_adamw,pad_vocab+compile_layers+compile_loss+fused_adamw}
+BREAKDOWN_PATHS=${BREAKDOWN_PATHS:-pad_vocab+compile_layers+compile_loss+fused_adamw}
 
 echo "== batch=$BATCH paths=$PATHS breakdown paths=$BREAKDOWN_PATHS"
 start_ours

@@ -226,10 +226,10 @@ class PretrainingArguments(TrainingArguments):
         metadata={"help": "compute the vocabulary losses' softmax and its gradient in one compiled kernel per chunk "
                   "of rows (the same losses within rounding); default: on when training on CUDA"},
     )
-    pad_loss_vocab: bool = field(
-        default=False,
+    pad_loss_vocab: bool | None = field(
+        default=None,
         metadata={"help": "pad the vocabulary inside the vocabulary losses to a multiple of 64 (aligned matrix "
-                  "products; the same losses within rounding); not yet timed on a GPU, so off by default"},
+                  "products; the same losses within rounding); default: on when training on CUDA"},
     )
 
 

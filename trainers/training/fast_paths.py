@@ -11,8 +11,9 @@ from torch import nn
 
 
 def fast_path_wanted(flag: bool | None, device: torch.device) -> bool:
-    """A fast-path flag's value; unset (None) means on for CUDA, where `benchmarks/results/step_breakdown_h200.json`
-    measured each path faster for every method, and off elsewhere (not timed there; compiling costs start-up)."""
+    """A fast-path flag's value; unset (None) means on for CUDA, where each path was measured faster for every
+    method (`benchmarks/results/pretrain_throughput_h100_bf16_b64.json`), and off elsewhere (not timed there;
+    compiling costs start-up)."""
     return device.type == "cuda" if flag is None else flag
 
 

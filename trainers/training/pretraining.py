@@ -254,7 +254,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         compile_layers(model)
     if fast_path_wanted(args.compile_loss, args.device):
         compile_loss(model)
-    if args.pad_loss_vocab:
+    if fast_path_wanted(args.pad_loss_vocab, args.device):
         pad_loss_vocab(model)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
