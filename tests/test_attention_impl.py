@@ -25,7 +25,6 @@ from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
 from retromae.trainers.cli import main
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.training import pretraining as pretrain_module
 from retromae.trainers.training.fast_paths import (
     compile_layers,
@@ -178,14 +177,14 @@ def test_attn_implementation_flag_maps_to_from_pretrained(choice, expected):
 
 @pytest.mark.parametrize("choice", ["flash_attention_2", "flash_attention_3", "flex_attention"])
 def test_flash_and_flex_on_the_cpu_are_refused_naming_the_flag(choice):
-    with pytest.raises(UserError, match=f"^--attn-implementation {choice} needs a GPU .* choose sdpa or eager$"):
+    with pytest.raises(ValueError, match=f"^--attn-implementation {choice} needs a GPU .* choose sdpa or eager$"):
         attn_implementation_for(choice, "cpu")
 
 
 def test_flash_without_its_package_is_refused_naming_what_to_install(monkeypatch):
     monkeypatch.setattr(pretrain_module, "is_flash_attn_2_available", lambda: False)
     monkeypatch.setattr(pretrain_module, "is_kernels_available", lambda: False)
-    with pytest.raises(UserError, match="--attn-implementation flash_attention_2 needs flash-attn 2.*pip install") as e:
+    with pytest.raises(ValueError, match="--attn-implementation flash_attention_2 needs flash-attn 2.*pip install") as e:
         attn_implementation_for("flash_attention_2", "cuda")
     assert "\n" not in str(e.value)
     monkeypatch.setattr(pretrain_module, "is_flash_attn_2_available", lambda: True)

@@ -17,7 +17,6 @@ from retromae.trainers import cli
 from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.data.tokenize import tokenize_corpus
 from retromae.trainers.inputs.arguments import check_training_arguments
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.retrieval.coverage import input_token_coverage
 from retromae.trainers.training import finetuning as finetune_module
 from transformers import TrainingArguments
@@ -58,7 +57,7 @@ def test_a_corpus_with_some_unknown_tokens_is_trained_with_a_warning(tokenizer, 
 
 def test_a_large_corpus_is_measured_on_a_sample(tokenizer, tmp_path):
     path = write_lines(tmp_path / "big.txt", [f"{EMOJI[i % 3]} {i}" for i in range(2500)])
-    with pytest.raises(UserError, match=r"of .*big\.txt are \[UNK\] \(a sample of 1000 of 2500 sequences\)"):
+    with pytest.raises(ValueError, match=r"of .*big\.txt are \[UNK\] \(a sample of 1000 of 2500 sequences\)"):
         tokenize_corpus(read_corpus(path), tokenizer, max_seq_length=16)
 
 
@@ -111,7 +110,7 @@ def test_what_transformers_accepts_passes(tmp_path):
 
 
 def test_finetune_python_api_checks_the_training_options(tmp_path):
-    with pytest.raises(UserError, match="--max-steps 0: give a positive number"):
+    with pytest.raises(ValueError, match="--max-steps 0: give a positive number"):
         finetune_module.finetune("model", "data", tmp_path / "out", max_steps=0)
 
 
@@ -124,7 +123,7 @@ def test_a_corpus_folder_with_unreadable_files_is_refused(tmp_path, caplog):
     write_lines(tmp_path / "sub" / "b.txt", ["another passage"])
     for name in ("notes.csv", "dump.json", "sub/weights.bin"):
         (tmp_path / name).write_bytes(b"x")
-    with pytest.raises(UserError, match=r"not a corpus format: dump\.json, notes\.csv, sub/weights\.bin; only "
+    with pytest.raises(ValueError, match=r"not a corpus format: dump\.json, notes\.csv, sub/weights\.bin; only "
                                           r"\.txt and \.jsonl files are read: move the others out"):
         read_corpus(tmp_path)
     for name in ("notes.csv", "dump.json", "sub/weights.bin"):
@@ -232,15 +231,14 @@ def test_truncated_weights_are_refused_in_one_line(command, stage1_checkpoint, c
 
 
 def test_an_unreadable_safetensors_header_is_refused(tmp_path, tokenizer):
-    from retromae.trainers.inputs.errors import UserError
     from retromae.trainers.inputs.folders import check_model_folder
 
     folder = save_headless_bert(tmp_path / "model", tokenizer)
     (folder / "model.safetensors").write_bytes((10).to_bytes(8, "little") + b"not json!!")
-    with pytest.raises(UserError, match="header is not readable safetensors JSON"):
+    with pytest.raises(ValueError, match="header is not readable safetensors JSON"):
         check_model_folder(folder, purpose="export")
     (folder / "model.safetensors").write_bytes(b"\x01\x02")
-    with pytest.raises(UserError, match="it has 2 bytes, fewer than its header needs"):
+    with pytest.raises(ValueError, match="it has 2 bytes, fewer than its header needs"):
         check_model_folder(folder, purpose="export")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import re
 import resource
@@ -58,6 +59,21 @@ def test_an_internal_error_keeps_its_traceback(bug, monkeypatch):
     monkeypatch.setattr(cli, "_command", lambda name: _command_raising(bug))
     with pytest.raises(type(bug)):
         cli.main(["export"])
+
+
+def test_a_library_refusal_is_one_line_and_a_value_error_from_another_library_keeps_its_traceback(
+        tmp_path, monkeypatch, capsys):
+    """The libraries raise ValueError (not UserError): one raised by the package's own code is a refusal, printed as
+    one line; one raised inside another library (here json) is a bug and keeps its traceback."""
+    from retromae.trainers.data.reading import read_corpus
+
+    missing = tmp_path / "missing.txt"
+    monkeypatch.setattr(cli, "_command", lambda name: lambda argv: read_corpus(missing))
+    assert cli.main(["pretrain"]) == 2
+    assert capsys.readouterr().err.startswith(f"retromae pretrain: error: corpus path {str(missing)!r} does not exist")
+    monkeypatch.setattr(cli, "_command", lambda name: lambda argv: json.loads("{"))
+    with pytest.raises(json.JSONDecodeError):
+        cli.main(["pretrain"])
 
 
 def test_debug_variable_shows_the_traceback_of_a_user_error(monkeypatch):

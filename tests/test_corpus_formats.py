@@ -19,7 +19,6 @@ import retromae.trainers.data.arrow_reading as arrow_reading
 import retromae.trainers.data.reading as reading_module
 from retromae.trainers.data.passages import numbered_passages
 from retromae.trainers.data.reading import read_corpus
-from retromae.trainers.inputs.errors import UserError
 
 from .builders import jsonl_text, texts_of, write_file
 
@@ -70,7 +69,7 @@ def test_hub_dataset_that_needs_a_configuration(monkeypatch):
     error = ValueError("Config name is missing.\nPlease pick one among the available configs: ['en', 'fr']\n"
                        "Example of usage:\n\t`load_dataset('owner/wiki', 'en')`")
     monkeypatch.setattr(datasets, "load_dataset", FakeHub(error=error))
-    with pytest.raises(UserError, match=r"corpus 'owner/wiki' has several configurations: \['en', 'fr'\]; pick one "
+    with pytest.raises(ValueError, match=r"corpus 'owner/wiki' has several configurations: \['en', 'fr'\]; pick one "
                                         r"with --corpus-config") as info:
         read_corpus("owner/wiki")
     assert "\n" not in str(info.value)
@@ -79,14 +78,14 @@ def test_hub_dataset_that_needs_a_configuration(monkeypatch):
 def test_hub_dataset_without_the_split(monkeypatch):
     error = ValueError("Unknown split \"train\". Should be one of ['test'].")
     monkeypatch.setattr(datasets, "load_dataset", FakeHub(error=error))
-    with pytest.raises(UserError, match=r"'owner/name' has no split 'train' \(splits: \['test'\]\); pick one with "
+    with pytest.raises(ValueError, match=r"'owner/name' has no split 'train' \(splits: \['test'\]\); pick one with "
                                         r"--corpus-split"):
         read_corpus("owner/name")
 
 
 def test_hub_failure_is_one_line(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", FakeHub(error=ConnectionError("offline\nsecond line")))
-    with pytest.raises(UserError, match=r"not found locally .* \(ConnectionError: offline second line\)") as info:
+    with pytest.raises(ValueError, match=r"not found locally .* \(ConnectionError: offline second line\)") as info:
         read_corpus("owner/name", revision="main")
     assert "\n" not in str(info.value)
 
@@ -95,7 +94,7 @@ def test_hub_failure_is_one_line(monkeypatch):
 def test_hub_dataset_without_the_text_column_lists_the_columns(monkeypatch, column):
     hub = FakeHub(datasets.Dataset.from_dict({"title": ["t"], "body": ["b"]}))
     monkeypatch.setattr(datasets, "load_dataset", hub)
-    with pytest.raises(UserError, match=rf"dataset 'owner/name' has no '{column}' column \(columns: \['title', "
+    with pytest.raises(ValueError, match=rf"dataset 'owner/name' has no '{column}' column \(columns: \['title', "
                                         r"'body'\]\); .*--text-column") as info:
         read_corpus("owner/name", text_column=column)
     assert "\n" not in str(info.value)
@@ -103,11 +102,11 @@ def test_hub_dataset_without_the_text_column_lists_the_columns(monkeypatch, colu
 
 def test_hub_options_are_refused_for_a_local_file(tmp_path):
     path = write_file(tmp_path / "c.txt", "a\n")
-    with pytest.raises(UserError, match="--corpus-config and --corpus-revision apply to a Hub dataset"):
+    with pytest.raises(ValueError, match="--corpus-config and --corpus-revision apply to a Hub dataset"):
         read_corpus(path, config="en", revision="main")
-    with pytest.raises(UserError, match="--corpus-split apply to a Hub dataset, not to corpus .*c.txt', a local file"):
+    with pytest.raises(ValueError, match="--corpus-split apply to a Hub dataset, not to corpus .*c.txt', a local file"):
         read_corpus(path, split="test")
-    with pytest.raises(UserError, match=r"--corpus-config apply to a Hub dataset, not to the built-in corpus"):
+    with pytest.raises(ValueError, match=r"--corpus-config apply to a Hub dataset, not to the built-in corpus"):
         read_corpus(None, config="en")
 
 
@@ -122,9 +121,9 @@ def test_saved_dataset_dict_split_and_column(tmp_path):
     }).save_to_disk(str(tmp_path / "ds"))
     assert texts_of(read_corpus(tmp_path / "ds", text_column="body")) == ["train passage"]
     assert texts_of(read_corpus(tmp_path / "ds", text_column="body", split="dev")) == ["dev passage"]
-    with pytest.raises(UserError, match=r"has no split 'test' \(splits: \['dev', 'train'\]\)"):
+    with pytest.raises(ValueError, match=r"has no split 'test' \(splits: \['dev', 'train'\]\)"):
         read_corpus(tmp_path / "ds", text_column="body", split="test")
-    with pytest.raises(UserError, match=r"has no 'text' column \(columns: \['body'\]\)"):
+    with pytest.raises(ValueError, match=r"has no 'text' column \(columns: \['body'\]\)"):
         read_corpus(tmp_path / "ds")
 
 
@@ -144,12 +143,12 @@ def test_parquet_file_with_title(tmp_path, streaming):
 def test_parquet_other_column_and_its_errors(tmp_path):
     path = write_parquet(tmp_path / "c.parquet", {"abstract": ["one", "two"], "n": [1, 2]})
     assert texts_of(read_corpus(path, text_column="abstract")) == ["one", "two"]
-    with pytest.raises(UserError, match=r"has no 'text' column \(columns: \['abstract', 'n'\]\)"):
+    with pytest.raises(ValueError, match=r"has no 'text' column \(columns: \['abstract', 'n'\]\)"):
         read_corpus(path)
-    with pytest.raises(UserError, match="the 'n' column holds .*, not strings"):
+    with pytest.raises(ValueError, match="the 'n' column holds .*, not strings"):
         read_corpus(path, text_column="n")
     nulls = write_parquet(tmp_path / "nulls.parquet", {"text": ["one", None]})
-    with pytest.raises(UserError, match=r"nulls\.parquet: 1 row\(s\) have no text \(null\) in column 'text'"):
+    with pytest.raises(ValueError, match=r"nulls\.parquet: 1 row\(s\) have no text \(null\) in column 'text'"):
         read_corpus(nulls)
 
 
@@ -169,17 +168,17 @@ def test_compressed_files_read_as_the_file_they_hold(tmp_path, suffix):
 
 def test_bad_line_in_a_compressed_file_is_named(tmp_path):
     path = write_file(tmp_path / "c.jsonl.gz", gzip.compress(b'{"text": "fine"}\n{not json}\n'))
-    with pytest.raises(UserError, match=r"c\.jsonl\.gz:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"c\.jsonl\.gz:2: not valid JSON"):
         read_corpus(path)
     latin = write_file(tmp_path / "l.txt.gz", gzip.compress(b"fine\ncaf\xe9\n"))
-    with pytest.raises(UserError, match=r"l\.txt\.gz:2: bytes that are not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"l\.txt\.gz:2: bytes that are not valid UTF-8"):
         read_corpus(latin)
 
 
 def test_zstandard_files(tmp_path):
     if importlib.util.find_spec("zstandard") is None:
         path = write_file(tmp_path / "c.jsonl.zst", b"\x28\xb5\x2f\xfd")
-        with pytest.raises(UserError, match="the zstandard package is not installed; pip install zstandard"):
+        with pytest.raises(ValueError, match="the zstandard package is not installed; pip install zstandard"):
             read_corpus(path)
     else:
         import zstandard
@@ -200,7 +199,7 @@ def test_folder_of_mixed_formats_keeps_path_order(tmp_path):
 def test_compressed_parquet_is_refused_in_a_folder(tmp_path):
     write_file(tmp_path / "a.txt", "a\n")
     write_file(tmp_path / "b.parquet.gz", b"x")
-    with pytest.raises(UserError, match=r"not a corpus format: b\.parquet\.gz"):
+    with pytest.raises(ValueError, match=r"not a corpus format: b\.parquet\.gz"):
         read_corpus(tmp_path)
 
 
@@ -212,7 +211,7 @@ def test_jsonl_text_column(tmp_path, streaming):
 
 def test_jsonl_missing_text_column_names_the_line(tmp_path):
     path = write_file(tmp_path / "c.jsonl", jsonl_text({"body": "one"}, {"text": "two"}))
-    with pytest.raises(UserError, match=r"c\.jsonl:2: no \"body\" field \(keys: \['text'\]\); give every line a "
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: no \"body\" field \(keys: \['text'\]\); give every line a "
                                         r"string \"body\" field"):
         read_corpus(path, text_column="body")
 
@@ -270,7 +269,7 @@ def test_txt_passages_equal_the_line_reader(tmp_path, name, text_format):
     path = write_file(tmp_path / "c.txt", TRICKY_TEXTS[name])
     expected = line_reader(path, text_format)
     if not expected:
-        with pytest.raises(UserError, match="the corpus is empty"):
+        with pytest.raises(ValueError, match="the corpus is empty"):
             read_corpus(path, text_format=text_format)
     else:
         assert texts_of(read_corpus(path, text_format=text_format)) == expected
@@ -299,13 +298,13 @@ def test_jsonl_passages_equal_the_line_reader(tmp_path, name):
     ('{"text": "a"}\n{"text": ["b"]}\n', r"c\.jsonl:2: the \"text\" field must be a string"),
 ])
 def test_what_the_json_builder_would_accept_is_refused_as_before(tmp_path, content, message):
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(ValueError, match=message):
         read_corpus(write_file(tmp_path / "c.jsonl", content))
 
 
 def test_utf16_without_a_bom_is_still_refused(tmp_path):
     path = write_file(tmp_path / "c.txt", "plain ascii text\n".encode("utf-16-le"))
-    with pytest.raises(UserError, match="UTF-16LE text, not UTF-8"):
+    with pytest.raises(ValueError, match="UTF-16LE text, not UTF-8"):
         read_corpus(path)
 
 

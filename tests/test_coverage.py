@@ -9,7 +9,6 @@ import torch
 from retromae.modeling.configuration_bow import BoWConfig
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.trainers.inputs.checkpoints import CheckpointError, load_bert_encoder, load_mlm_head
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.retrieval.coverage import coverage_at_k, input_token_coverage, plot_coverage, run_coverage
 from transformers import BertConfig, BertModel
 
@@ -102,7 +101,7 @@ def test_lm_head_projection_needs_a_head(minilm_dir, tokenizer):
         input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="lm_head")
     with pytest.raises(CheckpointError, match=r"no trained MLM head"):
         load_mlm_head(minilm_dir)
-    with pytest.raises(UserError, match="projection="):
+    with pytest.raises(ValueError, match="projection="):
         input_token_coverage(minilm_dir, tokenizer, TEXTS, ks=(10,), projection="mlm")
 
 
@@ -181,7 +180,7 @@ def test_default_length_is_capped_at_the_positions_and_a_longer_one_refused(tiny
         assert coverage_command(["--model", str(tiny_bert), "--corpus", str(corpus), "--no-progress",
                                  "--output-dir", str(tmp_path / "out")]) == 0
     assert "max_seq_length 128" in caplog.text and "capped at its position limit" in caplog.text
-    with pytest.raises(UserError, match=r"--max-seq-length 256: give 3 to 128 for .*tiny-bert"):
+    with pytest.raises(ValueError, match=r"--max-seq-length 256: give 3 to 128 for .*tiny-bert"):
         coverage_command(["--model", str(tiny_bert), "--corpus", str(corpus), "--max-seq-length", "256",
                           "--no-progress", "--output-dir", str(tmp_path / "out2")])
 
@@ -189,13 +188,12 @@ def test_default_length_is_capped_at_the_positions_and_a_longer_one_refused(tiny
 def test_output_dir_that_is_a_file_is_refused_before_loading(tmp_path):
     """HEAD: a FileExistsError traceback after every model was measured."""
     from retromae.trainers.commands.coverage import coverage_command
-    from retromae.trainers.inputs.errors import UserError
 
     (tmp_path / "out.txt").write_text("notes")
-    with pytest.raises(UserError, match=r"--output-dir .*out\.txt is a file, not a folder"):
+    with pytest.raises(ValueError, match=r"--output-dir .*out\.txt is a file, not a folder"):
         coverage_command(["--model", str(tmp_path / "not-loaded"), "--corpus", str(tmp_path / "not-read.txt"),
                           "--output-dir", str(tmp_path / "out.txt")])
-    with pytest.raises(UserError, match="is a file, not a folder"):
+    with pytest.raises(ValueError, match="is a file, not a folder"):
         run_coverage([str(tmp_path / "not-loaded")], TEXTS, output_dir=tmp_path / "out.txt" / "sub")
 
 
@@ -217,7 +215,7 @@ def test_results_not_ours_or_of_other_models_are_kept_without_overwrite(tiny_ber
     out.mkdir()
     (out / "coverage.json").write_text('{"my": "results"}')
     monkeypatch.setattr(coverage, "_encoder", _no_loading)  # refused before any model loads
-    with pytest.raises(UserError, match=r"out holds a coverage\.json that `retromae coverage` did not "
+    with pytest.raises(ValueError, match=r"out holds a coverage\.json that `retromae coverage` did not "
                        r"write; choose another --output-dir, or pass --overwrite \(Python: overwrite=True\) to replace it$"):
         coverage_command(["--model", str(tiny_bert), "--corpus", str(tmp_path / "not-read.txt"),
                           "--output-dir", str(out)])
@@ -232,17 +230,17 @@ def test_results_not_ours_or_of_other_models_are_kept_without_overwrite(tiny_ber
     run_coverage([tiny_bert.name], TEXTS, output_dir=out, ks=(10,))
     assert list(json.loads((out / "coverage.json").read_text())["coverage"]) == [tiny_bert.name]
     monkeypatch.setattr(coverage, "_encoder", _no_loading)
-    with pytest.raises(UserError, match=r"holds the coverage of .*tiny-bert.*; choose another --output-dir, or "
+    with pytest.raises(ValueError, match=r"holds the coverage of .*tiny-bert.*; choose another --output-dir, or "
                        r"pass --overwrite \(Python: overwrite=True\) to replace it$"):
         run_coverage([str(minilm_dir), tiny_bert.name], TEXTS, output_dir=out)  # a superset is other models, too
     older = {**json.loads((out / "coverage.json").read_text()), "coverage": {"a-model": {"10": 0.5}}}
     del older["model_paths"]  # written before coverage.json recorded its models: the names given then decide
     (out / "coverage.json").write_text(json.dumps(older))
-    with pytest.raises(UserError, match=r"holds the coverage of a-model; choose another --output-dir"):
+    with pytest.raises(ValueError, match=r"holds the coverage of a-model; choose another --output-dir"):
         run_coverage([tiny_bert.name], TEXTS, output_dir=out)
     check_coverage_run(["a-model"], out)
     (out / "coverage.json").unlink()
-    with pytest.raises(UserError, match=r"coverage\.png that .*did not write.*pass --overwrite "
+    with pytest.raises(ValueError, match=r"coverage\.png that .*did not write.*pass --overwrite "
                                           r"\(Python: overwrite=True\) to replace it$"):
         run_coverage([tiny_bert.name], TEXTS, output_dir=out)
 
@@ -251,19 +249,18 @@ def test_shortest_max_seq_length_is_3(tiny_bert):
     """HEAD advertised "give 2 to 128", but 2 tokens are [CLS] [SEP]: every text failed as having no token."""
     coverage = input_token_coverage(tiny_bert, None, TEXTS, ks=(1,), max_seq_length=3)  # [CLS] token [SEP]
     assert 0.0 <= coverage[1] <= 1.0
-    with pytest.raises(UserError, match=r"--max-seq-length 2: give 3 to 128 for "):
+    with pytest.raises(ValueError, match=r"--max-seq-length 2: give 3 to 128 for "):
         input_token_coverage(tiny_bert, None, TEXTS, ks=(1,), max_seq_length=2)
 
 
 def test_every_model_is_checked_before_any_is_scored(tiny_bert, tmp_path, monkeypatch):
     """HEAD found a missing or half-saved second --model only after scoring the first."""
-    from retromae.trainers.inputs.errors import UserError
     from retromae.trainers.retrieval import coverage
 
     monkeypatch.setattr(coverage, "_encoder", _no_loading)  # HEAD: loaded and scored the first model
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs()}))
     for second, problem in (("missing", "does not exist"), ("half", "is incomplete, it has no model.safetensors")):
-        with pytest.raises(UserError, match=rf"coverage --model: model folder .*{second} {problem}"):
+        with pytest.raises(ValueError, match=rf"coverage --model: model folder .*{second} {problem}"):
             run_coverage([str(tiny_bert), str(tmp_path / second)], TEXTS, output_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -15,9 +15,9 @@ import torch
 from retromae.trainers.data.arrow_reading import map_processes
 from retromae.trainers.data.builtin import builtin_corpus
 from retromae.trainers.data.collator import PretrainingCollator
+from retromae.trainers.data.passages import CorpusError
 from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.data.tokenize import NUM_PROC_MIN_ROWS, tokenize_corpus
-from retromae.trainers.inputs.errors import UserError
 
 from .builders import jsonl_text, texts_of, write_file
 
@@ -109,13 +109,13 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path):
 def test_save_to_disk_text_column_of_non_strings_is_refused(tmp_path, values, shown):
     """A list of two strings would silently train on the sentence pair [CLS] A [SEP] B [SEP]."""
     datasets.Dataset.from_dict({"text": values}).save_to_disk(str(tmp_path / "ds"))
-    with pytest.raises(UserError, match=rf"the 'text' column holds {re.escape(shown)}, not strings"):
+    with pytest.raises(ValueError, match=rf"the 'text' column holds {re.escape(shown)}, not strings"):
         read_corpus(tmp_path / "ds")
 
 
 def test_save_to_disk_without_text_column(tmp_path):
     datasets.Dataset.from_dict({"body": ["a"]}).save_to_disk(str(tmp_path / "ds"))
-    with pytest.raises(UserError, match=r"no 'text' column .*body.*rename_column"):
+    with pytest.raises(ValueError, match=r"no 'text' column .*body.*rename_column"):
         read_corpus(tmp_path / "ds")
 
 
@@ -140,7 +140,7 @@ def test_a_folder_corpus_reads_symlinked_subfolders(tmp_path):
 def test_a_symlink_loop_in_a_corpus_folder_is_refused(tmp_path, target):
     write_file(tmp_path / "corpus" / "sub" / "a.txt", "one passage\n")
     (tmp_path / "corpus" / "sub" / "loop").symlink_to(target, target_is_directory=True)
-    with pytest.raises(UserError, match=r"sub/loop is a symbolic link to .*, a folder that holds it \(a loop\); "
+    with pytest.raises(ValueError, match=r"sub/loop is a symbolic link to .*, a folder that holds it \(a loop\); "
                                           r"remove the link$"):
         read_corpus(tmp_path / "corpus")
 
@@ -148,7 +148,7 @@ def test_a_symlink_loop_in_a_corpus_folder_is_refused(tmp_path, target):
 def test_a_folder_reached_twice_through_a_symlink_is_refused(tmp_path):
     write_file(tmp_path / "corpus" / "real" / "a.txt", "one passage\n")
     (tmp_path / "corpus" / "again").symlink_to(tmp_path / "corpus" / "real", target_is_directory=True)
-    with pytest.raises(UserError, match=r"real and again are the same folder through a symbolic link, so its files "
+    with pytest.raises(ValueError, match=r"real and again are the same folder through a symbolic link, so its files "
                                           r"would be read twice; remove the link$"):
         read_corpus(tmp_path / "corpus")
 
@@ -193,7 +193,7 @@ def test_invalid_text_format(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Bad input -> UserError naming the file and line
+# Bad input -> CorpusError naming the file and line
 # ---------------------------------------------------------------------------------------------------------------------
 
 GOOD_LINE = json.dumps({"text": "fine"}) + "\n"
@@ -220,11 +220,11 @@ BAD_FILES = {
 def test_bad_file_names_file_and_line(tmp_path, case, streaming):
     name, content, line, reason = BAD_FILES[case]
     path = write_file(tmp_path / name, content)
-    with pytest.raises(UserError) as excinfo:
+    with pytest.raises(ValueError) as excinfo:
         corpus = read_corpus(path, streaming=streaming)
         list(corpus)  # streaming: errors surface while iterating
     # Exactly our error, not datasets' DatasetGenerationError wrapping it.
-    assert type(excinfo.value) is UserError
+    assert type(excinfo.value) is CorpusError
     message = str(excinfo.value)
     assert f"{path.resolve()}{line}" in message
     assert reason in message
@@ -240,7 +240,7 @@ def test_a_utf16_or_utf32_corpus_names_its_encoding(tmp_path, codec, iconv, name
     """HEAD: a UTF-16 .txt was told "iconv -f latin1" (with a BOM) or read as text full of NULs (without one)."""
     content = "first passage\nsecond passage\n" if name.endswith(".txt") else jsonl_text({"text": "first"}, {"text": "x"})
     path = write_file(tmp_path / name, content.encode(codec))
-    with pytest.raises(UserError) as excinfo:
+    with pytest.raises(ValueError) as excinfo:
         read_corpus(path)
     message = str(excinfo.value)
     assert message.startswith(str(path.resolve())) and f"iconv -f {iconv} -t utf-8" in message
@@ -249,39 +249,39 @@ def test_a_utf16_or_utf32_corpus_names_its_encoding(tmp_path, codec, iconv, name
 
 def test_missing_path(tmp_path):
     missing = tmp_path / "nope" / "corpus.jsonl"
-    with pytest.raises(UserError, match=r"corpus\.jsonl.* does not exist"):
+    with pytest.raises(ValueError, match=r"corpus\.jsonl.* does not exist"):
         read_corpus(missing)
 
 
 def test_unknown_hub_name_offline():
-    with pytest.raises(UserError, match=r"'no-such-owner/no-such-corpus' was not found locally .* or on the Hub"):
+    with pytest.raises(ValueError, match=r"'no-such-owner/no-such-corpus' was not found locally .* or on the Hub"):
         read_corpus("no-such-owner/no-such-corpus")
 
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_empty_file(tmp_path, streaming):
     path = write_file(tmp_path / "empty.txt", "\n  \n\n")
-    with pytest.raises(UserError, match=r"empty\.txt.* holds no non-blank line"):
+    with pytest.raises(ValueError, match=r"empty\.txt.* holds no non-blank line"):
         read_corpus(path, streaming=streaming)
 
 
 def test_directory_without_corpus_files(tmp_path):
     write_file(tmp_path / "notes.csv", "a,b\n")
-    with pytest.raises(UserError, match="holds no corpus"):
+    with pytest.raises(ValueError, match="holds no corpus"):
         read_corpus(tmp_path)
 
 
 def test_all_blank_passages_fail_in_read_corpus(tmp_path):
     """Whitespace-only JSONL passages are skipped by read_corpus, which then reports the empty corpus."""
     path = write_file(tmp_path / "blank.jsonl", jsonl_text({"text": "   "}, {"title": "", "text": "\t"}))
-    with pytest.raises(UserError, match=r"blank\.jsonl.* is blank"):
+    with pytest.raises(ValueError, match=r"blank\.jsonl.* is blank"):
         read_corpus(path)
 
 
 def test_all_blank_passages_fail_in_tokenize_corpus(tokenizer):
     """A Dataset built by the user skips read_corpus; tokenize_corpus reports that nothing is left."""
     corpus = datasets.Dataset.from_dict({"text": ["", "   ", None]})
-    with pytest.raises(UserError, match="every passage is empty"):
+    with pytest.raises(ValueError, match="every passage is empty"):
         tokenize_corpus(corpus, tokenizer, max_seq_length=16)
 
 
@@ -378,7 +378,7 @@ def test_tokenize_needs_fast_tokenizer_and_room():
 
 
 def test_tokenize_needs_text_column(tokenizer):
-    with pytest.raises(UserError, match=r"no 'text' column .*'body'"):
+    with pytest.raises(ValueError, match=r"no 'text' column .*'body'"):
         tokenize_corpus(datasets.Dataset.from_dict({"body": ["a"]}), tokenizer, max_seq_length=16)
 
 

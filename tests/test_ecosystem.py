@@ -131,12 +131,11 @@ def test_an_aggregate_task_of_a_benchmark_runs_its_sub_tasks(spread_cls_bert, be
 
 def test_a_benchmark_without_retrieval_tasks_is_refused(spread_cls_bert, tmp_path, monkeypatch):
     import mteb
-    from retromae.trainers.inputs.errors import UserError
     from retromae.trainers.retrieval.mteb import evaluate_folder
 
     only = SimpleNamespace(name="STSOnly", tasks=[SimpleNamespace(metadata=SimpleNamespace(name="S", type="STS"))])
     monkeypatch.setattr(mteb, "get_benchmark", lambda wanted: only)
-    with pytest.raises(UserError, match=r"MTEB benchmark STSOnly has no retrieval task \(its tasks are STS\)"):
+    with pytest.raises(ValueError, match=r"MTEB benchmark STSOnly has no retrieval task \(its tasks are STS\)"):
         evaluate_folder(spread_cls_bert, benchmark="STSOnly", output_dir=tmp_path / "eval")
 
 

@@ -19,7 +19,6 @@ from retromae.trainers.export.sentence_transformer import (
     build_dupmae_sentence_transformer,
     load_as_sentence_transformer,
 )
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.retrieval.beir import RetrievalDataError, read_beir, read_qrels
 from retromae.trainers.retrieval.mteb import (
     evaluate,
@@ -184,7 +183,7 @@ def test_update_card_puts_results_into_model_index(spread_cls_bert, tiny_beir, t
 
 
 def test_update_card_refuses_foreign_folders(spread_cls_bert, tiny_beir, tmp_path):
-    with pytest.raises(UserError, match="retromae finetune"):
+    with pytest.raises(ValueError, match="retromae finetune"):
         update_model_card(spread_cls_bert, [])
 
 
@@ -208,7 +207,7 @@ def test_qrels_with_unknown_ids_error_or_skip_with_counts(tmp_path):
     data = read_beir(folder, split="dev", on_missing="skip")
     assert data.report == {"qrels_lines_with_unknown_query": 1, "qrels_lines_with_unknown_document": 2}
     assert set(data.qrels["q12"]) == {"d12", "d24"}
-    with pytest.raises(UserError, match="missing from corpus.jsonl"):
+    with pytest.raises(ValueError, match="missing from corpus.jsonl"):
         evaluate_folder("unused", beir_folders=[folder], split="dev", output_dir=tmp_path / "e")
 
 
@@ -221,14 +220,14 @@ def test_queries_without_positives_are_dropped_and_counted(tmp_path):
 
 def test_registered_task_offline_gives_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UserError, match=r"cannot load the data of MTEB task SciFact.*--beir-folder"):
+    with pytest.raises(ValueError, match=r"cannot load the data of MTEB task SciFact.*--beir-folder"):
         registered_tasks(["SciFact"])
-    with pytest.raises(UserError, match="unknown MTEB task"):
+    with pytest.raises(ValueError, match="unknown MTEB task"):
         registered_tasks(["NoSuchTaskAnywhere"])
 
 
 def test_cli_needs_something_to_evaluate(spread_cls_bert, tmp_path):
-    with pytest.raises(UserError, match="nothing to evaluate"):
+    with pytest.raises(ValueError, match="nothing to evaluate"):
         evaluate_command([str(spread_cls_bert), "--output-dir", str(tmp_path)])
 
 
@@ -245,7 +244,7 @@ def test_python_api_takes_folders_and_task_names(spread_cls_bert, tiny_beir, tmp
     assert rows == evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "b")
     assert (tmp_path / "out" / "summary.json").is_file()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a name that is not a folder is a registered task
-    with pytest.raises(UserError, match="cannot load the data of MTEB task SciFact"):
+    with pytest.raises(ValueError, match="cannot load the data of MTEB task SciFact"):
         evaluate(spread_cls_bert, [tiny_beir, "SciFact"], tmp_path / "c", split="dev")
 
 
@@ -413,7 +412,7 @@ def test_model_folder_killed_mid_save_is_refused_before_reading_data(spread_cls_
     broken = tmp_path / "checkpoint-9"
     shutil.copytree(spread_cls_bert, broken)
     (broken / "tokenizer.json").unlink()
-    with pytest.raises(UserError, match=r"evaluate --model: model folder .*checkpoint-9 is incomplete"):
+    with pytest.raises(ValueError, match=r"evaluate --model: model folder .*checkpoint-9 is incomplete"):
         evaluate_folder(broken, beir_folders=[tmp_path / "not-read-yet"], output_dir=tmp_path / "eval")
 
 
@@ -469,7 +468,7 @@ def test_a_damaged_dupmae_export_gets_one_line(tokenizer, tiny_beir, tmp_path, c
                  "--output-dir", str(tmp_path / "eval"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.search(message, err), err
-    with pytest.raises(UserError, match=message.replace("evaluate --model", "--model")):  # finetune's loader
+    with pytest.raises(ValueError, match=message.replace("evaluate --model", "--model")):  # finetune's loader
         load_as_sentence_transformer(folder)
 
 # ---- same-named BEIR folders, output folder, --update-card, paths in the Python API -----------------------------
@@ -484,17 +483,16 @@ def test_beir_folders_with_one_name_get_a_row_and_a_result_file_each(spread_cls_
     assert len({r["task"] for r in rows}) == 2 and len(list((tmp_path / "eval" / "mteb").rglob("LocalBEIR-*"))) == 2
     (alone,) = evaluate_folder(spread_cls_bert, beir_folders=[second], split="dev", output_dir=tmp_path / "alone")
     assert rows[1]["ndcg_at_10"] == alone["ndcg_at_10"]
-    with pytest.raises(UserError, match=r"--beir-folder names .*beir twice"):
+    with pytest.raises(ValueError, match=r"--beir-folder names .*beir twice"):
         evaluate_folder(spread_cls_bert, beir_folders=[first, tmp_path / "a" / ".." / "a" / "beir"], split="dev",
                         output_dir=tmp_path / "e")
 
 
 def test_output_dir_that_is_a_file_is_refused_before_loading(tmp_path):
     """HEAD: a FileExistsError traceback after the model and data were loaded."""
-    from retromae.trainers.inputs.errors import UserError
 
     (tmp_path / "out.txt").write_text("notes")
-    with pytest.raises(UserError, match=r"--output-dir .*out\.txt is a file, not a folder"):
+    with pytest.raises(ValueError, match=r"--output-dir .*out\.txt is a file, not a folder"):
         evaluate_command(["unused", "--beir-folder", str(tmp_path / "not-read"), "--output-dir",
                           str(tmp_path / "out.txt")])
 
@@ -529,7 +527,7 @@ def test_another_models_results_are_kept_unless_overwrite(spread_cls_bert, tiny_
     first = summary.read_text()
     assert json.loads(first)["model_path"] == str((tmp_path / "run1" / "encoder").resolve())
     assert evaluate_command(["run1/encoder", *flags]) == 0  # the same model again: replaced
-    with pytest.raises(UserError, match=r"eval-results/encoder holds the results of .*run1/encoder \(summary"
+    with pytest.raises(ValueError, match=r"eval-results/encoder holds the results of .*run1/encoder \(summary"
                        r"\.json\); choose another --output-dir, or pass --overwrite"):
         evaluate_command(["run2/encoder", *flags])
     assert summary.read_text() == first
@@ -540,7 +538,7 @@ def test_another_models_results_are_kept_unless_overwrite(spread_cls_bert, tiny_
 
 def test_update_card_on_a_foreign_folder_is_refused_before_evaluating(spread_cls_bert, tiny_beir, tmp_path):
     """HEAD refused it after the whole evaluation had run and written its results."""
-    with pytest.raises(UserError, match="--update-card needs a folder written by `retromae finetune`"):
+    with pytest.raises(ValueError, match="--update-card needs a folder written by `retromae finetune`"):
         evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=tmp_path / "eval",
                         update_card=True)
     assert not (tmp_path / "eval").exists()
@@ -550,10 +548,10 @@ def test_python_api_names_a_missing_beir_folder(spread_cls_bert, tmp_path):
     """HEAD took a path that does not exist for an MTEB task name: `unknown MTEB task '/...'`."""
     import retromae
 
-    with pytest.raises(UserError, match=r"BEIR folder .*no-such-beir does not exist"):
+    with pytest.raises(ValueError, match=r"BEIR folder .*no-such-beir does not exist"):
         retromae.evaluate(spread_cls_bert, str(tmp_path / "no-such-beir"), tmp_path / "eval", split="dev")
     (tmp_path / "corpus.txt").write_text("a file\n")
-    with pytest.raises(UserError, match=r"BEIR folder .*corpus.txt is a file, not a folder"):
+    with pytest.raises(ValueError, match=r"BEIR folder .*corpus.txt is a file, not a folder"):
         retromae.evaluate(spread_cls_bert, str(tmp_path / "corpus.txt"), tmp_path / "eval", split="dev")
 
 
@@ -566,7 +564,7 @@ def test_python_api_refuses_bad_arguments_before_loading(tmp_path, arguments, me
     was a TypeError naming evaluate_folder."""
     import retromae
 
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(ValueError, match=message):
         retromae.evaluate(tmp_path / "no-model", str(tmp_path / "beir"), tmp_path / "eval", **arguments)
 
 

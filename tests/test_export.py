@@ -19,7 +19,6 @@ from retromae.trainers.export.cls import write_cls_encoder
 from retromae.trainers.export.dupmae import write_dupmae_export
 from retromae.trainers.export.sentence_transformer import export_from_model, export_sentence_transformer
 from retromae.trainers.inputs.checkpoints import weight_names
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.inputs.folders import public_name
 from retromae.trainers.methods import METHODS, get_method
 from retromae.trainers.training.pretraining import load_pretraining_model
@@ -175,7 +174,7 @@ def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    with pytest.raises(UserError, match=r"not empty; choose another output folder, or pass --overwrite \(Python: overwrite=True\)"):
+    with pytest.raises(ValueError, match=r"not empty; choose another output folder, or pass --overwrite \(Python: overwrite=True\)"):
         export_sentence_transformer(checkpoint, out)
     assert (out / "keep.txt").read_text() == "user data" and not (out / "modules.json").exists()
 
@@ -192,7 +191,7 @@ def test_an_export_into_a_training_checkpoint_is_refused_even_with_overwrite(pre
     training.mkdir(parents=True)
     (training / "optimizer.pt").write_bytes(b"state")
     for target in (training, training / "encoder"):
-        with pytest.raises(UserError, match="lies in the training checkpoint .*checkpoint-2, which resuming"):
+        with pytest.raises(ValueError, match="lies in the training checkpoint .*checkpoint-2, which resuming"):
             export_sentence_transformer(checkpoint, target, overwrite=True)
     assert (training / "optimizer.pt").read_bytes() == b"state"
 
@@ -243,11 +242,11 @@ def test_not_a_checkpoint(tmp_path, tokenizer, pretrained):
         no_tokenizer: r"export: .*no-tokenizer has no tokenizer \(the model was saved without one\); save it into",
     }
     for source, message in cases.items():
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(ValueError, match=message):
             export_sentence_transformer(source, tmp_path / "out")
         assert not (tmp_path / "out").exists()
     _, checkpoint = pretrained
-    with pytest.raises(UserError, match="replacing it would delete the checkpoint "):
+    with pytest.raises(ValueError, match="replacing it would delete the checkpoint "):
         export_sentence_transformer(checkpoint, checkpoint.parent, overwrite=True)
 
 
@@ -279,7 +278,7 @@ def test_an_export_over_the_working_directory_is_refused_even_with_overwrite(pre
     (work / "notes.txt").write_text("mine")
     monkeypatch.chdir(work)
     for target in (tmp_path / "project", Path(".")):
-        with pytest.raises(UserError, match="replacing it would delete the working directory"):
+        with pytest.raises(ValueError, match="replacing it would delete the working directory"):
             export_sentence_transformer(checkpoint, target, overwrite=True)
     assert (work / "notes.txt").read_text() == "mine"
 
@@ -291,7 +290,7 @@ def test_export_from_model_matches_checkpoint_export(pretrained, exported, token
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     for name in ("README.md", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json", "config.json"):
         assert (out / name).read_text() == (exported / name).read_text(), name
-    with pytest.raises(UserError, match="retromae \\*ForPretraining model"):
+    with pytest.raises(ValueError, match="retromae \\*ForPretraining model"):
         export_from_model(BertModel(BertConfig(**tiny_bert_kwargs())), tokenizer, tmp_path / "x")
 
 
@@ -384,10 +383,9 @@ def test_a_pretraining_checkpoint_loads_with_the_pooling_asked_for(pretrained, t
 def test_a_maximum_length_the_positions_cannot_hold_is_refused(spread_cls_bert, tmp_path):
     """`finetune --max-seq-length 0` trained with no length limit and failed inside torch on the first long text."""
     from retromae.trainers.export.sentence_transformer import load_as_sentence_transformer
-    from retromae.trainers.inputs.errors import UserError
 
     for length in (0, 1, 2, 129):  # [CLS] and [SEP] take 2 of the tiny BERT's 128 positions
-        with pytest.raises(UserError, match=rf"--max-seq-length {length}: give 3 to 128 \(tokens per text"):
+        with pytest.raises(ValueError, match=rf"--max-seq-length {length}: give 3 to 128 \(tokens per text"):
             load_as_sentence_transformer(spread_cls_bert, max_seq_length=length, device="cpu")
     model, _ = load_as_sentence_transformer(spread_cls_bert, max_seq_length=128, device="cpu")
     assert model.max_seq_length == 128
@@ -423,7 +421,7 @@ def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
 
     broken = _killed_mid_save(pretrained, tmp_path / "checkpoint-500")
     assert len(AutoTokenizer.from_pretrained(str(broken))) == 5  # what transformers silently loads from it
-    with pytest.raises(UserError, match=r"export: model folder .*checkpoint-500 is incomplete, it has no "
+    with pytest.raises(ValueError, match=r"export: model folder .*checkpoint-500 is incomplete, it has no "
                                           r"tokenizer.json .*killed mid-save"):
         export_sentence_transformer(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -435,7 +433,7 @@ def test_checkpoint_killed_mid_save_is_refused(pretrained, tmp_path):
 
     shutil.copytree(checkpoint, unfinished)
     (unfinished / "optimizer.pt").write_bytes(b"partial")
-    with pytest.raises(UserError, match=r"no trainer_state.json \(the Trainer writes it last"):
+    with pytest.raises(ValueError, match=r"no trainer_state.json \(the Trainer writes it last"):
         export_sentence_transformer(unfinished, tmp_path / "out")
 
 
@@ -447,7 +445,7 @@ def test_a_model_saved_without_its_tokenizer_is_told_how_to_add_it(pretrained, t
     model.save_pretrained(folder)
     expected = (rf"^export: {re.escape(str(folder))} has no tokenizer \(the model was saved without one\); save it "
                 rf"into the folder with tokenizer.save_pretrained\('{re.escape(str(folder))}'\), then run again$")
-    with pytest.raises(UserError, match=expected):
+    with pytest.raises(ValueError, match=expected):
         export_sentence_transformer(folder, tmp_path / "out")
     from retromae.trainers.cli import main
 
@@ -501,7 +499,7 @@ def test_a_swap_killed_between_its_renames_is_restored(pretrained, tmp_path):
     pid = dead_pid()
     out.rename(tmp_path / f".retromae-tiny.old-{pid}-0123abcd")
     (tmp_path / f".retromae-tiny.tmp-{pid}-4567cdef").mkdir()
-    with pytest.raises(UserError, match="already exists and is not empty"):  # restored, so not overwritten
+    with pytest.raises(ValueError, match="already exists and is not empty"):  # restored, so not overwritten
         export_sentence_transformer(checkpoint, out)
     assert (out / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["retromae-tiny"]
@@ -532,33 +530,32 @@ def test_overwrite_never_replaces_a_runs_folder_nor_exports_an_unknown_pooling(p
     run = tmp_path / "run"
     shutil.copytree(checkpoint, run / "checkpoint-2")
     (run / "checkpoint-2" / "optimizer.pt").write_bytes(b"state")  # what makes it a Trainer checkpoint
-    with pytest.raises(UserError, match=r"output folder .*run: replacing it would delete the training checkpoint "
+    with pytest.raises(ValueError, match=r"output folder .*run: replacing it would delete the training checkpoint "
                                           r"checkpoint-2 \(.*\), even with --overwrite; choose another folder"):
         export_sentence_transformer(checkpoint, run, overwrite=True)
     assert (run / "checkpoint-2" / "optimizer.pt").is_file()
     for option, message in [({"pooling": "max"}, "pooling 'max': give one of cls, mean"),
                             ({"similarity": "l2"}, "similarity 'l2': give one of dot, cosine")]:
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(ValueError, match=message):
             export_sentence_transformer(checkpoint, tmp_path / "out", **option)
     assert not (tmp_path / "out").exists()
 
 
 def test_check_model_folder_layouts(pretrained, tmp_path, minilm_dir):
-    from retromae.trainers.inputs.errors import UserError
     from retromae.trainers.inputs.folders import check_model_folder
 
     check_model_folder("sentence-transformers/all-MiniLM-L6-v2", purpose="x")  # a Hub id: not checked here
     check_model_folder(minilm_dir, purpose="x")  # a sentence-transformers folder (Transformer at the root)
     _, checkpoint = pretrained
     check_model_folder(checkpoint, purpose="x")
-    with pytest.raises(UserError, match=r"does not exist"):
+    with pytest.raises(ValueError, match=r"does not exist"):
         check_model_folder(tmp_path / "nope", purpose="x")
     sharded = tmp_path / "sharded"
     sharded.mkdir()
     (sharded / "config.json").write_text("{}")
     (sharded / "vocab.txt").write_text("[PAD]\n")
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001.safetensors"}}))
-    with pytest.raises(UserError, match=r"no model-00001.safetensors \(listed in model.safetensors"):
+    with pytest.raises(ValueError, match=r"no model-00001.safetensors \(listed in model.safetensors"):
         check_model_folder(sharded, purpose="x")
 
 

@@ -26,7 +26,6 @@ from retromae.trainers.export.sentence_transformer import (
     load_as_sentence_transformer,
 )
 from retromae.trainers.inputs.checkpoints import CheckpointError
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.retrieval import mining as mining_module
 from retromae.trainers.retrieval.beir import RetrievalDataError
 from retromae.trainers.retrieval.mining import mine_negatives
@@ -264,7 +263,7 @@ def test_python_api_takes_the_settings_by_name(spread_cls_bert, tiny_beir, tmp_p
     assert result.output_dir == tmp_path / "api" and (result.output_dir / "modules.json").is_file()
     assert [s["stage"] for s in result.info["stages"]] == ["in-batch"] and result.info["stages"][0]["steps"] == 2
     assert result.info["model_name"] == "my-org/api" and result.info["hyperparameters"]["max_seq_length"] == 32
-    with pytest.raises(UserError, match=r"unknown fine-tuning option\(s\) max_step;"):
+    with pytest.raises(ValueError, match=r"unknown fine-tuning option\(s\) max_step;"):
         finetune(spread_cls_bert, tiny_beir, tmp_path / "typo", max_step=2)
 
 
@@ -290,7 +289,7 @@ def test_negatives_file_reuse_and_distillation(spread_cls_bert, tiny_beir, tmp_p
 
     partial = tmp_path / "partial.tsv"
     partial.write_text("q0\td0\t1.0\n", encoding="utf-8")
-    with pytest.raises(UserError, match="without a teacher score"):
+    with pytest.raises(ValueError, match="without a teacher score"):
         finetune_command([
             str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "x"), "--stages", "distill",
             "--num-negatives", "2", "--negatives-file", str(negatives), "--teacher-scores", str(partial), *FAST,
@@ -375,14 +374,14 @@ def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, t
     (out / "keep.txt").write_text("x")
     # HEAD deleted a folder of the user's own files with --overwrite
     for overwrite in ([], ["--overwrite"]):
-        with pytest.raises(UserError, match=r"--output-dir .*out holds no model \(no modules.json or config.json\), "
+        with pytest.raises(ValueError, match=r"--output-dir .*out holds no model \(no modules.json or config.json\), "
                                             r"which --overwrite does not replace; choose a new or empty folder"):
             finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *FAST, *overwrite])
     assert (out / "keep.txt").is_file() and not (tmp_path / "out.work").exists()
-    with pytest.raises(UserError, match="needs cross-encoder scores"):
+    with pytest.raises(ValueError, match="needs cross-encoder scores"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--stages", "in-batch,distill"])
-    with pytest.raises(UserError, match="in the order"):
+    with pytest.raises(ValueError, match="in the order"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--stages", "hard-negatives,in-batch"])
 
@@ -402,15 +401,14 @@ def test_resuming_a_finished_finetune_says_so_and_trains_nothing(spread_cls_bert
     assert capsys.readouterr().out == (f"retromae: this fine-tuning had already finished (stages: in-batch); its "
                                        f"model is {out}; nothing was trained\n")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == written
-    with pytest.raises(UserError, match="already exists and is not empty.*--overwrite"):
+    with pytest.raises(ValueError, match="already exists and is not empty.*--overwrite"):
         finetune_command([*args, "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
 
 def test_a_second_run_into_a_work_folder_in_use_is_refused_before_it_trains(spread_cls_bert, tiny_beir, tmp_path):
     """HEAD trained both runs into the same checkpoints, and refused the second only at its end."""
-    from retromae.trainers.inputs.errors import UserError
     from retromae.trainers.training.lock import folder_lock
 
-    with folder_lock(tmp_path / "out.work"), pytest.raises(UserError, match=r"out.work"):
+    with folder_lock(tmp_path / "out.work"), pytest.raises(ValueError, match=r"out.work"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST])
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists()
 
@@ -433,7 +431,7 @@ def test_what_a_later_stage_cannot_use_is_refused_before_the_first_trains(spread
                                      r"and document ids",
                "some positives unscored": r"scores no positive of 1 of the \d+ training queries \(e.g. query "
                                           rf"'{qrels[0][0]}'.*pass --on-missing skip"}[case]
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(ValueError, match=message):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST, *flags])
     assert not (tmp_path / "out.work").exists()
 
@@ -546,7 +544,7 @@ def test_model_folder_killed_mid_save_is_refused(spread_cls_bert, tmp_path):
     broken = tmp_path / "checkpoint-3"
     shutil.copytree(spread_cls_bert, broken)
     (broken / "tokenizer.json").unlink()
-    with pytest.raises(UserError, match=r"--model: model folder .*checkpoint-3 is incomplete, it has no tokenizer"):
+    with pytest.raises(ValueError, match=r"--model: model folder .*checkpoint-3 is incomplete, it has no tokenizer"):
         load_as_sentence_transformer(broken)
 
 
@@ -569,7 +567,7 @@ def test_an_output_folder_over_an_input_is_refused_even_with_overwrite(case, spr
         "work-dir-inside": (tmp_path / "out", ["--work-dir", str(tmp_path / "out" / "work")], "is inside --output-dir"),
     }[case]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    with pytest.raises(UserError, match=match):
+    with pytest.raises(ValueError, match=match):
         finetune_command([str(spread_cls_bert), str(data), "--output-dir", str(out), "--overwrite", *extra, *FAST])
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
@@ -603,7 +601,7 @@ def test_inputs_of_later_stages_are_checked_before_anything_trains(spread_cls_be
         (["--resume-from-checkpoint", str(tmp_path / "checkpoint-5")], "pass `last`"),
     ]
     for flags, match in cases:
-        with pytest.raises(UserError, match=match):
+        with pytest.raises(ValueError, match=match):
             finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"),
                               "--max-steps", "2", *flags])
         assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists(), flags
@@ -645,7 +643,7 @@ def test_nonsense_options_and_unsafe_work_folders_are_refused_before_anything_tr
         (["--work-dir", str(tmp_path / "mine")], r"holds files no `retromae finetune` run made \(notes.txt\)"),
     ]
     for flags, match in cases:
-        with pytest.raises(UserError, match=match):  # UserError for the file
+        with pytest.raises(ValueError, match=match):
             finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"),
                               "--max-steps", "2", *flags])
         assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists(), flags
@@ -654,7 +652,7 @@ def test_nonsense_options_and_unsafe_work_folders_are_refused_before_anything_tr
 def test_a_refused_length_leaves_no_work_folder_after_exporting_a_checkpoint(pretraining_checkpoint, tiny_beir,
                                                                             tmp_path):
     """HEAD left OUT.work/pretrained-encoder behind when the length was refused after the checkpoint's export."""
-    with pytest.raises(UserError, match="--max-seq-length 2: give 3 to"):
+    with pytest.raises(ValueError, match="--max-seq-length 2: give 3 to"):
         finetune_command([str(pretraining_checkpoint), str(tiny_beir), "--output-dir", str(tmp_path / "out"),
                           "--max-seq-length", "2"])
     assert not (tmp_path / "out.work").exists()
@@ -686,7 +684,7 @@ def test_blank_queries_and_documents_are_dropped_with_a_count(tmp_path):
 
 def test_a_diverged_stage_is_refused_and_nothing_is_written(spread_cls_bert, tiny_beir, tmp_path):
     """HEAD saved an all-NaN model and exited 0 (the Trainer leaves NaN losses out of the mean it reports)."""
-    with pytest.raises(UserError, match=r"stage in-batch diverged: \d+ weight tensor\(s\) are NaN or infinite"):
+    with pytest.raises(ValueError, match=r"stage in-batch diverged: \d+ weight tensor\(s\) are NaN or infinite"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST[2:],
                           "--max-steps", "6", "--stages", "in-batch", "--learning-rate", "1e12"])
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.work" / "stage-in-batch" / "model").exists()
@@ -697,7 +695,7 @@ def test_a_config_file_may_hold_the_model_and_the_training_data(spread_cls_bert,
     _no_training(monkeypatch)
     config = tmp_path / "ft.yaml"
     config.write_text(f"model: {spread_cls_bert}\ntrain_data: {tiny_beir}\nteacher_scores: t.tsv\n")
-    with pytest.raises(UserError, match="--teacher-scores t.tsv: no such file"):  # parsed: the run's own check
+    with pytest.raises(ValueError, match="--teacher-scores t.tsv: no such file"):  # parsed: the run's own check
         finetune_command(["--config", str(config), "--output-dir", str(tmp_path / "out")])
 
 
@@ -712,7 +710,7 @@ def test_a_run_killed_in_its_first_stage_resumes_only_with_its_own_settings(spre
     out = tmp_path / "out"
     with pytest.raises(_Killed):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args])
-    with pytest.raises(UserError, match=r"used other settings \(--learning-rate 2e-05 -> 0\.001\)"):
+    with pytest.raises(ValueError, match=r"used other settings \(--learning-rate 2e-05 -> 0\.001\)"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
                           "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
     resuming, trained = _kill_at("none", -1)
@@ -740,7 +738,7 @@ def test_local_starting_model_is_not_written_as_a_hub_id(spread_cls_bert, tiny_b
     assert "base_model" not in ModelCard(card).data.to_dict()
     assert "out/encoder" not in card and "a local model (no Hub id recorded)" in card
 
-    with pytest.raises(UserError, match="--base-model-name 'out/encoder/' is not a Hub id"):
+    with pytest.raises(ValueError, match="--base-model-name 'out/encoder/' is not a Hub id"):
         finetune_command(["out/encoder", str(tiny_beir), "--output-dir", "out/x", "--base-model-name", "out/encoder/"])
 
 
@@ -836,7 +834,7 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
     assert "(steps 3-4, resumed)" in (out / "README.md").read_text()
 
     # other settings are refused; without the flag a run starts over, saying so
-    with pytest.raises(UserError, match="used other settings"):
+    with pytest.raises(ValueError, match="used other settings"):
         finetune_command([str(start), str(tiny_beir), "--output-dir", str(tmp_path / "killed2"),
                           "--work-dir", str(out.parent / "killed.work"), *args, "--learning-rate", "1e-3",
                           "--resume-from-checkpoint", "last"])
@@ -898,10 +896,10 @@ def test_mini_batches_give_the_full_batch_loss_and_gradients(spread_cls_bert):
 
 
 def test_mini_batches_are_refused_for_the_distill_stage_and_below_one(spread_cls_bert, tiny_beir, tmp_path):
-    with pytest.raises(UserError, match="--mini-batch-size applies to the in-batch and hard-negatives stages"):
+    with pytest.raises(ValueError, match="--mini-batch-size applies to the in-batch and hard-negatives stages"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"), "--stages",
                           "distill", "--teacher-scores", "t.tsv", "--mini-batch-size", "2"])
-    with pytest.raises(UserError, match="--mini-batch-size 0: give a positive number"):
+    with pytest.raises(ValueError, match="--mini-batch-size 0: give a positive number"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "a"),
                           "--mini-batch-size", "0"])
     assert not (tmp_path / "a").exists()

@@ -14,7 +14,6 @@ import torch
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.modeling_dupmae import DupMAEModel
 from retromae.trainers.export.sentence_transformer import build_dupmae_sentence_transformer
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.retrieval import hybrid_index, index_files
 from retromae.trainers.retrieval.hybrid_index import HybridIndex, claim_index_folder, model_fingerprint
 
@@ -116,11 +115,11 @@ def test_bad_configuration(kwargs, message):
 def test_add_checks_shapes_and_ids():
     doc_dense, doc_idx, doc_val, *_ = random_corpus(4)
     index = HybridIndex(D, V, K)
-    with pytest.raises(UserError, match="dense"):
+    with pytest.raises(ValueError, match="dense"):
         index.add(["a", "b", "c", "d"], doc_dense[:3], doc_idx, doc_val)
-    with pytest.raises(UserError, match="unique"):
+    with pytest.raises(ValueError, match="unique"):
         index.add(["a", "a", "c", "d"], doc_dense, doc_idx, doc_val)
-    with pytest.raises(UserError, match="vocab_size"):
+    with pytest.raises(ValueError, match="vocab_size"):
         index.add(["a", "b", "c", "d"], doc_dense, doc_idx + V, doc_val)
 
 
@@ -150,7 +149,7 @@ def test_save_load_round_trip(tmp_path, index_type):
 def test_save_is_atomic_and_refuses_to_clobber(tmp_path):
     index, _, q_dense, q_mu = make_index(50)
     folder = index.save(tmp_path / "index")
-    with pytest.raises(UserError, match="overwrite"):
+    with pytest.raises(ValueError, match="overwrite"):
         index.save(folder)
     smaller, _, _, _ = make_index(20)
     smaller.save(folder, overwrite=True)
@@ -167,7 +166,7 @@ def test_a_rebuild_killed_between_its_renames_gives_the_index_back(tmp_path):
     assert len(HybridIndex.load(folder)) == 30
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
     folder.rename(tmp_path / f".index.old-{dead_pid()}-0123abcd")
-    with pytest.raises(UserError, match="already exists and is not empty"):  # before any encoding
+    with pytest.raises(ValueError, match="already exists and is not empty"):  # before any encoding
         claim_index_folder(folder, overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
 
@@ -178,10 +177,10 @@ def test_missing_or_truncated_file_is_named(tmp_path, name):
     folder = index.save(tmp_path / "index")
     data = (folder / name).read_bytes()
     (folder / name).write_bytes(data[: len(data) // 2])  # truncated
-    with pytest.raises(UserError, match=f"{name}.*truncated"):
+    with pytest.raises(ValueError, match=f"{name}.*truncated"):
         HybridIndex.load(folder)
     (folder / name).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
-    with pytest.raises(UserError, match=f"{name}.*checksum"):
+    with pytest.raises(ValueError, match=f"{name}.*checksum"):
         HybridIndex.load(folder)
     (folder / name).unlink()
     with pytest.raises(FileNotFoundError, match=name):
@@ -194,7 +193,7 @@ def test_missing_or_truncated_file_is_named(tmp_path, name):
 def test_model_mismatch_is_refused():
     index, _, q_dense, q_mu = make_index(20)
     index.search(q_dense, q_mu, top_n=3, model_fingerprint="model-a")
-    with pytest.raises(UserError, match="rebuild"):
+    with pytest.raises(ValueError, match="rebuild"):
         index.search(q_dense, q_mu, top_n=3, model_fingerprint="model-b")
 
 
@@ -242,7 +241,7 @@ def test_search_texts_refuses_other_model_and_empty_queries(st_models):
     model, other = st_models
     assert model_fingerprint(model) != model_fingerprint(other)
     index = HybridIndex.build(model, DOCS[:3])
-    with pytest.raises(UserError):
+    with pytest.raises(ValueError):
         index.search_texts(other, ["dense retrieval"])
     with pytest.raises(ValueError, match="empty"):
         index.search_texts(model, ["dense retrieval", "   "])
@@ -328,7 +327,7 @@ def test_search_cli_without_a_manifest_is_a_one_line_error(tmp_path):
     from retromae.trainers.commands.index import search_command
 
     (tmp_path / "index").mkdir()
-    with pytest.raises(UserError, match=r"--index: .*manifest.json is missing"):
+    with pytest.raises(ValueError, match=r"--index: .*manifest.json is missing"):
         search_command(["--index", str(tmp_path / "index"), "--model", str(tmp_path / "model"), "--query", "x"])
 
 
@@ -340,7 +339,7 @@ def test_index_cli_refuses_an_existing_folder_before_encoding(tmp_path, monkeypa
     out.mkdir()
     (out / index_files.MANIFEST).write_text("{}")  # an earlier index
     monkeypatch.setattr(HybridIndex, "build", classmethod(lambda *a, **k: pytest.fail("encoded before refusing")))
-    with pytest.raises(UserError, match=r"--output-dir .*index already exists and is not empty.*--overwrite"):
+    with pytest.raises(ValueError, match=r"--output-dir .*index already exists and is not empty.*--overwrite"):
         index_command(["--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.jsonl"),
                        "--output-dir", str(out)])
     assert (out / index_files.MANIFEST).read_text() == "{}"
@@ -350,7 +349,6 @@ def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
     """`search --query a --query b`: HEAD answered b alone. A repeated single-value flag is refused."""
     from retromae.trainers.commands.index import search_command
     from retromae.trainers.export.dupmae import save_dupmae_sentence_transformer
-    from retromae.trainers.inputs.errors import UserError
 
     model, _ = st_models
     save_dupmae_sentence_transformer(model, tmp_path / "model")
@@ -360,7 +358,7 @@ def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
                            "--output", str(tmp_path / "hits.jsonl")]) == 0
     records = [json.loads(line) for line in (tmp_path / "hits.jsonl").read_text().splitlines()]
     assert [r["query"] for r in records] == ["dense vectors", "yellow fruit", "fish"]
-    with pytest.raises(UserError, match="--top-n is given 2 times"):
+    with pytest.raises(ValueError, match="--top-n is given 2 times"):
         search_command([*common, "--query", "x", "--top-n", "3"])
 
 
@@ -387,10 +385,10 @@ def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_
         tmp_path / "dense": r"is not a DupMAE hybrid model .*retromae evaluate --search faiss",
     }
     for model, message in cases.items():
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(ValueError, match=message):
             index_command(["--model", str(model), "--corpus", "c.jsonl", "--output-dir", str(tmp_path / "index")])
     HybridIndex.build(st_models[0], DOCS[:4], ids=[f"d{i}" for i in range(4)]).save(tmp_path / "index")
-    with pytest.raises(UserError, match="retromae search is for the export of a dupmae pre-training"):
+    with pytest.raises(ValueError, match="retromae search is for the export of a dupmae pre-training"):
         search_command(["--index", str(tmp_path / "index"), "--model", str(tmp_path / "dense"), "--query", "x"])
 
 
@@ -412,7 +410,7 @@ def test_index_overwrite_refuses_an_output_that_holds_its_inputs(tmp_path, monke
     (model / "modules.json").write_text("[]")
     for argv, what in (([str(model), str(corpus), str(out)], "--corpus"), ([str(model), str(corpus), str(model)],
                                                                             "--model")):
-        with pytest.raises(UserError, match=f"replacing it would delete {what} "):
+        with pytest.raises(ValueError, match=f"replacing it would delete {what} "):
             index_command(["--model", argv[0], "--corpus", argv[1], "--output-dir", argv[2], "--overwrite"])
     assert corpus.read_text() == "one passage\n" and (model / "modules.json").is_file()
 
@@ -432,15 +430,15 @@ def test_search_output_is_refused_before_the_search_when_it_would_lose_a_file(tm
     cases = {queries: r"writing it would change --queries ", earlier: r"already exists; choose another --output, or pass --overwrite",
              tmp_path / "folder": "is a folder; give a file path"}
     for output, message in cases.items():
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(ValueError, match=message):
             search_command([*common, "--output", str(output)])
-    with pytest.raises(UserError, match="would change --queries"):
+    with pytest.raises(ValueError, match="would change --queries"):
         search_command([*common, "--output", str(queries), "--overwrite"])
     assert queries.read_text() == "fruit\n" and earlier.read_text() == "mine\n"
     for folder, flag in [("index", "--index"), ("model", "--model")]:  # HEAD replaced the file, exit 0
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "ids.json").write_text("[]")
-        with pytest.raises(UserError, match=rf"writing it would change {flag} "):
+        with pytest.raises(ValueError, match=rf"writing it would change {flag} "):
             search_command([*common, "--output", str(tmp_path / folder / "ids.json"), "--overwrite"])
         assert (tmp_path / folder / "ids.json").read_text() == "[]"
 
@@ -454,7 +452,7 @@ def test_index_overwrite_replaces_an_index_only(tmp_path, monkeypatch):
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     for flags in ([], ["--overwrite"]):
-        with pytest.raises(UserError, match=r"holds files but no hybrid index \(no manifest.json\), which --overwrite does not replace"):
+        with pytest.raises(ValueError, match=r"holds files but no hybrid index \(no manifest.json\), which --overwrite does not replace"):
             index_command(["--model", "m", "--corpus", "c.jsonl", "--output-dir", str(mine), *flags])
     assert (mine / "notes.txt").read_text() == "mine"
 
@@ -471,13 +469,13 @@ def test_a_damaged_model_folder_or_manifest_is_one_line(st_models, tmp_path):
     for damage, message in [("1_DupMAEPooling/config.json", "ValueError"), ("st_dupmae.py", "ModuleNotFoundError")]:
         damaged = Path(shutil.copytree(tmp_path / "model", tmp_path / f"damaged-{damage.replace('/', '-')}"))
         (damaged / damage).unlink()
-        with pytest.raises(UserError, match=rf"--model .*damaged.* does not load \({message}: .*export it again"):
+        with pytest.raises(ValueError, match=rf"--model .*damaged.* does not load \({message}: .*export it again"):
             _load_hybrid_model(str(damaged), "index")
     folder = HybridIndex.build(model, DOCS[:4], ids=[f"d{i}" for i in range(4)]).save(tmp_path / "index")
     manifest = json.loads((folder / index_files.MANIFEST).read_text())
     for field, value in [("dense_dim", "16"), ("index_params", {"foo": 1})]:
         (folder / index_files.MANIFEST).write_text(json.dumps({**manifest, field: value}))
-        with pytest.raises(UserError, match="manifest.json: .*the index folder is corrupted: rebuild it"):
+        with pytest.raises(ValueError, match="manifest.json: .*the index folder is corrupted: rebuild it"):
             HybridIndex.load(folder)
 
 
@@ -529,7 +527,7 @@ def test_a_corpus_without_ids_is_numbered_by_line_so_blank_passages_shift_no_id(
     assert _documents(str(blocks), "lines")[0] == ["1", "2", "4", "5"]  # index --text-format lines
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"text": " "}\n')
-    with pytest.raises(UserError, match="every passage is blank"):
+    with pytest.raises(ValueError, match="every passage is blank"):
         _documents(str(blank))
 
 
@@ -537,27 +535,26 @@ def test_queries_files_are_read_with_their_place_named(tmp_path):
     """HEAD: a non-UTF-8 .txt gave a UnicodeDecodeError traceback, `queries.JSONL` was searched line by line as
     raw JSON, a blank BEIR query was "query 1 is empty" and a folder "not found"."""
     from retromae.trainers.commands.index import SearchArguments, _queries
-    from retromae.trainers.inputs.errors import UserError
 
     def read(path):
         return _queries(SearchArguments(index="i", model="m", queries=str(path)))
 
     latin = tmp_path / "q.txt"
     latin.write_bytes("caf\xe9\n".encode("latin-1"))
-    with pytest.raises(UserError, match=r"q.txt:1: bytes that are not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"q.txt:1: bytes that are not valid UTF-8"):
         read(latin)
     upper = tmp_path / "queries.JSONL"
     upper.write_text('{"_id": "q1", "text": "fruit"}\n')
     assert read(upper) == [("q1", "fruit")]
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"_id": "q1", "text": "fruit"}\n{"_id": "q7", "text": "  "}\n')
-    with pytest.raises(UserError, match=r"blank.jsonl: query 'q7' has no text"):
+    with pytest.raises(ValueError, match=r"blank.jsonl: query 'q7' has no text"):
         read(blank)
-    with pytest.raises(UserError, match="is a folder; give a file"):
+    with pytest.raises(ValueError, match="is a folder; give a file"):
         read(tmp_path)
     for name, text in [("queries.json", '[{"_id": "q1", "text": "fruit"}]\n'), ("queries.tsv", "q1\tfruit\n")]:
         (tmp_path / name).write_text(text)  # HEAD searched each line as a query text, exit 0
-        with pytest.raises(UserError, match=rf"--queries .*{name}: give a BEIR queries.jsonl or a .txt file"):
+        with pytest.raises(ValueError, match=rf"--queries .*{name}: give a BEIR queries.jsonl or a .txt file"):
             read(tmp_path / name)
 
 
@@ -575,5 +572,5 @@ def test_a_manifest_of_another_shape_is_one_line(tmp_path, manifest, message):
     index, *_ = make_index(20)
     folder = index.save(tmp_path / "index")
     (folder / index_files.MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(UserError, match=f"manifest.json {message}.*rebuild it"):
+    with pytest.raises(ValueError, match=f"manifest.json {message}.*rebuild it"):
         HybridIndex.load(folder)

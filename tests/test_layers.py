@@ -332,3 +332,25 @@ def test_no_driver_imports_another_driver():
                 if module.startswith("commands.") for target, node in _imports(module, path)
                 if target.startswith("commands.") and target != module]
     assert crossing == []
+
+
+def user_error_raises(path: Path) -> list[int]:
+    """The lines of `path` that raise or build a `UserError` (the command line's own error)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "UserError"]
+
+
+def test_user_errors_are_raised_only_by_the_drivers_and_the_input_layer():
+    """The libraries (data, training, retrieval, export, the registry) raise ValueError / TypeError; the command
+    line prints the ones our code raised as one line (`inputs.errors.is_refusal`)."""
+    allowed = {TRAINERS / "commands", TRAINERS / "inputs"}
+    found = {str(path.relative_to(ROOT)): lines for path in sorted(TRAINERS.rglob("*.py"))
+             if path.parent not in allowed and (lines := user_error_raises(path))}
+    assert not found, found
+
+
+def test_the_user_error_finder_finds_one(tmp_path):
+    module = tmp_path / "library.py"
+    module.write_text("def f():\n    raise UserError('no')\n")
+    assert user_error_raises(module) == [2]

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.inputs.pretrain_options import pretrain_arguments
 from retromae.trainers.training import lock as lock_module
 from retromae.trainers.training.lock import LOCK_NAME, folder_lock
@@ -264,7 +263,7 @@ def test_the_lock_is_released_on_errors_and_a_live_or_remote_holder_is_refused(t
     folder.mkdir()
     for holder in ({"pid": os.getppid(), "host": socket.gethostname()}, {"pid": dead_pid(), "host": "elsewhere"}):
         (folder / LOCK_NAME).write_text(json.dumps(holder))
-        with pytest.raises(UserError, match=f"pid {holder['pid']} on {holder['host']}"), folder_lock(folder):
+        with pytest.raises(ValueError, match=f"pid {holder['pid']} on {holder['host']}"), folder_lock(folder):
             pass
         assert json.loads((folder / LOCK_NAME).read_text()) == holder, "another run's lock stays"
     with folder_lock(folder, enabled=False) as lock:  # a DDP rank that does not save

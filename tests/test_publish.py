@@ -27,7 +27,7 @@ from retromae.trainers.export.sentence_transformer import (
     build_dupmae_sentence_transformer,
     load_as_sentence_transformer,
 )
-from retromae.trainers.inputs.errors import UserError, yaml_error_message
+from retromae.trainers.inputs.errors import yaml_error_message
 from retromae.trainers.training.finetuning import save_finetuned_model
 
 from .builders import save_headless_bert, tiny_bert_kwargs
@@ -96,12 +96,12 @@ def test_dry_run_and_bad_repo_id_upload_nothing(cls_folder):
     with mock.patch.object(HfApi, "upload_folder") as upload, mock.patch.object(HfApi, "create_repo"):
         _, commit = publish(cls_folder, "my-org/x", dry_run=True)
         assert commit is None
-        with pytest.raises(UserError, match="owner/name"):
+        with pytest.raises(ValueError, match="owner/name"):
             publish(cls_folder, "no-owner")
         for repo_id, reason in [("my-org/my--model", "the name 'my--model' contains '--'"),
                                 ("my-org/model.git", "ends with '.git'"),
                                 ("my-org/-model", "the name '-model' starts with '-'")]:  # HEAD accepted these
-            with pytest.raises(UserError, match=rf"repo id '{re.escape(repo_id)}' is not one the Hub accepts: "
+            with pytest.raises(ValueError, match=rf"repo id '{re.escape(repo_id)}' is not one the Hub accepts: "
                                rf".*{re.escape(reason)}"):
                 publish(cls_folder, repo_id, dry_run=True)
     upload.assert_not_called()
@@ -170,7 +170,7 @@ def test_each_missing_piece_is_a_clear_error(cls_folder, copy_of, what, message)
     folder = copy_of(cls_folder)
     _break(folder, what)
     with (mock.patch.object(HfApi, "upload_folder") as upload, mock.patch.object(HfApi, "create_repo"),
-          pytest.raises(UserError, match=message)):
+          pytest.raises(ValueError, match=message)):
         publish(folder, "my-org/x")
     upload.assert_not_called()
 
@@ -193,20 +193,20 @@ def test_an_export_with_normalize_and_no_normalize_folder_passes(tmp_path, token
     modules = json.loads((tmp_path / "enc" / "modules.json").read_text())
     modules[1]["path"] = "1_Missing"  # a module with files still needs its folder
     (tmp_path / "enc" / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(UserError, match="names module folder '1_Missing', which does not exist"):
+    with pytest.raises(ValueError, match="names module folder '1_Missing', which does not exist"):
         validate_model_folder(tmp_path / "enc")
 
 
 def test_remote_code_files_must_sit_at_the_root(hybrid_folder, copy_of):
     folder = copy_of(hybrid_folder)
     (folder / "layers_dupmae.py").unlink()  # imported by st_dupmae.py with `from .layers_dupmae import ...`
-    with pytest.raises(UserError, match="remote code file layers_dupmae.py is missing from the folder root"):
+    with pytest.raises(ValueError, match="remote code file layers_dupmae.py is missing from the folder root"):
         validate_model_folder(folder)
     folder = copy_of(hybrid_folder)
     modules = json.loads((folder / "modules.json").read_text())
     modules[1]["type"] = "retromae.modeling.st_dupmae.DupMAEPooling"
     (folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(UserError, match="a class of an installed package"):
+    with pytest.raises(ValueError, match="a class of an installed package"):
         validate_model_folder(folder)
 
 
@@ -218,12 +218,12 @@ def test_a_folder_that_would_not_load_is_refused(cls_folder, copy_of):
     pooling.write_text(json.dumps(config))
     assert validate_model_folder(folder, load=False)  # every file is there ...
     with (mock.patch.object(HfApi, "upload_folder") as upload,
-          pytest.raises(UserError, match=r"does not load with SentenceTransformer\('model'\)")):
+          pytest.raises(ValueError, match=r"does not load with SentenceTransformer\('model'\)")):
         publish(folder, "my-org/x")  # ... but sentence-transformers cannot build it
     upload.assert_not_called()
     broken = copy_of(cls_folder)
     (broken / "modules.json").write_text('[{"idx": 0, "name": "0", "path": "", "type": ')
-    with pytest.raises(UserError, match="modules.json is not valid JSON"):
+    with pytest.raises(ValueError, match="modules.json is not valid JSON"):
         validate_model_folder(broken)
 
 
@@ -255,7 +255,7 @@ def test_local_paths_in_any_metadata_field_are_refused(cls_folder, copy_of, tmp_
     metadata = yaml.safe_load(front)
     metadata[field] = value
     (folder / "README.md").write_text(f"---\n{yaml.safe_dump(metadata)}---{body}")
-    with pytest.raises(UserError, match=rf"metadata field '{named}' is a local path"):
+    with pytest.raises(ValueError, match=rf"metadata field '{named}' is a local path"):
         publish(folder, "my-org/x", dry_run=True)
 
 
@@ -282,7 +282,7 @@ def test_tokenizer_saved_from_a_half_written_checkpoint_is_refused(cls_folder, c
     degenerate = AutoTokenizer.from_pretrained(str(half))
     assert len(degenerate) == 5
     degenerate.save_pretrained(folder)
-    with pytest.raises(UserError, match=r"maps every word of a test sentence to \[UNK\].*tokenizer is incomplete"):
+    with pytest.raises(ValueError, match=r"maps every word of a test sentence to \[UNK\].*tokenizer is incomplete"):
         publish(folder, "my-org/x", dry_run=True)
 
 

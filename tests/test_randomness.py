@@ -13,7 +13,6 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.data.collator import PretrainingCollator, masking_generator
 from retromae.trainers.data.tokenize import tokenize_corpus
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.training.trainer import RetroMAETrainer
 from transformers import TrainerCallback, TrainingArguments
 
@@ -201,6 +200,6 @@ def test_span_cuts_differ_across_batches_with_workers(tokenizer, same_rows, tmp_
 def test_a_trainer_without_a_collator_names_the_one_to_pass(tokenizer, rows, tmp_path):
     """HEAD trained with the Trainer's padding collator, masked nothing and failed in transformers on a None loss."""
 
-    with pytest.raises(UserError, match=r"needs data_collator=PretrainingCollator\(tokenizer, mask_ratio=\.\.\.\)"):
+    with pytest.raises(ValueError, match=r"needs data_collator=PretrainingCollator\(tokenizer, mask_ratio=\.\.\.\)"):
         RetroMAETrainer(model=tiny_model(), args=training_args(tmp_path), train_dataset=rows,
                         processing_class=tokenizer)

@@ -22,7 +22,6 @@ from retromae.modeling.modeling_sentmae import (
 from retromae.trainers.cli import main
 from retromae.trainers.data.pairs import ContrastiveCollator, cut_two_spans, read_pairs, tokenize_pairs
 from retromae.trainers.data.tokenize import tokenize_corpus
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.methods import METHODS, MethodArguments
 from safetensors.torch import load_file
 
@@ -333,7 +332,7 @@ def test_pair_collator(tokenizer):
 )
 def test_bad_pair_files_name_file_and_line(tmp_path, lines, message):
     path = write_jsonl(tmp_path / "nli.jsonl", lines)
-    with pytest.raises(UserError) as info:
+    with pytest.raises(ValueError) as info:
         read_pairs(path)
     assert message in str(info.value).replace(str(tmp_path) + os.sep, "")
 

@@ -14,7 +14,6 @@ from retromae.trainers.data.collator import DataInputs
 from retromae.trainers.data.pairs import corpus_training_data
 from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.data.tokenize import load_tokenized_corpus, rank_stream, shuffle_stream, tokenize_corpus
-from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.inputs.pretrain_options import pretrain_arguments
 
 from .builders import SENTENCES, pretrain_args, write_lines
@@ -67,7 +66,7 @@ def test_the_shuffle_order_changes_per_epoch(stream):
 def test_a_dataset_is_left_to_the_sampler_and_a_negative_buffer_refused(tokenizer):
     dataset = tokenize_corpus(numbered(5), tokenizer, max_seq_length=32)
     assert shuffle_stream(dataset, 16, seed=1) is dataset
-    with pytest.raises(UserError, match="--shuffle-buffer -1"):
+    with pytest.raises(ValueError, match="--shuffle-buffer -1"):
         shuffle_stream(dataset, -1, seed=1)
 
 
@@ -172,7 +171,7 @@ def test_a_run_from_the_saved_folder_trains_as_the_run_from_the_text(tiny_bert, 
 
 
 def test_a_saved_corpus_longer_than_max_seq_length_is_refused(tokenizer, saved):
-    with pytest.raises(UserError, match=r"rows of up to 32 tokens, but --max-seq-length is 16") as refused:
+    with pytest.raises(ValueError, match=r"rows of up to 32 tokens, but --max-seq-length is 16") as refused:
         load_tokenized_corpus(str(saved), tokenizer, max_seq_length=16)
     assert str(saved) in str(refused.value) and "\n" not in str(refused.value)
 
@@ -180,7 +179,7 @@ def test_a_saved_corpus_longer_than_max_seq_length_is_refused(tokenizer, saved):
 def test_a_saved_corpus_of_another_tokenizer_is_refused(tokenizer, tmp_path):
     folder = tmp_path / "other"
     datasets.Dataset.from_dict({"input_ids": [[101, 2000, 102], [101, 40000, 102]]}).save_to_disk(str(folder))
-    with pytest.raises(UserError, match=rf"holds token id 40000, but the tokenizer .* has ids 0 to "
+    with pytest.raises(ValueError, match=rf"holds token id 40000, but the tokenizer .* has ids 0 to "
                                         rf"{len(tokenizer) - 1}") as refused:
         load_tokenized_corpus(str(folder), tokenizer, max_seq_length=32)
     assert str(folder) in str(refused.value) and "\n" not in str(refused.value)

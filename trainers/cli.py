@@ -2,7 +2,8 @@
 `(argv) -> exit status`, imported only when the command runs (`retromae pretrain` lives in
 `commands/pretrain.py`, ...).
 
-A `UserError` (or a config field's validator, wrapped in huggingface_hub's `StrictDataclassError`) and a write
+A refusal (`inputs.errors.is_refusal`: a `UserError`, a config field's validator, or a `ValueError` / `TypeError`
+raised by the package's own code) and a write
 that the disk refused (ENOSPC, EDQUOT, EFBIG, torch.save's write failure, a read-only file system or a folder
 without write permission) are printed as one line with exit status 2; Ctrl-C is one line with exit status 130 (for
 `pretrain`: the command that resumes the run); any other exception is a bug and keeps its traceback
@@ -20,9 +21,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
-from huggingface_hub.errors import StrictDataclassError
-
-from .inputs.errors import NOT_WRITABLE, UserError, one_line_message
+from .inputs.errors import NOT_WRITABLE, is_refusal, one_line_message
 from .inputs.folders import INTERRUPTED_HINT
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers warns when DataLoader workers fork
@@ -79,11 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     context = contextvars.copy_context()  # what the command sets stays in it (INTERRUPTED_HINT: read after a Ctrl-C)
     try:
         return context.run(command, argv[1:])
-    except (UserError, StrictDataclassError) as error:  # the user's input (a config field's validator included)
-        if os.environ.get("RETROMAE_DEBUG"):
-            raise
-        print(f"retromae {argv[0]}: error: {one_line_message(error)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         if os.environ.get("RETROMAE_DEBUG"):
             raise
@@ -91,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retromae {argv[0]}: {hint() if hint else interrupted_message(argv[0])}", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
     except Exception as error:
-        message = refused_write_message(error, argv[0])
+        message = one_line_message(error) if is_refusal(error) else refused_write_message(error, argv[0])
         if message is None or os.environ.get("RETROMAE_DEBUG"):
             raise
         print(f"retromae {argv[0]}: error: {message}", file=sys.stderr)

@@ -32,7 +32,6 @@ from .data.pairs import contrastive_training_data, corpus_training_data, pair_po
 from .export.cards import Paper, read_papers
 from .export.cls import Exporter, PoolingModule, SentenceVectors, cls_sentence_vectors, write_cls_encoder
 from .export.dupmae import DUPMAE_POOLING, REPRESENTATION_FIELDS, hybrid_sentence_vectors, write_dupmae_export
-from .inputs.errors import UserError
 from .inputs.io import read_json_or_empty
 
 # builds a method's training data from its (already built) config, the tokenizer and the run's data inputs
@@ -79,9 +78,9 @@ class MethodArguments:
         try:
             options = json.loads(self.method_options)
         except json.JSONDecodeError as error:
-            raise UserError(f"--method-options is not valid JSON: {error}") from None
+            raise ValueError(f"--method-options is not valid JSON: {error}") from None
         if not isinstance(options, dict):
-            raise UserError("--method-options must be a JSON object")
+            raise ValueError("--method-options must be a JSON object")
         return options
 
 
@@ -154,7 +153,7 @@ class Method:
         special ids. Integers given for float fields become floats (a config is a strict dataclass).
 
         Raises:
-            UserError: a setting that is not a field of this method's config, one set both by its flag and in
+            ValueError: a setting that is not a field of this method's config, one set both by its flag and in
                 `--method-options`, or invalid `--method-options`.
         """
         given, options = arguments.given(), arguments.options()
@@ -164,14 +163,14 @@ class Method:
         both = sorted(set(given) & set(options))
         if both:  # which one counts would be a guess
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in both)
-            raise UserError(f"{', '.join(both)} set both by {flags} and in method_options; set it once (a "
-                            "--method-options on the command line overrides the config file's keys one by one)")
+            raise ValueError(f"{', '.join(both)} set both by {flags} and in method_options; set it once (a "
+                             "--method-options on the command line overrides the config file's keys one by one)")
         requested = {**given, **options}
         requested.update(self.data_settings(inputs, requested))
         fields = self.config_fields
         not_applicable = sorted(set(requested) - set(fields))
         if not_applicable:
-            raise UserError(f"setting(s) {', '.join(not_applicable)} do not apply to method {self.name!r}")
+            raise ValueError(f"setting(s) {', '.join(not_applicable)} do not apply to method {self.name!r}")
         settings = {name: float(value) if "float" in str(fields[name].type) and type(value) is int else value
                     for name, value in requested.items()}
         if "mask_token_id" in fields and tokenizer.mask_token_id is not None:
@@ -207,7 +206,7 @@ DEFAULT_METHOD = "retromae"  # `retromae pretrain --method`'s default
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
-        raise UserError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
     return METHODS[name]
 
 
@@ -216,7 +215,7 @@ def method_of_config(model_type: str) -> Method:
     for method in METHODS.values():
         if method.model_class.config_class.model_type == model_type:
             return method
-    raise UserError(
+    raise ValueError(
         f"model_type {model_type!r} is not a retromae pre-training checkpoint; known: "
         f"{', '.join(m.model_class.config_class.model_type for m in METHODS.values())}"
     )
@@ -226,7 +225,7 @@ def sentence_vectors_of(model_type: str) -> SentenceVectors:
     """The sentence-vector function of the method whose config has this `model_type`; [CLS] for any other model."""
     try:
         return method_of_config(model_type).sentence_vectors
-    except UserError:  # e.g. a plain encoder: its [CLS] state
+    except ValueError:  # e.g. a plain encoder: its [CLS] state
         return cls_sentence_vectors
 
 
@@ -263,7 +262,7 @@ def hybrid_method_of(model: nn.Module) -> Method | None:
 def list_methods(argv: list[str]) -> int:
     """`retromae methods`: one line per method."""
     if argv and argv[0] not in {"-h", "--help"}:
-        raise UserError(f"unknown option(s): {' '.join(argv)} (`retromae methods` takes none)")
+        raise ValueError(f"unknown option(s): {' '.join(argv)} (`retromae methods` takes none)")
     for method in METHODS.values():
         print(f"{method.name:12s} {method.summary}")
     return 0

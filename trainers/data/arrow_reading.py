@@ -11,14 +11,13 @@ import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..inputs.errors import UserError
-from .passages import ENCODING_PROBE_BYTES, open_binary
+from .passages import ENCODING_PROBE_BYTES, CorpusError, open_binary
 
 
 def select_text_column(
     dataset: datasets.Dataset | datasets.IterableDataset, where: str, column: str = "text"
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Keeps only the ``column`` column, renamed ``"text"``, or raises ``UserError`` when there is none or it does
+    """Keeps only the ``column`` column, renamed ``"text"``, or raises ``CorpusError`` when there is none or it does
     not hold strings (a list of two strings would be tokenized as a sentence pair)."""
     columns = dataset.column_names
     if columns is None:  # a streaming dataset with unknown features: checked when iterating
@@ -27,10 +26,10 @@ def select_text_column(
     if column not in columns:
         hint = ("rename the passage column to 'text', e.g. dataset.rename_column('<column>', 'text'), or name it "
                 "with --text-column" if column == "text" else "name the passage column with --text-column")
-        raise UserError(f"dataset {where!r} has no {column!r} column (columns: {columns}); {hint}")
+        raise CorpusError(f"dataset {where!r} has no {column!r} column (columns: {columns}); {hint}")
     feature = dataset.features[column]
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
-        raise UserError(
+        raise CorpusError(
             f"dataset {where!r}: the {column!r} column holds {feature!r}, not strings; save one passage string per "
             f"row in {column!r} (e.g. join a list of sentences with a space), or name another with --text-column"
         )
@@ -79,7 +78,7 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
         select_text_column(loaded, where, column)  # the one-line errors of a missing or non-string column
         nulls = loaded.data.column(column).null_count
         if nulls:
-            raise UserError(f"{where}: {nulls} row(s) have no text (null) in column {column!r}; drop them or fill "
+            raise CorpusError(f"{where}: {nulls} row(s) have no text (null) in column {column!r}; drop them or fill "
                             "them in")
         title = "title" in loaded.column_names and column != "title" and is_string_column(loaded, "title")
     return loaded.with_format("arrow").map(

@@ -13,8 +13,6 @@ from typing import Any
 
 import datasets
 
-from ..inputs.errors import UserError
-
 BUILTIN_MODULES = (  # noqa: SIM905 (one readable string)
     "abc argparse ast base64 bdb binascii bisect builtins calendar cmd code codecs codeop colorsys compileall "
     "configparser contextlib contextvars copy copyreg csv dataclasses datetime decimal difflib dis doctest enum "
@@ -47,17 +45,17 @@ def builtin_corpus() -> datasets.Dataset:
     Each text is split into paragraphs on blank lines, whitespace is collapsed, and a paragraph is kept when it has at
     least 150 characters, is mostly prose (no ``>>>`` prompt, no ``::=`` grammar, and at most 3% of its characters
     among ``()=[]{}<>_*`|\\:``) and was not seen before. The order is deterministic for a given Python version
-    (about 2,000 passages on CPython 3.11). Docstrings stripped by ``python -OO`` leave it empty (``UserError``).
+    (about 2,000 passages on CPython 3.11). Docstrings stripped by ``python -OO`` leave it empty (``ValueError``).
 
     Returns:
         A ``datasets.Dataset`` with one column ``"text"``.
 
     Raises:
-        UserError: No passage could be collected (e.g. under ``python -OO``).
+        ValueError: No passage could be collected (e.g. under ``python -OO``).
     """
     passages = _builtin_passages()
     if not passages:
-        raise UserError(
+        raise ValueError(
             "the built-in corpus is empty: standard-library docstrings are unavailable (python -OO?); "
             "pass a corpus file or directory instead"
         )

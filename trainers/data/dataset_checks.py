@@ -8,8 +8,6 @@ from typing import Any
 import datasets
 import pyarrow.compute as pc
 
-from ..inputs.errors import UserError
-
 
 def check_tokenized(dataset: Any, name: str) -> None:
     """Refuse a dataset (or a dict of them) without `input_ids`, e.g. read_corpus's text: transformers would say only
@@ -18,8 +16,8 @@ def check_tokenized(dataset: Any, name: str) -> None:
         columns = getattr(part, "column_names", None)
         if isinstance(columns, list) and "input_ids" not in columns:
             where = name if key is None else f"{name}[{key!r}]"
-            raise UserError(f"{where} has no 'input_ids' column (columns: {columns}); tokenize it first: "
-                            "retromae.tokenize_corpus(dataset, tokenizer, max_seq_length=...)")
+            raise ValueError(f"{where} has no 'input_ids' column (columns: {columns}); tokenize it first: "
+                             "retromae.tokenize_corpus(dataset, tokenizer, max_seq_length=...)")
 
 
 def _token_ids(tokenizer: Any) -> tuple[int | None, ...]:
@@ -32,7 +30,7 @@ def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
     special tokens as words, insert its own mask id and pad with its own pad id. Equal ids pass (a copy is fine).
 
     Raises:
-        UserError: naming both tokenizers' classes, sizes and special ids.
+        ValueError: naming both tokenizers' classes, sizes and special ids.
     """
     if _token_ids(collator_tokenizer) == _token_ids(tokenizer):
         return
@@ -41,9 +39,9 @@ def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
         size, mask, pad, cls, sep = _token_ids(which)
         return f"{type(which).__name__} ({size} tokens, mask {mask}, pad {pad}, cls {cls}, sep {sep})"
 
-    raise UserError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
-                    f"{described(tokenizer)}; build the collator from the same tokenizer: "
-                    "PretrainingCollator(processing_class, ...)")
+    raise ValueError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
+                     f"{described(tokenizer)}; build the collator from the same tokenizer: "
+                     "PretrainingCollator(processing_class, ...)")
 
 
 def longest_sequence(dataset: Any) -> int | None:

@@ -39,7 +39,6 @@ import torch
 from retromae.modeling.configuration_retromae import hides_whole_words
 from retromae.modeling.modeling_sentmae import POSITIVE_PREFIX
 
-from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl
 from .collator import UNMASKED_KEY, DataInputs, PretrainingCollator, TrainingData
 from .reading import code_fingerprint, read_corpus
@@ -70,27 +69,27 @@ def read_pairs(path: str | os.PathLike) -> datasets.Dataset:
         A ``datasets.Dataset`` with the columns ``"anchor"`` and ``"positive"``.
 
     Raises:
-        UserError: the file is missing or empty, or a line is not UTF-8, not JSON, or lacks a non-empty string
+        ValueError: the file is missing or empty, or a line is not UTF-8, not JSON, or lacks a non-empty string
             ``"anchor"`` / ``"positive"``; the message gives the file and 1-based line.
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise UserError(f"pair file {str(path)!r} does not exist; check the path (relative to {Path.cwd()})")
+        raise ValueError(f"pair file {str(path)!r} does not exist; check the path (relative to {Path.cwd()})")
     if file.suffix != ".jsonl":
-        raise UserError(f"pair file {str(path)!r} must be JSONL (.jsonl), one {{'anchor', 'positive'}} per line")
+        raise ValueError(f"pair file {str(path)!r} must be JSONL (.jsonl), one {{'anchor', 'positive'}} per line")
     columns: dict[str, list[str]] = {name: [] for name in PAIR_FIELDS}
-    for where, record in iter_jsonl(file, error=UserError, example='{"anchor": "...", "positive": "..."}'):
+    for where, record in iter_jsonl(file, error=ValueError, example='{"anchor": "...", "positive": "..."}'):
         for name in PAIR_FIELDS:
             value = record.get(name)
             if not isinstance(value, str) or not value.strip():
                 problem = f"no {name!r} field" if name not in record else f"{name!r} is not a non-empty string"
-                raise UserError(
+                raise ValueError(
                     f"{where}: {problem} (keys: {sorted(record)}); every line needs a non-empty string "
                     f'"anchor" and "positive"'
                 )
             columns[name].append(" ".join(value.split()))
     if not columns["anchor"]:
-        raise UserError(f"pair file {str(file)!r} holds no pair; add lines {{\"anchor\": ..., \"positive\": ...}}")
+        raise ValueError(f"pair file {str(file)!r} holds no pair; add lines {{\"anchor\": ..., \"positive\": ...}}")
     logger.info("Read %d pairs from %s", len(columns["anchor"]), file)
     return datasets.Dataset.from_dict(columns)
 
@@ -106,7 +105,7 @@ def tokenize_pairs(pairs: datasets.Dataset, tokenizer: Any, *, max_seq_length: i
         raise ValueError(f"tokenize_pairs needs a fast tokenizer (word_ids()), got {type(tokenizer).__name__}")
     missing = [name for name in PAIR_FIELDS if name not in pairs.column_names]
     if missing:
-        raise UserError(f"the pair dataset has no {missing} column(s) (columns: {pairs.column_names})")
+        raise ValueError(f"the pair dataset has no {missing} column(s) (columns: {pairs.column_names})")
     ids, starts = datasets.Sequence(datasets.Value("int32")), datasets.Sequence(datasets.Value("int8"))
     features = datasets.Features(
         {"input_ids": ids, "word_starts": starts, f"{POSITIVE_PREFIX}input_ids": ids, f"{POSITIVE_PREFIX}word_starts": starts}
@@ -122,7 +121,7 @@ def tokenize_pairs(pairs: datasets.Dataset, tokenizer: Any, *, max_seq_length: i
     if len(tokenized) < len(pairs):
         logger.warning("Dropped %d pair(s) whose anchor or positive has no token", len(pairs) - len(tokenized))
     if len(tokenized) == 0:
-        raise UserError("no pair left after tokenizing: every anchor or positive is empty")
+        raise ValueError("no pair left after tokenizing: every anchor or positive is empty")
     return tokenized
 
 
@@ -298,14 +297,14 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
     of each passage instead (``span_pair_training_data``).
     """
     if inputs.pairs:
-        raise UserError(
+        raise ValueError(
             f"--pairs feeds the in-batch contrastive loss of a method that has one (see `retromae methods`); this run's "
             f"method ({config.model_type}) has none: use --corpus for its text"
         )
     if inputs.contrastive_anchor:
         if hides_whole_words(config):
-            raise UserError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
-                            'the default "token"')
+            raise ValueError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
+                             'the default "token"')
         return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")
     dataset = load_tokenized_corpus(inputs.corpus, tokenizer, max_seq_length=inputs.max_seq_length,
                                     streaming=inputs.streaming)  # a saved, pre-tokenised corpus; None for text
@@ -326,11 +325,11 @@ def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, 
     in-batch contrastive loss on a plain corpus. ``purpose`` names what asks for it (a flag) in messages.
 
     Raises:
-        UserError: ``--packing`` (the spans could come from different documents), or fewer than 2 passages per
+        ValueError: ``--packing`` (the spans could come from different documents), or fewer than 2 passages per
             global batch (the other passages' spans are the negatives).
     """
     if inputs.packing:
-        raise UserError(
+        raise ValueError(
             f"{purpose} takes its positives from two spans of one passage, but --packing joins passages into blocks "
             "(the spans could come from different documents); drop --packing"
         )
@@ -351,7 +350,7 @@ def pair_positive_settings(inputs: DataInputs, requested: dict[str, Any]) -> dic
     if not inputs.pairs:
         return {}
     if requested.get("positives") == "spans":
-        raise UserError('--pairs gives pair positives but --method-options sets "positives": "spans"; drop one')
+        raise ValueError('--pairs gives pair positives but --method-options sets "positives": "spans"; drop one')
     return {"positives": "pairs"}
 
 
@@ -363,22 +362,22 @@ def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -
     ``contrastive_loss_weight == 0`` the method is plain RetroMAE and reads the corpus (``corpus_training_data``).
 
     Raises:
-        UserError: settings that cannot work together (``--pairs`` with ``--corpus``/``--packing``/``--streaming``
+        ValueError: settings that cannot work together (``--pairs`` with ``--corpus``/``--packing``/``--streaming``
             or without a contrastive loss, span positives with ``--packing``, ``positives="pairs"`` without
             ``--pairs``, the recipe's contrastive anchor on top of this loss), or a global batch of fewer than 2.
     """
     if not config.contrastive_loss_weight > 0:
         if inputs.pairs:
-            raise UserError("--pairs feeds the in-batch contrastive loss, which contrastive_loss_weight 0 switches "
-                            "off; use --corpus for the text, or set contrastive_loss_weight > 0")
+            raise ValueError("--pairs feeds the in-batch contrastive loss, which contrastive_loss_weight 0 switches "
+                             "off; use --corpus for the text, or set contrastive_loss_weight > 0")
         return corpus_training_data(config, tokenizer, inputs)
     if inputs.contrastive_anchor:
-        raise UserError(f"--method {type(config).model_type} already has its contrastive loss (contrastive_loss_weight "
-                        f"{config.contrastive_loss_weight}); drop --contrastive-anchor-weight")
+        raise ValueError(f"--method {type(config).model_type} already has its contrastive loss (contrastive_loss_weight "
+                         f"{config.contrastive_loss_weight}); drop --contrastive-anchor-weight")
     if inputs.pairs:
         data = _pair_training_data(config, tokenizer, inputs)
     elif config.positives == "pairs":
-        raise UserError(
+        raise ValueError(
             'positives="pairs" needs --pairs FILE.jsonl (one {"anchor": ..., "positive": ...} per line); '
             'or use "positives": "spans" to cut two spans from each --corpus passage'
         )
@@ -395,7 +394,7 @@ def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Trai
     """Batches of the (anchor, positive) pairs of ``inputs.pairs``, both sides the pre-training text."""
     for flag, value in (("--corpus", inputs.corpus), ("--packing", inputs.packing), ("--streaming", inputs.streaming)):
         if value:
-            raise UserError(
+            raise ValueError(
                 f"{flag} does not apply with --pairs: both sides of every pair are the pre-training text "
                 f"(read into memory, one sequence per side); drop {flag}"
             )
@@ -411,7 +410,7 @@ def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Trai
 def check_in_batch_negatives(inputs: DataInputs, purpose: str, *, unit: str) -> None:
     """Refuse a global batch of one: each anchor's negatives are the other rows' positives."""
     if inputs.global_batch_size < 2:
-        raise UserError(
+        raise ValueError(
             f"{purpose} needs at least 2 {unit} per batch (each anchor's negatives are the other {unit}' positives), "
             f"got a global batch of {inputs.global_batch_size}: raise --per-device-train-batch-size to 2 or more"
         )
@@ -419,7 +418,7 @@ def check_in_batch_negatives(inputs: DataInputs, purpose: str, *, unit: str) -> 
 
 def _check_enough_rows(dataset: datasets.Dataset | datasets.IterableDataset, inputs: DataInputs, *, unit: str) -> None:
     if isinstance(dataset, datasets.Dataset) and len(dataset) < inputs.global_batch_size:
-        raise UserError(
+        raise ValueError(
             f"only {len(dataset)} {unit} for a global batch of {inputs.global_batch_size}: "
             "add data or lower --per-device-train-batch-size"
         )

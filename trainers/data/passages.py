@@ -19,8 +19,12 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl, json_type
+
+
+class CorpusError(ValueError):
+    """A problem in a corpus file, named by its file and line; the readers tell it from a library's failure, also
+    where `datasets` wraps it."""
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ def open_binary(path: str | os.PathLike):
     compression = split_name(Path(path))[1]
     if compression == ".zst":
         if importlib.util.find_spec("zstandard") is None:
-            raise UserError(f"{path}: a zstandard-compressed file, and the zstandard package is not installed; "
+            raise CorpusError(f"{path}: a zstandard-compressed file, and the zstandard package is not installed; "
                             "pip install zstandard, or decompress it (zstd -d)")
         return importlib.import_module("zstandard").open(path, "rb")  # an optional dependency
     return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(compression, open)(path, "rb")
@@ -82,12 +86,12 @@ def check_text_encoding(path: str | os.PathLike) -> None:
     with open_binary(path) as handle:
         encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
     if encoding is not None:
-        raise UserError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
+        raise CorpusError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
                         f"{encoding} -t utf-8 in > out")
 
 
 def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
-    """Yields ``(1-based line number, line without its end)``, raising ``UserError`` on bytes that are not UTF-8
+    """Yields ``(1-based line number, line without its end)``, raising ``CorpusError`` on bytes that are not UTF-8
     (``check_text_encoding`` first, so that UTF-16 and UTF-32 are named as such)."""
     check_text_encoding(path)
     with open_binary(path) as handle:
@@ -95,7 +99,7 @@ def iter_decoded_lines(path: str) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
-                raise UserError(
+                raise CorpusError(
                     f"{path}:{line_no}: bytes that are not valid UTF-8 ({exc.reason} at column {exc.start + 1}); "
                     f"re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out"
                 ) from None
@@ -155,12 +159,12 @@ def iter_jsonl_passages(path: str, column: str = "text") -> Iterator[tuple[int, 
             shutil.copyfileobj(source, target)
         try:
             yield from _iter_jsonl_plain(plain, path, column)
-        except UserError as exc:
-            raise UserError(str(exc).replace(plain, str(path))) from None
+        except CorpusError as exc:
+            raise CorpusError(str(exc).replace(plain, str(path))) from None
 
 
 def _iter_jsonl_plain(path: str, shown: str, column: str) -> Iterator[tuple[int, str]]:
-    for where, record in iter_jsonl(path, error=UserError, example=f'{{"{column}": "..."}}'):
+    for where, record in iter_jsonl(path, error=CorpusError, example=f'{{"{column}": "..."}}'):
         check_jsonl_record(record, where, column)
         title = record.get("title") if column != "title" else None
         text = f"{title} {record[column]}" if isinstance(title, str) and title.strip() else record[column]
@@ -174,7 +178,7 @@ def iter_parquet_passages(path: str, column: str = "text") -> Iterator[tuple[int
     parquet = pq.ParquetFile(path)
     names = parquet.schema_arrow.names
     if column not in names:
-        raise UserError(f"dataset {path!r} has no {column!r} column (columns: {names}); name the passage column "
+        raise CorpusError(f"dataset {path!r} has no {column!r} column (columns: {names}); name the passage column "
                         "with --text-column")
     title = "title" in names and column != "title"
     row = 0
@@ -183,7 +187,7 @@ def iter_parquet_passages(path: str, column: str = "text") -> Iterator[tuple[int
         for index, text in enumerate(table[column]):
             row += 1
             if not isinstance(text, str):
-                raise UserError(f"{path}: row {row}: the {column!r} column holds {text!r}, not a string; save one "
+                raise CorpusError(f"{path}: row {row}: the {column!r} column holds {text!r}, not a string; save one "
                                 f"passage string per row")
             head = table["title"][index] if title else None
             text = " ".join((f"{head} {text}" if isinstance(head, str) and head.strip() else text).split())
@@ -195,18 +199,18 @@ PASSAGE_READERS = {"jsonl": iter_jsonl_passages, "lines": iter_text_lines, "bloc
 
 
 def check_jsonl_record(record: dict[str, Any], where: str, column: str = "text") -> None:
-    """Raises ``UserError`` unless ``record`` has a string ``column``; ``where`` is ``file:line``."""
+    """Raises ``CorpusError`` unless ``record`` has a string ``column``; ``where`` is ``file:line``."""
     if column not in record:
         title = ' (and optionally a "title")' if column != "title" else ""
         other = "; or name the passage field with --text-column" if column == "text" and record else ""
-        raise UserError(
+        raise CorpusError(
             f'{where}: no "{column}" field (keys: {sorted(record)}); give every line a string "{column}" field'
             f"{title}{other}"
         )
     if not isinstance(record[column], str):
         found = json.dumps(record[column])
         found = found if len(found) <= 40 else found[:37] + "..."
-        raise UserError(
+        raise CorpusError(
             f'{where}: the "{column}" field must be a string, found {found} (JSON {json_type(record[column])}); '
             f'write the passage in quotes, e.g. {{"{column}": "..."}}'
         )
@@ -229,7 +233,7 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, i
     elif suffix == ".parquet" and not compression:
         fmt = "parquet"
     else:
-        raise UserError(f"{str(path)!r}: unsupported file type {suffix + compression!r}; use a .txt, .jsonl or "
+        raise CorpusError(f"{str(path)!r}: unsupported file type {suffix + compression!r}; use a .txt, .jsonl or "
                         f".parquet file (.txt and .jsonl may be compressed: {', '.join(COMPRESSED_SUFFIXES)})")
     return str(path.resolve()), fmt, stat.st_size, stat.st_mtime_ns
 

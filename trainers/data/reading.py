@@ -18,7 +18,6 @@ import datasets
 import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
-from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl, json_type
 from .arrow_reading import PASSAGE_FEATURES, passages_batch, read_with_builder, select_text_column
 from .builtin import builtin_corpus
@@ -26,6 +25,7 @@ from .passages import (
     COMPRESSED_SUFFIXES,
     PASSAGE_READERS,
     TEXT_FORMATS,
+    CorpusError,
     TextFormat,
     check_jsonl_record,
     check_text_encoding,
@@ -100,13 +100,13 @@ def read_corpus(
         revision: The Hub dataset's revision (branch, tag or commit).
         streaming: Return a lazy ``datasets.IterableDataset`` (for corpora larger than memory) instead of a
             memory-mapped, cached ``datasets.Dataset``. Errors in the files then surface while iterating, as the
-            same ``UserError``; a folder of several files is sharded by file across DataLoader workers.
+            same ``ValueError``; a folder of several files is sharded by file across DataLoader workers.
 
     Returns:
         A ``datasets.Dataset`` (or ``datasets.IterableDataset`` when ``streaming=True``) with the column ``"text"``.
 
     Raises:
-        UserError: The path is missing, a file is malformed (not UTF-8, UTF-16 or UTF-32 named as such, a line that
+        ValueError: The path is missing, a file is malformed (not UTF-8, UTF-16 or UTF-32 named as such, a line that
             is not JSON or has no string ``"text"``; the message gives the file and 1-based line), a folder holds
             files of other types (which would be left out) or a looping link, or the corpus holds no passage at all.
         ValueError: ``text_format`` is not one of ``"auto"``, ``"lines"``, ``"blocks"``.
@@ -135,7 +135,7 @@ def _refuse_hub_options(source: str | None, hub: HubOptions, split_allowed: bool
     if given:
         what = "the built-in corpus (no --corpus)" if source is None else (
             f"corpus {source!r}, a local {'folder' if Path(source).expanduser().is_dir() else 'file'}")
-        raise UserError(f"{' and '.join(given)} apply to a Hub dataset, not to {what}; drop {' and '.join(given)}")
+        raise ValueError(f"{' and '.join(given)} apply to a Hub dataset, not to {what}; drop {' and '.join(given)}")
 
 
 def _read_source(
@@ -154,7 +154,7 @@ def _read_source(
     if path.is_dir():
         return _read_directory(path, text_format, streaming, text_column, hub)
     if _looks_like_path(str(source)):
-        raise UserError(f"corpus path {str(source)!r} does not exist; check the path (relative to {Path.cwd()})")
+        raise ValueError(f"corpus path {str(source)!r} does not exist; check the path (relative to {Path.cwd()})")
     return _load_hub_dataset(str(source), streaming, text_column, hub)
 
 
@@ -185,12 +185,12 @@ def _read_directory(
     others = [p for p in found if not _is_corpus_file(p)]
     if not files:
         holds = f" (it holds {_some_names(others, path)})" if others else ""
-        raise UserError(
+        raise ValueError(
             f"directory {str(path)!r} holds no corpus{holds}: expected corpus.jsonl (BEIR), a datasets save_to_disk "
             f"folder, or .txt/.jsonl/.parquet files; point the source at one of these"
         )
     if others:
-        raise UserError(
+        raise ValueError(
             f"directory {str(path)!r} holds files that are not a corpus format: {_some_names(others, path)}; only .txt "
             f"and .jsonl files are read: move the others out of the folder (or convert them; .parquet files and "
             f".txt/.jsonl files compressed as {'/'.join(COMPRESSED_SUFFIXES)} are read too)"
@@ -213,7 +213,7 @@ def _files_below(folder: Path) -> list[Path]:
     symbolic links to folders too: ``Path.rglob`` does not enter those, and their passages were left out silently.
 
     Raises:
-        UserError: a link to a folder that holds it (walking on would never end), or to a folder reached already
+        ValueError: a link to a folder that holds it (walking on would never end), or to a folder reached already
             (its files would be read twice); the message names the link.
     """
     found: list[Path] = []
@@ -222,16 +222,16 @@ def _files_below(folder: Path) -> list[Path]:
         here = Path(root)
         real = os.path.realpath(here)
         if real in reached:
-            raise UserError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
-                            f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
-                            "its files would be read twice; remove the link")
+            raise ValueError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
+                             f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
+                             "its files would be read twice; remove the link")
         reached[real] = here
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         for link in (here / name for name in subfolders if (here / name).is_symlink()):
             target = Path(os.path.realpath(link))
             if Path(real).is_relative_to(target):
-                raise UserError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
-                                f"{target}, a folder that holds it (a loop); remove the link")
+                raise ValueError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
+                                 f"{target}, a folder that holds it (a loop); remove the link")
         found += [here / name for name in names if not name.startswith(".") and (here / name).is_file()]
     return sorted(found)
 
@@ -252,26 +252,26 @@ def _load_saved_dataset(
     """Loads a ``save_to_disk`` folder (``DatasetDict``: ``split``, else its ``"train"`` split or its only split)."""
     loaded = datasets.load_from_disk(str(path))
     if split is not None and not isinstance(loaded, datasets.DatasetDict):
-        raise UserError(f"--corpus-split {split}: {str(path)!r} is a saved Dataset, not a DatasetDict with splits; "
-                        "drop --corpus-split")
+        raise ValueError(f"--corpus-split {split}: {str(path)!r} is a saved Dataset, not a DatasetDict with splits; "
+                         "drop --corpus-split")
     if isinstance(loaded, datasets.DatasetDict):
         if split is not None:
             if split not in loaded:
-                raise UserError(f"{str(path)!r} has no split {split!r} (splits: {sorted(loaded)}); pick one with "
-                                "--corpus-split")
+                raise ValueError(f"{str(path)!r} has no split {split!r} (splits: {sorted(loaded)}); pick one with "
+                                 "--corpus-split")
             loaded = loaded[split]
         elif "train" in loaded:
             loaded = loaded["train"]
         elif len(loaded) == 1:
             loaded = next(iter(loaded.values()))
         else:
-            raise UserError(
+            raise ValueError(
                 f"{str(path)!r} is a DatasetDict without a 'train' split (splits: {sorted(loaded)}); "
                 f"save the split to use with dataset_dict['<split>'].save_to_disk(...)"
             )
     corpus = select_text_column(loaded, str(path), text_column)
     if len(corpus) == 0:
-        raise UserError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
+        raise ValueError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
     return corpus.to_iterable_dataset() if streaming else corpus
 
 
@@ -282,7 +282,7 @@ _SPLITS_IN_ERROR = re.compile(r"Unknown split \"([^\"]*)\"\. Should be one of (\
 def _load_hub_dataset(
     name: str, streaming: bool, text_column: str = "text", hub: HubOptions = HubOptions()
 ) -> datasets.Dataset | datasets.IterableDataset:
-    """Loads ``hub.split`` (default ``"train"``) of a Hub dataset; every failure becomes a one-line ``UserError``."""
+    """Loads ``hub.split`` (default ``"train"``) of a Hub dataset; every failure becomes a one-line ``ValueError``."""
     split = hub.split or "train"
     try:
         loaded = datasets.load_dataset(name, hub.config, split=split, revision=hub.revision, streaming=streaming)
@@ -290,13 +290,13 @@ def _load_hub_dataset(
         found = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
         configs = _CONFIGS_IN_ERROR.search(str(exc))
         if configs is not None:
-            raise UserError(f"corpus {name!r} has several configurations: {configs.group(1)}; pick one with "
-                            f"--corpus-config (read_corpus(..., config=...))") from exc
+            raise ValueError(f"corpus {name!r} has several configurations: {configs.group(1)}; pick one with "
+                             f"--corpus-config (read_corpus(..., config=...))") from exc
         splits = _SPLITS_IN_ERROR.search(str(exc))
         if splits is not None:
-            raise UserError(f"corpus {name!r} has no split {splits.group(1)!r} (splits: {splits.group(2)}); pick "
-                            f"one with --corpus-split") from exc
-        raise UserError(
+            raise ValueError(f"corpus {name!r} has no split {splits.group(1)!r} (splits: {splits.group(2)}); pick "
+                             f"one with --corpus-split") from exc
+        raise ValueError(
             f"corpus {name!r} was not found locally (no such file or directory) or on the Hub "
             f"({found}); check the path, or the dataset name, --corpus-config, --corpus-revision and your "
             f"connection (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE)"
@@ -314,7 +314,7 @@ def _read_files(
     sources = [describe_file(path, text_format) for path in files]
     if not any(_has_content(path) for path in files):
         names = ", ".join(repr(str(p)) for p in files)
-        raise UserError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
+        raise ValueError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
     if streaming:
         # A list in gen_kwargs is sharded by file across DataLoader workers / ranks.
         return datasets.IterableDataset.from_generator(
@@ -331,7 +331,7 @@ def _read_files(
     corpus = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if len(corpus) == 0:
         names = ", ".join(repr(source[0]) for source in sources)
-        raise UserError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
+        raise ValueError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
     logger.info("Read %d passages from %d file(s)", len(corpus), len(files))
     return corpus
 
@@ -352,14 +352,14 @@ def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets
             check_text_encoding(path)  # UTF-16 without a byte-order mark would read as valid UTF-8 with NULs
     try:
         return read_with_builder(sources, column, _reader_fingerprint())
-    except UserError:
+    except CorpusError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure: our reader finds and names the problem, or reads it
         if len(sources) > 1:  # e.g. files whose columns differ: one builder call each
             return datasets.concatenate_datasets([_read_run([source], column) for source in sources])
         if sources[0][1] == "parquet":
-            raise UserError(f"{sources[0][0]}: could not be read as Parquet ({' '.join(str(exc).split())}); check "
-                            f"the file") from exc
+            raise ValueError(f"{sources[0][0]}: could not be read as Parquet ({' '.join(str(exc).split())}); check "
+                             f"the file") from exc
         logger.info("Reading %s line by line (%s: %s)", ", ".join(s[0] for s in sources), type(exc).__name__,
                     " ".join(str(exc).split())[:200])
     try:
@@ -408,18 +408,18 @@ def _has_content(path: Path) -> bool:
         try:
             return pq.ParquetFile(path).metadata.num_rows > 0
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
-            raise UserError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())}); check the "
-                            "file") from exc
+            raise ValueError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())}); check the "
+                             "file") from exc
     with open_binary(path) as handle:
         return any(raw.strip() for raw in handle)
 
 
-def _find_corpus_error(exc: BaseException) -> UserError | None:
-    """The ``UserError`` that ``datasets`` wrapped (in ``__cause__``/``__context__``), if any."""
+def _find_corpus_error(exc: BaseException) -> CorpusError | None:
+    """The ``CorpusError`` that ``datasets`` wrapped (in ``__cause__``/``__context__``), if any."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, UserError):
+        if isinstance(current, CorpusError):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -458,7 +458,7 @@ def _generate_passages(
     """Yields ``{"text": passage}`` for every file in ``sources`` (see ``describe_file``).
 
     ``code`` (the readers' ``code_fingerprint``) is unused here: it is part of the cache fingerprint.
-    With ``require_passages`` an empty result raises ``UserError`` (not for streaming, where a shard of the files
+    With ``require_passages`` an empty result raises ``ValueError`` (not for streaming, where a shard of the files
     may legitimately be empty).
     """
     count = 0
@@ -468,7 +468,7 @@ def _generate_passages(
             yield {"text": text}
     if require_passages and count == 0:
         names = ", ".join(repr(source[0]) for source in sources)
-        raise UserError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
+        raise ValueError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
 

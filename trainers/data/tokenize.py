@@ -16,7 +16,6 @@ import datasets
 import pyarrow.compute as pc
 from datasets.distributed import split_dataset_by_node
 
-from ..inputs.errors import UserError
 from .arrow_reading import map_processes
 from .dataset_checks import longest_sequence
 from .reading import code_fingerprint
@@ -71,7 +70,7 @@ def tokenize_corpus(
         TypeError: ``dataset`` is none of the accepted types, or ``max_seq_length`` is not an integer.
         ValueError: The tokenizer is not fast, ``max_seq_length`` leaves no room for an ordinary token, or
             ``num_proc`` is below 1.
-        UserError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
+        ValueError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
             text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
     """
     dataset = _as_dataset(dataset)
@@ -108,7 +107,7 @@ def tokenize_corpus(
         }
     )
     if dataset.column_names is not None and "text" not in dataset.column_names:
-        raise UserError(
+        raise ValueError(
             f"the dataset has no 'text' column (columns: {dataset.column_names}); "
             f"read it with read_corpus or rename the passage column to 'text'"
         )
@@ -131,7 +130,7 @@ def tokenize_corpus(
         desc="Tokenizing (packing)" if packing else "Tokenizing",
     )
     if len(tokenized) == 0:
-        raise UserError(
+        raise ValueError(
             f"no sequence left after tokenizing {len(dataset)} passages of {source}: every passage is empty (or holds "
             f"only characters the tokenizer drops); check that the corpus 'text' column holds text"
         )
@@ -174,7 +173,7 @@ def load_tokenized_corpus(
     token is its own word for whole-word masking). A ``DatasetDict`` gives its ``"train"`` split, or its only one.
 
     Raises:
-        UserError: in one line naming the folder and the limit, when a token id is not one of the tokenizer's
+        ValueError: in one line naming the folder and the limit, when a token id is not one of the tokenizer's
             (``>= len(tokenizer)`` or negative: another tokenizer's ids), a row is longer than ``max_seq_length``, the
             ``input_ids`` are not lists of integers, or the folder holds no rows.
     """
@@ -194,23 +193,23 @@ def load_tokenized_corpus(
     feature = loaded.features["input_ids"]
     inner = getattr(feature, "feature", None)
     if not str(getattr(inner, "dtype", "")).startswith(("int", "uint")):
-        raise UserError(f"{where}: its 'input_ids' column holds {feature!r}, not lists of token ids; save the result "
-                        "of retromae.tokenize_corpus (or lists of integer ids) there")
+        raise ValueError(f"{where}: its 'input_ids' column holds {feature!r}, not lists of token ids; save the result "
+                         "of retromae.tokenize_corpus (or lists of integer ids) there")
     if len(loaded) == 0:
-        raise UserError(f"{where} holds no rows: the pre-tokenised corpus is empty")
+        raise ValueError(f"{where} holds no rows: the pre-tokenised corpus is empty")
     loaded = loaded.select_columns([name for name in ("input_ids", "word_starts") if name in loaded.column_names])
     flat = pc.list_flatten(loaded.data.column("input_ids"))
     bounds = pc.min_max(flat).as_py() if len(flat) else {"min": None, "max": None}
     vocabulary = len(tokenizer)
     if bounds["max"] is not None and (bounds["max"] >= vocabulary or bounds["min"] < 0):
         bad = bounds["max"] if bounds["max"] >= vocabulary else bounds["min"]
-        raise UserError(f"{where} holds token id {bad}, but the tokenizer {tokenizer.name_or_path} has ids 0 to "
-                        f"{vocabulary - 1}: it was tokenised with another tokenizer; tokenise the text again with "
-                        "this one (or pass the tokenizer it was made with, --tokenizer)")
+        raise ValueError(f"{where} holds token id {bad}, but the tokenizer {tokenizer.name_or_path} has ids 0 to "
+                         f"{vocabulary - 1}: it was tokenised with another tokenizer; tokenise the text again with "
+                         "this one (or pass the tokenizer it was made with, --tokenizer)")
     longest = longest_sequence(loaded) or 0
     if longest > max_seq_length:
-        raise UserError(f"{where} holds rows of up to {longest} tokens, but --max-seq-length is {max_seq_length}: "
-                        f"raise --max-seq-length to {longest} or tokenise the text again with the shorter length")
+        raise ValueError(f"{where} holds rows of up to {longest} tokens, but --max-seq-length is {max_seq_length}: "
+                         f"raise --max-seq-length to {longest} or tokenise the text again with the shorter length")
     if "word_starts" not in loaded.column_names:
         logger.warning("%s has no 'word_starts' column: whole-word masking masks single tokens", where)
     logger.info("Pre-tokenised corpus %s: %d sequences of up to %d tokens", source, len(loaded), longest)
@@ -228,10 +227,10 @@ def shuffle_stream(
     ``Dataset`` (shuffled by the Trainer's sampler) or ``buffer_size`` 0 is returned unchanged (file order).
 
     Raises:
-        UserError: ``buffer_size`` is negative.
+        ValueError: ``buffer_size`` is negative.
     """
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, numbers.Integral) or buffer_size < 0:
-        raise UserError(f"--shuffle-buffer {buffer_size}: give a number of sequences, 0 to keep the file order")
+        raise ValueError(f"--shuffle-buffer {buffer_size}: give a number of sequences, 0 to keep the file order")
     if not isinstance(dataset, datasets.IterableDataset) or buffer_size == 0:
         return dataset
     return dataset.shuffle(seed=seed, buffer_size=int(buffer_size))
@@ -267,9 +266,9 @@ def _check_unknown_tokens(
     message = (f"{share:.0%} of the text tokens of {source} are [UNK] ({sample}): the tokenizer "
                f"{tokenizer.name_or_path} does not know the corpus's language or script")
     if share > MAX_UNK_SHARE:
-        raise UserError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
-                        "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
-                        "meant")
+        raise ValueError(f"{message}; [UNK] is never masked, so training would learn nothing: use a model and "
+                         "tokenizer made for this language (--model, --tokenizer), or check that this is the corpus "
+                         "meant")
     logger.warning("%s; training learns nothing from [UNK]", message)
 
 

@@ -49,7 +49,6 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from ..inputs.checkpoints import encoder_from_state_dict, encoder_kwargs
-from ..inputs.errors import UserError
 from ..inputs.sentence_models import save_without_pooler
 from .cards import render_pretrained_card
 from .cls import ExportRequest, PoolingModule, cls_sentence_vectors
@@ -87,7 +86,7 @@ def _head_weights(backbone: type[BertBackbone], state_dict: Mapping[str, torch.T
     `transform.LayerNorm.*`, `decoder_weight`, `decoder_bias`)."""
     head = backbone.head_state(state_dict)
     if head is None:
-        raise UserError(
+        raise ValueError(
             f"the weights have no {backbone.display_name} MLM head for the OT representation "
             f"({backbone.head_name}.* or the word embeddings missing)"
         )

@@ -1,6 +1,6 @@
 """`retromae publish`: validate a sentence-transformers folder, then upload it to the Hugging Face Hub.
 
-Validation (`validate_model_folder`), each failure a `UserError` naming the file and the fix:
+Validation (`validate_model_folder`), each failure a `ValueError` naming the file and the fix:
 
 * `modules.json` is present and well-formed, every module folder it names exists (a Normalize module has no files,
   so its folder may be absent);
@@ -17,7 +17,7 @@ Validation (`validate_model_folder`), each failure a `UserError` naming the file
   finite vector. A folder that would not load for users is never uploaded.
 
 Then `HfApi().create_repo(repo_id, exist_ok=True)` and `HfApi().upload_folder(...)`; no network, no login, no write
-access, a misspelt repo id or a timeout is one `UserError` line with the fix. The equivalent without our
+access, a misspelt repo id or a timeout is one `ValueError` line with the fix. The equivalent without our
 validation is the Hub CLI (huggingface_hub >= 1.0; `huggingface-cli` no longer exists)::
 
     hf auth login
@@ -51,7 +51,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from sentence_transformers import SentenceTransformer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from ..inputs.errors import UserError, one_line_message, yaml_error_message
+from ..inputs.errors import one_line_message, yaml_error_message
 from ..inputs.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
 from .cards import find_local_paths
 
@@ -78,13 +78,13 @@ def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UserError(f"{what} is not valid JSON: {error}") from None
+        raise ValueError(f"{what} is not valid JSON: {error}") from None
 
 
 def _check_modules(folder: Path) -> list[dict[str, Any]]:
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
-        raise UserError(
+        raise ValueError(
             f"{folder.name} has no modules.json: it is not a sentence-transformers folder (without it "
             "sentence-transformers would guess mean pooling); export it with `retromae export` or save it with "
             "SentenceTransformer.save"
@@ -93,10 +93,10 @@ def _check_modules(folder: Path) -> list[dict[str, Any]]:
     if not isinstance(modules, list) or not modules or not all(
         isinstance(m, dict) and isinstance(m.get("type"), str) and isinstance(m.get("path"), str) for m in modules
     ):
-        raise UserError('modules.json must be a non-empty list of {"idx", "name", "path", "type"} entries')
+        raise ValueError('modules.json must be a non-empty list of {"idx", "name", "path", "type"} entries')
     for module in modules:
         if not (folder / module["path"]).is_dir() and not _has_no_files(module):
-            raise UserError(f"modules.json names module folder {module['path']!r}, which does not exist")
+            raise ValueError(f"modules.json names module folder {module['path']!r}, which does not exist")
     return modules
 
 
@@ -114,13 +114,13 @@ def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
         pickles = sorted(p.name for p in module_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
         where = module["path"] or "the folder root"
         if pickles:
-            raise UserError(
+            raise ValueError(
                 f"{where} holds pickle weights ({', '.join(pickles)}); publish safetensors only "
                 "(model.save_pretrained / SentenceTransformer.save write model.safetensors) and remove the pickles"
             )
         if module["type"].endswith("Transformer"):
             if not (module_dir / "config.json").is_file():
-                raise UserError(f"{where} has no config.json for the Transformer module")
+                raise ValueError(f"{where} has no config.json for the Transformer module")
             config_name = (Path(module["path"]) / "config.json").as_posix()
             _check_model_type(_read_json(module_dir / "config.json", config_name), config_name)
             index = module_dir / "model.safetensors.index.json"
@@ -128,16 +128,16 @@ def _check_weights(folder: Path, modules: list[dict[str, Any]]) -> None:
                 shards = set(_read_json(index, "model.safetensors.index.json").get("weight_map", {}).values())
                 missing = sorted(s for s in shards if not (module_dir / s).is_file())
                 if missing:
-                    raise UserError(f"weight shards listed in model.safetensors.index.json are missing: {missing}")
+                    raise ValueError(f"weight shards listed in model.safetensors.index.json are missing: {missing}")
             elif not (module_dir / "model.safetensors").is_file():
-                raise UserError(f"{where} has no model.safetensors (the Transformer's weights)")
+                raise ValueError(f"{where} has no model.safetensors (the Transformer's weights)")
             if not any((module_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
-                raise UserError(
+                raise ValueError(
                     f"{where} has no tokenizer files ({', '.join(TOKENIZER_VOCAB_FILES[:2])}, ...); save the tokenizer "
                     "next to the weights (tokenizer.save_pretrained)"
                 )
             if not (module_dir / "tokenizer_config.json").is_file():
-                raise UserError(f"{where} has no tokenizer_config.json")
+                raise ValueError(f"{where} has no tokenizer_config.json")
 
 
 def _check_model_type(config: Any, config_name: str) -> None:
@@ -145,7 +145,7 @@ def _check_model_type(config: Any, config_name: str) -> None:
     (auto_map)."""
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in CONFIG_MAPPING and not (isinstance(config, dict) and config.get("auto_map")):
-        raise UserError(
+        raise ValueError(
             f"{config_name}: model_type {model_type!r} is not one transformers {transformers.__version__} knows "
             f"and the config has no auto_map; give the base's model_type (e.g. 'bert') or ship the model's code"
         )
@@ -159,7 +159,7 @@ def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]
             continue
         stem, _, class_name = type_name.rpartition(".")
         if not stem or "." in stem:
-            raise UserError(
+            raise ValueError(
                 f"modules.json references {type_name!r}, a class of an installed package: users without that package "
                 f"cannot load the model. Put the module's file at the folder root and reference it as "
                 f"'<file>.<Class>' (for DupMAE: retromae.trainers.export.dupmae.save_dupmae_sentence_transformer)"
@@ -180,7 +180,7 @@ def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]
             continue
         path = folder / name
         if not path.is_file():
-            raise UserError(
+            raise ValueError(
                 f"remote code file {name} is missing from the folder root (referenced by modules.json / config.json or "
                 "imported by another remote-code file); copy it next to modules.json"
             )
@@ -192,19 +192,19 @@ def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]
 def _check_card(folder: Path) -> dict[str, Any]:
     readme = folder / "README.md"
     if not readme.is_file():
-        raise UserError(f"{folder.name} has no model card (README.md); `retromae finetune` / `retromae export` write one")
+        raise ValueError(f"{folder.name} has no model card (README.md); `retromae finetune` / `retromae export` write one")
     text = readme.read_text(encoding="utf-8")
     if not text.startswith("---"):
-        raise UserError("README.md has no YAML metadata block (--- ... ---) at the top")
+        raise ValueError("README.md has no YAML metadata block (--- ... ---) at the top")
     if not REGEX_YAML_BLOCK.search(text):
-        raise UserError("README.md: the metadata block opened by '---' on line 1 is never closed; add a line '---' "
-                        "after its last field")
+        raise ValueError("README.md: the metadata block opened by '---' on line 1 is never closed; add a line '---' "
+                         "after its last field")
     card = _parse_card(text)
     metadata = card.data.to_dict()
     if not metadata.get("library_name"):
-        raise UserError("README.md metadata has no library_name (sentence-transformers)")
+        raise ValueError("README.md metadata has no library_name (sentence-transformers)")
     if "model-index" in text and not card.data.eval_results:
-        raise UserError("README.md has a model-index block without readable evaluation results")
+        raise ValueError("README.md has a model-index block without readable evaluation results")
     _check_metadata_paths(metadata, folder)
     _check_text_paths(text)
     return metadata
@@ -217,9 +217,9 @@ def _parse_card(text: str) -> ModelCard:
     except yaml.YAMLError as error:
         block = REGEX_YAML_BLOCK.search(text)  # the front matter ModelCard parsed: its lines start after `---`
         first_line = text[:block.start(2)].count("\n") + 1 if block else 1
-        raise UserError(f"{yaml_error_message('README.md', error, first_line=first_line)}; {CARD_FIX}") from None
+        raise ValueError(f"{yaml_error_message('README.md', error, first_line=first_line)}; {CARD_FIX}") from None
     except Exception as error:  # front matter that is not a mapping, malformed model-index
-        raise UserError(f"README.md metadata does not parse: {one_line_message(error)}; {CARD_FIX}") from None
+        raise ValueError(f"README.md metadata does not parse: {one_line_message(error)}; {CARD_FIX}") from None
 
 
 def _check_text_paths(text: str) -> None:
@@ -228,7 +228,7 @@ def _check_text_paths(text: str) -> None:
     found = find_local_paths(text)
     if found:
         line, path = found[0]
-        raise UserError(
+        raise ValueError(
             f"README.md line {line} contains a local path of this machine ({path}); edit README.md to name it by a "
             "Hub id or a plain name, or re-export with public names (`retromae pretrain --corpus-name NAME`, "
             "`retromae export --model-name OWNER/NAME`)"
@@ -245,7 +245,7 @@ def _check_metadata_paths(metadata: Any, folder: Path, field_name: str = "") -> 
         for i, value in enumerate(metadata):
             _check_metadata_paths(value, folder, f"{field_name}[{i}]")
     elif isinstance(metadata, str) and is_local_path(metadata, beside=folder.resolve().parent):
-        raise UserError(
+        raise ValueError(
             f"README.md metadata field {field_name!r} is a local path ({metadata!r}); use a Hub id (owner/name) or "
             "remove the field (a local base model is described in the card text, not in the metadata)"
         )
@@ -258,9 +258,9 @@ def _check_loads(folder: Path, trust_remote_code: bool) -> int:
         vector = model.encode_document(["A short test sentence."], convert_to_tensor=True, show_progress_bar=False)[0]
     except Exception as error:  # anything that stops a user from loading it
         message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise UserError(f"the folder does not load with {call}: {type(error).__name__}: {message}") from None
+        raise ValueError(f"the folder does not load with {call}: {type(error).__name__}: {message}") from None
     if not bool(vector.float().isfinite().all()):
-        raise UserError(f"{call} loads but encodes a test sentence to non-finite values")
+        raise ValueError(f"{call} loads but encodes a test sentence to non-finite values")
     _check_tokenizer_vocabulary(model, call)
     return int(vector.numel())
 
@@ -273,7 +273,7 @@ def _check_tokenizer_vocabulary(model: Any, call: str) -> None:
         return
     ids = tokenizer("A short test sentence about dense retrieval.", add_special_tokens=False)["input_ids"]
     if ids and all(i == unk for i in ids):
-        raise UserError(
+        raise ValueError(
             f"{call} maps every word of a test sentence to {tokenizer.unk_token} (its tokenizer has {len(tokenizer)} "
             "tokens): the tokenizer is incomplete, e.g. exported from a checkpoint killed mid-save; export again "
             "from a complete checkpoint"
@@ -288,11 +288,11 @@ def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> Va
         load: also load it with `SentenceTransformer` and encode a sentence (the final, decisive check).
 
     Raises:
-        UserError: the first problem found.
+        ValueError: the first problem found.
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise UserError(f"{folder} is not a folder")
+        raise ValueError(f"{folder} is not a folder")
     modules = _check_modules(folder)
     _check_weights(folder, modules)
     remote_files = _check_remote_code(folder, modules)
@@ -369,44 +369,44 @@ def check_repo_id(repo_id: str) -> None:
     """Refuse, in one line naming what is wrong, a repo id the Hub would refuse (or read as another kind of id)."""
     problem = repo_id_problem(repo_id)
     if problem:
-        raise UserError(f"repo id {repo_id!r} is not one the Hub accepts: {problem}")
+        raise ValueError(f"repo id {repo_id!r} is not one the Hub accepts: {problem}")
     if not is_hub_id(repo_id):
-        raise UserError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
+        raise ValueError(f"repo id {repo_id!r} must look like 'owner/name' (your user or organisation name first)")
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:  # a rule `repo_id_problem` does not know
-        raise UserError(f"repo id {repo_id!r} is not one the Hub accepts: {error}") from None
+        raise ValueError(f"repo id {repo_id!r} is not one the Hub accepts: {error}") from None
 
 
 @contextmanager
 def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
     """Turn what the Hub call raises when offline, not logged in, without write access, for a missing repository or
-    on a timeout into one `UserError` line saying what failed and the fix (raised from the Hub's error, which
+    on a timeout into one `ValueError` line saying what failed and the fix (raised from the Hub's error, which
     RETROMAE_DEBUG=1 shows); other errors pass unchanged."""
     failed = f"could not {action} {repo_id}"
     try:
         yield
     except RepositoryNotFoundError as error:  # also the Hub's answer to a missing or invalid token
-        raise UserError(
+        raise ValueError(
             f"{failed}: the Hub does not know the repository or you may not access it; check the spelling of the "
             f"repo id (OWNER/NAME, --repo-id) and that you are logged in (`hf auth login`) as {repo_id.split('/')[0]} "
             "or a member of that organisation"
         ) from error
     except HfHubHTTPError as error:
-        raise UserError(f"{failed}: {_http_failure(error, repo_id)}") from error
+        raise ValueError(f"{failed}: {_http_failure(error, repo_id)}") from error
     except OfflineModeIsEnabled as error:
-        raise UserError(
+        raise ValueError(
             f"{failed}: HF_HUB_OFFLINE is set; unset it to upload (to validate only: --dry-run)"
         ) from error
     except LocalTokenNotFoundError as error:
-        raise UserError(f"{failed}: you are not logged in; run `hf auth login` (or set HF_TOKEN)") from error
+        raise ValueError(f"{failed}: you are not logged in; run `hf auth login` (or set HF_TOKEN)") from error
     except httpx2.TimeoutException as error:
-        raise UserError(
+        raise ValueError(
             f"{failed}: the Hub ({constants.ENDPOINT}) did not answer in time ({type(error).__name__}); check the "
             "network connection, then run the command again"
         ) from error
     except httpx2.TransportError as error:  # connection refused, DNS failure, proxy error
-        raise UserError(
+        raise ValueError(
             f"{failed}: cannot reach the Hub ({constants.ENDPOINT}): {one_line_message(error)}; check the network "
             "connection (and HTTPS_PROXY / HF_ENDPOINT if set), then run the command again"
         ) from error

@@ -38,7 +38,6 @@ from ..inputs.checkpoints import (
     read_state_dict,
     usable_positions,
 )
-from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, is_trainer_checkpoint, public_name
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import atomic_folder, claim_output
@@ -85,7 +84,7 @@ def export_sentence_transformer(
         `output_dir` as a `Path`.
 
     Raises:
-        UserError: the folder is not a complete checkpoint of one of our methods, or
+        ValueError: the folder is not a complete checkpoint of one of our methods, or
             `output_dir` exists and `overwrite` is False.
     """
     check_pooling(pooling, similarity)
@@ -95,8 +94,8 @@ def export_sentence_transformer(
     in_checkpoint = next((p for p in (output_dir.absolute(), *output_dir.absolute().parents)
                           if is_trainer_checkpoint(p)), None)
     if in_checkpoint is not None:
-        raise UserError(f"output folder {output_dir} is or lies in the training checkpoint {in_checkpoint}, which "
-                        "resuming the run needs; choose another folder")
+        raise ValueError(f"output folder {output_dir} is or lies in the training checkpoint {in_checkpoint}, which "
+                         "resuming the run needs; choose another folder")
     check_tokenizer_saved(checkpoint, purpose="export")  # saved without one: say how to add it
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
@@ -114,7 +113,7 @@ def export_sentence_transformer(
     try:
         return export_request(request, output_dir, overwrite=overwrite)
     except CheckpointError as error:  # the weights do not fit the config
-        raise UserError(f"{checkpoint}: {error}") from None
+        raise ValueError(f"{checkpoint}: {error}") from None
 
 
 def export_from_model(
@@ -141,14 +140,14 @@ def export_from_model(
         state_dict: the model's whole weights (default: `model.state_dict()`, which a sharded model holds in part).
     """
     if not isinstance(model, BertPretrainingBase):
-        raise UserError(
+        raise ValueError(
             f"export_from_model expects a retromae *ForPretraining model, got {type(model).__name__}; "
             "unwrap it first (e.g. accelerator.unwrap_model(model))"
         )
     if state_dict is None and is_sharded(model):  # its state dict is this process's shards: a partial export
-        raise UserError("export_from_model got a sharded (FSDP) model without its whole weights; gather them on "
-                        "every process with training.sharding.full_state_dict(model) and pass them as state_dict, "
-                        "or export the saved checkpoint: retromae export CHECKPOINT OUTPUT")
+        raise ValueError("export_from_model got a sharded (FSDP) model without its whole weights; gather them on "
+                         "every process with training.sharding.full_state_dict(model) and pass them as state_dict, "
+                         "or export the saved checkpoint: retromae export CHECKPOINT OUTPUT")
     output_dir = Path(output_dir)
     method = method_of(model.config.model_type, type(model).__name__, hint=f"known methods: {', '.join(METHODS)}")
     claim_output(output_dir, "output folder", overwrite)
@@ -168,7 +167,7 @@ def export_request(request: ExportRequest, output_dir: Path, *, overwrite: bool)
     """Run the method's exporter in a temporary sibling folder, then move the finished folder into place
     (`atomic_folder`, which also removes the temporary folders of an earlier, killed export to the same place)."""
     if request.method.representation != "cls" and (request.pooling, request.similarity) != ("cls", None):
-        raise UserError(
+        raise ValueError(
             f"--pooling and --similarity apply to the CLS methods; {request.method.name}'s export builds its own "
             "representation (for DupMAE: build_dupmae_sentence_transformer(..., representation=...))"
         )
@@ -211,7 +210,7 @@ def export_encoder(
     """
     unknown = set(representation) - set(method.export_overrides)
     if unknown:
-        raise UserError(
+        raise ValueError(
             f"unknown representation overrides {sorted(unknown)}; allowed: {', '.join(method.export_overrides)}"
         )
     output_dir = Path(output_dir)
@@ -231,7 +230,7 @@ def export_encoder(
         tokenizer = tokenizer or load_tokenizer(folder)
         encoder = method.encoder_class_for(folder_config).from_pretrained(str(folder))
     if tokenizer is None:
-        raise UserError("pass the tokenizer of an in-memory encoder")
+        raise ValueError("pass the tokenizer of an in-memory encoder")
     config, state = _config_and_state(method, encoder)
     config.update(representation)
     request = ExportRequest(
@@ -311,7 +310,7 @@ def load_as_sentence_transformer(
         info["pretraining_method"] = method
         if not (path / "modules.json").is_file() and (path / "config.json").is_file() and method is not None:
             if work_dir is None:
-                raise UserError(f"{path.name} is a pre-training checkpoint; pass a work folder to export it into")
+                raise ValueError(f"{path.name} is a pre-training checkpoint; pass a work folder to export it into")
             exported = Path(work_dir) / "pretrained-encoder"
             logger.info("exporting the %s pre-training checkpoint %s to %s", method, path.name, exported)
             export_sentence_transformer(path, exported, overwrite=True, pooling=pooling or "cls")
@@ -340,8 +339,8 @@ def _check_vocabulary(model: SentenceTransformer, name: str) -> None:
         return
     rows = auto_model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > rows:
-        raise UserError(f"{name}: its tokenizer has {len(tokenizer)} tokens but the model has {rows} word "
-                        "embeddings (vocab_size in config.json); give the model the tokenizer it was trained with")
+        raise ValueError(f"{name}: its tokenizer has {len(tokenizer)} tokens but the model has {rows} word "
+                         "embeddings (vocab_size in config.json); give the model the tokenizer it was trained with")
 
 
 def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
@@ -353,8 +352,8 @@ def _set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None
     lowest = 1 + (tokenizer.num_special_tokens_to_add(pair=False) if tokenizer is not None else 0)
     if max_seq_length < lowest or (limit is not None and max_seq_length > limit):
         upper = limit or "the encoder's limit"
-        raise UserError(f"--max-seq-length {max_seq_length}: give {lowest} to {upper} (tokens per text, special "
-                        "tokens included)")
+        raise ValueError(f"--max-seq-length {max_seq_length}: give {lowest} to {upper} (tokens per text, special "
+                         "tokens included)")
     model.max_seq_length = max_seq_length
 
 
@@ -365,27 +364,27 @@ def pretraining_method(folder: Path) -> str | None:
 
 
 def read_checkpoint_config(checkpoint: Path) -> tuple[Method, dict[str, Any]]:
-    """The method and config.json of a pre-training checkpoint; UserError for anything else."""
+    """The method and config.json of a pre-training checkpoint; ValueError for anything else."""
     if not checkpoint.exists():
-        raise UserError(f"checkpoint folder {checkpoint} does not exist; {EXPECTS}")
+        raise ValueError(f"checkpoint folder {checkpoint} does not exist; {EXPECTS}")
     if not checkpoint.is_dir():
-        raise UserError(f"{checkpoint} is not a folder; {EXPECTS}")
+        raise ValueError(f"{checkpoint} is not a folder; {EXPECTS}")
     config_file = checkpoint / "config.json"
     if not config_file.is_file():
-        raise UserError(f"{checkpoint} is not a retromae checkpoint: no config.json; {EXPECTS}")
+        raise ValueError(f"{checkpoint} is not a retromae checkpoint: no config.json; {EXPECTS}")
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserError(f"{checkpoint} is not a retromae checkpoint: config.json is not valid JSON ({error})") from None
+        raise ValueError(f"{checkpoint} is not a retromae checkpoint: config.json is not valid JSON ({error})") from None
     return method_of(config.get("model_type"), str(checkpoint)), config
 
 
 def method_of(model_type: Any, subject: str, hint: str = EXPECTS) -> Method:
-    """The registry entry of a config's `model_type`; UserError naming `subject` when it is not one of ours."""
+    """The registry entry of a config's `model_type`; ValueError naming `subject` when it is not one of ours."""
     try:
         return method_of_config(model_type)
     except ValueError:
-        raise UserError(
+        raise ValueError(
             f"{subject} is not a retromae checkpoint: config.json model_type {model_type!r}; {hint}"
         ) from None
 

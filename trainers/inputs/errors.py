@@ -1,7 +1,7 @@
-"""`UserError`: a problem with the user's input (a file, a flag, a folder) that the user can fix.
-
-Every input error of the package subclasses it; the command line prints its message as one line and exits with
-status 2. Any other exception is a bug and keeps its traceback.
+"""What the command line prints as one line: a `UserError` (the input layer's and the drivers' refusals), and a
+`ValueError` or `TypeError` that the package's own code raised (the libraries' refusals, which state the problem
+and the fix). The same exceptions raised inside another library, and any other exception, are bugs and keep their
+traceback.
 """
 
 from __future__ import annotations
@@ -20,8 +20,25 @@ NOT_WRITABLE = {
 }
 
 
+_TRAINERS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OWN_CODE = (_TRAINERS + os.sep, os.path.join(os.path.dirname(_TRAINERS), "modeling") + os.sep)  # trainers/, modeling/
+
+
 class UserError(ValueError):
     """A problem with the user's input; the message names the file, line, field or flag and the fix."""
+
+
+def is_refusal(error: BaseException) -> bool:
+    """True for a `UserError`, a config field's validator (wrapped in `StrictDataclassError`), or a `ValueError` /
+    `TypeError` whose innermost frame is the package's own code (a library of ours refusing its input)."""
+    if isinstance(error, (UserError, StrictDataclassError)):
+        return True
+    if not isinstance(error, (ValueError, TypeError)) or error.__traceback__ is None:
+        return False
+    frame = error.__traceback__
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    return os.path.abspath(frame.tb_frame.f_code.co_filename).startswith(OWN_CODE)
 
 
 def one_line_message(error: BaseException) -> str:
@@ -54,4 +71,4 @@ def yaml_error_message(path: str | os.PathLike, error: yaml.YAMLError, *, first_
     return f"{where}: not valid YAML: {problem}"
 
 
-__all__ = ["NOT_WRITABLE", "UserError", "one_line_message", "yaml_error_message"]
+__all__ = ["NOT_WRITABLE", "UserError", "is_refusal", "one_line_message", "yaml_error_message"]

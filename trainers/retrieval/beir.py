@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.reading import iter_decoded_lines
-from ..inputs.errors import UserError
 from ..inputs.io import iter_jsonl
 
 logger = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ CORPUS_EXAMPLE = '{"_id": "d1", "title": "...", "text": "..."}'
 QUERY_EXAMPLE = '{"_id": "q1", "text": "..."}'
 
 
-class RetrievalDataError(UserError):
+class RetrievalDataError(ValueError):
     """Retrieval data (BEIR folder, qrels, training pairs, teacher scores) cannot be used; the message says why."""
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from ..inputs.errors import UserError
-
 logger = logging.getLogger(__name__)
 
 
@@ -30,8 +28,8 @@ def resolve_language(language: str) -> str:
             raise ValueError
         check_language_code(language)
     except ValueError:
-        raise UserError(f"--language {language!r} is not an mteb language code: give an ISO 639-3 language and an "
-                        "ISO 15924 script, e.g. eng-Latn, deu-Latn, fra-Latn, zho-Hans") from None
+        raise ValueError(f"--language {language!r} is not an mteb language code: give an ISO 639-3 language and an "
+                         "ISO 15924 script, e.g. eng-Latn, deu-Latn, fra-Latn, zho-Hans") from None
     return language
 
 
@@ -52,9 +50,9 @@ def _find_benchmark(name: str):
         known = list(dict.fromkeys([n for n in SUGGESTED_BENCHMARKS if n in retrieval] + retrieval))[:6]
         hint = str(error).strip("'\"")
         hint = hint[hint.find("Did you mean"):] + " " if "Did you mean" in hint else ""
-        raise UserError(f"unknown MTEB benchmark {name!r}; {hint}retrieval benchmarks include: {', '.join(known)}; "
-                        f"all {len(benchmarks)} names: python -c \"import mteb; print([b.name for b in "
-                        "mteb.get_benchmarks()])\"") from None
+        raise ValueError(f"unknown MTEB benchmark {name!r}; {hint}retrieval benchmarks include: {', '.join(known)}; "
+                         f"all {len(benchmarks)} names: python -c \"import mteb; print([b.name for b in "
+                         "mteb.get_benchmarks()])\"") from None
 
 
 def benchmark_tasks(name: str) -> list:
@@ -66,8 +64,8 @@ def benchmark_tasks(name: str) -> list:
     tasks = [task for task in benchmark.tasks if task.metadata.type in RETRIEVAL_TASK_TYPES]
     skipped = sorted({task.metadata.type for task in benchmark.tasks} - RETRIEVAL_TASK_TYPES)
     if not tasks:
-        raise UserError(f"MTEB benchmark {benchmark.name} has no retrieval task (its tasks are "
-                        f"{', '.join(skipped)}); retromae evaluates retrieval tasks")
+        raise ValueError(f"MTEB benchmark {benchmark.name} has no retrieval task (its tasks are "
+                         f"{', '.join(skipped)}); retromae evaluates retrieval tasks")
     if skipped:
         logger.info("benchmark %s: %d of its %d tasks are not retrieval tasks (%s) and are left out", benchmark.name,
                     len(benchmark.tasks) - len(tasks), len(benchmark.tasks), ", ".join(skipped))
@@ -82,7 +80,7 @@ def load_task_data(task, what: str) -> None:
     try:
         task.load_data()
     except Exception as error:  # OfflineModeIsEnabled / ConnectionError / datasets errors
-        raise UserError(
+        raise ValueError(
             f"cannot load the data of {what} ({task.metadata.dataset['path']}): {error}. Registered "
             "tasks download their data from the Hugging Face Hub (HF_HUB_OFFLINE=1 or no network blocks that); "
             "evaluate a local copy in BEIR layout with --beir-folder instead"

@@ -40,7 +40,6 @@ from tqdm.auto import tqdm
 
 from ..data.tokenize import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, unknown_token_share
 from ..inputs.checkpoints import load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
-from ..inputs.errors import UserError
 from ..inputs.extras import plotting_available
 from ..inputs.folders import check_model_folder, model_location
 from ..inputs.io import atomic_file, read_json_or_empty, write_json_atomic
@@ -108,7 +107,7 @@ def _lm_head(model_or_path: str | os.PathLike | nn.Module) -> Callable[[torch.Te
     if isinstance(model_or_path, nn.Module):
         head = getattr(model_or_path, "cls", None)
         if head is None:
-            raise UserError(f"{type(model_or_path).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
+            raise ValueError(f"{type(model_or_path).__name__} has no MLM head (`head_parts`, `cls`){LM_HEAD_HINT}")
     else:
         head = load_mlm_head(model_or_path, hint=LM_HEAD_HINT)
     head = head.eval()
@@ -122,7 +121,7 @@ def _projector(model_or_path, encoder: nn.Module, projection: str) -> Callable[[
         return lambda h: h.float() @ embedding_matrix.float().t()  # h · Eᵀ
     if projection == "lm_head":
         return _lm_head(model_or_path)
-    raise UserError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+    raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
 
 
 @torch.no_grad()
@@ -154,7 +153,7 @@ def _coverage_sums(
         attention_mask = batch["attention_mask"].to(device)  # (B, L)
         ordinary = attention_mask.bool() & ~batch["special_tokens_mask"].to(device).bool()  # (B, L)
         if int(input_ids.max()) >= vocab_size:
-            raise UserError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
+            raise ValueError(f"tokenizer produced id {int(input_ids.max())} >= the model's vocab_size {vocab_size}")
         hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
         scores = project(hidden[:, 0])  # (B, V)
         counts = torch.zeros(scores.shape, device=device)
@@ -170,10 +169,10 @@ def _coverage_sums(
 def _check_ks(ks: Iterable[int], vocab_size: int) -> tuple[int, ...]:
     ks = tuple(ks)
     if not ks:
-        raise UserError("ks is empty; give at least one cut-off k")
+        raise ValueError("ks is empty; give at least one cut-off k")
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
-            raise UserError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
+            raise ValueError(f"k={k!r} must be an integer in [1, vocab_size={vocab_size}]")
     return ks
 
 
@@ -209,11 +208,11 @@ def input_token_coverage(
     """
     texts = [t for t in texts]
     if not texts:
-        raise UserError("no texts given")
+        raise ValueError("no texts given")
     if batch_size < 1:
-        raise UserError(f"batch_size={batch_size} must be >= 1")
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
     if projection not in PROJECTIONS:
-        raise UserError(f"projection={projection!r}: choose one of {PROJECTIONS}")
+        raise ValueError(f"projection={projection!r}: choose one of {PROJECTIONS}")
     if not isinstance(model_dir_or_model, nn.Module):  # its own tokenizer is read from it when none is given
         check_model_folder(model_dir_or_model, purpose="coverage", tokenizer=tokenizer is None)
     encoder = _encoder(model_dir_or_model)
@@ -221,7 +220,7 @@ def input_token_coverage(
     project = _projector(model_dir_or_model, encoder, projection)
     if tokenizer is None:
         if isinstance(model_dir_or_model, nn.Module):
-            raise UserError("tokenizer is required when a module is given")
+            raise ValueError("tokenizer is required when a module is given")
         tokenizer = load_tokenizer(model_dir_or_model)
     _warn_unknown_tokens(tokenizer, texts, max_seq_length)
     vocab_size = encoder.get_input_embeddings().weight.shape[0]
@@ -242,7 +241,7 @@ def input_token_coverage(
         encoder.train(was_training)
         encoder.to(original_device)
     if scored == 0:
-        raise UserError(f"none of the {len(texts)} texts has a non-special token")
+        raise ValueError(f"none of the {len(texts)} texts has a non-special token")
     if scored < len(texts):
         logger.warning("coverage: %d of %d texts have no non-special token and were skipped", len(texts) - scored, len(texts))
     return {k: float(total) / scored for k, total in zip(ks, totals.tolist(), strict=True)}
@@ -260,9 +259,9 @@ def _sequence_length(max_seq_length: int | None, encoder: nn.Module, model_name:
             return limit
         return DEFAULT_MAX_SEQ_LENGTH
     if max_seq_length < MIN_SEQ_LENGTH or (limit is not None and max_seq_length > limit):
-        raise UserError(f"--max-seq-length {max_seq_length}: give {MIN_SEQ_LENGTH} to "
-                        f"{limit or 'the encoder limit'} for {model_name} (tokens per text, special tokens "
-                        "included: [CLS], at least one text token and [SEP])")
+        raise ValueError(f"--max-seq-length {max_seq_length}: give {MIN_SEQ_LENGTH} to "
+                         f"{limit or 'the encoder limit'} for {model_name} (tokens per text, special tokens "
+                         "included: [CLS], at least one text token and [SEP])")
     return max_seq_length
 
 
@@ -293,7 +292,7 @@ def plot_coverage(results: dict[str, dict[int, float]], path_png: str | os.PathL
         The path written, or None without matplotlib.
     """
     if not results:
-        raise UserError("results is empty; nothing to plot")
+        raise ValueError("results is empty; nothing to plot")
     path = Path(path_png)
     if not plotting_available(path.name):
         return None
@@ -339,14 +338,14 @@ def check_coverage_run(models: Sequence[str | os.PathLike], output_dir: str | os
         The models as strings, the names they are reported under.
 
     Raises:
-        UserError: one line naming the model or file and the fix.
+        ValueError: one line naming the model or file and the fix.
     """
     check_folder_option("--output-dir", output_dir)
     names = [str(m) for m in models]
     if not names:
-        raise UserError("no models given")
+        raise ValueError("no models given")
     if len(set(names)) != len(names):
-        raise UserError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+        raise ValueError(f"models listed twice: {sorted({n for n in names if names.count(n) > 1})}")
     _check_results_folder(Path(output_dir), names, overwrite)
     for name in names:
         check_model_folder(name, purpose="coverage --model", tokenizer=not tokenizer_given)
@@ -358,7 +357,7 @@ def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bo
     the same models, by any path to them, may replace their own results."""
     for path in (output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG):
         if path.is_dir():
-            raise UserError(f"{path} is a folder; choose another --output-dir")
+            raise ValueError(f"{path} is a folder; choose another --output-dir")
     claim_output(output_dir, "--output-dir", overwrite, kind="into", owner=lambda _: coverage_holding(output_dir, models))
 
 
@@ -409,7 +408,7 @@ def run_coverage(
         `{model: {k: coverage@k}}`.
 
     Raises:
-        UserError: what `check_coverage_run` refuses, before any model loads.
+        ValueError: what `check_coverage_run` refuses, before any model loads.
     """
     names = check_coverage_run(models, output_dir, tokenizer_given=tokenizer is not None, overwrite=overwrite)
     texts = [t for t in texts]

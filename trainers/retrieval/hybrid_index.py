@@ -36,7 +36,7 @@ import faiss
 import numpy as np
 import scipy.sparse as sp
 
-from ..inputs.errors import UserError, one_line_message
+from ..inputs.errors import one_line_message
 from ..inputs.outputs import atomic_folder
 from .hybrid_parts import as_numpy, document_parts, dupmae_pooling, model_fingerprint, queries_sparse, top_columns
 from .index_files import (
@@ -74,17 +74,17 @@ class HybridIndex:
                  hnsw_ef_search: int = 128, ivf_nlist: int | None = None, ivf_nprobe: int = 16,
                  candidates: int | None = None):
         if index_type not in INDEX_TYPES:
-            raise UserError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
+            raise ValueError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
         if vocab_size < 1:
-            raise UserError(f"vocab_size={vocab_size} must be >= 1")
+            raise ValueError(f"vocab_size={vocab_size} must be >= 1")
         if dense_dim is None and doc_top_k is None:
-            raise UserError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
+            raise ValueError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
         if dense_dim is not None and dense_dim < 1:
-            raise UserError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
+            raise ValueError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
         if doc_top_k is not None and not 1 <= doc_top_k <= vocab_size:
-            raise UserError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
+            raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
         if candidates is not None and candidates < 1:
-            raise UserError(f"candidates={candidates} must be >= 1")
+            raise ValueError(f"candidates={candidates} must be >= 1")
         self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
         self.index_type, self.model_fingerprint = index_type, model_fingerprint
         self.params = {"hnsw_m": hnsw_m, "hnsw_ef_construction": hnsw_ef_construction, "hnsw_ef_search": hnsw_ef_search,
@@ -133,18 +133,18 @@ class HybridIndex:
         if self.dense_dim is not None:
             dense = as_numpy(dense)
             if dense.shape != (n, self.dense_dim):
-                raise UserError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
+                raise ValueError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
         if self.doc_top_k is not None:
             idx, val = as_numpy(sparse_indices, np.int64), as_numpy(sparse_values)
             if idx.shape != (n, self.doc_top_k) or val.shape != (n, self.doc_top_k):
-                raise UserError(
+                raise ValueError(
                     f"sparse_indices {idx.shape} / sparse_values {val.shape}, expected ({n}, {self.doc_top_k}) each"
                 )
             if n and (idx.min() < 0 or idx.max() >= self.vocab_size):
-                raise UserError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
+                raise ValueError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
         new_ids = [str(i) for i in ids]
         if len(set(new_ids)) != n or set(new_ids) & set(self.ids):
-            raise UserError("document ids must be unique")
+            raise ValueError("document ids must be unique")
         if n == 0:
             return
         if self.dense_dim is not None:
@@ -207,7 +207,7 @@ class HybridIndex:
         """
         ids = [str(i) for i in range(len(texts))] if ids is None else [str(i) for i in ids]
         if len(ids) != len(texts):
-            raise UserError(f"{len(texts)} texts but {len(ids)} ids")
+            raise ValueError(f"{len(texts)} texts but {len(ids)} ids")
         pooling = dupmae_pooling(model)
         index = cls(
             dense_dim=pooling.get_config_dict()["dense_dim"] if pooling.has_dense else None,
@@ -246,7 +246,7 @@ class HybridIndex:
             query_dense: `(num_queries, dense_dim)` dense parts.
             query_sparse: `(num_queries, vocab_size)` OT vectors, dense (numpy / torch) or scipy sparse.
             top_n: results per query (capped at the number of documents).
-            model_fingerprint: if given, must equal the index's (else `UserError`).
+            model_fingerprint: if given, must equal the index's (else `ValueError`).
 
         Returns:
             `(scores, positions)`, each `(num_queries, min(top_n, num_documents))`, best first; `positions` index
@@ -254,7 +254,7 @@ class HybridIndex:
         """
         self.check_fingerprint(model_fingerprint)
         if top_n < 1:
-            raise UserError(f"top_n={top_n} must be >= 1")
+            raise ValueError(f"top_n={top_n} must be >= 1")
         self._finalize()
         q_dense, q_sparse, num_queries = self._check_queries(query_dense, query_sparse)
         n = min(top_n, len(self))
@@ -275,13 +275,13 @@ class HybridIndex:
             Per query, `top_n` `(document id, score)` pairs, best first.
 
         Raises:
-            ValueError: an empty query; `UserError` when `model` is not the model that built the index.
+            ValueError: an empty query; `ValueError` when `model` is not the model that built the index.
         """
         if isinstance(queries, str):
             raise TypeError("queries must be a list of strings, not a string")
         for i, query in enumerate(queries):
             if not isinstance(query, str) or not query.strip():
-                raise UserError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
+                raise ValueError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
         if verify_model:
             self.check_fingerprint(model_fingerprint(model))
         if not queries:
@@ -299,7 +299,7 @@ class HybridIndex:
     def check_fingerprint(self, fingerprint: str | None) -> None:
         """Refuse queries encoded by another model than the index's (None = not checked)."""
         if fingerprint is not None and self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
-            raise UserError(
+            raise ValueError(
                 f"this index was built with model {self.model_fingerprint} but the queries come from model "
                 f"{fingerprint}; scores across models are meaningless -- rebuild the index with this model"
             )
@@ -309,25 +309,25 @@ class HybridIndex:
         q_dense = q_sparse = None
         if self.dense_dim is not None:
             if query_dense is None:
-                raise UserError("this index has a dense part: pass query_dense")
+                raise ValueError("this index has a dense part: pass query_dense")
             q_dense = as_numpy(query_dense)
             if q_dense.ndim != 2 or q_dense.shape[1] != self.dense_dim:
-                raise UserError(
+                raise ValueError(
                     f"query_dense has shape {q_dense.shape}, expected (num_queries, {self.dense_dim})"
                 )
             num = q_dense.shape[0]
         if self.doc_top_k is not None:
             if query_sparse is None:
-                raise UserError("this index has a sparse part: pass query_sparse")
+                raise ValueError("this index has a sparse part: pass query_sparse")
             q_sparse = (
                 sp.csr_matrix(query_sparse, dtype=np.float32) if sp.issparse(query_sparse) else as_numpy(query_sparse)
             )
             if q_sparse.ndim != 2 or q_sparse.shape[1] != self.vocab_size:
-                raise UserError(
+                raise ValueError(
                     f"query_sparse has shape {q_sparse.shape}, expected (num_queries, {self.vocab_size})"
                 )
             if num is not None and q_sparse.shape[0] != num:
-                raise UserError(f"{num} dense but {q_sparse.shape[0]} sparse queries")
+                raise ValueError(f"{num} dense but {q_sparse.shape[0]} sparse queries")
             num = q_sparse.shape[0]
         return q_dense, q_sparse, num
 
@@ -447,7 +447,7 @@ class HybridIndex:
 
         Raises:
             FileNotFoundError: the folder, its manifest or one of its files is missing (the message names it).
-            UserError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
+            ValueError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
         """
         folder = Path(folder)
         manifest = read_manifest(folder, verify_checksums)
@@ -463,8 +463,8 @@ class HybridIndex:
                 **params,
             )
         except (TypeError, ValueError) as error:  # a field of another type, an unknown parameter
-            raise UserError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
-                            "rebuild it") from None
+            raise ValueError(f"{manifest_path}: {one_line_message(error)}; the index folder is corrupted: "
+                             "rebuild it") from None
         index.ids = json.loads((folder / IDS_FILE).read_text(encoding="utf-8"))
         if DENSE_FILE in manifest["files"]:
             index._dense = faiss.read_index(str(folder / DENSE_FILE))
@@ -483,7 +483,7 @@ class HybridIndex:
             "sparse": index._sparse.shape[0] if index._sparse is not None else num,
         }
         if any(v != num for v in sizes.values()):
-            raise UserError(f"{folder}: manifest says {num} documents, the files hold {sizes}")
+            raise ValueError(f"{folder}: manifest says {num} documents, the files hold {sizes}")
         return index
 
 

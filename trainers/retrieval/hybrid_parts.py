@@ -12,8 +12,6 @@ import scipy.sparse as sp
 import torch
 from retromae.modeling.st_dupmae import is_dupmae_pooling
 
-from ..inputs.errors import UserError
-
 QUERY_SIDE_SETTINGS = ("query_top_k", "chunk_size")  # pooling settings that leave the documents unchanged
 
 
@@ -21,7 +19,7 @@ def dupmae_pooling(model: Any):
     for module in model.modules():
         if is_dupmae_pooling(module):
             return module
-    raise UserError(
+    raise ValueError(
         f"{type(model).__name__} has no DupMAEPooling module: export the encoder with "
         "retromae.trainers.export.sentence_transformer.build_dupmae_sentence_transformer"
     )

@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..inputs.errors import UserError
 from ..inputs.outputs import Holding, Inputs, claim_output, clean_stale_siblings
 
 FORMAT = "retromae-hybrid-index"
@@ -62,7 +61,7 @@ def read_manifest(folder: Path, verify_checksums: bool = True) -> dict[str, Any]
 
     Raises:
         FileNotFoundError: the folder, its manifest or one of its files is missing (the message names it).
-        UserError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
+        ValueError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
     """
     clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
     manifest_path = folder / MANIFEST
@@ -73,13 +72,13 @@ def read_manifest(folder: Path, verify_checksums: bool = True) -> dict[str, Any]
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UserError(
+        raise ValueError(
             f"{manifest_path} is not valid JSON ({error}); the index folder is corrupted"
         ) from error
     if not isinstance(manifest, dict):
-        raise UserError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
+        raise ValueError(f"{manifest_path} is not a JSON object; the index folder is corrupted: rebuild it")
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
-        raise UserError(
+        raise ValueError(
             f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
             f"expected {FORMAT!r} v{FORMAT_VERSION}"
         )
@@ -87,18 +86,18 @@ def read_manifest(folder: Path, verify_checksums: bool = True) -> dict[str, Any]
     files = manifest.get("files")
     if missing or not isinstance(files, dict) or not all(
             isinstance(meta, dict) and {"bytes", "sha256"} <= set(meta) for meta in files.values()):
-        raise UserError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
-                        "the index folder is corrupted: rebuild it")
+        raise ValueError(f"{manifest_path} lacks {', '.join(missing) or 'the sizes and checksums of files'}; "
+                         "the index folder is corrupted: rebuild it")
     for name, meta in files.items():
         path = folder / name
         if not path.is_file():
             raise FileNotFoundError(f"index file {name} is missing from {folder}; rebuild or re-copy the index")
         size = path.stat().st_size
         if size != meta["bytes"]:
-            raise UserError(
+            raise ValueError(
                 f"index file {name} in {folder} has {size} bytes, the manifest says {meta['bytes']}: "
                 "truncated or replaced; rebuild or re-copy the index"
             )
         if verify_checksums and sha256_of(path) != meta["sha256"]:
-            raise UserError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
+            raise ValueError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
     return manifest

@@ -45,7 +45,6 @@ from sentence_transformers import SentenceTransformer
 
 from ..export.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
-from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, is_local_path, model_location
 from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
 from ..inputs.outputs import Holding, check_folder_option, claim_output
@@ -129,7 +128,7 @@ def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
     parts = {path: path.relative_to(path.anchor).parts for path in paths}
     for folder, path in zip(folders, paths, strict=True):
         if paths.count(path) > 1:
-            raise UserError(f"--beir-folder names {folder} twice ({path}); give each folder once")
+            raise ValueError(f"--beir-folder names {folder} twice ({path}); give each folder once")
     names = []
     for path in paths:
         twins = [p for p in paths if p.name == path.name]
@@ -152,9 +151,9 @@ def registered_tasks(names: list[str]):
         try:
             (task,) = mteb.get_tasks(tasks=[name])
         except (KeyError, ValueError) as error:
-            raise UserError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
+            raise ValueError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
         if task.metadata.type not in RETRIEVAL_TASK_TYPES:
-            raise UserError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
+            raise ValueError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
         load_task_data(task, f"MTEB task {name}")
         tasks.append(task)
     return tasks
@@ -176,7 +175,7 @@ def _mteb_model(model: SentenceTransformer, search: str):
     encoder = SentenceTransformerEncoderWrapper(model)
     if search == "faiss":
         if hybrid:
-            raise UserError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
+            raise ValueError("--search faiss is for dense models; the hybrid (dense + sparse) model is searched exactly")
         from mteb.models.search_encoder_index.search_indexes.faiss_search_index import FaissSearchIndex
 
         return SearchEncoderWrapper(encoder, index_backend=FaissSearchIndex(encoder))
@@ -220,7 +219,7 @@ def evaluate_model(
     import mteb
 
     if search not in {"exact", "faiss"}:
-        raise UserError(f"search={search!r} must be 'exact' or 'faiss'")
+        raise ValueError(f"search={search!r} must be 'exact' or 'faiss'")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.model_card_data.model_name = model_name  # mteb's result folder name (else "no_model_name_available")
@@ -302,7 +301,7 @@ def card_run_info_file(model_dir: str | os.PathLike) -> Path:
     folder or a Hub id is refused."""
     info_file = Path(model_dir) / FINETUNE_RUN_INFO_FILE
     if not info_file.is_file():
-        raise UserError(
+        raise ValueError(
             f"--update-card needs a folder written by `retromae finetune` ({FINETUNE_RUN_INFO_FILE} not found in "
             f"{Path(model_dir).name}); its README.md is left as it is"
         )
@@ -352,18 +351,18 @@ def evaluate_folder(
         The summary rows (also written to `output_dir/summary.{json,md}`).
 
     Raises:
-        UserError: among others, `output_dir` holds another model's summary and `overwrite` is False.
+        ValueError: among others, `output_dir` holds another model's summary and `overwrite` is False.
     """
     beir_folders = list(beir_folders or [])
     tasks = list(tasks or [])
     if not beir_folders and not tasks and not benchmark:
-        raise UserError("nothing to evaluate on: pass --beir-folder DIR, --tasks NAME[,NAME] and/or --benchmark NAME")
+        raise ValueError("nothing to evaluate on: pass --beir-folder DIR, --tasks NAME[,NAME] and/or --benchmark NAME")
     if beir_folders:
         resolve_language(language)
     if dataset_ids and len(dataset_ids) != len(beir_folders):
-        raise UserError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
+        raise ValueError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
     if on_missing not in ON_MISSING:
-        raise UserError(f"--on-missing must be one of {ON_MISSING}")
+        raise ValueError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
     claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model))
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
@@ -374,7 +373,7 @@ def evaluate_folder(
         try:
             data = read_beir(folder, split=split, on_missing=on_missing)
         except RetrievalDataError as error:
-            raise UserError(str(error)) from None
+            raise ValueError(str(error)) from None
         logger.info("evaluation data %s", data.summary())
         mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None, label=label,
                                           task_name=task_name, language=language))
@@ -425,7 +424,7 @@ def evaluate(
         **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite`,
             `benchmark` (an MTEB benchmark's retrieval tasks, e.g. "NanoBEIR"; `data` may then be `[]`) and
             `language` (the BEIR folders', default "eng-Latn") of `evaluate_folder`; another name, or a batch size
-            below 1, raises `UserError`.
+            below 1, raises `ValueError`.
 
     Returns:
         One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
@@ -433,10 +432,10 @@ def evaluate(
     """
     unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
     if unknown:
-        raise UserError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
-                        f"{', '.join(EVALUATE_OPTIONS)}")
+        raise ValueError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
+                         f"{', '.join(EVALUATE_OPTIONS)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UserError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
+        raise ValueError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
     sources = [data] if isinstance(data, str | os.PathLike) else list(data)
     is_folder = [Path(source).is_dir() or is_local_path(source) for source in sources]  # a missing one is named
     beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]

@@ -21,8 +21,6 @@ from sentence_transformers.util import (
 )
 from torch import nn
 
-from ..inputs.errors import UserError
-
 
 def similarity_functions(model: SentenceTransformer):
     """(matrix similarity, pairwise similarity, default scale) for the model's similarity function."""
@@ -30,7 +28,7 @@ def similarity_functions(model: SentenceTransformer):
         return cos_sim, pairwise_cos_sim, 20.0
     if model.similarity_fn_name == "dot":
         return dot_score, pairwise_dot_score, 1.0
-    raise UserError(f"similarity {model.similarity_fn_name!r} is not supported for fine-tuning (use dot or cosine)")
+    raise ValueError(f"similarity {model.similarity_fn_name!r} is not supported for fine-tuning (use dot or cosine)")
 
 
 class DistillationLoss(nn.Module):
@@ -63,9 +61,9 @@ class DistillationLoss(nn.Module):
     ):
         super().__init__()
         if not distill_loss_weight > 0:
-            raise UserError(f"distill_loss_weight must be > 0, got {distill_loss_weight}")
+            raise ValueError(f"distill_loss_weight must be > 0, got {distill_loss_weight}")
         if contrastive_loss_weight < 0:
-            raise UserError(f"contrastive_loss_weight must be >= 0, got {contrastive_loss_weight}")
+            raise ValueError(f"contrastive_loss_weight must be >= 0, got {contrastive_loss_weight}")
         similarity, pairwise, default_scale = similarity_functions(model)
         self.model = model
         self.distill_loss_weight = distill_loss_weight

@@ -18,7 +18,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..export.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
-from ..inputs.errors import UserError
 from ..inputs.finetune_options import (
     STAGES,
     FinetuneDataArguments,
@@ -81,7 +80,7 @@ def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
                              if recorded.get(name) != settings.get(name))
             shown = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {settings.get(name)!r}"
                               for name in changed[:3]) + (", ..." if len(changed) > 3 else "")
-            raise UserError(
+            raise ValueError(
                 f"--resume-from-checkpoint: the run in {work_dir} used other settings "
                 f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
                 "(output, logging and evaluation options may change), or start over in another --output-dir "
@@ -122,8 +121,8 @@ def model_after_finished_stages(model: SentenceTransformer, stages: list[str], s
     if not finished:
         return model
     if finished != stages[: len(finished)]:
-        raise UserError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
-                        f"begin --stages {','.join(stages)}")
+        raise ValueError(f"--resume-from-checkpoint: {work_dir} finished the stages {finished}, which do not "
+                         f"begin --stages {','.join(stages)}")
     logger.info("resuming after the finished stage(s) %s", ", ".join(finished))
     return load_as_sentence_transformer(work_dir / f"stage-{finished[-1]}" / STAGE_MODEL, work_dir=work_dir)[0]
 

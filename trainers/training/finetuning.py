@@ -34,7 +34,6 @@ from ..data.training_groups import (
 from ..export.cards import FINETUNE_RUN_INFO_FILE
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.arguments import check_training_arguments
-from ..inputs.errors import UserError
 from ..inputs.finetune_options import (
     ARGUMENT_CLASSES,
     FinetuneDataArguments,
@@ -87,7 +86,7 @@ def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
     if data_args.corpus:
         corpus_file = Path(data_args.corpus)
         if not corpus_file.is_file():
-            raise UserError(f"--corpus {data_args.corpus} does not exist")
+            raise ValueError(f"--corpus {data_args.corpus} does not exist")
         return {doc_id: doc_text(d["title"], d["text"]) for doc_id, d in read_beir_corpus(corpus_file).items()}
     if beir is not None:
         return {doc_id: beir.doc_text(doc_id) for doc_id in beir.corpus}
@@ -103,7 +102,7 @@ def _negatives_from_file(path: str, groups: list[TrainingGroup]) -> list[Trainin
     result = [TrainingGroup(g.query_id, g.query, g.positives, mined.get(g.query_id, [])) for g in groups]
     found = sum(1 for g in result if g.negatives)
     if not found:
-        raise UserError(
+        raise ValueError(
             f"--negatives-file {Path(path).name} has no negatives for any training query (query ids do not match; "
             "was it mined from this training data?)"
         )
@@ -162,8 +161,8 @@ def _check_finite(model: SentenceTransformer, log_history: list[dict[str, Any]],
     """Refuse a stage whose weights became NaN or infinite, before its model is saved anywhere."""
     diverged = divergence(model, log_history)
     if diverged:
-        raise UserError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
-                        "--scale) and run again (nothing was written)")
+        raise ValueError(f"stage {stage} diverged: {diverged}, after {steps} steps; lower --learning-rate (or "
+                         "--scale) and run again (nothing was written)")
 
 
 @dataclass
@@ -208,7 +207,7 @@ def _check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments
     [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
     available = min(data_args.mine_range_max, pool_size) - data_args.mine_range_min
     if available < data_args.num_negatives:
-        raise UserError(
+        raise ValueError(
             f"mining ranks the {pool_size} documents of the corpus and takes negatives from ranks "
             f"[{data_args.mine_range_min}, {min(data_args.mine_range_max, pool_size)}): at most {max(available, 0)} "
             f"per query, fewer than --num-negatives {data_args.num_negatives}; lower --num-negatives or "
@@ -226,9 +225,9 @@ def _check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[st
     example = unscored[0]
     fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
            else "check that its query and document ids are those of --train-data")
-    raise UserError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
-                    f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
-                    f"{example.positives[0][0]!r}); {fix}")
+    raise ValueError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
+                     f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
+                     f"{example.positives[0][0]!r}); {fix}")
 
 
 def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
@@ -298,32 +297,32 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
         "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
     work_dir = work_dir_of(training_args)
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
-        raise UserError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
-                        f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
+        raise ValueError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
+                         f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
     claim_output(work_dir, "--work-dir", False, kind="into", owner=work_dir_holding)
     resume = training_args.resume_from_checkpoint
     if resume is not None and resume not in RESUME_LAST:
-        raise UserError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
-                        "stage from its newest checkpoint in the work folder; pass `last`")
+        raise ValueError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
+                         "stage from its newest checkpoint in the work folder; pass `last`")
     for flag, path in files.items():
         if path and Path(path).is_dir():
             hint = f" (a BEIR folder's corpus is {Path(path) / 'corpus.jsonl'})" if flag == "--corpus" else ""
-            raise UserError(f"{flag} {path} is a folder, not a file{hint}")
+            raise ValueError(f"{flag} {path} is a folder, not a file{hint}")
         if path and not Path(path).is_file():
-            raise UserError(f"{flag} {path}: no such file")
+            raise ValueError(f"{flag} {path}: no such file")
     if data_args.eval_data:  # read whole now: a bad line would otherwise be found after training
         read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing)
     if data_args.teacher_scores and "distill" not in stages:
-        raise UserError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
-                        "the flag")
+        raise ValueError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
+                         "the flag")
     if stages != ["in-batch"] and data_args.num_negatives < 1:  # mined, read from a file or carried by the data
-        raise UserError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
-                        "negative per query; give 1 or more")
+        raise ValueError(f"--num-negatives {data_args.num_negatives}: the {stages[-1]} stage needs at least one "
+                         "negative per query; give 1 or more")
     if stages != ["in-batch"] and not data_args.negatives_file:
         check_mining_range(data_args.num_negatives, data_args.mine_range_min, data_args.mine_range_max)
     if "in-batch" in stages and training_args.per_device_train_batch_size < 2 and training_args.world_size == 1:
-        raise UserError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
-                        "always 0): give a batch of 2 or more queries")
+        raise ValueError("the in-batch stage with --per-device-train-batch-size 1 has no negative (its loss is "
+                         "always 0): give a batch of 2 or more queries")
     return work_dir
 
 
@@ -336,11 +335,11 @@ def run_finetune(
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
     stages = parse_stages(data_args.stages, data_args.teacher_scores)
     if loss_args.mini_batch_size is not None and "distill" in stages:
-        raise UserError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
-                        "the distill stage in a fine-tuning of its own without it")
+        raise ValueError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
+                         "the distill stage in a fine-tuning of its own without it")
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
-        raise UserError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
-                        "names no local paths: omit the flag to record the starting model as local")
+        raise ValueError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
+                         "names no local paths: omit the flag to record the starting model as local")
     finished = finished_work_dir_run(model_args, data_args, loss_args, training_args, stages)
     if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
         return finished
@@ -350,7 +349,7 @@ def run_finetune(
     with folder_lock(work_dir, enabled=training_args.process_index == 0):
         try:
             return _run_stages(model_args, data_args, loss_args, training_args, stages, work_dir)
-        except UserError:
+        except ValueError:
             if new_work_dir and not (work_dir / STATE_FILE).is_file():  # refused before training: no folder left
                 shutil.rmtree(work_dir, ignore_errors=True)
             raise
@@ -405,9 +404,9 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
                 evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
                                 output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
                                 overwrite=True)  # the run's own folder
-            except UserError as error:
-                raise UserError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
-                                "`retromae evaluate` once that is fixed") from None
+            except ValueError as error:
+                raise ValueError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
+                                 "`retromae evaluate` once that is fixed") from None
             info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     return FinetuneResult(output_dir, info)
 
@@ -438,7 +437,7 @@ def finetune(
         The output folder and the run record (`FinetuneResult`).
 
     Raises:
-        UserError: an unknown option; any `UserError` of the data or the model.
+        ValueError: an unknown option; any `ValueError` of the data or the model.
     """
     options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.legacy_keys))
     values: dict[str, Any] = {
@@ -450,7 +449,7 @@ def finetune(
         names = {f.name for f in dataclasses.fields(argument_class) if f.init}
         arguments.append(argument_class(**{name: values.pop(name) for name in list(values) if name in names}))
     if values:
-        raise UserError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
+        raise ValueError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
     check_training_arguments(arguments[-1])  # the command line's are checked as they are parsed
     return run_finetune(*arguments)
 

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..inputs.errors import NOT_WRITABLE, UserError
+from ..inputs.errors import NOT_WRITABLE
 from ..inputs.outputs import process_alive
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def folder_lock(folder: str | os.PathLike, *, enabled: bool = True, required: bo
         The lock file, or None when not `enabled` (or not `required` and not writable).
 
     Raises:
-        UserError: another run holds the lock; the message names the lock file, the holder and what to do.
+        ValueError: another run holds the lock; the message names the lock file, the holder and what to do.
     """
     if not enabled:
         yield None
@@ -81,7 +81,7 @@ def _acquire(lock: Path) -> dict[str, Any]:
         except FileExistsError:
             holder = _read(lock)
             if not _is_stale(holder):
-                raise UserError(_refusal(lock, holder)) from None
+                raise ValueError(_refusal(lock, holder)) from None
             logger.warning("Taking over %s: the run that held it (pid %s on %s, started %s) is no longer running",
                            lock, holder["pid"], holder["host"], holder.get("started", "?"))
             _break(lock, holder)

@@ -19,7 +19,6 @@ from retromae.modeling.backbones import backbone_of
 from torch import nn
 
 from ..inputs.checkpoints import position_offset, usable_positions
-from ..inputs.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +36,17 @@ def check_extension_length(length: int | None, max_seq_length: int) -> None:
     is the option left out) or one too short for `--max-seq-length`: the run would stop on the length later.
 
     Raises:
-        UserError: one line naming both values and the value to pass.
+        ValueError: one line naming both values and the value to pass.
     """
     if length is None:
         return
     if length < 1:
-        raise UserError(f"--extend-position-embeddings {length}: give the number of positions to grow the table to, "
-                        f"at least --max-seq-length {max_seq_length}, or leave the option out")
+        raise ValueError(f"--extend-position-embeddings {length}: give the number of positions to grow the table to, "
+                         f"at least --max-seq-length {max_seq_length}, or leave the option out")
     if length < max_seq_length:
-        raise UserError(f"--extend-position-embeddings {length} is below --max-seq-length {max_seq_length}, so the "
-                        f"grown table would still be too short; pass --extend-position-embeddings {max_seq_length} "
-                        "or more")
+        raise ValueError(f"--extend-position-embeddings {length} is below --max-seq-length {max_seq_length}, so the "
+                         f"grown table would still be too short; pass --extend-position-embeddings {max_seq_length} "
+                         "or more")
 
 
 def extend_position_embeddings(model: nn.Module, tokenizer, length: int) -> None:
@@ -57,19 +56,19 @@ def extend_position_embeddings(model: nn.Module, tokenizer, length: int) -> None
     `model_max_length`. The decoders of the methods take the encoder's table, so they see the new rows too.
 
     Raises:
-        UserError: a base without a position table (ModernBERT's rotary positions), or `length` not above the
+        ValueError: a base without a position table (ModernBERT's rotary positions), or `length` not above the
             current limit.
     """
     config, backbone = model.config, backbone_of(model.config)
     if not backbone.has_position_table:
-        raise UserError(
+        raise ValueError(
             f"--extend-position-embeddings applies to learned absolute positions (BERT, RoBERTa, XLM-R); a "
             f"{backbone.display_name} base has rotary positions and runs at its native length "
             f"({config.max_position_embeddings}, max_position_embeddings): drop the option"
         )
     current = usable_positions(config)
     if length <= current:
-        raise UserError(f"--extend-position-embeddings {length} must exceed the model's {current} usable positions")
+        raise ValueError(f"--extend-position-embeddings {length} must exceed the model's {current} usable positions")
     offset = position_offset(config)
     embeddings = model.base_model.embeddings
     old = embeddings.position_embeddings
@@ -99,7 +98,7 @@ def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: 
     if len(tokenizer) > config.vocab_size:
         fix = ("raise vocab_size in --config-overrides (or drop it)" if from_scratch
                else "use the tokenizer that belongs to the model (--tokenizer)")
-        raise UserError(
+        raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the model {model_ref} has only {config.vocab_size} "
             f"embedding rows; {fix}"
         )
@@ -110,15 +109,15 @@ def check_model_and_tokenizer(model, tokenizer, max_seq_length: int, model_ref: 
         grow = (" (or raise it: --config-overrides max_position_embeddings=N)" if from_scratch
                 else " (or grow the table: --extend-position-embeddings N)" if backbone_of(config).has_position_table
                 else "")
-        raise UserError(
+        raise ValueError(
             f"--max-seq-length {max_seq_length} exceeds the model's position limit "
             f"({limit}, {where} in {model_ref}); use a value <= that{grow}"
         )
     if max_seq_length < 8:
-        raise UserError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
+        raise ValueError(f"--max-seq-length {max_seq_length} is too short; use at least 8")
     # the Trainer sets config.pad_token_id to the tokenizer's, and RoBERTa / XLM-R count positions from it
     if offset and tokenizer.pad_token_id != config.pad_token_id:
-        raise UserError(
+        raise ValueError(
             f"the tokenizer's pad token id {tokenizer.pad_token_id} differs from pad_token_id {config.pad_token_id} "
             f"of the model {model_ref}, from which its positions are counted; set pad_token in tokenizer_config.json "
             f"to the model's (id {config.pad_token_id}), or use the tokenizer that belongs to the model (--tokenizer)"

@@ -20,7 +20,6 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 from ..data.collator import DataInputs
 from ..data.tokenize import shuffle_stream
 from ..inputs.checkpoints import default_model_dir, load_tokenizer
-from ..inputs.errors import UserError
 from ..inputs.folders import check_model_folder, public_name
 from ..inputs.io import read_json_or_empty
 from ..inputs.pretrain_options import DEFAULT_BASE_MODEL_NAME, DEFAULT_CORPUS_NAME, ModelArguments, PretrainRun
@@ -46,19 +45,19 @@ ATTENTION_REQUIREMENTS = {
 
 
 def attn_implementation_for(choice: str, device_type: str) -> str | None:
-    """`--attn-implementation` as `from_pretrained` takes it (None for auto), or a one-line `UserError` when it cannot
+    """`--attn-implementation` as `from_pretrained` takes it (None for auto), or a one-line `ValueError` when it cannot
     run here: flash and flex need a GPU (flex has no CPU backward), flash its package (or `kernels`, which
     transformers falls back to)."""
     if choice in ("auto", "eager", "sdpa"):
         return None if choice == "auto" else choice
     if device_type == "cpu":
-        raise UserError(f"--attn-implementation {choice} needs a GPU and this run is on the CPU; choose sdpa or eager")
+        raise ValueError(f"--attn-implementation {choice} needs a GPU and this run is on the CPU; choose sdpa or eager")
     if choice in ATTENTION_REQUIREMENTS:
         installed = is_flash_attn_2_available if choice == "flash_attention_2" else is_flash_attn_3_available
         if not (installed() or is_kernels_available()):
             package, how = ATTENTION_REQUIREMENTS[choice]
-            raise UserError(f"--attn-implementation {choice} needs {package}, which is not installed: {how}, or "
-                            "choose sdpa")
+            raise ValueError(f"--attn-implementation {choice} needs {package}, which is not installed: {how}, or "
+                             "choose sdpa")
     return choice
 
 
@@ -75,7 +74,7 @@ def load_pretraining_model(
     ours = {m.model_class.config_class.model_type: m for m in METHODS.values()}
     if model_type in ours:
         if ours[model_type].name != method.name and model_type not in method.continues_from:
-            raise UserError(
+            raise ValueError(
                 f"{model_ref} is a {ours[model_type].name!r} pre-training checkpoint but --method is {method.name!r}; "
                 f"continue it with --method {ours[model_type].name}, or export it first (`retromae export`) and "
                 f"start {method.name!r} from the exported encoder"
@@ -86,13 +85,13 @@ def load_pretraining_model(
         model.after_encoder_checkpoint_loaded(set(info["missing_keys"]))  # e.g. a decoder grown by a layer
         return model
     if (model_type or DEFAULT_ENCODER_TYPE) not in SUPPORTED_ENCODER_TYPES:
-        raise UserError(unsupported_model_message(model_ref, model_type))
+        raise ValueError(unsupported_model_message(model_ref, model_type))
     try:
         return method.model_class.from_encoder_checkpoint(
             model_ref, attn_implementation=attn_implementation, **settings
         )
     except ValueError as error:  # no encoder weights of the family: the --model the user gave
-        raise UserError(str(error)) from None
+        raise ValueError(str(error)) from None
 
 
 def config_model_type(model_ref: str) -> str | None:
@@ -100,7 +99,7 @@ def config_model_type(model_ref: str) -> str | None:
     try:
         return PreTrainedConfig.get_config_dict(model_ref)[0].get("model_type")
     except OSError as error:
-        raise UserError(f"cannot read a model config from {model_ref}: {error}") from None
+        raise ValueError(f"cannot read a model config from {model_ref}: {error}") from None
 
 
 def override_text(value: str) -> str:
@@ -128,18 +127,18 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
     model_type = config_model_type(model_ref) or DEFAULT_ENCODER_TYPE
     if model_type not in SUPPORTED_ENCODER_TYPES:
         families = ", ".join(backbone.display_name for backbone in BACKBONES)
-        raise UserError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
-                        f"{model_type!r} one (export a retromae checkpoint first to reuse its architecture)")
+        raise ValueError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
+                         f"{model_type!r} one (export a retromae checkpoint first to reuse its architecture)")
     try:
         model = method.model_class.from_encoder_config(
             model_ref, attn_implementation=attn_implementation, architecture_overrides=",".join(overrides) or None,
             **settings,
         )
     except ValueError as error:  # a bad override, or sizes the architecture cannot take
-        raise UserError(f"--from-scratch with --model {model_ref}: {error}") from None
+        raise ValueError(f"--from-scratch with --model {model_ref}: {error}") from None
     except (KeyError, TypeError, RuntimeError, ArithmeticError) as error:  # e.g. hidden_act=<unknown>
-        raise UserError(f"--from-scratch with --model {model_ref}: the architecture cannot be built with "
-                        f"--config-overrides {options.config_overrides!r} ({type(error).__name__}: {error})") from None
+        raise ValueError(f"--from-scratch with --model {model_ref}: the architecture cannot be built with "
+                         f"--config-overrides {options.config_overrides!r} ({type(error).__name__}: {error})") from None
     config = model.config
     logger.info("From scratch: a random %s encoder, %d layers, hidden size %d, vocabulary %d (%.1f M parameters with "
                 "the method's heads), the architecture of %s", backbone_of(config).display_name,
@@ -183,15 +182,15 @@ def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
     is the sentence embedding, and an ordinary token there would be masked and trained as a word."""
     missing = [name for name in ("mask_token", "pad_token") if getattr(tokenizer, f"{name}_id", None) is None]
     if missing:
-        raise UserError(f"the tokenizer in {tokenizer_ref} has no {' and no '.join(missing)}, which pre-training needs; "
-                        f"set {' and '.join(missing)} in its tokenizer_config.json to a token of its vocabulary (BERT: "
-                        "[MASK], [PAD]; RoBERTa: <mask>, <pad>), or pass --tokenizer with a tokenizer that has both")
+        raise ValueError(f"the tokenizer in {tokenizer_ref} has no {' and no '.join(missing)}, which pre-training needs; "
+                         f"set {' and '.join(missing)} in its tokenizer_config.json to a token of its vocabulary (BERT: "
+                         "[MASK], [PAD]; RoBERTa: <mask>, <pad>), or pass --tokenizer with a tokenizer that has both")
     first = tokenizer("hello world", add_special_tokens=True)["input_ids"][0]
     if first not in tokenizer.all_special_ids:
-        raise UserError(f"the tokenizer in {tokenizer_ref} starts a text with {tokenizer.convert_ids_to_tokens(first)!r}, "
-                        "not a special token, but position 0 is the sentence embedding; declare the token its "
-                        "template puts first as cls_token in tokenizer_config.json (BERT: [CLS]; RoBERTa: <s>), give "
-                        "it a template that starts with one, or pass --tokenizer")
+        raise ValueError(f"the tokenizer in {tokenizer_ref} starts a text with {tokenizer.convert_ids_to_tokens(first)!r}, "
+                         "not a special token, but position 0 is the sentence embedding; declare the token its "
+                         "template puts first as cls_token in tokenizer_config.json (BERT: [CLS]; RoBERTa: <s>), give "
+                         "it a template that starts with one, or pass --tokenizer")
 
 
 def validation_callback(run: PretrainRun) -> RetrievalValidationCallback | None:
@@ -233,10 +232,10 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         contrastive_anchor=run.recipe.contrastive_anchor_weight > 0, tokenize_workers=run.data.tokenize_workers,
     )
     if inputs.tokenize_workers is not None and inputs.tokenize_workers < 1:
-        raise UserError(f"--tokenize-workers {inputs.tokenize_workers}: give 1 or more processes")
+        raise ValueError(f"--tokenize-workers {inputs.tokenize_workers}: give 1 or more processes")
     if run.data.shuffle_buffer < 0:
-        raise UserError(f"--shuffle-buffer {run.data.shuffle_buffer}: give a number of sequences, 0 to keep the file "
-                        "order")
+        raise ValueError(f"--shuffle-buffer {run.data.shuffle_buffer}: give a number of sequences, 0 to keep the file "
+                         "order")
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
     scale_loss_chunk(settings, method, run.resume or model_ref)
     attention = attn_implementation_for(run.model.attn_implementation, args.device.type)

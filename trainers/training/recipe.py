@@ -45,7 +45,6 @@ from transformers import TrainerCallback
 
 from ..data.pairs import POSITIVE_PREFIX
 from ..inputs.checkpoints import weight_names
-from ..inputs.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -122,14 +121,14 @@ class RecipeArguments:
 
     def __post_init__(self) -> None:
         if self.head_warmup_steps < 0:
-            raise UserError(f"--head-warmup-steps must be >= 0 (0 = off), got {self.head_warmup_steps}")
+            raise ValueError(f"--head-warmup-steps must be >= 0 (0 = off), got {self.head_warmup_steps}")
         if not self.encoder_lr_scale > 0:
-            raise UserError(f"--encoder-lr-scale must be > 0, got {self.encoder_lr_scale}; to keep the encoder "
+            raise ValueError(f"--encoder-lr-scale must be > 0, got {self.encoder_lr_scale}; to keep the encoder "
                              "frozen for the whole run, set --head-warmup-steps to --max-steps")
         if not 0 < self.layer_lr_decay <= 1:
-            raise UserError(f"--layer-lr-decay must lie in (0, 1] (1 = off), got {self.layer_lr_decay}")
+            raise ValueError(f"--layer-lr-decay must lie in (0, 1] (1 = off), got {self.layer_lr_decay}")
         if not self.contrastive_anchor_weight >= 0:
-            raise UserError(f"--contrastive-anchor-weight must be >= 0 (0 = off), got {self.contrastive_anchor_weight}")
+            raise ValueError(f"--contrastive-anchor-weight must be >= 0 (0 = off), got {self.contrastive_anchor_weight}")
 
     @property
     def active(self) -> bool:

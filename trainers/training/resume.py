@@ -25,7 +25,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..inputs.errors import UserError
 from ..inputs.io import read_json_or_empty
 
 logger = logging.getLogger(__name__)
@@ -129,7 +128,7 @@ def check_text_unchanged(recorded: dict[str, Any], checkpoint: str) -> None:
                                "if its content changed, %s", flag, path, checkpoint, consequences[name])
                 continue
             change = "is gone" if new is None else "is new" if old is None else f"changed size ({old[0]} -> {new[0]} bytes)"
-            raise UserError(
+            raise ValueError(
                 f"{flag} file {path} {change} since the run being resumed from {checkpoint} started; "
                 f"{consequences[name]}: restore the file, or start a new run in another --output-dir (--model "
                 "CHECKPOINT continues its weights)"
@@ -166,7 +165,7 @@ def check_given_options(recorded: dict[str, Any], given: dict[str, Any], checkpo
         if name in may_change or name in NOT_RECORDED or name not in saved or _same(name, value, saved[name]):
             continue
         flag = "--" + name.replace("_", "-")
-        raise UserError(
+        raise ValueError(
             f"{flag} {_show(value)} contradicts the run being resumed from {checkpoint}, which used {flag} "
             f"{_show(saved[name])}; drop {flag} to continue that run with its own settings, or start a new run in "
             "another --output-dir (--model CHECKPOINT continues its weights)"

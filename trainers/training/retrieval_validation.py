@@ -45,7 +45,6 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from ..inputs.errors import UserError
 from ..inputs.extras import plotting_available
 from ..methods import sentence_vectors_of
 from ..retrieval.beir import RetrievalDataError, read_beir
@@ -80,15 +79,15 @@ def load_validation_set(folder: str | os.PathLike, split: str = "dev", max_queri
     """Read `folder` (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) for validation.
 
     Raises:
-        UserError: one line naming `--eval-beir-folder`, the missing or malformed file and the fix; or
+        ValueError: one line naming `--eval-beir-folder`, the missing or malformed file and the fix; or
             `max_queries` < 1. Qrels naming unknown ids are dropped with a warning.
     """
     if max_queries < 1:
-        raise UserError(f"--eval-max-queries {max_queries}: give a positive number of queries (e.g. 1000)")
+        raise ValueError(f"--eval-max-queries {max_queries}: give a positive number of queries (e.g. 1000)")
     try:
         data = read_beir(folder, split=split, on_missing="skip")
     except RetrievalDataError as error:
-        raise UserError(f"--eval-beir-folder {folder} (--eval-split {split}): {error}") from None
+        raise ValueError(f"--eval-beir-folder {folder} (--eval-split {split}): {error}") from None
     doc_ids = sorted(data.corpus)
     index = {doc_id: i for i, doc_id in enumerate(doc_ids)}
     query_ids = sorted(data.queries)[:max_queries]
@@ -185,14 +184,14 @@ class RetrievalValidationCallback(TrainerCallback):
         tokenizer: None: the Trainer's `processing_class`.
 
     Raises:
-        UserError: a folder without the split, qrels, corpus or queries, or a malformed file (one line).
+        ValueError: a folder without the split, qrels, corpus or queries, or a malformed file (one line).
     """
 
     def __init__(self, folder: str | os.PathLike, split: str = "dev", max_queries: int = 1000,
                  max_seq_length: int = 256, eval_steps: int | None = None, batch_size: int | None = None,
                  coverage: bool = False, tokenizer=None):
         if eval_steps is not None and eval_steps < 1:
-            raise UserError(f"--eval-steps {eval_steps}: give a positive number of optimizer steps")
+            raise ValueError(f"--eval-steps {eval_steps}: give a positive number of optimizer steps")
         self.data = load_validation_set(folder, split, max_queries)
         self.max_seq_length, self.eval_steps, self.batch_size = max_seq_length, eval_steps, batch_size
         self.coverage, self.tokenizer = coverage, tokenizer

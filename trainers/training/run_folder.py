@@ -11,7 +11,6 @@ from pathlib import Path
 import retromae.modeling
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..inputs.errors import UserError
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import clean_stale_siblings, sibling_target_name
 from .resume import run_id_of
@@ -47,7 +46,7 @@ def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
     """What `--resume-from-checkpoint last` continues: the newest complete checkpoint in `output_dir`.
 
     Raises:
-        UserError: the complete checkpoints there come from more than one run (`run_id`; none recorded counts as one
+        ValueError: the complete checkpoints there come from more than one run (`run_id`; none recorded counts as one
             more): which run to continue is the user's choice, so the message names each run's newest checkpoint.
     """
     complete = [p for p in list_checkpoints(output_dir) if (p / TRAINER_STATE_NAME).is_file()]
@@ -55,9 +54,9 @@ def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
     if len(newest) > 1:
         runs = sorted(newest.items(), key=lambda item: complete.index(item[1]), reverse=True)
         listing = "; ".join(f"{path} (run {run_id or 'without a recorded id'})" for run_id, path in runs)
-        raise UserError(f"--resume-from-checkpoint last: {output_dir} holds checkpoints of {len(newest)} runs, newest "
-                        f"{listing}; pass the checkpoint folder of the run to continue, e.g. --resume-from-checkpoint "
-                        f"{runs[0][1]}")
+        raise ValueError(f"--resume-from-checkpoint last: {output_dir} holds checkpoints of {len(newest)} runs, newest "
+                         f"{listing}; pass the checkpoint folder of the run to continue, e.g. --resume-from-checkpoint "
+                         f"{runs[0][1]}")
     return last_complete_checkpoint(output_dir)
 
 
@@ -67,16 +66,16 @@ def check_no_checkpoint_collision(output_dir: str | os.PathLike, checkpoint: str
     after the resumed step (up to `max_steps` when > 0): a save of this run at step N would replace it.
 
     Raises:
-        UserError: naming those checkpoints and the way out.
+        ValueError: naming those checkpoints and the way out.
     """
     own = run_id_of(checkpoint)
     step = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME).get("global_step", 0)
     ahead = [p for p in list_checkpoints(output_dir) if run_id_of(p) != own
              and step < int(_CHECKPOINT_RE.match(p.name).group(1)) <= (max_steps if max_steps > 0 else float("inf"))]
     if ahead:
-        raise UserError(f"--resume-from-checkpoint {checkpoint}: {output_dir} holds checkpoints of another run after "
-                        f"step {step} ({', '.join(p.name for p in ahead)}), which this run's saves could replace; "
-                        "move them out of the folder, or resume into another --output-dir")
+        raise ValueError(f"--resume-from-checkpoint {checkpoint}: {output_dir} holds checkpoints of another run after "
+                         f"step {step} ({', '.join(p.name for p in ahead)}), which this run's saves could replace; "
+                         "move them out of the folder, or resume into another --output-dir")
 
 
 def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:

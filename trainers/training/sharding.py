@@ -31,8 +31,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 from transformers.training_args import ParallelMode
 
-from ..inputs.errors import UserError
-
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This process's part of `tensor`: a `DTensor`'s local shard (no communication), any other tensor itself."""
@@ -79,43 +77,43 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
     head warm-up is on; `recipe_groups`: the recipe sets the optimizer's learning-rate groups."""
     fsdp, deepspeed = bool(getattr(args, "fsdp", None)), bool(getattr(args, "deepspeed", None))
     if fsdp and deepspeed:
-        raise UserError("--fsdp and --deepspeed cannot be combined: each shards the model its own way; choose one")
+        raise ValueError("--fsdp and --deepspeed cannot be combined: each shards the model its own way; choose one")
     if fsdp or deepspeed:
         engine = "--fsdp" if fsdp else "--deepspeed"
         if validation:
-            raise UserError(f"--eval-beir-folder with {engine} is not supported: the retrieval validation encodes on "
-                            "the main process alone, and a sharded model needs every process in each forward (it "
-                            "would hang); drop --eval-beir-folder and score the saved checkpoints with `retromae "
-                            "evaluate`")
+            raise ValueError(f"--eval-beir-folder with {engine} is not supported: the retrieval validation encodes on "
+                             "the main process alone, and a sharded model needs every process in each forward (it "
+                             "would hang); drop --eval-beir-folder and score the saved checkpoints with `retromae "
+                             "evaluate`")
     if fsdp:
         version = int((getattr(args, "fsdp_config", None) or {}).get("version", 2))
         if getattr(args.device, "type", "cpu") == "cpu":
-            raise UserError("--fsdp shards the model only on GPUs, and this run is on the CPU, where accelerate would "
-                            "train plain DDP (or refuse a single process); drop --fsdp (torchrun gives DDP)")
+            raise ValueError("--fsdp shards the model only on GPUs, and this run is on the CPU, where accelerate would "
+                             "train plain DDP (or refuse a single process); drop --fsdp (torchrun gives DDP)")
         if args.parallel_mode != ParallelMode.DISTRIBUTED:
-            raise UserError("--fsdp needs a run started by torchrun or accelerate launch (one process per GPU); in "
-                            "a single process it would not shard: launch with torchrun --nproc_per_node N")
+            raise ValueError("--fsdp needs a run started by torchrun or accelerate launch (one process per GPU); in "
+                             "a single process it would not shard: launch with torchrun --nproc_per_node N")
         if version != 2:
-            raise UserError(f"--fsdp_config version {version} (FSDP1) is not supported: retromae gathers the "
-                            "weights and freezes the encoder the FSDP2 way; use version 2 (the default)")
+            raise ValueError(f"--fsdp_config version {version} (FSDP1) is not supported: retromae gathers the "
+                             "weights and freezes the encoder the FSDP2 way; use version 2 (the default)")
         if getattr(args, "save_on_each_node", False):
-            raise UserError("--save-on-each-node with --fsdp is not supported: the whole weights are gathered on the "
-                            "main process only; drop --save-on-each-node")
+            raise ValueError("--save-on-each-node with --fsdp is not supported: the whole weights are gathered on the "
+                             "main process only; drop --save-on-each-node")
     if deepspeed:
         config = deepspeed_config(args)
         stage = int((config.get("zero_optimization") or {}).get("stage", 0) or 0)
         if stage == 3:
-            raise UserError("--deepspeed with ZeRO stage 3 is not supported yet: it partitions the weights, and "
-                            "retromae's final save, export and divergence check read whole weights, which it gathers "
-                            "for FSDP only; use ZeRO stage 1 or 2, or --fsdp")
+            raise ValueError("--deepspeed with ZeRO stage 3 is not supported yet: it partitions the weights, and "
+                             "retromae's final save, export and divergence check read whole weights, which it gathers "
+                             "for FSDP only; use ZeRO stage 1 or 2, or --fsdp")
         if head_warmup:
-            raise UserError("--head-warmup-steps with --deepspeed is not supported: ZeRO partitions the gradients, "
-                            "so the warm-up cannot hold the encoder still; use --fsdp or DDP, or drop "
-                            "--head-warmup-steps")
+            raise ValueError("--head-warmup-steps with --deepspeed is not supported: ZeRO partitions the gradients, "
+                             "so the warm-up cannot hold the encoder still; use --fsdp or DDP, or drop "
+                             "--head-warmup-steps")
         if recipe_groups and "optimizer" in config:
-            raise UserError("--encoder-lr-scale / --layer-lr-decay with a --deepspeed config that names an "
-                            "optimizer: DeepSpeed builds it with one learning rate and ignores the recipe's groups; "
-                            "remove the config's \"optimizer\" section (the Trainer's AdamW then carries them)")
+            raise ValueError("--encoder-lr-scale / --layer-lr-decay with a --deepspeed config that names an "
+                             "optimizer: DeepSpeed builds it with one learning rate and ignores the recipe's groups; "
+                             "remove the config's \"optimizer\" section (the Trainer's AdamW then carries them)")
 
 
 __all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "local_tensor"]

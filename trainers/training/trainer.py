@@ -36,7 +36,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, Trai
 from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
 from ..data.dataset_checks import check_same_tokenizer, check_tokenized, longest_sequence
 from ..inputs.arguments import check_training_arguments
-from ..inputs.errors import UserError
 from ..inputs.io import write_json_atomic
 from ..inputs.outputs import atomic_folder
 from .divergence import divergence_on_any_process
@@ -105,8 +104,8 @@ class RetroMAETrainer(Trainer):
         # a callback that can score the model (`retrieval_validation.RetrievalValidationCallback`; not imported: it
         # sits a layer above the trainer, beside the coverage diagnostic it reuses)
         if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
-            raise UserError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
-                            "collator of your own that returns the model's labels)")
+            raise ValueError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
+                             "collator of your own that returns the model's labels)")
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         if training_args is not None:  # before the Trainer compares any of them
             check_training_arguments(training_args)  # as the command line checks its flags
@@ -161,9 +160,9 @@ class RetroMAETrainer(Trainer):
         try:  # 8 is the command line's shortest --max-seq-length, no rule for the rows of a dataset
             check_model_and_tokenizer(self.model, tokenizer, max(longest or 0, 8),
                                       config._name_or_path or type(self.model).__name__)
-        except UserError as error:
+        except ValueError as error:
             rows = f"; train_dataset's longest sequence: {longest} tokens" if longest is not None else ""
-            raise UserError(f"RetroMAETrainer (tokenizer {type(tokenizer).__name__}{rows}): {error}") from None
+            raise ValueError(f"RetroMAETrainer (tokenizer {type(tokenizer).__name__}{rows}): {error}") from None
         if len(tokenizer) < config.vocab_size / 2:
             logger.warning("the tokenizer (%s) has %d tokens but the model has %d embedding rows: it is most likely "
                            "another model's, whose ids mean other words to this model; use the tokenizer that "
@@ -247,8 +246,8 @@ class RetroMAETrainer(Trainer):
         opt_model = self.model if model is None else model
         optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         if is_optimizer_factory(optimizer_cls) or {"params", "model", "optimizer_dict"} & optimizer_kwargs.keys():
-            raise UserError(f"--optim {self.args.optim} builds its own parameter groups and cannot take the "
-                            "continued-pre-training recipe's; use --optim adamw_torch")
+            raise ValueError(f"--optim {self.args.optim} builds its own parameter groups and cannot take the "
+                             "continued-pre-training recipe's; use --optim adamw_torch")
         groups = parameter_groups(
             opt_model, self.recipe, self.accelerator.unwrap_model(self.model).config.num_hidden_layers,
             self.args.learning_rate, self.args.weight_decay, set(self.get_decay_parameter_names(opt_model)),
@@ -320,7 +319,7 @@ class RetroMAETrainer(Trainer):
         if diverged is None:
             return
         last = last_complete_checkpoint(self.args.output_dir)
-        raise UserError(
+        raise ValueError(
             f"pre-training diverged at step {self.state.global_step}: {diverged}; nothing was saved"
             f"{f' after {last.name}' if last else ''}. Lower --learning-rate (or raise --warmup-steps) and run again"
         )
@@ -460,7 +459,7 @@ class RetroMAETrainer(Trainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = checkpoint_to_resume(self.args.output_dir)
             if resume_from_checkpoint is None:
-                raise UserError(f"no complete checkpoint to resume from in {self.args.output_dir}")
+                raise ValueError(f"no complete checkpoint to resume from in {self.args.output_dir}")
             resume_from_checkpoint = str(resume_from_checkpoint)
         if resume_from_checkpoint and finished_step(resume_from_checkpoint, self.args.max_steps) is not None:
             return self._load_finished_run(resume_from_checkpoint)
