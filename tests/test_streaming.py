@@ -192,18 +192,54 @@ def test_a_saved_corpus_without_word_starts_masks_tokens(tokenizer, tmp_path):
     assert loaded.column_names == ["input_ids"] and loaded[0]["input_ids"] == [101, 2000, 102]
 
 
-def test_a_resumed_shuffled_stream_continues_exactly(tiny_bert, corpus, tmp_path):
-    """The resumed run replays the same seeded shuffle and skips the batches trained: the same weights at the end."""
+def resumed_like_unbroken(tiny_bert, corpus, tmp_path, *flags: str) -> tuple[list, list]:
+    """Trains 4 steps, and again from the first run's checkpoint-2; returns both runs' losses after step 2, after
+    checking that their final weights agree."""
     from safetensors.torch import load_file
 
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    stream = ("--streaming", "true", "--shuffle-buffer", "16", "--no-export", "true")
+    stream = ("--streaming", "true", "--no-export", "true", *flags)
     assert main(pretrain_args(tiny_bert, corpus, full, *stream)) == 0
     assert main(pretrain_args(tiny_bert, corpus, resumed, *stream,
                               "--resume-from-checkpoint", str(full / "checkpoint-2"))) == 0
     a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
-    assert a.keys() == b.keys() and all(a[key].allclose(b[key], atol=1e-6) for key in a)
     logged = [json.loads((folder / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
               for folder in (full, resumed)]
     losses = [[(e["step"], e["loss"]) for e in history if "loss" in e and e["step"] > 2] for history in logged]
-    assert losses[0] and losses[0] == losses[1]
+    same_weights = a.keys() == b.keys() and all(a[key].allclose(b[key], atol=1e-6) for key in a)
+    return losses, same_weights
+
+
+def test_a_replayed_shuffled_stream_continues_exactly(tiny_bert, corpus, tmp_path):
+    """`--stream-resume replay` replays the same seeded shuffle and skips the batches trained: the same weights."""
+    losses, same_weights = resumed_like_unbroken(tiny_bert, corpus, tmp_path, "--shuffle-buffer", "16",
+                                                 "--stream-resume", "replay")
+    assert losses[0] and losses[0] == losses[1] and same_weights
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_resumed_stream_continues_at_its_saved_position_without_replay(tiny_bert, corpus, tmp_path, monkeypatch,
+                                                                         workers):
+    """By default a streamed checkpoint holds the stream's position, and the resumed run starts there: the Trainer
+    skips no batch (HEAD replayed the stream through `skip_first_batches`), and in file order (no shuffle buffer)
+    it trains on the unbroken run's rows: the same losses and weights, with or without DataLoader workers."""
+    import transformers.trainer
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("the resumed run replayed the stream")
+
+    monkeypatch.setattr(transformers.trainer, "skip_first_batches", no_replay)
+    losses, same_weights = resumed_like_unbroken(tiny_bert, corpus, tmp_path, "--shuffle-buffer", "0",
+                                                 "--dataloader-num-workers", workers)
+    assert (tmp_path / "full" / "checkpoint-2" / "stream_state_0.pt").is_file()
+    assert losses[0] and losses[0] == losses[1] and same_weights
+
+
+def test_a_resumed_shuffled_stream_continues_without_replay(tiny_bert, corpus, tmp_path, monkeypatch):
+    """With a shuffle buffer, the resumed run also starts at the saved position (the buffer's rows are not saved, so
+    its rows differ from the unbroken run's, as `--stream-resume`'s help says) and trains to the end."""
+    import transformers.trainer
+
+    monkeypatch.setattr(transformers.trainer, "skip_first_batches", lambda *a, **k: pytest.fail("replayed"))
+    losses, _ = resumed_like_unbroken(tiny_bert, corpus, tmp_path, "--shuffle-buffer", "16")
+    assert [step for step, _ in losses[1]] == [3, 4]

@@ -226,6 +226,14 @@ class PretrainingArguments(TrainingArguments):
         metadata={"help": "compute the vocabulary losses' softmax and its gradient in one compiled kernel per chunk "
                   "of rows (the same losses within rounding); default: on when training on CUDA"},
     )
+    stream_resume: str = field(
+        default="state",
+        metadata={"help": "--streaming: where a resumed run continues. `state`: at the stream position saved in the "
+                  "checkpoint, reading nothing twice (the rows in the shuffle buffer at the checkpoint are skipped "
+                  "for that epoch, so with --shuffle-buffer > 0 the rows after it differ from an unbroken run's; "
+                  "one process only, needs torchdata); `replay`: reads and skips the stream up to the checkpoint "
+                  "(the unbroken run's rows)", "choices": ["state", "replay"]},
+    )
     pad_loss_vocab: bool | None = field(
         default=None,
         metadata={"help": "pad the vocabulary inside the vocabulary losses to a multiple of 64 (aligned matrix "

@@ -1,16 +1,22 @@
-"""Streamed training data under DDP: a DataLoader per process over its own part of the stream."""
+"""Streamed training data: under DDP, a DataLoader per process over its own part of the stream; in one process, the
+stream's position saved in each checkpoint, so that a resumed run continues there instead of replaying the stream."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 from accelerate.data_loader import prepare_data_loader
 
 from ..data.tokenize import rank_stream
 
 logger = logging.getLogger(__name__)
+
+STREAM_STATE_FILE = "stream_state_{rank}.pt"
 
 
 def rank_stream_loader(trainer: Any) -> Any:
@@ -39,3 +45,37 @@ def rank_stream_loader(trainer: Any) -> Any:
     )
     accelerator._dataloaders.append(prepared)
     return prepared
+
+
+def keep_stream_position(args: Any, dataset: Any) -> bool:
+    """Whether a run on `dataset` records its stream position in its checkpoints (and resumes from it): a stream
+    (`datasets.IterableDataset`) in one process, with `stream_resume` "state" (the default) and torchdata's stateful
+    DataLoader installed (the trainer then turns it on in its accelerator). Under DDP (accelerate corrects a stateful
+    loader's position for batches dispatched from one process, which ours are not) and with
+    `stream_resume="replay"`, a resumed run replays the stream as the Trainer does."""
+    if not isinstance(dataset, datasets.IterableDataset) or getattr(args, "stream_resume", "state") != "state":
+        return False
+    if args.world_size > 1:
+        return False
+    if importlib.util.find_spec("torchdata") is None:
+        logger.warning("torchdata is not installed: a resumed streamed run replays the stream up to its checkpoint "
+                       "(pip install torchdata continues from the checkpoint's position instead)")
+        return False
+    return True
+
+
+def save_stream_position(loader: Any, folder: Path, rank: int) -> None:
+    """Writes `loader`'s position in the stream (its state_dict) into checkpoint `folder`."""
+    torch.save(loader.state_dict(), folder / STREAM_STATE_FILE.format(rank=rank))
+
+
+def saved_stream_position(checkpoint: str | Path, rank: int) -> dict[str, Any] | None:
+    """The stream position saved in `checkpoint` for process `rank`, or None (a checkpoint of a replaying run)."""
+    path = Path(checkpoint) / STREAM_STATE_FILE.format(rank=rank)
+    if not path.is_file():
+        return None
+    return torch.load(path, weights_only=True)
+
+
+__all__ = ["STREAM_STATE_FILE", "keep_stream_position", "rank_stream_loader", "save_stream_position",
+           "saved_stream_position"]

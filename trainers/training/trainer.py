@@ -4,8 +4,8 @@
   accuracy on logged steps; a callback's `pop_logs()` joins the next log entry (retrieval validation);
 - masks in the training process (DataLoader workers only pad), one generator per process seeded from
   `(seed, process_index)`; evaluation masks from a second generator re-seeded at every evaluation;
-- checkpoints are atomic, full `save_pretrained` folders with the run record and the masking generator's state, so
-  `--resume-from-checkpoint` continues exactly; resuming reads safetensors, JSON and `weights_only` torch files only;
+- checkpoints are atomic, full `save_pretrained` folders with the run record, the masking generator's state and a
+  stream's position (`stream_loader`), so `--resume-from-checkpoint` continues exactly; resuming reads safetensors, JSON and `weights_only` torch files only;
   rotation deletes this run's checkpoints only (`run_folder`); under sharding the weights are gathered first;
 - registers the callbacks a method needs, always logs the last step, applies the recipe's parameter groups and
   head warm-up (`recipe.py`);
@@ -61,7 +61,7 @@ from .run_folder import (
 )
 from .schedules import LogLastStepCallback, logs_at_step, schedule_callbacks
 from .sharding import full_state_dict, is_sharded
-from .stream_loader import rank_stream_loader
+from .stream_loader import keep_stream_position, rank_stream_loader, save_stream_position, saved_stream_position
 
 logger = logging.getLogger(__name__)
 
@@ -70,18 +70,6 @@ _RUN_INFO_TRAINING_KEYS = (
     "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs",
     "warmup_steps", "weight_decay", "seed", "lr_scheduler_type",
 )
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class RetroMAETrainer(Trainer):
@@ -113,7 +101,12 @@ class RetroMAETrainer(Trainer):
                           None)
         if validation is not None and kwargs.get("eval_dataset") is None:
             kwargs["eval_dataset"] = validation.data  # the evaluation set is the BEIR split (`evaluate`)
+        self._keeps_stream_position = training_args is not None and keep_stream_position(
+            training_args, kwargs.get("train_dataset"))
+        self._stream_position: dict[str, Any] | None = None  # to resume from, once the loader exists
+        self._rng_checkpoint: str | None = None  # whose RNG states the first step after a stream position loads
         super().__init__(*args, **kwargs)
+        self.accelerator.dataloader_config.use_stateful_dataloader |= self._keeps_stream_position
         self.validation = validation
         self.recipe = recipe or RecipeArguments()
         self.head_warmup = None
@@ -173,9 +166,12 @@ class RetroMAETrainer(Trainer):
     def get_train_dataloader(self):
         """As the Trainer's; under DDP a stream (`datasets.IterableDataset`) is split by node instead
         (`stream_loader`), so that each process reads its own part rather than the main process reading for all."""
-        if not isinstance(self.train_dataset, datasets.IterableDataset) or self.args.world_size <= 1:
-            return super().get_train_dataloader()
-        return rank_stream_loader(self)
+        streams = isinstance(self.train_dataset, datasets.IterableDataset) and self.args.world_size > 1
+        loader = rank_stream_loader(self) if streams else super().get_train_dataloader()
+        if self._stream_position is not None:  # a resumed stream continues at the checkpoint's position
+            loader.load_state_dict(self._stream_position)
+            self._stream_position = None
+        return loader
 
     # ---- masking ------------------------------------------------------------------------------------------------
 
@@ -191,6 +187,9 @@ class RetroMAETrainer(Trainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         # Called once per consumed micro-batch, in order, and never for the batches a resume skips: the generator's
         # state at a checkpoint is exactly what the next batch needs, whatever the workers prefetched.
+        if self._rng_checkpoint is not None:  # as after a replay: opening the loader drew from the global RNG
+            checkpoint, self._rng_checkpoint = self._rng_checkpoint, None
+            super()._load_rng_state(checkpoint)
         unwrapped = self.accelerator.unwrap_model(model)
         unwrapped.measure_accuracy = logs_at_step(self.args, self.state, self.state.global_step + 1)  # in progress
         try:
@@ -360,6 +359,8 @@ class RetroMAETrainer(Trainer):
                 self._save_optimizer_and_scheduler(str(build))
                 self._save_scaler(str(build))
                 self._save_rng_state(str(build))
+                if self._keeps_stream_position:
+                    save_stream_position(self.callback_handler.train_dataloader, build, self.args.process_index)
             if self.args.should_save:
                 write_json_atomic(build / RESUME_FILE, self.run_settings)
                 self._save_trainer_state(build)
@@ -441,6 +442,10 @@ class RetroMAETrainer(Trainer):
         super()._load_best_model()
         self._best_loaded = True
 
+    def _load_rng_state(self, checkpoint):
+        if self._rng_checkpoint is None:  # else loaded by the first training step
+            super()._load_rng_state(checkpoint)
+
     def _collator_state_to_save(self) -> torch.Tensor | None:
         return self._train_masking.get_state() if self.masking_collator is not None else None
 
@@ -464,6 +469,10 @@ class RetroMAETrainer(Trainer):
         if resume_from_checkpoint and finished_step(resume_from_checkpoint, self.args.max_steps) is not None:
             return self._load_finished_run(resume_from_checkpoint)
         self._train_masking = masking_generator(self.args.seed, self.args.process_index)
+        if resume_from_checkpoint and self._keeps_stream_position:  # no replay: the Trainer skips no batch
+            self._stream_position = saved_stream_position(resume_from_checkpoint, self.args.process_index)
+            self.args.ignore_data_skip |= self._stream_position is not None
+            self._rng_checkpoint = resume_from_checkpoint if self._stream_position is not None else None
         if resume_from_checkpoint and self.masking_collator is not None:
             state_file = self._collator_state_file(resume_from_checkpoint)
             if state_file.is_file():
@@ -482,8 +491,6 @@ class RetroMAETrainer(Trainer):
         logger.warning("%s is the last step (%d) of its run: the run is finished, nothing to train", checkpoint,
                        self.state.global_step)
         return TrainOutput(self.state.global_step, 0.0, {})  # as Trainer reports a call that trained no step
-
-
 
 
 __all__ = ["RetroMAETrainer"]
