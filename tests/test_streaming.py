@@ -243,3 +243,19 @@ def test_a_resumed_shuffled_stream_continues_without_replay(tiny_bert, corpus, t
     monkeypatch.setattr(transformers.trainer, "skip_first_batches", lambda *a, **k: pytest.fail("replayed"))
     losses, _ = resumed_like_unbroken(tiny_bert, corpus, tmp_path, "--shuffle-buffer", "16")
     assert [step for step, _ in losses[1]] == [3, 4]
+
+
+def test_save_tokenized_writes_a_corpus_any_run_trains_from(tiny_bert, corpus, tokenizer, tmp_path, capsys):
+    """`pretrain --save-tokenized FOLDER` tokenizes once and trains nothing; `--corpus FOLDER` then trains from the
+    saved ids; an existing folder is replaced only with --overwrite-output-dir."""
+    folder = tmp_path / "ids"
+    save = ("--save-tokenized", str(folder), "--packing", "true")
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save)) == 0
+    assert not (tmp_path / "unused").exists() and f"in {folder}" in capsys.readouterr().out
+    saved = datasets.load_from_disk(str(folder))
+    expected = tokenize_corpus(read_corpus(corpus), tokenizer, max_seq_length=32, packing=True)
+    assert saved["input_ids"] == expected["input_ids"]
+    assert main(pretrain_args(tiny_bert, folder, tmp_path / "run", "--no-export", "true", "--max-steps", "2")) == 0
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save)) == 2
+    assert "--overwrite-output-dir" in capsys.readouterr().err
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save, "--overwrite-output-dir", "true")) == 0

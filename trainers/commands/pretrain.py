@@ -19,7 +19,7 @@ from ..export.sentence_transformer import export_from_model
 from ..inputs.arguments import configure_logging
 from ..inputs.errors import UserError
 from ..inputs.folders import INTERRUPTED_HINT
-from ..inputs.outputs import check_folder_option
+from ..inputs.outputs import check_folder_option, claim_output
 from ..inputs.pretrain_options import (
     check_export_target,
     export_target,
@@ -29,7 +29,14 @@ from ..inputs.pretrain_options import (
 )
 from ..training.lock import folder_lock
 from ..training.positions import check_model_and_tokenizer
-from ..training.pretraining import best_summary, checkpoint_extras, final_save_done, train_model, validation_callback
+from ..training.pretraining import (
+    best_summary,
+    checkpoint_extras,
+    final_save_done,
+    save_tokenized_corpus,
+    train_model,
+    validation_callback,
+)
 from ..training.resume import (
     check_text_unchanged,
     read_settings,
@@ -67,6 +74,8 @@ def pretrain(argv: list[str]) -> int:
     set_seed(args.seed)
     if args.dataloader_pin_memory and args.device.type == "cpu":
         args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
+    if run.data.save_tokenized:
+        return save_tokenized(run)
     if run.data.streaming and args.max_steps <= 0:
         raise UserError("--streaming needs --max-steps (a streamed corpus has no length)")
     finished = finished_step(run.resume, args.max_steps) if run.resume else None
@@ -104,6 +113,18 @@ def pretrain(argv: list[str]) -> int:
                 plot_validation(trainer.state.log_history, Path(args.output_dir) / "validation.png")
             print_summary(trainer, args.output_dir, str(export_dir) if export_dir else None, seconds,
                           finished_checkpoint=run.resume if finished is not None else None)
+    return 0
+
+
+def save_tokenized(run: Any) -> int:
+    """`retromae pretrain --save-tokenized FOLDER`: tokenize the corpus into FOLDER, print where, train nothing."""
+    folder = Path(run.data.save_tokenized).expanduser()
+    overwrite = run.run.overwrite_output_dir
+    claim_output(folder, "--save-tokenized", overwrite, overwrite_flag="--overwrite-output-dir",
+                 inputs={"--corpus": run.data.corpus} if run.data.corpus else None)
+    sequences = save_tokenized_corpus(run, folder, overwrite)
+    print(f"retromae: {sequences} tokenized sequences of up to {run.data.max_seq_length} tokens in {folder}; train "
+          f"any method from them with --corpus {folder}", flush=True)
     return 0
 
 

@@ -145,6 +145,12 @@ class DataArguments:
         metadata={"help": "processes that tokenize a corpus of more than 10,000 passages (default: min(4, CPUs); 1: "
                   "this process only)"},
     )
+    save_tokenized: str | None = field(
+        default=None,
+        metadata={"help": "tokenize the corpus once (with --packing, packed) into this folder and stop, without "
+                  "training; any later run of any method trains from it with --corpus FOLDER. An existing folder is "
+                  "replaced only with --overwrite-output-dir"},
+    )
     pairs: str | None = field(
         default=None,
         metadata={"help": "--method sentmae with contrastive_loss_weight > 0: a .jsonl of "

@@ -18,10 +18,12 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available, is_kernels_available
 
 from ..data.collator import DataInputs
-from ..data.tokenize import shuffle_stream
+from ..data.reading import read_corpus
+from ..data.tokenize import shuffle_stream, tokenize_corpus
 from ..inputs.checkpoints import default_model_dir, load_tokenizer
 from ..inputs.folders import check_model_folder, public_name
 from ..inputs.io import read_json_or_empty
+from ..inputs.outputs import atomic_folder
 from ..inputs.pretrain_options import DEFAULT_BASE_MODEL_NAME, DEFAULT_CORPUS_NAME, ModelArguments, PretrainRun
 from ..inputs.versions import package_version
 from ..methods import METHODS, Method, get_method
@@ -191,6 +193,29 @@ def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
                          "not a special token, but position 0 is the sentence embedding; declare the token its "
                          "template puts first as cls_token in tokenizer_config.json (BERT: [CLS]; RoBERTa: <s>), give "
                          "it a template that starts with one, or pass --tokenizer")
+
+
+def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> int:
+    """Reads and tokenizes `run`'s corpus as its training would (its tokenizer, --max-seq-length, --packing,
+    --tokenize-workers) and saves it as a `datasets` folder at `folder`, atomically; returns its sequences.
+
+    Raises:
+        ValueError: --streaming or --pairs (a saved corpus is a whole `Dataset` of one text).
+    """
+    data = run.data
+    for flag, given in (("--streaming", data.streaming), ("--pairs", data.pairs)):
+        if given:
+            raise ValueError(f"--save-tokenized writes one tokenized corpus from --corpus; drop {flag}")
+    tokenizer_ref = run.model.tokenizer or run.model.model or default_model_dir()
+    tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
+    check_special_tokens(tokenizer, tokenizer_ref)
+    texts = read_corpus(data.corpus, text_format=data.text_format, text_column=data.text_column,
+                        config=data.corpus_config, split=data.corpus_split, revision=data.corpus_revision)
+    tokenized = tokenize_corpus(texts, tokenizer, max_seq_length=data.max_seq_length, packing=data.packing,
+                                num_proc=data.tokenize_workers)
+    with atomic_folder(folder, overwrite=overwrite) as build:
+        tokenized.save_to_disk(str(build))
+    return len(tokenized)
 
 
 def validation_callback(run: PretrainRun) -> RetrievalValidationCallback | None:
