@@ -33,9 +33,9 @@ LAYERS: dict[str, int] = {
     # 3: what the commands run (training, retrieval, export, publishing) and each command's resolved options
     **{f"training.{name}": 3 for name in ("pretraining", "finetuning", "finetune_state", "retrieval_validation")},
     **{f"retrieval.{name}": 3 for name in ("mteb", "benchmarks", "coverage", "hybrid_index", "hybrid_parts", "index_files",
-                                           "mining")},
-    "export.sentence_transformer": 3, "export.publishing": 3,
-    "inputs.pretrain_options": 3, "inputs.finetune_options": 3,
+                                           "mining", "engine_qdrant")},
+    "export.sentence_transformer": 3, "export.publishing": 3, "export.parts": 3,
+    "inputs.pretrain_options": 3, "inputs.finetune_options": 3, "inputs.official_checkpoints": 3,
     # 4: the drivers, one per command
     **{f"commands.{path.stem}": 4 for path in (TRAINERS / "commands").glob("*.py")},
     # 5: command wiring, imported by nothing
@@ -198,6 +198,7 @@ def test_modeling_prose_is_brief():
 METHOD_IMPLEMENTATIONS = {
     "methods": "the registry",
     "export.dupmae": "DupMAE's exporter, validation vectors and sentence-transformers module (its `Method` fields)",
+    "export.parts": "DupMAE's two parts as plain sentence-transformers folders (`export --format`)",
     "retrieval.hybrid_index": "the exact index of DupMAE's hybrid representation",
     "retrieval.hybrid_parts": "what that index takes from a DupMAE model",
     "commands.index": "`retromae index` / `search` over that index",

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("commands.evaluate:evaluate_command", "MTEB retrieval evaluation on local BEIR folders / registered tasks"),
     "publish": ("commands.publish:publish_command", "validate a model folder, then upload it to the Hugging Face Hub"),
     "coverage": ("commands.coverage:coverage_command", "input-token coverage of [CLS] embeddings (did pre-training work?)"),
+    "import-official": ("commands.import_official:import_official_command", "convert an official RetroMAE (staoxiao) checkpoint to continue it"),
 }
 
 

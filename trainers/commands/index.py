@@ -1,4 +1,4 @@
-"""`retromae index` and `retromae search`: build and search an exact DupMAE hybrid index."""
+"""`retromae index` and `retromae search`: build and search an exact DupMAE hybrid index (ours, or in Qdrant)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ..inputs.folders import check_model_folder, is_local_path
 from ..inputs.io import atomic_file
 from ..inputs.outputs import claim_output
 from ..retrieval.beir import doc_text, is_beir_folder, read_beir_corpus, read_beir_queries
+from ..retrieval.engine_qdrant import QDRANT_EXTRA_HINT, QdrantHybridIndex, load_index, qdrant_available
 from ..retrieval.hybrid_index import HybridIndex, claim_index_folder
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class IndexArguments:
         "help": "how a .txt corpus splits into documents: lines (one per line), blocks (separated by blank lines) or "
         "auto (blocks when a blank line separates two text lines), as `retromae pretrain` reads it"})
     index_type: Literal["flat", "hnsw", "ivf"] = field(default="flat", metadata={"help": "dense part: exact (flat) or approximate"})
+    engine: Literal["faiss", "qdrant"] = field(default="faiss", metadata={
+        "help": "faiss: our own index files; qdrant: an embedded Qdrant collection (retromae[qdrant])"})
     batch_size: int = field(default=32, metadata={"help": "documents per encoding batch"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing index folder"})
 
@@ -129,11 +132,20 @@ def index_command(argv: list[str]) -> int:
     """`retromae index`: encode a corpus with a DupMAE model and write an exact hybrid index."""
     (args,) = start_command(argv, IndexArguments, prog="retromae index", description=index_command.__doc__,
                             positive=("batch_size",))
+    if args.engine == "qdrant" and not qdrant_available():
+        raise UserError(f"--engine qdrant needs qdrant-client: {QDRANT_EXTRA_HINT}")
+    if args.engine == "qdrant" and args.index_type != "flat":
+        raise UserError(f"--index-type {args.index_type} is for --engine faiss; --engine qdrant picks its own")
     # refused before hours of encoding, not after
     claim_index_folder(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
                                                                           "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")
     ids, texts = _documents(args.corpus, args.text_format)
+    if args.engine == "qdrant":
+        folder = QdrantHybridIndex.build_folder(model, texts, ids, args.output_dir, batch_size=args.batch_size,
+                                                overwrite=args.overwrite, show_progress_bar=True)
+        print(f"retromae: indexed {len(ids)} documents -> {folder} (qdrant)", flush=True)
+        return 0
     index = HybridIndex.build(model, texts, ids, batch_size=args.batch_size, index_type=args.index_type,
                               show_progress_bar=True)
     folder = index.save(args.output_dir, overwrite=args.overwrite)
@@ -150,12 +162,16 @@ def search_command(argv: list[str]) -> int:
         claim_output(Path(args.output), "--output", args.overwrite, kind="file",
                      inputs={"--queries": args.queries, "--index": args.index, "--model": args.model})
     try:
-        index = HybridIndex.load(args.index)
-    except FileNotFoundError as error:  # no manifest.json / a missing index file: the message names it
+        index = load_index(args.index)  # with the engine that built it
+    except (FileNotFoundError, ImportError) as error:  # a missing file (named), a qdrant index without qdrant-client
         raise UserError(f"--index: {error}") from None
     model = _load_hybrid_model(args.model, "search")
     queries = _queries(args)
-    hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)
+    try:
+        hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)
+    finally:
+        if isinstance(index, QdrantHybridIndex):
+            index.close()  # the embedded storage's lock
     records = [{"query_id": qid, "query": text, "results": [{"id": d, "score": round(float(s), 4)} for d, s in found]}
                for (qid, text), found in zip(queries, hits, strict=True)]
     for record in records[:20]:

@@ -38,7 +38,15 @@ import scipy.sparse as sp
 
 from ..inputs.errors import one_line_message
 from ..inputs.outputs import atomic_folder
-from .hybrid_parts import as_numpy, document_parts, dupmae_pooling, model_fingerprint, queries_sparse, top_columns
+from .hybrid_parts import (
+    as_numpy,
+    check_queries,
+    document_parts,
+    dupmae_pooling,
+    model_fingerprint,
+    queries_sparse,
+    top_columns,
+)
 from .index_files import (
     DENSE_FILE,
     IDS_FILE,
@@ -277,11 +285,7 @@ class HybridIndex:
         Raises:
             ValueError: an empty query; `ValueError` when `model` is not the model that built the index.
         """
-        if isinstance(queries, str):
-            raise TypeError("queries must be a list of strings, not a string")
-        for i, query in enumerate(queries):
-            if not isinstance(query, str) or not query.strip():
-                raise ValueError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
+        check_queries(queries)
         if verify_model:
             self.check_fingerprint(model_fingerprint(model))
         if not queries:

@@ -15,6 +15,15 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 QUERY_SIDE_SETTINGS = ("query_top_k", "chunk_size")  # pooling settings that leave the documents unchanged
 
 
+def check_queries(queries: Any) -> None:
+    """Refuses a string (not a list of queries) and an empty or blank query, naming its position."""
+    if isinstance(queries, str):
+        raise TypeError("queries must be a list of strings, not a string")
+    for i, query in enumerate(queries):
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError(f"query {i} is empty: {query!r}; a query needs at least one non-space character")
+
+
 def dupmae_pooling(model: Any):
     for module in model.modules():
         if is_dupmae_pooling(module):

@@ -6,6 +6,9 @@
     sparse_indices.npy   vocabulary ids (int32, num_documents * doc_top_k)
     sparse_data.npy      weights (float32, num_documents * doc_top_k)
     ids.json             document ids, in index order
+
+`manifest.json` names the `engine` that built the index: "faiss" (`HybridIndex`, the default; absent in older
+manifests) or "qdrant" (`engine_qdrant.QdrantHybridIndex`: a `qdrant/` storage folder + ids.json instead).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ MANIFEST_KEYS = ("model_fingerprint", "dense_dim", "vocab_size", "doc_top_k", "n
 DENSE_FILE = "dense.faiss"
 SPARSE_FILES = ("sparse_indptr.npy", "sparse_indices.npy", "sparse_data.npy")
 IDS_FILE = "ids.json"
+ENGINES = ("faiss", "qdrant")
+DEFAULT_ENGINE = "faiss"
 
 
 def sha256_of(path: Path) -> str:
@@ -56,12 +61,25 @@ def write_manifest(folder: Path, files: list[str], fields: dict[str, Any]) -> No
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-def read_manifest(folder: Path, verify_checksums: bool = True) -> dict[str, Any]:
-    """The manifest of the index in `folder`, once every file it lists is there with its size (and checksum).
+def index_engine(folder: Path) -> str:
+    """The engine that built the index in `folder` (`DEFAULT_ENGINE` when its manifest is missing, unreadable or
+    names none: `read_manifest` then says what is wrong)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return DEFAULT_ENGINE
+    engine = manifest.get("engine", DEFAULT_ENGINE) if isinstance(manifest, dict) else DEFAULT_ENGINE
+    return engine if engine in ENGINES else DEFAULT_ENGINE
+
+
+def read_manifest(folder: Path, verify_checksums: bool = True, engine: str = DEFAULT_ENGINE) -> dict[str, Any]:
+    """The manifest of the index in `folder`, once every file it lists is there with its size (and checksum), and
+    once it says the index was built by `engine`.
 
     Raises:
         FileNotFoundError: the folder, its manifest or one of its files is missing (the message names it).
-        ValueError: a file is truncated / has the wrong size or checksum, or the manifest is not ours.
+        ValueError: a file is truncated / has the wrong size or checksum, the manifest is not ours, or another
+            engine built the index.
     """
     clean_stale_siblings(folder)  # a rebuild killed mid-swap left the index beside its place
     manifest_path = folder / MANIFEST
@@ -82,6 +100,10 @@ def read_manifest(folder: Path, verify_checksums: bool = True) -> dict[str, Any]
             f"{manifest_path}: format {manifest.get('format')!r} v{manifest.get('format_version')}, "
             f"expected {FORMAT!r} v{FORMAT_VERSION}"
         )
+    built = manifest.get("engine", DEFAULT_ENGINE)
+    if built != engine:
+        raise ValueError(f"{folder} was built with engine {built!r}, not {engine!r}: open it with "
+                         "retromae.trainers.retrieval.engine_qdrant.load_index (or retromae search)")
     missing = [key for key in MANIFEST_KEYS if key not in manifest]
     files = manifest.get("files")
     if missing or not isinstance(files, dict) or not all(
