@@ -55,7 +55,7 @@ if [ "$SMOKE" != 1 ]; then
   want table_minilm && stage "bf16 table: minilm L=512" 100 $PY $PT --sizes minilm --lengths 512
 fi
 # the tests that skip without CUDA: the skipif-marked tests of the test files that test for it
-CUDA_TEST_FILES=$(grep -lE "not torch\.cuda\.is_available\(\)|requires_cuda" tests/*.py | tr '\n' ' ')
+CUDA_TEST_FILES=$(grep -lE "not torch\.cuda\.is_available\(\)|requires_cuda" tests/*.py tests/*/*.py | tr '\n' ' ')
 want tests && stage "CUDA-only tests ($CUDA_TEST_FILES)" 90 $PY -m pytest -q -rs -p no:cacheprovider \
   --continue-on-collection-errors -m "skipif and not experiment and not slow" $CUDA_TEST_FILES
 if [ "$SMOKE" != 1 ] && [ -n "$EXTRA_LENGTHS" ] && want extra; then

@@ -24,7 +24,7 @@ sentence-transformers 6.2's `SentenceTransformer.save`::
 
 6.2's own `save` writes module paths (`sentence_transformers.base.modules.transformer.Transformer`) and config keys
 that older releases do not have, so its folders need sentence-transformers >= 6. The legacy files are the ones every
-release since 2.x wrote and 6.2 still reads (tests/test_export.py loads them in 6.2 and checks the embeddings, the
+release since 2.x wrote and 6.2 still reads (tests/commands/test_export.py loads them in 6.2 and checks the embeddings, the
 dot similarity, the prompts and the maximum length); `similarity_fn_name` and `prompts` are read since 3.0 (inferred
 from those releases, not run here). Five small JSON files buy that reach, so we write them.
 """

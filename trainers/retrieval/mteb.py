@@ -3,7 +3,7 @@ MTEB's registered tasks.
 
 The scoring is mteb's own (`mteb.evaluate`): a local BEIR folder becomes an `AbsTaskRetrieval` subclass whose
 `load_data` fills mteb's `RetrievalSplitData` from our reader (`make_local_task`), so a number printed here is the
-number mteb computes for the same model and data (tests/test_evaluate.py pins that equality on SciFact dev with
+number mteb computes for the same model and data (tests/commands/test_evaluate.py pins that equality on SciFact dev with
 all-MiniLM-L6-v2, and checks mteb's NDCG@10 against an independent computation). The model is scored with its own
 pooling and similarity (modules.json; `similarity_fn_name`), queries through `encode_query` and documents through
 `encode_document` (mteb 2.26 picks these for sentence-transformers >= 5).

@@ -1,0 +1,365 @@
+"""Tests for the corpus formats of retromae.trainers.data.reading: Hub datasets with a configuration, split, revision
+and text column (``datasets.load_dataset`` monkeypatched: no Hub here), Parquet and compressed files, a text column
+other than ``text``, and the fast path through ``datasets``' builders (the same passages as our line reader, and its
+file:line errors where a builder fails)."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import importlib.util
+import lzma
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import retromae.trainers.data.arrow_reading as arrow_reading
+import retromae.trainers.data.reading as reading_module
+from retromae.trainers.data.passages import numbered_passages
+from retromae.trainers.data.reading import read_corpus
+
+from ..builders import jsonl_text, texts_of, write_file
+
+pytestmark = pytest.mark.usefixtures("datasets_cache")
+
+
+def line_reader(path: Path, text_format: str = "auto", text_column: str = "text") -> list[str]:
+    """The passages of our own line-by-line reader (the reference the builders must match)."""
+    return [text for _, text in numbered_passages(path, text_format, text_column)]
+
+
+class FakeHub:
+    """Stands in for ``datasets.load_dataset`` on Hub names; records the call."""
+
+    def __init__(self, result=None, error: Exception | None = None):
+        self.result, self.error, self.calls = result, error, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hub datasets
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_hub_dataset_with_config_split_revision_and_column(monkeypatch):
+    hub = FakeHub(datasets.Dataset.from_dict({"id": [1, 2], "body": ["first  passage", "second"]}))
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    corpus = read_corpus("owner/papers", config="abstracts", split="validation", revision="v1.0", text_column="body")
+    assert hub.calls == [(("owner/papers", "abstracts"), {"split": "validation", "revision": "v1.0",
+                                                           "streaming": False})]
+    assert corpus.column_names == ["text"]
+    assert texts_of(corpus) == ["first  passage", "second"]  # a Hub dataset's text is used as it is
+    assert corpus.info.dataset_name == "owner/papers"
+
+
+def test_hub_dataset_defaults(monkeypatch):
+    hub = FakeHub(datasets.Dataset.from_dict({"text": ["a"], "title": ["T"]}))
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    assert texts_of(read_corpus("owner/name", streaming=True)) == ["a"]
+    assert hub.calls == [(("owner/name", None), {"split": "train", "revision": None, "streaming": True})]
+
+
+def test_hub_dataset_that_needs_a_configuration(monkeypatch):
+    error = ValueError("Config name is missing.\nPlease pick one among the available configs: ['en', 'fr']\n"
+                       "Example of usage:\n\t`load_dataset('owner/wiki', 'en')`")
+    monkeypatch.setattr(datasets, "load_dataset", FakeHub(error=error))
+    with pytest.raises(ValueError, match=r"corpus 'owner/wiki' has several configurations: \['en', 'fr'\]; pick one "
+                                        r"with --corpus-config") as info:
+        read_corpus("owner/wiki")
+    assert "\n" not in str(info.value)
+
+
+def test_hub_dataset_without_the_split(monkeypatch):
+    error = ValueError("Unknown split \"train\". Should be one of ['test'].")
+    monkeypatch.setattr(datasets, "load_dataset", FakeHub(error=error))
+    with pytest.raises(ValueError, match=r"'owner/name' has no split 'train' \(splits: \['test'\]\); pick one with "
+                                        r"--corpus-split"):
+        read_corpus("owner/name")
+
+
+def test_hub_failure_is_one_line(monkeypatch):
+    monkeypatch.setattr(datasets, "load_dataset", FakeHub(error=ConnectionError("offline\nsecond line")))
+    with pytest.raises(ValueError, match=r"not found locally .* \(ConnectionError: offline second line\)") as info:
+        read_corpus("owner/name", revision="main")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("column", ["text", "abstract"])
+def test_hub_dataset_without_the_text_column_lists_the_columns(monkeypatch, column):
+    hub = FakeHub(datasets.Dataset.from_dict({"title": ["t"], "body": ["b"]}))
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    with pytest.raises(ValueError, match=rf"dataset 'owner/name' has no '{column}' column \(columns: \['title', "
+                                        r"'body'\]\); .*--text-column") as info:
+        read_corpus("owner/name", text_column=column)
+    assert "\n" not in str(info.value)
+
+
+def test_hub_options_are_refused_for_a_local_file(tmp_path):
+    path = write_file(tmp_path / "c.txt", "a\n")
+    with pytest.raises(ValueError, match="--corpus-config and --corpus-revision apply to a Hub dataset"):
+        read_corpus(path, config="en", revision="main")
+    with pytest.raises(ValueError, match="--corpus-split apply to a Hub dataset, not to corpus .*c.txt', a local file"):
+        read_corpus(path, split="test")
+    with pytest.raises(ValueError, match=r"--corpus-config apply to a Hub dataset, not to the built-in corpus"):
+        read_corpus(None, config="en")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Saved datasets, Parquet, compressed files, other text columns
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_saved_dataset_dict_split_and_column(tmp_path):
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"body": ["train passage"]}),
+        "dev": datasets.Dataset.from_dict({"body": ["dev passage"]}),
+    }).save_to_disk(str(tmp_path / "ds"))
+    assert texts_of(read_corpus(tmp_path / "ds", text_column="body")) == ["train passage"]
+    assert texts_of(read_corpus(tmp_path / "ds", text_column="body", split="dev")) == ["dev passage"]
+    with pytest.raises(ValueError, match=r"has no split 'test' \(splits: \['dev', 'train'\]\)"):
+        read_corpus(tmp_path / "ds", text_column="body", split="test")
+    with pytest.raises(ValueError, match=r"has no 'text' column \(columns: \['body'\]\)"):
+        read_corpus(tmp_path / "ds")
+
+
+def write_parquet(path: Path, columns: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_parquet_file_with_title(tmp_path, streaming):
+    path = write_parquet(tmp_path / "c.parquet", {"_id": ["1", "2", "3"], "title": ["Title", None, " "],
+                                                  "text": ["body  one", "body two", "  "]})
+    assert texts_of(read_corpus(path, streaming=streaming)) == ["Title body one", "body two"]
+
+
+def test_parquet_other_column_and_its_errors(tmp_path):
+    path = write_parquet(tmp_path / "c.parquet", {"abstract": ["one", "two"], "n": [1, 2]})
+    assert texts_of(read_corpus(path, text_column="abstract")) == ["one", "two"]
+    with pytest.raises(ValueError, match=r"has no 'text' column \(columns: \['abstract', 'n'\]\)"):
+        read_corpus(path)
+    with pytest.raises(ValueError, match="the 'n' column holds .*, not strings"):
+        read_corpus(path, text_column="n")
+    nulls = write_parquet(tmp_path / "nulls.parquet", {"text": ["one", None]})
+    with pytest.raises(ValueError, match=r"nulls\.parquet: 1 row\(s\) have no text \(null\) in column 'text'"):
+        read_corpus(nulls)
+
+
+COMPRESSORS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
+
+
+@pytest.mark.parametrize("suffix", sorted(COMPRESSORS))
+def test_compressed_files_read_as_the_file_they_hold(tmp_path, suffix):
+    records = jsonl_text({"title": "T", "text": "one"}, {"text": "two"})
+    jsonl_path = write_file(tmp_path / f"c.jsonl{suffix}", COMPRESSORS[suffix](records.encode()))
+    assert texts_of(read_corpus(jsonl_path)) == ["T one", "two"]
+    blocks = "first block\nline\n\nsecond\n"
+    txt_path = write_file(tmp_path / f"c.txt{suffix}", COMPRESSORS[suffix](blocks.encode()))
+    assert texts_of(read_corpus(txt_path)) == ["first block line", "second"]  # auto: blocks, read through the file
+    assert texts_of(read_corpus(txt_path, streaming=True)) == ["first block line", "second"]
+
+
+def test_bad_line_in_a_compressed_file_is_named(tmp_path):
+    path = write_file(tmp_path / "c.jsonl.gz", gzip.compress(b'{"text": "fine"}\n{not json}\n'))
+    with pytest.raises(ValueError, match=r"c\.jsonl\.gz:2: not valid JSON"):
+        read_corpus(path)
+    latin = write_file(tmp_path / "l.txt.gz", gzip.compress(b"fine\ncaf\xe9\n"))
+    with pytest.raises(ValueError, match=r"l\.txt\.gz:2: bytes that are not valid UTF-8"):
+        read_corpus(latin)
+
+
+def test_zstandard_files(tmp_path):
+    if importlib.util.find_spec("zstandard") is None:
+        path = write_file(tmp_path / "c.jsonl.zst", b"\x28\xb5\x2f\xfd")
+        with pytest.raises(ValueError, match="the zstandard package is not installed; pip install zstandard"):
+            read_corpus(path)
+    else:
+        import zstandard
+
+        path = write_file(tmp_path / "c.jsonl.zst", zstandard.ZstdCompressor().compress(b'{"text": "one"}\n'))
+        assert texts_of(read_corpus(path)) == ["one"]
+
+
+def test_folder_of_mixed_formats_keeps_path_order(tmp_path):
+    write_file(tmp_path / "a.jsonl.gz", gzip.compress(jsonl_text({"text": "a1"}, {"text": "a2"}).encode()))
+    write_parquet(tmp_path / "b.parquet", {"text": ["b1"]})
+    write_file(tmp_path / "c.txt", "c1\nc2\n")
+    write_file(tmp_path / "d.jsonl", jsonl_text({"text": "d1"}))
+    assert texts_of(read_corpus(tmp_path)) == ["a1", "a2", "b1", "c1", "c2", "d1"]
+    assert texts_of(read_corpus(tmp_path, streaming=True)) == ["a1", "a2", "b1", "c1", "c2", "d1"]
+
+
+def test_compressed_parquet_is_refused_in_a_folder(tmp_path):
+    write_file(tmp_path / "a.txt", "a\n")
+    write_file(tmp_path / "b.parquet.gz", b"x")
+    with pytest.raises(ValueError, match=r"not a corpus format: b\.parquet\.gz"):
+        read_corpus(tmp_path)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_jsonl_text_column(tmp_path, streaming):
+    path = write_file(tmp_path / "c.jsonl", jsonl_text({"title": "T", "body": "one"}, {"body": "two", "text": "ignored"}))
+    assert texts_of(read_corpus(path, text_column="body", streaming=streaming)) == ["T one", "two"]
+
+
+def test_jsonl_missing_text_column_names_the_line(tmp_path):
+    path = write_file(tmp_path / "c.jsonl", jsonl_text({"body": "one"}, {"text": "two"}))
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: no \"body\" field \(keys: \['text'\]\); give every line a "
+                                        r"string \"body\" field"):
+        read_corpus(path, text_column="body")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The builders' fast path: the same passages as our reader, and its errors
+# ---------------------------------------------------------------------------------------------------------------------
+
+class BuilderSpy:
+    """Wraps ``datasets.load_dataset`` and records the builders asked for."""
+
+    def __init__(self, monkeypatch):
+        self.builders: list[str] = []
+        real = datasets.load_dataset
+
+        def spy(path, *args, **kwargs):
+            self.builders.append(path)
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(datasets, "load_dataset", spy)
+
+
+def test_well_formed_files_go_through_the_builders(tmp_path, monkeypatch):
+    spy = BuilderSpy(monkeypatch)
+    monkeypatch.setattr(reading_module, "_generate_passages", None)  # our reader is not used
+    write_file(tmp_path / "a.jsonl", jsonl_text({"text": "a"}))
+    write_file(tmp_path / "b.txt", "b\n")
+    write_parquet(tmp_path / "c.parquet", {"text": ["c"]})
+    assert texts_of(read_corpus(tmp_path)) == ["a", "b", "c"]
+    assert spy.builders == ["json", "text", "parquet"]
+
+
+def test_files_with_different_fields_are_read_one_builder_call_each(tmp_path, monkeypatch):
+    spy = BuilderSpy(monkeypatch)
+    monkeypatch.setattr(reading_module, "_generate_passages", None)  # our reader is not used
+    write_file(tmp_path / "a.jsonl", jsonl_text({"text": "a", "n": 1}))
+    write_file(tmp_path / "b.jsonl", jsonl_text({"text": "b", "tags": ["x"]}))
+    assert texts_of(read_corpus(tmp_path)) == ["a", "b"]
+    assert spy.builders == ["json", "json", "json"]  # both files, then each
+
+
+TRICKY_TEXTS = {
+    "bom_crlf": b"\xef\xbb\xbf  first   line \r\n\r\nsecond\tline\r\n \r\n\r\n\r\nthird\r\n",
+    "space_lines": b"a\n   \nb\n\n\n\n\t\nc\n\nd",
+    "lone_cr": b"one\rtwo\n\nthree\r\n\rfour\n",
+    "no_final_newline": b"x y\n\nz",
+    "unicode_space": "a\u00a0b\u2003c\n\u3000\n\nd\u2028e\n".encode(),
+    "only_blank": b"\n \n\t\n",
+}
+
+
+@pytest.mark.parametrize("text_format", ["lines", "blocks"])
+@pytest.mark.parametrize("name", sorted(TRICKY_TEXTS))
+def test_txt_passages_equal_the_line_reader(tmp_path, name, text_format):
+    path = write_file(tmp_path / "c.txt", TRICKY_TEXTS[name])
+    expected = line_reader(path, text_format)
+    if not expected:
+        with pytest.raises(ValueError, match="the corpus is empty"):
+            read_corpus(path, text_format=text_format)
+    else:
+        assert texts_of(read_corpus(path, text_format=text_format)) == expected
+
+
+TRICKY_JSONL = {
+    "blank_lines": '\n{"text": " a  b "}\n   \n\n{"text": "c", "title": "T"}\n',
+    "bom": '\ufeff{"text": "a"}\n{"text": "b"}\n',
+    "titles_not_strings": '{"text": "a", "title": 3}\n{"text": "b", "title": 4}\n',
+    "titles_mixed_types": '{"text": "a", "title": 3}\n{"text": "b", "title": "T"}\n{"text": "c", "title": null}\n',
+    "blank_title": '{"text": "a", "title": "  "}\n{"text": "  "}\n{"text": "b"}\n',
+    "other_fields_mixed": '{"text": "a", "x": 1}\n{"text": "b", "x": "s"}\n{"text": "c", "x": [1]}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRICKY_JSONL))
+def test_jsonl_passages_equal_the_line_reader(tmp_path, name):
+    path = write_file(tmp_path / "c.jsonl", TRICKY_JSONL[name])
+    assert texts_of(read_corpus(path)) == line_reader(path)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"text": "a"} {"text": "b"}\n', r"c\.jsonl:1: not valid JSON"),  # two objects on a line
+    ('[{"text": "a"}]\n', r"c\.jsonl:1: expected a JSON object, found a JSON array"),  # the builder reads arrays
+    ('{"text": "a"}\n{"body": "b"}\n', r"c\.jsonl:2: no \"text\" field"),
+    ('{"text": "a"}\n{"text": ["b"]}\n', r"c\.jsonl:2: the \"text\" field must be a string"),
+])
+def test_what_the_json_builder_would_accept_is_refused_as_before(tmp_path, content, message):
+    with pytest.raises(ValueError, match=message):
+        read_corpus(write_file(tmp_path / "c.jsonl", content))
+
+
+def test_utf16_without_a_bom_is_still_refused(tmp_path):
+    path = write_file(tmp_path / "c.txt", "plain ascii text\n".encode("utf-16-le"))
+    with pytest.raises(ValueError, match="UTF-16LE text, not UTF-8"):
+        read_corpus(path)
+
+
+def test_edited_jsonl_is_not_served_from_the_builders_cache(tmp_path):
+    import os
+
+    path = write_file(tmp_path / "c.jsonl", jsonl_text({"text": "old"}))
+    assert texts_of(read_corpus(path)) == ["old"]
+    write_file(path, jsonl_text({"text": "new"}))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert texts_of(read_corpus(path)) == ["new"]
+
+
+def test_real_corpora_equal_the_line_reader(shared_data):
+    for path in (shared_data / "scifact" / "corpus.jsonl", shared_data / "enwiki-sample" / "valid.txt"):
+        assert texts_of(read_corpus(path)) == line_reader(path)
+    assert texts_of(read_corpus(shared_data / "enwiki-sample" / "valid.txt", text_format="lines")) == line_reader(
+        shared_data / "enwiki-sample" / "valid.txt", "lines")
+
+
+def test_arrow_whitespace_collapse_is_pythons_split_join():
+    import sys
+
+    python_whitespace = "".join(chr(code) for code in range(sys.maxunicode + 1) if chr(code).isspace())
+    assert python_whitespace == arrow_reading.PYTHON_WHITESPACE
+    samples = [f"{w}a{w}{w}b {w}c{w}" for w in arrow_reading.PYTHON_WHITESPACE] + [
+        "", " ", "x\u200by", "a" + arrow_reading.PYTHON_WHITESPACE + "b", "é  ü\t"]
+    collapsed = arrow_reading.collapse_whitespace(pa.array(samples)).to_pylist()
+    assert collapsed == [" ".join(sample.split()) for sample in samples]
+
+
+def test_blank_and_empty_files_beside_passages(tmp_path):
+    write_file(tmp_path / "a.jsonl", "\n  \n")
+    write_file(tmp_path / "b.txt", "x\n")
+    write_file(tmp_path / "c.jsonl", "")
+    write_file(tmp_path / "d.txt", "  \n")
+    write_file(tmp_path / "e.jsonl", '{"text": " ", "x": 1}\n{"text": " ", "x": "s"}\n')  # the json builder fails
+    write_file(tmp_path / "f.parquet.d/g.jsonl", jsonl_text({"text": "y"}))
+    write_file(tmp_path / "h.txt", "\u3000\r\u3000\n")  # read line by line (a lone \r), no passage: blank to Python
+    assert texts_of(read_corpus(tmp_path)) == ["x", "y"]
+    assert texts_of(read_corpus(tmp_path, streaming=True)) == ["x", "y"]
+
+
+def test_passages_formed_in_several_processes_keep_the_order(tmp_path, monkeypatch):
+    """A large corpus forms its passages in several processes (`PARALLEL_MAP_MIN_ROWS`): the same passages, in order."""
+    monkeypatch.setattr(arrow_reading, "PARALLEL_MAP_MIN_ROWS", 1)
+    monkeypatch.setattr(arrow_reading.os, "cpu_count", lambda: 2)
+    processes, original_map = [], datasets.Dataset.map
+
+    def spy(self, *args, **kwargs):
+        processes.append(kwargs.get("num_proc"))
+        return original_map(self, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "map", spy)
+    path = write_file(tmp_path / "c.jsonl", "".join(jsonl_text({"text": f"passage  {i} "}) for i in range(300)))
+    assert texts_of(read_corpus(path)) == line_reader(path) == [f"passage {i}" for i in range(300)]
+    assert 2 in processes
