@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 PAIR_FIELDS = ("anchor", "positive")
 
 __all__ = [
-    "ContrastiveCollator", "check_in_batch_negatives", "contrastive_training_data", "corpus_training_data",
+    "ContrastiveCollator", "contrastive_training_data", "corpus_training_data",
     "cut_two_spans", "pair_positive_settings", "read_pairs", "span_pair_training_data", "tokenize_pairs",
 ]
 
@@ -333,7 +333,7 @@ def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, 
             f"{purpose} takes its positives from two spans of one passage, but --packing joins passages into blocks "
             "(the spans could come from different documents); drop --packing"
         )
-    check_in_batch_negatives(inputs, purpose, unit="passages")
+    _check_in_batch_negatives(inputs, purpose, unit="passages")
     texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming,
                         text_column=inputs.text_column, config=inputs.corpus_config, split=inputs.corpus_split,
                         revision=inputs.corpus_revision)
@@ -398,7 +398,7 @@ def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Trai
                 f"{flag} does not apply with --pairs: both sides of every pair are the pre-training text "
                 f"(read into memory, one sequence per side); drop {flag}"
             )
-    check_in_batch_negatives(inputs, "the in-batch contrastive loss", unit="pairs")
+    _check_in_batch_negatives(inputs, "the in-batch contrastive loss", unit="pairs")
     dataset = tokenize_pairs(read_pairs(inputs.pairs), tokenizer, max_seq_length=inputs.max_seq_length)
     _check_enough_rows(dataset, inputs, unit="pairs")
     collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
@@ -407,7 +407,7 @@ def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Trai
     return TrainingData(dataset, collator, drop_last=True, corpus_name=Path(inputs.pairs).name)
 
 
-def check_in_batch_negatives(inputs: DataInputs, purpose: str, *, unit: str) -> None:
+def _check_in_batch_negatives(inputs: DataInputs, purpose: str, *, unit: str) -> None:
     """Refuse a global batch of one: each anchor's negatives are the other rows' positives."""
     if inputs.global_batch_size < 2:
         raise ValueError(

@@ -256,7 +256,7 @@ def _number_fields() -> dict[str, tuple[bool, bool]]:
     return fields
 
 
-def check_number_fields(args: Any) -> None:
+def _check_number_fields(args: Any) -> None:
     """Refuse a number field of `args` holding something else: TrainingArguments keeps e.g. learning_rate="fast",
     and the Trainer or torch fails on it later with "'<=' not supported between 'float' and 'str'".
 
@@ -281,14 +281,14 @@ def check_training_arguments(args: Any) -> None:
         args: a `TrainingArguments`, or the namespace its flags parse into (read before the dataclass is built).
 
     Raises:
-        TypeError: a number field of a `TrainingArguments` that holds something else (`check_number_fields`; the
+        TypeError: a number field of a `TrainingArguments` that holds something else (`_check_number_fields`; the
             command line's namespace holds what argparse converted).
         UserError: one line naming the flag, its value and the fix. `--max-steps` takes a positive number or -1
             (transformers' "not set": train for --num-train-epochs); 0 would train one step and other negative
             values every epoch.
     """
     if isinstance(args, TrainingArguments):
-        check_number_fields(args)
+        _check_number_fields(args)
     max_steps = getattr(args, "max_steps", -1)
     if max_steps == 0 or max_steps < -1:
         raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "

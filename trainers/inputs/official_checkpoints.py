@@ -126,13 +126,13 @@ def official_model(checkpoint: str | os.PathLike, decoder_file: str | os.PathLik
     weights = {**encoder_weights(state, checkpoint),
                **decoder_weights(state, Path(decoder_file) if decoder_file else None, checkpoint)}
     model = get_method(OFFICIAL_METHOD).model_class(config)
-    check_keys(model, weights, checkpoint)
+    _check_keys(model, weights, checkpoint)
     model.load_state_dict(weights, strict=False)
     model.tie_weights()
     return model, tokenizer
 
 
-def check_keys(model: PreTrainedModel, weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
+def _check_keys(model: PreTrainedModel, weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
     """Refuse weights that would leave part of `model` at its initialisation, that it has no place for, or of
     another shape; the tied output layer may be absent."""
     expected = model.state_dict()

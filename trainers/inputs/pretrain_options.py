@@ -430,7 +430,7 @@ def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | No
             f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
             "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
         )
-    check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
+    _check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
     if should_save:
         removed = remove_previous_run(folder)
         logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
@@ -444,7 +444,7 @@ def run_inputs(run: PretrainRun) -> dict[str, str | None]:
             "the --config file": run.config_file}
 
 
-def check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
+def _check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
     """Refuse an --overwrite-output-dir that would delete one of `inputs`: one that is the output folder itself (a
     model saved there) or lies in one of the earlier run's files and folders that it removes."""
     itself = next(((what, Path(path)) for what, path in inputs.items()

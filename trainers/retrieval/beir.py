@@ -89,7 +89,7 @@ def is_beir_folder(path: str | os.PathLike) -> bool:
     return path.is_dir() and (path / "corpus.jsonl").is_file()
 
 
-def check_beir_layout(folder: Path, split: str) -> Path:
+def _check_beir_layout(folder: Path, split: str) -> Path:
     """The qrels file of `split` in the BEIR folder `folder`; refuses a folder without corpus, queries or that file
     (naming the splits it has), without reading them."""
     if not folder.is_dir():
@@ -127,7 +127,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
     if on_missing not in ON_MISSING:
         raise RetrievalDataError(f"on_missing={on_missing!r} must be one of {ON_MISSING}")
     folder = Path(folder)
-    qrels_file = check_beir_layout(folder, split)
+    qrels_file = _check_beir_layout(folder, split)
     corpus = read_beir_corpus(folder / "corpus.jsonl")
     all_queries = read_beir_queries(folder / "queries.jsonl")
     if not all_queries:
@@ -275,6 +275,6 @@ def read_teacher_scores(path: str | os.PathLike) -> dict[str, dict[str, float]]:
 
 
 __all__ = [
-    "ON_MISSING", "RetrievalData", "RetrievalDataError", "check_beir_layout", "doc_text", "is_beir_folder", "read_beir",
+    "ON_MISSING", "RetrievalData", "RetrievalDataError", "doc_text", "is_beir_folder", "read_beir",
     "read_qrels", "read_teacher_scores"
 ]

@@ -178,7 +178,7 @@ def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -
                 vocab_size)
 
 
-def check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
+def _check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
     """Refuse, in one line naming the folder, a tokenizer without the mask and pad tokens that masking and padding
     need (the collator would stop with a traceback), or one whose first token is not a special token: position 0
     is the sentence embedding, and an ordinary token there would be masked and trained as a word."""
@@ -208,7 +208,7 @@ def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> in
             raise ValueError(f"--save-tokenized writes one tokenized corpus from --corpus; drop {flag}")
     tokenizer_ref = run.model.tokenizer or run.model.model or default_model_dir()
     tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
-    check_special_tokens(tokenizer, tokenizer_ref)
+    _check_special_tokens(tokenizer, tokenizer_ref)
     texts = read_corpus(data.corpus, text_format=data.text_format, text_column=data.text_column,
                         config=data.corpus_config, split=data.corpus_split, revision=data.corpus_revision)
     tokenized = tokenize_corpus(texts, tokenizer, max_seq_length=data.max_seq_length, packing=data.packing,
@@ -247,7 +247,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
                        weights=not scratch)
     tokenizer_ref = run.resume or run.model.tokenizer or model_ref
     tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
-    check_special_tokens(tokenizer, tokenizer_ref)
+    _check_special_tokens(tokenizer, tokenizer_ref)
     inputs = DataInputs(
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
         packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
@@ -340,6 +340,6 @@ def checkpoint_extras(method: str) -> str:
 
 
 __all__ = [
-    "attn_implementation_for", "best_summary", "check_special_tokens", "scale_loss_chunk", "unsupported_model_message",
+    "attn_implementation_for", "best_summary", "scale_loss_chunk", "unsupported_model_message",
     "final_save_done", "load_pretraining_model", "train_model", "validation_callback"
 ]
