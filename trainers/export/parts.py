@@ -14,7 +14,6 @@ Both folders get a short model card; `export_part` is the `retromae export --for
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -30,24 +29,14 @@ from torch import nn
 from transformers import AutoModelForMaskedLM, PreTrainedModel
 
 from ..inputs.checkpoints import (
-    CheckpointError,
-    check_tokenizer_saved,
     encoder_from_state_dict,
     encoder_kwargs,
-    load_tokenizer,
-    read_state_dict,
 )
-from ..inputs.folders import check_model_folder, is_trainer_checkpoint
-from ..inputs.outputs import claim_output
-from ..methods import Method
 from .cls import ExportRequest
-from .dupmae import build_dupmae_pooling, write_dupmae_export
+from .dupmae import build_dupmae_pooling
 from .sentence_transformer import (
-    default_model_name,
-    export_request,
     export_sentence_transformer,
     read_checkpoint_config,
-    read_run_info,
 )
 
 Format = Literal["hybrid", "dense", "sparse"]
@@ -183,7 +172,8 @@ def write_dupmae_sparse(request: ExportRequest, build_dir: Path) -> None:
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 
 
-FORMAT_EXPORTERS = {"hybrid": write_dupmae_export, "dense": write_dupmae_dense, "sparse": write_dupmae_sparse}
+# None: the method's own exporter (the hybrid export)
+FORMAT_EXPORTERS = {"hybrid": None, "dense": write_dupmae_dense, "sparse": write_dupmae_sparse}
 
 
 def export_part(
@@ -194,7 +184,8 @@ def export_part(
     overwrite: bool = False,
     model_name: str | None = None,
 ) -> Path:
-    """`export_sentence_transformer` of a DupMAE checkpoint in one of `FORMATS`; "hybrid" is exactly that call.
+    """`export_sentence_transformer` of a DupMAE checkpoint in one of `FORMATS`, with that format's exporter;
+    "hybrid" is exactly that call.
 
     Raises:
         ValueError: an unknown format, a checkpoint of another method (the message names `--format`), or what
@@ -202,38 +193,12 @@ def export_part(
     """
     if export_format not in FORMATS:
         raise ValueError(f"--format {export_format!r}: choose one of {', '.join(FORMATS)}")
-    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
-    method, config = read_checkpoint_config(checkpoint)
+    method, _ = read_checkpoint_config(Path(checkpoint))
     if export_format != "hybrid" and method.name != "dupmae":
         raise ValueError(f"--format {export_format} applies to DupMAE checkpoints; {checkpoint} is {method.name}'s: "
                          "leave out --format (its export is already plain sentence-transformers)")
-    if export_format == "hybrid":
-        return export_sentence_transformer(checkpoint, output_dir, overwrite=overwrite, model_name=model_name)
-    request = _checkpoint_request(checkpoint, output_dir, config, method, overwrite, model_name)
-    # the registry's dupmae entry with this format's exporter: export_request does the rest as for any method
-    request = dataclasses.replace(request, method=dataclasses.replace(method, exporter=FORMAT_EXPORTERS[export_format]))
-    try:
-        return export_request(request, output_dir, overwrite=overwrite)
-    except CheckpointError as error:  # the weights do not fit the config
-        raise ValueError(f"{checkpoint}: {error}") from None
-
-
-def _checkpoint_request(checkpoint: Path, output_dir: Path, config: dict[str, Any], method: Method, overwrite: bool,
-                        model_name: str | None) -> ExportRequest:
-    """The checks `export_sentence_transformer` makes before exporting, and its request."""
-    claim_output(output_dir, "output folder", overwrite, inputs={"the checkpoint": checkpoint})
-    inside = next((p for p in (output_dir.absolute(), *output_dir.absolute().parents) if is_trainer_checkpoint(p)),
-                  None)
-    if inside is not None:  # resuming the run needs the checkpoint as it is
-        raise ValueError(f"output folder {output_dir} is or lies in the training checkpoint {inside}, which "
-                         "resuming the run needs; choose another folder")
-    check_tokenizer_saved(checkpoint, purpose="export")
-    check_model_folder(checkpoint, purpose="export")
-    run_info = read_run_info(checkpoint)
-    return ExportRequest(method=method, config=config, state_dict=read_state_dict(checkpoint),
-                         tokenizer=load_tokenizer(checkpoint), run_info=run_info,
-                         model_name=model_name or default_model_name(method, run_info, output_dir),
-                         folder_name=output_dir.name)
+    return export_sentence_transformer(checkpoint, output_dir, overwrite=overwrite, model_name=model_name,
+                                       exporter=FORMAT_EXPORTERS[export_format])
 
 
 __all__ = [

@@ -17,9 +17,11 @@ clean-up) happens here. `export_encoder` exports a method's encoder with represe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,6 +68,7 @@ def export_sentence_transformer(
     model_name: str | None = None,
     pooling: Literal["cls", "mean"] = "cls",
     similarity: Literal["dot", "cosine"] | None = None,
+    exporter: Callable[[ExportRequest, Path], None] | None = None,
 ) -> Path:
     """Export a pre-training checkpoint folder as a sentence-transformers model.
 
@@ -79,6 +82,7 @@ def export_sentence_transformer(
             all-MiniLM-L6-v2 whose pre-training was continued. Not for DupMAE, whose export has its own module.
         similarity: "dot" or "cosine" (adds a Normalize module); default cosine for mean pooling, else dot (cosine
             for a SentMAE model trained with the cosine loss).
+        exporter: writes the folder in place of the method's own exporter (`export.parts`: DupMAE's parts).
 
     Returns:
         `output_dir` as a `Path`.
@@ -99,6 +103,8 @@ def export_sentence_transformer(
     check_tokenizer_saved(checkpoint, purpose="export")  # saved without one: say how to add it
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
+    if exporter is not None:
+        method = dataclasses.replace(method, exporter=exporter)
     request = ExportRequest(
         method=method,
         config=config,

@@ -34,7 +34,7 @@ import scipy.sparse as sp
 
 from ..inputs.outputs import atomic_folder
 from .hybrid_index import HybridIndex
-from .hybrid_parts import as_numpy, check_queries, document_parts, model_fingerprint, queries_sparse
+from .hybrid_parts import HybridIndexBase, document_parts
 from .index_files import IDS_FILE, claim_index_folder, index_engine, read_manifest, write_manifest
 
 try:  # the optional extra `retromae[qdrant]`
@@ -68,7 +68,7 @@ def sparse_rows(matrix: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(csr.indices[a:b], csr.data[a:b]) for a, b in zip(csr.indptr[:-1], csr.indptr[1:], strict=True)]
 
 
-class QdrantHybridIndex:
+class QdrantHybridIndex(HybridIndexBase):
     """A DupMAE hybrid index in a Qdrant collection (local or server), searched with eq. 12 (see the module).
 
     Args:
@@ -81,14 +81,8 @@ class QdrantHybridIndex:
     def __init__(self, client: Any, dense_dim: int | None, vocab_size: int, doc_top_k: int | None, *,
                  model_fingerprint: str | None = None, candidates: int | None = None, collection: str = COLLECTION):
         require_qdrant()
-        if dense_dim is None and doc_top_k is None:
-            raise ValueError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
-        if candidates is not None and candidates < 1:
-            raise ValueError(f"candidates={candidates} must be >= 1")
-        self.client, self.collection = client, collection
-        self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
-        self.model_fingerprint, self.candidates = model_fingerprint, candidates
-        self.ids: list[str] = []
+        super().__init__(dense_dim, vocab_size, doc_top_k, model_fingerprint=model_fingerprint, candidates=candidates)
+        self.client, self.collection, self.candidates = client, collection, candidates
 
     def create_collection(self) -> None:
         """Create the (empty) collection: a `dense` DOT vector and/or a `sparse` vector per point."""
@@ -110,30 +104,17 @@ class QdrantHybridIndex:
         connection.execute("PRAGMA synchronous=OFF")
         return True
 
-    def __len__(self) -> int:
-        return len(self.ids)
-
     # ---- construction ----------------------------------------------------------------------------------------------
 
     def add(self, ids: Sequence[str], dense: Any = None, sparse_indices: Any = None, sparse_values: Any = None) -> None:
         """Add documents, as `HybridIndex.add`; point ids are positions in `self.ids`, payload ``{"doc_id": id}``."""
-        n, new_ids = len(ids), [str(i) for i in ids]
-        if len(set(new_ids)) != n or set(new_ids) & set(self.ids):
-            raise ValueError("document ids must be unique")
+        new_ids, dense, idx, val = self._check_documents(ids, dense, sparse_indices, sparse_values)
+        n = len(new_ids)
         vectors: list[dict[str, Any]] = [{} for _ in range(n)]
-        if self.dense_dim is not None:
-            dense = as_numpy(dense)
-            if dense.shape != (n, self.dense_dim):
-                raise ValueError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
+        if dense is not None:
             for row, vector in zip(vectors, dense.tolist(), strict=True):
                 row[DENSE] = vector
-        if self.doc_top_k is not None:
-            idx, val = as_numpy(sparse_indices, np.int64), as_numpy(sparse_values)
-            if idx.shape != (n, self.doc_top_k) or val.shape != (n, self.doc_top_k):
-                raise ValueError(f"sparse_indices {idx.shape} / sparse_values {val.shape}, expected "
-                                 f"({n}, {self.doc_top_k}) each")
-            if n and (idx.min() < 0 or idx.max() >= self.vocab_size):
-                raise ValueError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
+        if idx is not None:
             rows = np.repeat(np.arange(n), self.doc_top_k)
             matrix = sp.coo_matrix((val.reshape(-1), (rows, idx.reshape(-1))), shape=(n, self.vocab_size))
             for row, (indices, values) in zip(vectors, sparse_rows(matrix), strict=True):
@@ -226,12 +207,6 @@ class QdrantHybridIndex:
     def close(self) -> None:
         self.client.close()
 
-    def check_fingerprint(self, fingerprint: str | None) -> None:
-        """Refuse queries encoded by another model than the index's (None = not checked)."""
-        if fingerprint is not None and self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
-            raise ValueError(f"this index was built with model {self.model_fingerprint} but the queries come from "
-                             f"model {fingerprint}; scores across models are meaningless -- rebuild the index")
-
     # ---- search ----------------------------------------------------------------------------------------------------
 
     def search(self, query_dense: Any = None, query_sparse: Any = None, top_n: int = 10, *,
@@ -242,6 +217,7 @@ class QdrantHybridIndex:
         if top_n < 1:
             raise ValueError(f"top_n={top_n} must be >= 1")
         dense, sparse, num = self._check_queries(query_dense, query_sparse)
+        sparse = sparse_rows(sparse) if sparse is not None else None
         n = min(top_n, len(self))
         scores, positions = np.full((num, n), -np.inf, np.float32), np.full((num, n), -1, np.int64)
         if num == 0 or n == 0:
@@ -253,28 +229,6 @@ class QdrantHybridIndex:
             for j, point in enumerate(response.points[:n]):
                 scores[q, j], positions[q, j] = point.score, int(point.id)
         return scores, positions
-
-    def _check_queries(self, query_dense: Any, query_sparse: Any) -> tuple[np.ndarray | None, list | None, int]:
-        dense = sparse = None
-        counts = []
-        if self.dense_dim is not None:
-            if query_dense is None:
-                raise ValueError("this index has a dense part: pass query_dense")
-            dense = as_numpy(query_dense)
-            if dense.ndim != 2 or dense.shape[1] != self.dense_dim:
-                raise ValueError(f"query_dense has shape {dense.shape}, expected (num_queries, {self.dense_dim})")
-            counts.append(len(dense))
-        if self.doc_top_k is not None:
-            if query_sparse is None:
-                raise ValueError("this index has a sparse part: pass query_sparse")
-            matrix = query_sparse if sp.issparse(query_sparse) else as_numpy(query_sparse)
-            if matrix.ndim != 2 or matrix.shape[1] != self.vocab_size:
-                raise ValueError(f"query_sparse has shape {matrix.shape}, expected (num_queries, {self.vocab_size})")
-            sparse = sparse_rows(matrix)
-            counts.append(len(sparse))
-        if len(set(counts)) > 1:
-            raise ValueError(f"{counts[0]} dense but {counts[1]} sparse queries")
-        return dense, sparse, counts[0]
 
     def _request(self, dense: np.ndarray | None, sparse: tuple[np.ndarray, np.ndarray] | None, n: int, c: int) -> Any:
         """One query: eq. 12 over the union of the dense and sparse top-c (see the module)."""
@@ -293,24 +247,8 @@ class QdrantHybridIndex:
                                       defaults={"$score[0]": 0.0, "$score[1]": 0.0})
         return models.QueryRequest(prefetch=rescored, query=formula, limit=n, with_payload=False)
 
-    def search_texts(self, model: Any, queries: Sequence[str], top_n: int = 10, batch_size: int = 32,
-                     verify_model: bool = True) -> list[list[tuple[str, float]]]:
-        """As `HybridIndex.search_texts`: per query, `top_n` `(document id, score)` pairs, best first."""
-        check_queries(queries)
-        if verify_model:
-            self.check_fingerprint(model_fingerprint(model))
-        if not queries:
-            return []
-        parts = self.parts()
-        outputs = model.encode_query(list(queries), batch_size=batch_size, output_value=None)
-        dense = np.stack([as_numpy(o["dense_embedding"]) for o in outputs]) if parts.has_dense else None
-        sparse = queries_sparse(outputs, parts) if parts.has_sparse else None
-        scores, positions = self.search(dense, sparse, top_n)
-        return [[(self.ids[p], float(s)) for s, p in zip(row_s, row_p, strict=True) if p >= 0]
-                for row_s, row_p in zip(scores, positions, strict=True)]
-
     def parts(self) -> SimpleNamespace:
-        """What `document_parts` and `queries_sparse` read of the model's pooling module, from the index."""
+        """What `document_parts` reads of the model's pooling module, from the index."""
         return SimpleNamespace(has_dense=self.dense_dim is not None, has_sparse=self.doc_top_k is not None,
                                vocab_size=self.vocab_size)
 

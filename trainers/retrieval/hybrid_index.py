@@ -39,12 +39,10 @@ import scipy.sparse as sp
 from ..inputs.errors import one_line_message
 from ..inputs.outputs import atomic_folder
 from .hybrid_parts import (
-    as_numpy,
-    check_queries,
+    HybridIndexBase,
     document_parts,
     dupmae_pooling,
     model_fingerprint,
-    queries_sparse,
     top_columns,
 )
 from .index_files import (
@@ -62,7 +60,7 @@ INDEX_TYPES = ("flat", "hnsw", "ivf")
 SCORE_BLOCK = 1 << 23  # query x document scores per block (32 MiB of float32)
 
 
-class HybridIndex:
+class HybridIndex(HybridIndexBase):
     """Dense (faiss) + sparse (CSR, documents x vocabulary) index scoring with DupMAE's eq. 12.
 
     Args:
@@ -83,21 +81,10 @@ class HybridIndex:
                  candidates: int | None = None):
         if index_type not in INDEX_TYPES:
             raise ValueError(f"index_type={index_type!r} is not supported; choose one of {', '.join(INDEX_TYPES)}")
-        if vocab_size < 1:
-            raise ValueError(f"vocab_size={vocab_size} must be >= 1")
-        if dense_dim is None and doc_top_k is None:
-            raise ValueError("an index needs a dense part (dense_dim) or a sparse part (doc_top_k), or both")
-        if dense_dim is not None and dense_dim < 1:
-            raise ValueError(f"dense_dim={dense_dim} must be >= 1 (None: no dense part)")
-        if doc_top_k is not None and not 1 <= doc_top_k <= vocab_size:
-            raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}] (None: no sparse part)")
-        if candidates is not None and candidates < 1:
-            raise ValueError(f"candidates={candidates} must be >= 1")
-        self.dense_dim, self.vocab_size, self.doc_top_k = dense_dim, vocab_size, doc_top_k
-        self.index_type, self.model_fingerprint = index_type, model_fingerprint
+        super().__init__(dense_dim, vocab_size, doc_top_k, model_fingerprint=model_fingerprint, candidates=candidates)
+        self.index_type = index_type
         self.params = {"hnsw_m": hnsw_m, "hnsw_ef_construction": hnsw_ef_construction, "hnsw_ef_search": hnsw_ef_search,
                        "ivf_nlist": ivf_nlist, "ivf_nprobe": ivf_nprobe, "candidates": candidates}
-        self.ids: list[str] = []
         self._dense: faiss.Index | None = None
         self._pending_dense: list[np.ndarray] = []  # IVF: vectors waiting for training
         self._sparse: sp.csr_matrix | None = None
@@ -137,23 +124,8 @@ class HybridIndex:
             sparse_indices: `(n, doc_top_k)` vocabulary ids of each document's top-k OT entries.
             sparse_values: `(n, doc_top_k)` their weights mu_d[i].
         """
-        n = len(ids)
-        if self.dense_dim is not None:
-            dense = as_numpy(dense)
-            if dense.shape != (n, self.dense_dim):
-                raise ValueError(f"dense has shape {dense.shape}, expected ({n}, {self.dense_dim})")
-        if self.doc_top_k is not None:
-            idx, val = as_numpy(sparse_indices, np.int64), as_numpy(sparse_values)
-            if idx.shape != (n, self.doc_top_k) or val.shape != (n, self.doc_top_k):
-                raise ValueError(
-                    f"sparse_indices {idx.shape} / sparse_values {val.shape}, expected ({n}, {self.doc_top_k}) each"
-                )
-            if n and (idx.min() < 0 or idx.max() >= self.vocab_size):
-                raise ValueError(f"sparse_indices outside [0, vocab_size={self.vocab_size})")
-        new_ids = [str(i) for i in ids]
-        if len(set(new_ids)) != n or set(new_ids) & set(self.ids):
-            raise ValueError("document ids must be unique")
-        if n == 0:
+        new_ids, dense, idx, val = self._check_documents(ids, dense, sparse_indices, sparse_values)
+        if not new_ids:
             return
         if self.dense_dim is not None:
             if self._dense is None:
@@ -237,9 +209,6 @@ class HybridIndex:
 
     # ---- search ----------------------------------------------------------------------------------------------------
 
-    def __len__(self) -> int:
-        return len(self.ids)
-
     def search(
         self,
         query_dense: Any = None,
@@ -271,69 +240,6 @@ class HybridIndex:
         if self.index_type == "flat" or self._dense is None:
             return self._search_exact(q_dense, q_sparse, n)
         return self._search_candidates(q_dense, q_sparse, n)
-
-    def search_texts(
-        self, model: Any, queries: Sequence[str], top_n: int = 10, batch_size: int = 32, verify_model: bool = True
-    ) -> list[list[tuple[str, float]]]:
-        """Encode `queries` with `model` (`encode_query`: full mu, or `query_top_k`) and search.
-
-        `verify_model=False` skips the fingerprint check (one pass over the model's weights per call).
-
-        Returns:
-            Per query, `top_n` `(document id, score)` pairs, best first.
-
-        Raises:
-            ValueError: an empty query; `ValueError` when `model` is not the model that built the index.
-        """
-        check_queries(queries)
-        if verify_model:
-            self.check_fingerprint(model_fingerprint(model))
-        if not queries:
-            return []
-        pooling = dupmae_pooling(model)
-        outputs = model.encode_query(list(queries), batch_size=batch_size, output_value=None)
-        dense = np.stack([as_numpy(o["dense_embedding"]) for o in outputs]) if pooling.has_dense else None
-        sparse = queries_sparse(outputs, pooling) if pooling.has_sparse else None
-        scores, positions = self.search(dense, sparse, top_n)
-        return [
-            [(self.ids[p], float(s)) for s, p in zip(row_s, row_p, strict=True)]
-            for row_s, row_p in zip(scores, positions, strict=True)
-        ]
-
-    def check_fingerprint(self, fingerprint: str | None) -> None:
-        """Refuse queries encoded by another model than the index's (None = not checked)."""
-        if fingerprint is not None and self.model_fingerprint is not None and fingerprint != self.model_fingerprint:
-            raise ValueError(
-                f"this index was built with model {self.model_fingerprint} but the queries come from model "
-                f"{fingerprint}; scores across models are meaningless -- rebuild the index with this model"
-            )
-
-    def _check_queries(self, query_dense: Any, query_sparse: Any) -> tuple[np.ndarray | None, Any, int]:
-        num = None
-        q_dense = q_sparse = None
-        if self.dense_dim is not None:
-            if query_dense is None:
-                raise ValueError("this index has a dense part: pass query_dense")
-            q_dense = as_numpy(query_dense)
-            if q_dense.ndim != 2 or q_dense.shape[1] != self.dense_dim:
-                raise ValueError(
-                    f"query_dense has shape {q_dense.shape}, expected (num_queries, {self.dense_dim})"
-                )
-            num = q_dense.shape[0]
-        if self.doc_top_k is not None:
-            if query_sparse is None:
-                raise ValueError("this index has a sparse part: pass query_sparse")
-            q_sparse = (
-                sp.csr_matrix(query_sparse, dtype=np.float32) if sp.issparse(query_sparse) else as_numpy(query_sparse)
-            )
-            if q_sparse.ndim != 2 or q_sparse.shape[1] != self.vocab_size:
-                raise ValueError(
-                    f"query_sparse has shape {q_sparse.shape}, expected (num_queries, {self.vocab_size})"
-                )
-            if num is not None and q_sparse.shape[0] != num:
-                raise ValueError(f"{num} dense but {q_sparse.shape[0]} sparse queries")
-            num = q_sparse.shape[0]
-        return q_dense, q_sparse, num
 
     def _dense_matrix(self) -> np.ndarray:
         """The flat index's vectors as a zero-copy `(N, dense_dim)` view."""
