@@ -29,7 +29,7 @@ recorded as infeasible with its reason; no number is made up for it.
 A census (at the largest L, unless ``--no-census``) runs one further step under a ``TorchDispatchMode`` and lists every tensor an
 op creates (forward and backward) with at least B * L * L / 16 elements: op, shape, dtype, bytes, how many times. It
 names what grows as L^2, measured. An analytic table gives the bytes of each such tensor of the decoder path at
-every L, before and after `layers_retromae` chunked them.
+every L, before and after `visibility` and `two_stream` chunked them.
 
 ``--label`` names the run (e.g. ``before`` / ``after`` a change); the JSON keeps every label it was given, and the
 Markdown shows each run's table and the comparison of ``before`` and ``after`` (else of the first and the last run
@@ -57,7 +57,8 @@ from typing import Any
 
 import common  # before torch: environment defaults
 import torch
-from retromae.modeling import layers_retromae
+from retromae.modeling import two_stream
+from retromae.modeling import visibility as sampling
 
 VARIANTS = ("hf_mlm", "retromae", "retromae_reference", "dupmae", "seed")
 VARIANT_LABELS = {
@@ -247,7 +248,7 @@ def run_probe(variant: str, length: int, args) -> dict[str, Any]:
 # Each tensor of the decoder path that grows as L^2: bytes per element of B * L * L (times the heads where
 # `per_head`; L * L alone where `batch_independent`), and what it is now: "whole" (kept, smallest dtype), "sampler" /
 # "attention" (one chunk of query rows at a time: `SAMPLER_CHUNK_ELEMENTS` / `ATTENTION_CHUNK_ELEMENTS` of
-# layers_retromae), "none" (no longer made), "bool" (still whole, in fewer bytes: `bytes_per_element_now`).
+# visibility / two_stream), "none" (no longer made), "bool" (still whole, in fewer bytes: `bytes_per_element_now`).
 L2_TENSORS: tuple[dict[str, Any], ...] = (
     {"name": "sampler random keys (B, L, L) int32 (drawn as int64 pairs)", "where": "_row_subsets_by_topk (CPU)",
      "bytes_per_element": 4.0, "now": "sampler"},
@@ -281,10 +282,10 @@ def now_elements(item: dict[str, Any], elements: int, batch_size: int, length: i
     if item["now"] == "none":
         return 0
     if item["now"] == "sampler":
-        rows = max(1, layers_retromae.SAMPLER_CHUNK_ELEMENTS // (batch_size * length if "sort" in item["where"] else length))
+        rows = max(1, sampling.SAMPLER_CHUNK_ELEMENTS // (batch_size * length if "sort" in item["where"] else length))
         return min(elements, rows * length * (batch_size if "sort" in item["where"] else 1))
     if item["now"] == "attention":
-        rows = max(1, layers_retromae.ATTENTION_CHUNK_ELEMENTS // (batch_size * length))
+        rows = max(1, two_stream.ATTENTION_CHUNK_ELEMENTS // (batch_size * length))
         return min(elements, batch_size * rows * length)
     return elements
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import common  # before torch: environment defaults
 import torch
-from retromae.modeling.layers_retromae import enhanced_visibility_mask, reference_visibility_mask
+from retromae.modeling.visibility import enhanced_visibility_mask, reference_visibility_mask
 
 RESULTS = common.RESULTS_DIR / "visibility_sampling.json"
 TARGET_MS_AT_512 = 5.0  # the sampler's target: at most 5 ms per sequence at L=512

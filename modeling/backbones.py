@@ -32,37 +32,91 @@ def encoder_type_of_config(config: dict) -> str:
     return config.get("encoder_type") or "bert"
 
 
-class BertBackbone:
-    """BERT: encoder `bert`, head `cls` (`BertForMaskedLM`'s names); absolute learned positions from 0."""
+class Backbone:
+    """The interface of a base family's adapter. A family declares every attribute and method below itself (or
+    subclasses a family whose layout it shares, as RoBERTa does BERT's): a subclass missing one is a `TypeError`
+    when it is defined. The methods implemented here read only the declared attributes."""
 
-    display_name = "BERT"
-    model_types: tuple[str, ...] = ("bert",)
-    prefix = "bert"  # attribute and state-dict prefix of the encoder in the pre-training model
-    head_name = "cls"
-    model_class: type = BertModel
-    word_embeddings_name = "embeddings.word_embeddings"  # inside the encoder
-    layers_name = "encoder.layer"  # the encoder's list of layers
-    has_pooler = True  # the plain model has a pooler (exports pass add_pooling_layer=False)
-    has_position_table = True
-    takes_token_type_ids = True
-
+    display_name: str
+    model_types: tuple[str, ...]
+    prefix: str  # attribute and state-dict prefix of the encoder in the pre-training model
+    head_name: str  # attribute and state-dict prefix of the MLM head
+    model_class: type
+    word_embeddings_name: str  # inside the encoder
+    layers_name: str  # the encoder's list of layers
+    has_pooler: bool  # the plain model has a pooler (exports pass add_pooling_layer=False)
+    has_position_table: bool  # False: the decoders learn their own positions (`DecoderEmbeddings`)
+    takes_token_type_ids: bool
     # the MLM head's state-dict names (`build_head`); `head_bias`: the head's own bias, tied to the output layer's
-    head_dense = "predictions.transform.dense."
-    head_norm = "predictions.transform.LayerNorm."
-    head_decoder = "predictions.decoder."
-    head_bias: str | None = "predictions.bias"
+    head_dense: str
+    head_norm: str
+    head_decoder: str
+    head_bias: str | None
     # where a base masked-LM checkpoint's head lies if not under `{head_name}.` (`load_base_head`); quiet in reports
-    base_head_prefixes: tuple[str, ...] = ()
+    base_head_prefixes: tuple[str, ...]
+
+    # what each family implements (the stubs below say what each returns)
+    family_methods = ("prepare_config", "load_base_head", "head_options", "build_encoder", "build_head", "head_parts",
+                      "tied_weights_keys", "set_output_embeddings", "output_embeddings", "position_offset",
+                      "position_ids")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        missing = [name for name in Backbone.__annotations__ if not hasattr(cls, name)]
+        missing += [name for name in Backbone.family_methods if getattr(cls, name).__func__ is getattr(Backbone, name).__func__]
+        if missing:
+            raise TypeError(f"backbone {cls.__name__} does not declare {missing} (see Backbone)")
 
     @classmethod
     def prepare_config(cls, config) -> None:
-        """Derived fields the base's model reads and its own config class computes (none for BERT)."""
+        """Derived fields the base's model reads and its own config class computes."""
+        raise NotImplementedError
 
     @classmethod
     def load_base_head(cls, head: nn.Module, model_name_or_path) -> bool:
         """Loads the base checkpoint's MLM head into `head` where our names differ from the base's; False when
         the names match (the head loaded with the encoder) or the checkpoint has none."""
-        return False
+        raise NotImplementedError
+
+    @classmethod
+    def head_options(cls, config: Mapping) -> dict:
+        """The MLM-head transform's options from a config dict, as `DupMAEPooling` takes them."""
+        raise NotImplementedError
+
+    @classmethod
+    def build_encoder(cls, config) -> nn.Module:
+        raise NotImplementedError
+
+    @classmethod
+    def build_head(cls, config) -> nn.Module:
+        raise NotImplementedError
+
+    @classmethod
+    def head_parts(cls, head: nn.Module) -> HeadParts:
+        raise NotImplementedError
+
+    @classmethod
+    def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
+        """The head's output layer tied to the word embeddings (`encoder_prefix`: "<prefix>." or "" in the encoder)."""
+        raise NotImplementedError
+
+    @classmethod
+    def set_output_embeddings(cls, head: nn.Module, new_embeddings: nn.Module) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def output_embeddings(cls, head: nn.Module) -> nn.Module:
+        raise NotImplementedError
+
+    @classmethod
+    def position_offset(cls, pad_token_id: int | None) -> int:
+        """Rows of the position table before the first token's (0: row i is position i)."""
+        raise NotImplementedError
+
+    @classmethod
+    def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
+        """`(1, seq_len)` the position-table rows of positions 0 .. seq_len - 1 of an unpadded input."""
+        raise NotImplementedError
 
     @classmethod
     def head_state(cls, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
@@ -90,8 +144,49 @@ class BertBackbone:
         return weights
 
     @classmethod
+    def word_embeddings(cls, encoder: nn.Module) -> nn.Embedding:
+        return encoder.get_submodule(cls.word_embeddings_name)
+
+    @classmethod
+    def encode(cls, encoder: nn.Module, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        """Last-layer states `(batch_size, seq_len, hidden_size)`."""
+        extra = {"token_type_ids": token_type_ids} if cls.takes_token_type_ids else {}
+        return encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+
+    @classmethod
+    def last_layer(cls, encoder: nn.Module) -> nn.Module:
+        return encoder.get_submodule(cls.layers_name)[-1]
+
+
+class BertBackbone(Backbone):
+    """BERT: encoder `bert`, head `cls` (`BertForMaskedLM`'s names); absolute learned positions from 0."""
+
+    display_name = "BERT"
+    model_types: tuple[str, ...] = ("bert",)
+    prefix = "bert"
+    head_name = "cls"
+    model_class: type = BertModel
+    word_embeddings_name = "embeddings.word_embeddings"
+    layers_name = "encoder.layer"
+    has_pooler = True
+    has_position_table = True
+    takes_token_type_ids = True
+    head_dense = "predictions.transform.dense."
+    head_norm = "predictions.transform.LayerNorm."
+    head_decoder = "predictions.decoder."
+    head_bias: str | None = "predictions.bias"
+    base_head_prefixes: tuple[str, ...] = ()
+
+    @classmethod
+    def prepare_config(cls, config) -> None:
+        return None  # BERT's config computes nothing its model needs
+
+    @classmethod
+    def load_base_head(cls, head: nn.Module, model_name_or_path) -> bool:
+        return False  # the head loads with the encoder, under the same names
+
+    @classmethod
     def head_options(cls, config: Mapping) -> dict:
-        """The MLM-head transform's options from a config dict, as `DupMAEPooling` takes them."""
         return {"hidden_act": config.get("hidden_act", "gelu"), "layer_norm_eps": config.get("layer_norm_eps", 1e-12)}
 
     @classmethod
@@ -109,7 +204,6 @@ class BertBackbone:
 
     @classmethod
     def tied_weights_keys(cls, encoder_prefix: str) -> dict[str, str]:
-        """The head's output layer tied to the word embeddings (`encoder_prefix`: "bert." or "" in the encoder)."""
         return {
             "cls.predictions.decoder.weight": f"{encoder_prefix}{cls.word_embeddings_name}.weight",
             "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -124,28 +218,13 @@ class BertBackbone:
     def output_embeddings(cls, head: nn.Module) -> nn.Module:
         return head.predictions.decoder
 
-    @classmethod
-    def word_embeddings(cls, encoder: nn.Module) -> nn.Embedding:
-        return encoder.get_submodule(cls.word_embeddings_name)
-
-    @classmethod
-    def encode(cls, encoder: nn.Module, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
-        """Last-layer states `(batch_size, seq_len, hidden_size)`."""
-        extra = {"token_type_ids": token_type_ids} if cls.takes_token_type_ids else {}
-        return encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
-
-    @classmethod
-    def last_layer(cls, encoder: nn.Module) -> nn.Module:
-        return encoder.get_submodule(cls.layers_name)[-1]
 
     @classmethod
     def position_offset(cls, pad_token_id: int | None) -> int:
-        """Rows of the position table before the first token's (0: row i is position i)."""
         return 0
 
     @classmethod
     def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
-        """`(1, seq_len)` the position-table rows of positions 0 .. seq_len - 1 of an unpadded input."""
         return encoder.embeddings.position_ids[:, :seq_len]
 
 
@@ -225,7 +304,7 @@ class ModernBertLMHead(nn.Module):
         return self.decoder(self.head(hidden))
 
 
-class ModernBertBackbone(BertBackbone):
+class ModernBertBackbone(Backbone):
     """ModernBERT: encoder `model`, head `lm_head` (its `head` + `decoder`). Rotary positions inside attention and
     no position table: the decoders learn their own (`has_position_table` False, see `DecoderEmbeddings`)."""
 
@@ -299,17 +378,21 @@ class ModernBertBackbone(BertBackbone):
         return head.decoder
 
     @classmethod
+    def position_offset(cls, pad_token_id: int | None) -> int:
+        return 0
+
+    @classmethod
     def position_ids(cls, encoder: nn.Module, seq_len: int) -> torch.Tensor:
         return torch.arange(seq_len, device=cls.word_embeddings(encoder).weight.device)[None, :]
 
 
-BACKBONES: tuple[type[BertBackbone], ...] = (BertBackbone, RobertaBackbone, XLMRobertaBackbone, ModernBertBackbone)
+BACKBONES: tuple[type[Backbone], ...] = (BertBackbone, RobertaBackbone, XLMRobertaBackbone, ModernBertBackbone)
 SUPPORTED_ENCODER_TYPES: tuple[str, ...] = tuple(t for backbone in BACKBONES for t in backbone.model_types)
 # the base a config means when it names none (method configs written before the other families)
 DEFAULT_ENCODER_TYPE = BertBackbone.model_types[0]
 
 
-def backbone_for(encoder_type: str) -> type[BertBackbone]:
+def backbone_for(encoder_type: str) -> type[Backbone]:
     """The adapter of a base `model_type`; a `ValueError` that lists the supported ones for any other."""
     for backbone in BACKBONES:
         if encoder_type in backbone.model_types:
@@ -320,7 +403,7 @@ def backbone_for(encoder_type: str) -> type[BertBackbone]:
     )
 
 
-def backbone_of(config) -> type[BertBackbone]:
+def backbone_of(config) -> type[Backbone]:
     return backbone_for(encoder_type_of(config))
 
 
@@ -331,7 +414,7 @@ class DecoderEmbeddings:
     ModernBERT has no table: `own_positions` is one the decoder learns, added to the embedding module's output.
     """
 
-    def __init__(self, backbone: type[BertBackbone], encoder: nn.Module, own_positions: nn.Embedding | None = None):
+    def __init__(self, backbone: type[Backbone], encoder: nn.Module, own_positions: nn.Embedding | None = None):
         self.backbone = backbone
         self.encoder = encoder
         self.module = encoder.embeddings
@@ -363,6 +446,7 @@ def decoder_position_table(config) -> nn.Embedding | None:
 __all__ = [
     "DEFAULT_ENCODER_TYPE",
     "BACKBONES",
+    "Backbone",
     "BertBackbone",
     "DecoderEmbeddings",
     "ModernBertBackbone",

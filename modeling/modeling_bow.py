@@ -7,8 +7,8 @@ import torch
 from transformers import initialization as init
 
 from .configuration_bow import BoWConfig
-from .layers_retromae import bag_of_words_loss, bag_of_words_targets
-from .pretraining_base import AnyEncoderModel, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import AnyEncoderModel, ClsEncoderModel, PretrainingBase, PretrainingBatch
+from .vocab_losses import bag_of_words_loss, bag_of_words_targets
 
 
 def bow_weight_factor(progress: float, schedule: str, final: float) -> float:
@@ -34,7 +34,7 @@ class BoWAnyEncoderModel(AnyEncoderModel):
     config_class = BoWConfig
 
 
-class BoWForPretraining(BertPretrainingBase):
+class BoWForPretraining(PretrainingBase):
     """BoW-prediction pre-training model (`AutoModelForPreTraining`): encoder MLM + Bag-of-Word prediction.
 
     Keys are `BertForMaskedLM`'s. The BoW logits are the masked input's [CLS] state through the full tied MLM head,

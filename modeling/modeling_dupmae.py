@@ -20,9 +20,9 @@ from .layers_dupmae import (
     sparse_top_k,
     sparsify_top_k,
 )
-from .layers_retromae import bag_of_words_loss, bag_of_words_targets
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
 from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBatch
+from .vocab_losses import bag_of_words_loss, bag_of_words_targets
 
 
 @dataclass

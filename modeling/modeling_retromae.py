@@ -5,14 +5,9 @@ from torch import nn
 
 from .backbones import DecoderEmbeddings, decoder_position_table
 from .configuration_retromae import RetroMAEConfig
-from .layers_retromae import (
-    TwoStreamBertLayer,
-    enhanced_visibility_mask,
-    random_row_mask,
-    reference_target_positions,
-    reference_visibility_mask,
-)
-from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBase, PretrainingBatch
+from .two_stream import TwoStreamBertLayer
+from .visibility import enhanced_visibility_mask, random_row_mask, reference_target_positions, reference_visibility_mask
 
 
 class RetroMAEModel(ClsEncoderModel):
@@ -93,7 +88,7 @@ class RetroMAEDecoder(nn.Module):
         return hidden, decoder_labels.masked_fill(~targets, IGNORE_INDEX)
 
 
-class RetroMAEForPretraining(BertPretrainingBase):
+class RetroMAEForPretraining(PretrainingBase):
     """RetroMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + decoder reconstruction.
 
     Keys: `bert.*`, `cls.*` (the MLM head of encoder and decoder), `decoder.*`; other bases use their own names.

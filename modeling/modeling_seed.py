@@ -6,8 +6,8 @@ from torch import nn
 
 from .backbones import DecoderEmbeddings, decoder_position_table
 from .configuration_seed import SEEDConfig
-from .layers_retromae import TwoStreamBertLayer
-from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, BertPretrainingBase, ClsEncoderModel, PretrainingBatch
+from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBase, PretrainingBatch
+from .two_stream import TwoStreamBertLayer
 
 
 def windowed_causal_visibility(attention_mask: torch.Tensor, window: int) -> torch.Tensor:
@@ -105,7 +105,7 @@ class SEEDDecoder(nn.Module):
         return hidden
 
 
-class SEEDEncoderForPretraining(BertPretrainingBase):
+class SEEDEncoderForPretraining(PretrainingBase):
     """SEED-Encoder pre-training model (`AutoModelForPreTraining`): encoder MLM + weak-decoder reconstruction.
     Keys: `bert.*`, `cls.*` (the tied MLM head of encoder and decoder), `decoder.layers.N.*` (BertLayer names)."""
 

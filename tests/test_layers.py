@@ -335,6 +335,15 @@ def test_no_driver_imports_another_driver():
     assert crossing == []
 
 
+def test_modules_are_short_and_drivers_thin():
+    """No module of the package over 500 lines; a command's driver at most 200."""
+    too_long = [f"{path.relative_to(ROOT)}: {lines} lines" for folder in ("api", "modeling", "trainers")
+                for path in sorted((ROOT / folder).rglob("*.py"))
+                if (lines := len(path.read_text(encoding="utf-8").splitlines()))
+                > (200 if path.parent.name == "commands" else 500)]
+    assert too_long == []
+
+
 def user_error_raises(path: Path) -> list[int]:
     """The lines of `path` that raise or build a `UserError` (the command line's own error)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -93,7 +93,7 @@ class Method:
 
     Args:
         name: the value of `retromae pretrain --method`.
-        model_class: its `*ForPretraining` class (a `BertPretrainingBase` subclass).
+        model_class: its `*ForPretraining` class (a `PretrainingBase` subclass).
         paper: its paper (BibTeX entry and address, cited by model cards), from `model_cards/papers.bib`.
         summary: one line for `retromae methods` and model cards ("Title: what it does").
         exporter: writes the sentence-transformers folder of a checkpoint into an empty build folder.

@@ -8,7 +8,7 @@ import pytest
 import torch
 from retromae.modeling.configuration_bow import BoWConfig
 from retromae.modeling.modeling_bow import BoWForPretraining
-from retromae.trainers.inputs.checkpoints import CheckpointError, load_bert_encoder, load_mlm_head
+from retromae.trainers.inputs.checkpoints import CheckpointError, load_encoder, load_mlm_head
 from retromae.trainers.retrieval.coverage import coverage_at_k, input_token_coverage, plot_coverage, run_coverage
 from transformers import BertConfig, BertModel
 
@@ -63,7 +63,7 @@ def test_pretraining_checkpoint_loads_its_encoder_by_prefix(tokenizer, tmp_path)
     model = BoWForPretraining(BoWConfig(**tiny_bert_kwargs())).eval()
     model.save_pretrained(tmp_path / "bow")
     tokenizer.save_pretrained(tmp_path / "bow")
-    encoder = load_bert_encoder(tmp_path / "bow")
+    encoder = load_encoder(tmp_path / "bow")
     assert isinstance(encoder, BertModel) and encoder.pooler is None
     assert torch.equal(encoder.encoder.layer[-1].output.dense.weight, model.bert.encoder.layer[-1].output.dense.weight)
     from_dir = input_token_coverage(tmp_path / "bow", None, TEXTS, ks=(10, 100))  # tokenizer from the checkpoint
@@ -111,7 +111,7 @@ def test_checkpoint_without_encoder_weights_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs()}))
     save_file({"something.else": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="lacks encoder weights"):
-        load_bert_encoder(tmp_path)
+        load_encoder(tmp_path)
 
 
 def test_invalid_arguments(tokenizer):

@@ -18,7 +18,7 @@ from retromae.trainers.export.sentence_transformer import (
     export_sentence_transformer,
     load_as_sentence_transformer,
 )
-from retromae.trainers.inputs.checkpoints import load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
+from retromae.trainers.inputs.checkpoints import load_encoder, load_mlm_head, load_tokenizer, usable_positions
 from retromae.trainers.inputs.sentence_models import load_sentence_transformer
 from retromae.trainers.retrieval.hybrid_index import HybridIndex
 from sentence_transformers import SentenceTransformer
@@ -187,7 +187,7 @@ def test_dupmae_encoder_folder_exports_with_overrides(dupmae_checkpoints, tmp_pa
 def test_loaders_take_the_family(retromae_checkpoints, request, family):
     model, checkpoint = retromae_checkpoints[family]
     batch = _batch(load_tokenizer(checkpoint))
-    encoder = load_bert_encoder(checkpoint, purpose="coverage").eval()
+    encoder = load_encoder(checkpoint, purpose="coverage").eval()
     assert type(encoder).__name__.endswith(MODEL_CLASSES[family])
     head = load_mlm_head(checkpoint)
     with torch.no_grad():
@@ -197,7 +197,7 @@ def test_loaders_take_the_family(retromae_checkpoints, request, family):
     # a base masked-LM checkpoint: the base's own head
     base = _base(request, family)
     masked_lm = AutoModelForMaskedLM.from_pretrained(str(base)).eval()
-    base_encoder = load_bert_encoder(base).eval()
+    base_encoder = load_encoder(base).eval()
     with torch.no_grad():
         hidden = base_encoder(**batch).last_hidden_state
         torch.testing.assert_close(load_mlm_head(base)(hidden), masked_lm(**batch).logits, atol=1e-5, rtol=1e-5)

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 import torch
-from retromae.modeling.backbones import DecoderEmbeddings
+from retromae.modeling.backbones import BACKBONES, Backbone, BertBackbone, DecoderEmbeddings, ModernBertBackbone
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
@@ -28,6 +28,18 @@ METHODS = {
     "sentmae": (SentMAEForPretraining, {"contrastive_loss_weight": 0.0}),
 }
 TEXTS = ["the cat sat on the mat and looked at the dog", "a short line", "retrieval needs a good sentence embedding"]
+
+
+def test_a_family_declares_the_whole_backbone_interface():
+    """A family that leaves out part of `Backbone` is refused where it is defined, naming what it lacks; ModernBERT,
+    whose layout is not BERT's, inherits nothing from BertBackbone."""
+    with pytest.raises(TypeError, match=r"backbone Partial does not declare \['head_norm', 'position_ids'\]"):
+        type("Partial", (Backbone,), {
+            **{name: getattr(BertBackbone, name) for name in Backbone.__annotations__ if name != "head_norm"},
+            **{name: getattr(BertBackbone, name) for name in Backbone.family_methods if name != "position_ids"},
+        })
+    assert all(issubclass(backbone, Backbone) for backbone in BACKBONES)
+    assert not issubclass(ModernBertBackbone, BertBackbone)
 
 
 def family_batch(folder, seed: int = 0) -> dict[str, torch.Tensor]:

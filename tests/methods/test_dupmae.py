@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_dupmae import TABLE4_REPRESENTATIONS, DupMAEConfig
 from retromae.modeling.layers_dupmae import ordinary_token_mask, ot_vector, sparsify_top_k, token_max_logits
-from retromae.modeling.layers_retromae import bag_of_words_loss, bag_of_words_targets
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining, DupMAEModel, ot_bag_of_words_targets
 from retromae.modeling.st_dupmae import DupMAEPooling, decode, save_sentence_transformer
+from retromae.modeling.vocab_losses import bag_of_words_loss, bag_of_words_targets
 
 from ..builders import tiny_bert_kwargs
 

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.configuration_seed import SEEDConfig
-from retromae.modeling.layers_retromae import linear_cross_entropy
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
+from retromae.modeling.vocab_losses import linear_cross_entropy
 from retromae.trainers.training.fast_paths import pad_loss_vocab
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -19,15 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from retromae.modeling import layers_retromae
+from retromae.modeling import two_stream
+from retromae.modeling import visibility as sampling
 from retromae.modeling.configuration_retromae import RetroMAEConfig
-from retromae.modeling.layers_retromae import (
-    TwoStreamBertLayer,
-    enhanced_visibility_mask,
-    random_row_subsets,
-    reference_visibility_mask,
-)
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.two_stream import TwoStreamBertLayer
+from retromae.modeling.visibility import enhanced_visibility_mask, random_row_subsets, reference_visibility_mask
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -90,13 +87,13 @@ def test_chunked_samplers_draw_the_masks_of_the_unchunked_ones(monkeypatch, seq_
     n_real = real.sum(-1)
     n_visible = (n_real - (n_real * 0.5).round()).clamp(min=1).long()
     samplers = {
-        "topk": (layers_retromae._row_subsets_by_topk, old_topk_sampler),
-        "sort": (layers_retromae._row_subsets_by_sort, old_sort_sampler),
+        "topk": (sampling._row_subsets_by_topk, old_topk_sampler),
+        "sort": (sampling._row_subsets_by_sort, old_sort_sampler),
     }
     for name, (sampler, old) in samplers.items():
         results = []
         for chunk_elements in (1, 3 * seq_len, 1 << 30):  # one row per chunk, a few rows, everything at once
-            monkeypatch.setattr(layers_retromae, "SAMPLER_CHUNK_ELEMENTS", chunk_elements)
+            monkeypatch.setattr(sampling, "SAMPLER_CHUNK_ELEMENTS", chunk_elements)
             torch.manual_seed(7)
             results.append(sampler(real, n_visible))
         torch.manual_seed(7)
@@ -112,7 +109,7 @@ def test_masks_are_identical_to_the_unchunked_sampling(monkeypatch):
     word_starts = (torch.rand(attention_mask.shape, generator=torch.Generator().manual_seed(1)) < 0.75).long()
     masks = []
     for chunk_elements in (1, 1 << 30):
-        monkeypatch.setattr(layers_retromae, "SAMPLER_CHUNK_ELEMENTS", chunk_elements)
+        monkeypatch.setattr(sampling, "SAMPLER_CHUNK_ELEMENTS", chunk_elements)
         torch.manual_seed(3)
         masks.append((enhanced_visibility_mask(attention_mask, 0.5), reference_visibility_mask(attention_mask, word_starts, 0.5)))
     assert all(torch.equal(a, b) for a, b in zip(*masks, strict=True))
@@ -191,8 +188,8 @@ def test_enhanced_decoding_step_creates_no_large_tensor_but_bool(monkeypatch, at
                                                                  batch_size, seq_len):
     """sdpa: a whole training step (the encoder, without padding, has nothing of size L * L). eager: the decoder path
     (the encoder's eager attention has its own (B, heads, L, L) scores, as any BERT's)."""
-    monkeypatch.setattr(layers_retromae, "SAMPLER_CHUNK_ELEMENTS", 16 * seq_len)
-    monkeypatch.setattr(layers_retromae, "ATTENTION_CHUNK_ELEMENTS", batch_size * 16 * seq_len)  # 16 query rows
+    monkeypatch.setattr(sampling, "SAMPLER_CHUNK_ELEMENTS", 16 * seq_len)
+    monkeypatch.setattr(two_stream, "ATTENTION_CHUNK_ELEMENTS", batch_size * 16 * seq_len)  # 16 query rows
     model = tiny_retromae(attn_implementation, seq_len, decoder_visibility=visibility)
     batch = long_batch(batch_size, seq_len)
     with LargeAllocations(batch_size * seq_len * seq_len // 4) as census:
@@ -208,8 +205,8 @@ def test_enhanced_decoding_step_creates_no_large_tensor_but_bool(monkeypatch, at
 def test_unchunked_step_is_what_the_census_catches(monkeypatch):
     """The census above sees the float mask sdpa makes of the bool one, and the samplers' keys, when not chunked."""
     batch_size, seq_len = 2, 192
-    monkeypatch.setattr(layers_retromae, "SAMPLER_CHUNK_ELEMENTS", 1 << 30)
-    monkeypatch.setattr(layers_retromae, "ATTENTION_CHUNK_ELEMENTS", 1 << 30)
+    monkeypatch.setattr(sampling, "SAMPLER_CHUNK_ELEMENTS", 1 << 30)
+    monkeypatch.setattr(two_stream, "ATTENTION_CHUNK_ELEMENTS", 1 << 30)
     for attn_implementation in ("sdpa", "eager"):
         model = tiny_retromae(attn_implementation)
         with LargeAllocations(batch_size * seq_len * seq_len // 4) as census:
@@ -228,7 +225,7 @@ def test_chunked_attention_gives_the_unchunked_outputs_and_gradients(monkeypatch
     batch = long_batch(batch_size, seq_len)
     results = []
     for chunk_elements in (1 << 30, batch_size * 40 * seq_len):  # whole, then 40-row chunks (the last one shorter)
-        monkeypatch.setattr(layers_retromae, "ATTENTION_CHUNK_ELEMENTS", chunk_elements)
+        monkeypatch.setattr(two_stream, "ATTENTION_CHUNK_ELEMENTS", chunk_elements)
         model.zero_grad(set_to_none=True)
         torch.manual_seed(5)
         output = model(**batch)
@@ -250,7 +247,7 @@ def test_chunked_attention_without_gradients_and_with_a_shared_row_mask(monkeypa
     shared = torch.ones(2, 1, 1, 70, dtype=torch.bool)
     with torch.no_grad():
         whole = layer(query, content, visible), layer(query, content, shared)
-        monkeypatch.setattr(layers_retromae, "ATTENTION_CHUNK_ELEMENTS", 2 * 70 * 16)
+        monkeypatch.setattr(two_stream, "ATTENTION_CHUNK_ELEMENTS", 2 * 70 * 16)
         chunked = layer(query, content, visible), layer(query, content, shared)
     torch.testing.assert_close(chunked[0], whole[0], rtol=1e-6, atol=1e-7)
     assert torch.equal(chunked[1], whole[1])  # a (B, 1, 1, Lk) mask is never chunked

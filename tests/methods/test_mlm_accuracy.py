@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 from retromae.modeling.configuration_dupmae import DupMAEConfig
-from retromae.modeling.layers_retromae import linear_argmax_accuracy
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
+from retromae.modeling.vocab_losses import linear_argmax_accuracy
 from retromae.trainers.cli import main
 
 from ..builders import masked_batch, pretrain_args, tiny_pretraining_config

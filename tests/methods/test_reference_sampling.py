@@ -13,8 +13,8 @@ import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_retromae import RetroMAEConfig
-from retromae.modeling.layers_retromae import enhanced_visibility_mask, reference_visibility_mask
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.visibility import enhanced_visibility_mask, reference_visibility_mask
 
 from ..builders import masked_batch, tiny_pretraining_config
 
@@ -205,7 +205,7 @@ def _previous_greedy_whole_word_fill(sizes: torch.Tensor, budget: torch.Tensor) 
 
 def _previous_reference_visibility_mask(attention_mask, word_starts, mask_ratio):
     """`reference_visibility_mask` as it was before the ragged-batch speed-up (verbatim copy, constants inlined)."""
-    from retromae.modeling.layers_retromae import reference_target_positions
+    from retromae.modeling.visibility import reference_target_positions
 
     real = attention_mask.bool()
     batch_size, seq_len = real.shape
@@ -265,7 +265,7 @@ def _word_batch(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 def test_reference_visibility_is_bit_identical_to_the_previous_sampler(layout, mask_ratio):
     """For a fixed seed the sampler returns exactly the masks of the previous algorithm (kept above as a private
     copy): same random draws, same greedy walk, absent word slots skipped without a step of their own."""
-    from retromae.modeling.layers_retromae import reference_visibility_mask as current
+    from retromae.modeling.visibility import reference_visibility_mask as current
 
     attention, starts = _word_batch(layout)
     for seed in (0, 1, 2):

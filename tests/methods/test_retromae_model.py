@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from huggingface_hub.errors import StrictDataclassError
 from retromae.modeling.configuration_retromae import RetroMAEConfig
-from retromae.modeling.layers_retromae import (
+from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.two_stream import two_stream_layer_forward
+from retromae.modeling.visibility import (
     _row_subsets_by_sort,
     _row_subsets_by_topk,
     enhanced_visibility_mask,
-    linear_cross_entropy,
     random_row_mask,
-    two_stream_layer_forward,
 )
-from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.modeling.vocab_losses import linear_cross_entropy
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from ..builders import (
@@ -92,11 +92,11 @@ def test_choice_fields_name_the_field_and_its_choices_also_on_assignment():
 def test_shared_forward_runs_a_methods_hook_and_weights_its_losses():
     """A method is its `method_losses` + `loss_weights`: the shared forward encodes, scores the encoder MLM loss,
     restores the masked ids for the hook and sums the weighted terms into `PretrainingOutput`."""
-    from retromae.modeling.pretraining_base import BertPretrainingBase
+    from retromae.modeling.pretraining_base import PretrainingBase
 
     seen = {}
 
-    class ConstantDecoderLoss(BertPretrainingBase):
+    class ConstantDecoderLoss(PretrainingBase):
         config_class = RetroMAEConfig
         method_input_names = ("marker",)
 
@@ -380,7 +380,7 @@ def test_eager_and_sdpa_give_the_same_losses():
 def test_decoder_attention_goes_through_the_attention_interface(monkeypatch):
     """`config._attn_implementation` picks the decoder's attention too: with sdpa the registered sdpa function runs in
     the 2 encoder layers and the decoder (3 calls); with eager the decoder uses transformers' eager function."""
-    import retromae.modeling.layers_retromae as layers
+    import retromae.modeling.two_stream as layers
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     model = RetroMAEForPretraining(tiny_config()).eval()
@@ -475,6 +475,7 @@ def test_checkpoint_loads_as_remote_code_in_a_fresh_process(run_without_retromae
     model = RetroMAEForPretraining(tiny_config()).eval()
     checkpoint, _, _ = assert_loads_as_remote_code(run_without_retromae, model, tmp_path, "retromae",
                                                    ("RetroMAEConfig", "RetroMAEModel", "RetroMAEForPretraining"))
-    assert {"modeling_retromae.py", "configuration_retromae.py", "layers_retromae.py", "pretraining_base.py"} <= {
+    assert {"modeling_retromae.py", "configuration_retromae.py", "vocab_losses.py", "visibility.py", "two_stream.py",
+            "pretraining_base.py", "loading.py"} <= {
         p.name for p in checkpoint.iterdir()}
     assert not list(checkpoint.glob("*.bin")), "safetensors only"

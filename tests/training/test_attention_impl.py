@@ -14,16 +14,12 @@ from retromae.modeling.configuration_bow import BoWConfig
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.configuration_seed import SEEDConfig
-from retromae.modeling.layers_retromae import (
-    decoder_attn_implementation,
-    enhanced_visibility_mask,
-    random_row_mask,
-    reference_visibility_mask,
-)
 from retromae.modeling.modeling_bow import BoWForPretraining
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.modeling.modeling_seed import SEEDEncoderForPretraining
+from retromae.modeling.two_stream import decoder_attn_implementation
+from retromae.modeling.visibility import enhanced_visibility_mask, random_row_mask, reference_visibility_mask
 from retromae.trainers.cli import main
 from retromae.trainers.training import pretraining as pretrain_module
 from retromae.trainers.training.fast_paths import (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from retromae.trainers.cli import main
-from retromae.trainers.inputs.checkpoints import load_bert_encoder, load_tokenizer
+from retromae.trainers.inputs.checkpoints import load_encoder, load_tokenizer
 from retromae.trainers.methods import get_method, method_of_config
 from retromae.trainers.training.pretraining import load_pretraining_model
 from safetensors.torch import load_file
@@ -128,9 +128,9 @@ def test_auto_classes_with_the_checkpoints_remote_code(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_our_loaders(method):
-    """`load_bert_encoder` (coverage, validation, ...) and `load_pretraining_model` (`retromae pretrain --model`)."""
+    """`load_encoder` (coverage, validation, ...) and `load_pretraining_model` (`retromae pretrain --model`)."""
     folder, want = final_save(method), expected(method)
-    encoder = load_bert_encoder(folder)
+    encoder = load_encoder(folder)
     torch.testing.assert_close(cls_states(encoder, method), torch.tensor(want["cls"]), atol=ATOL, rtol=0)
     model = load_pretraining_model(str(folder), get_method(method), {})
     assert_losses(losses_of(model), want["losses"])

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from retromae.modeling.backbones import BertBackbone, backbone_for, encoder_type_of_config
+from retromae.modeling.backbones import Backbone, backbone_for, encoder_type_of_config
 from retromae.modeling.layers_dupmae import initial_dense_projection
 from retromae.modeling.modeling_dupmae import hybrid_representation, representation_parts
 from retromae.modeling.st_dupmae import (
@@ -81,7 +81,7 @@ Johnson-Lindenstrauss map drawn from the checkpoint config's `dense_proj_seed`, 
 """
 
 
-def _head_weights(backbone: type[BertBackbone], state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _head_weights(backbone: type[Backbone], state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The checkpoint's MLM head (`backbone.head_state`) under `DupMAEPooling`'s names (`transform.dense.*`,
     `transform.LayerNorm.*`, `decoder_weight`, `decoder_bias`)."""
     head = backbone.head_state(state_dict)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 from retromae.modeling.backbones import backbone_of
-from retromae.modeling.pretraining_base import BertPretrainingBase
+from retromae.modeling.pretraining_base import PretrainingBase
 from sentence_transformers import SentenceTransformer
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -123,7 +123,7 @@ def export_sentence_transformer(
 
 
 def export_from_model(
-    model: BertPretrainingBase,
+    model: PretrainingBase,
     tokenizer: PreTrainedTokenizerBase,
     output_dir: str | os.PathLike,
     run_info: dict[str, Any] | None = None,
@@ -145,7 +145,7 @@ def export_from_model(
         model_name: name for the model card (default as in `export_sentence_transformer`).
         state_dict: the model's whole weights (default: `model.state_dict()`, which a sharded model holds in part).
     """
-    if not isinstance(model, BertPretrainingBase):
+    if not isinstance(model, PretrainingBase):
         raise ValueError(
             f"export_from_model expects a retromae *ForPretraining model, got {type(model).__name__}; "
             "unwrap it first (e.g. accelerator.unwrap_model(model))"

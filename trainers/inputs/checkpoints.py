@@ -1,10 +1,10 @@
 """Model checkpoints: the one place that turns a folder, a Hub id or a state dict into a model.
 
 * `default_model_dir()`: the embedded default model (all-MiniLM-L6-v2).
-* `encoder_from_state_dict(config, state_dict)` (alias `bert_encoder_from_state_dict`): the base's own plain model
+* `encoder_from_state_dict(config, state_dict)`: the base's own plain model
   (BertModel / RobertaModel / XLMRobertaModel / ModernBertModel, no pooler) from a pre-training state dict, loaded
   strictly (the exporters' encoder); `base_config_of(config)` its config.
-* `load_bert_encoder(path_or_id)`: the transformer encoder of a checkpoint folder or Hub id, loaded through the Auto
+* `load_encoder(path_or_id)`: the transformer encoder of a checkpoint folder or Hub id, loaded through the Auto
   classes (our pre-training checkpoints through their registered encoder class).
 * `load_mlm_head(path_or_id)`: a checkpoint's trained MLM head (h -> vocabulary logits), tied to its word embeddings.
 * `read_state_dict(folder)`, `load_tokenizer(path_or_id)`: a checkpoint's weights (safetensors only) and tokenizer.
@@ -33,7 +33,8 @@ from retromae.modeling.backbones import (
     backbone_for,
     encoder_type_of_config,
 )
-from retromae.modeling.pretraining_base import ClsEncoderModel, QuietLoadReportMixin
+from retromae.modeling.loading import QuietLoadReportMixin
+from retromae.modeling.pretraining_base import ClsEncoderModel
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
@@ -265,9 +266,6 @@ def encoder_from_state_dict(config: Mapping[str, Any], state_dict: Mapping[str, 
     return encoder.eval()
 
 
-bert_encoder_from_state_dict = encoder_from_state_dict  # the name from before other families were supported
-
-
 @cache  # made once per base class, not at every load
 def _quiet_encoder_class(model_class: type) -> type:
     """`model_class` whose `from_pretrained` of a pre-training checkpoint (encoder under the base's prefix) shows no
@@ -288,7 +286,7 @@ def _config_dict(path: str, purpose: str) -> dict[str, Any]:
                               "folder, or a Hub id that exists (and the network)") from None
 
 
-def load_bert_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") -> nn.Module:
+def load_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") -> nn.Module:
     """The transformer encoder of a checkpoint folder or Hub id, whose last-layer [CLS] state is its representation.
 
     A model type transformers knows (bert, roberta, xlm-roberta, modernbert, ...; a sentence-transformers folder's
@@ -398,7 +396,7 @@ def needs_remote_code(folder: str | os.PathLike) -> bool:
 
 
 __all__ = [
-    "BERT_CONFIG_FIELDS", "CheckpointError", "base_config_of", "bert_encoder_from_state_dict", "default_model_dir",
-    "encoder_from_state_dict", "encoder_kwargs", "position_offset", "usable_positions", "load_bert_encoder",
+    "BERT_CONFIG_FIELDS", "CheckpointError", "base_config_of", "default_model_dir",
+    "encoder_from_state_dict", "encoder_kwargs", "position_offset", "usable_positions", "load_encoder",
     "load_mlm_head", "check_tokenizer_saved", "load_tokenizer", "needs_remote_code", "read_state_dict", "weight_names"
 ]

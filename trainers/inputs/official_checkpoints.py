@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from retromae.modeling.backbones import BertBackbone
-from retromae.modeling.pretraining_base import base_config_fields
+from retromae.modeling.loading import base_config_fields
 from safetensors.torch import load_file
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 

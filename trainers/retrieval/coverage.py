@@ -39,7 +39,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..data.tokenize import UNK_SAMPLE_ROWS, WARN_UNK_SHARE, unknown_token_share
-from ..inputs.checkpoints import load_bert_encoder, load_mlm_head, load_tokenizer, usable_positions
+from ..inputs.checkpoints import load_encoder, load_mlm_head, load_tokenizer, usable_positions
 from ..inputs.extras import plotting_available
 from ..inputs.folders import check_model_folder, model_location
 from ..inputs.io import atomic_file, read_json_or_empty, write_json_atomic
@@ -82,10 +82,10 @@ def _hits_at_k(scores: torch.Tensor, in_input: torch.Tensor, ks: Sequence[int]) 
 
 def _encoder(model_or_path: str | os.PathLike | nn.Module) -> nn.Module:
     """The encoder whose last-layer [CLS] state is the representation: a module as given (or its `base_model`, e.g.
-    the `bert` / `roberta` / `model` encoder of a `*ForPretraining` model), else `inputs.checkpoints.load_bert_encoder`
+    the `bert` / `roberta` / `model` encoder of a `*ForPretraining` model), else `inputs.checkpoints.load_encoder`
     of the folder or Hub id (any supported base, or one of our checkpoints on it)."""
     if not isinstance(model_or_path, nn.Module):
-        return load_bert_encoder(model_or_path, purpose="coverage")
+        return load_encoder(model_or_path, purpose="coverage")
     encoder = getattr(model_or_path, "base_model", model_or_path)
     if not hasattr(encoder, "get_input_embeddings"):
         raise TypeError(f"{type(model_or_path).__name__} is not a transformers encoder (no get_input_embeddings)")
@@ -190,7 +190,7 @@ def input_token_coverage(
     """Mean input-token coverage@k of a model's [CLS] representations over `texts` (Algorithm 1, see module doc).
 
     Args:
-        model_dir_or_model: checkpoint directory / Hub id (see `inputs.checkpoints.load_bert_encoder`) or a module
+        model_dir_or_model: checkpoint directory / Hub id (see `inputs.checkpoints.load_encoder`) or a module
             (a transformers encoder, or a model with a `bert` encoder such as `*ForPretraining`).
         tokenizer: a transformers tokenizer; None loads the one saved with `model_dir_or_model`.
         texts: the texts; each is tokenized without masking, truncated to `max_seq_length`.

@@ -77,7 +77,7 @@ class EncoderNames:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> EncoderNames:
-        """The names of a pre-training model (`BertPretrainingBase`: its `backbone`), also wrapped in DDP or
+        """The names of a pre-training model (`PretrainingBase`: its `backbone`), also wrapped in DDP or
         torch.compile; BERT's for a model without a backbone."""
         while hasattr(model, "module") or hasattr(model, "_orig_mod"):
             model = getattr(model, "module", None) or model._orig_mod
