@@ -202,7 +202,8 @@ METHOD_IMPLEMENTATIONS = {
     "retrieval.hybrid_index": "the exact index of DupMAE's hybrid representation",
     "retrieval.hybrid_parts": "what that index takes from a DupMAE model",
     "commands.index": "`retromae index` / `search` over that index",
-    "data.pairs": "SentMAE's training data (its `Method.training_data`)",
+    "data.pairs": "SentMAE's (anchor, positive) batches",
+    "data.training_data": "SentMAE's training data (its `Method.training_data`)",
 }
 # names kept in other modules, each for its reason; a kept function or class is exempt as a whole
 KEPT_NAMES = {

@@ -28,7 +28,7 @@ from retromae.modeling.modeling_sentmae import SentMAEForPretraining
 from torch import nn
 
 from .data.collator import DataInputs, TrainingData
-from .data.pairs import contrastive_training_data, corpus_training_data, pair_positive_settings
+from .data.training_data import contrastive_training_data, corpus_training_data, pair_positive_settings
 from .export.cards import Paper, read_papers
 from .export.cls import Exporter, PoolingModule, SentenceVectors, cls_sentence_vectors, write_cls_encoder
 from .export.dupmae import DUPMAE_POOLING, REPRESENTATION_FIELDS, hybrid_sentence_vectors, write_dupmae_export

@@ -12,7 +12,7 @@ import torch
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
-from retromae.trainers.data.pairs import corpus_training_data
+from retromae.trainers.data.training_data import corpus_training_data
 from retromae.trainers.export.cards import Paper
 from retromae.trainers.inputs.arguments import parse
 from retromae.trainers.inputs.pretrain_options import pretrain_parser

@@ -7,13 +7,13 @@ import json
 
 import datasets
 import pytest
-import retromae.trainers.data.pairs as pairs_module
+import retromae.trainers.data.training_data as training_data_module
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.trainers.cli import main
 from retromae.trainers.data.collator import DataInputs
-from retromae.trainers.data.pairs import corpus_training_data
 from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.data.tokenize import load_tokenized_corpus, rank_stream, shuffle_stream, tokenize_corpus
+from retromae.trainers.data.training_data import corpus_training_data
 from retromae.trainers.inputs.pretrain_options import pretrain_arguments
 
 from ..builders import SENTENCES, pretrain_args, write_lines
@@ -120,7 +120,7 @@ def test_tokenize_workers_reach_tokenize_corpus(tokenizer, corpus, monkeypatch):
         seen.append(kwargs.get("num_proc"))
         return tokenize_corpus(*args, **kwargs)
 
-    monkeypatch.setattr(pairs_module, "tokenize_corpus", recording)
+    monkeypatch.setattr(training_data_module, "tokenize_corpus", recording)
     for workers in (None, 1, 3):
         corpus_training_data(RetroMAEConfig(), tokenizer, DataInputs(corpus=str(corpus), max_seq_length=32,
                                                                      tokenize_workers=workers))

@@ -1,9 +1,4 @@
-"""The training data of the methods (`methods.Method.training_data`), and (anchor, positive) batches for an in-batch
-contrastive loss on top of the RetroMAE collator.
-
-* ``corpus_training_data``: the corpus masked by ``PretrainingCollator`` (every method without positives of its own;
-  with the continued-pre-training recipe's contrastive anchor, span pairs).
-* ``contrastive_training_data``: SentMAE stage 2 with its contrastive loss (span pairs or a pair file).
+"""(anchor, positive) batches for an in-batch contrastive loss on top of the RetroMAE collator.
 
 Two sources of positives (paper §2.2):
 
@@ -36,22 +31,18 @@ from typing import Any, Literal
 
 import datasets
 import torch
-from retromae.modeling.configuration_retromae import hides_whole_words
 from retromae.modeling.modeling_sentmae import POSITIVE_PREFIX
 
 from ..inputs.io import iter_jsonl
-from .collator import UNMASKED_KEY, DataInputs, PretrainingCollator, TrainingData
-from .reading import code_fingerprint, read_corpus
-from .tokenize import load_tokenized_corpus, special_template, tokenize_corpus, word_start_flags
+from .collator import UNMASKED_KEY, PretrainingCollator
+from .reading import code_fingerprint
+from .tokenize import special_template, word_start_flags
 
 logger = logging.getLogger(__name__)
 
 PAIR_FIELDS = ("anchor", "positive")
 
-__all__ = [
-    "ContrastiveCollator", "contrastive_training_data", "corpus_training_data",
-    "cut_two_spans", "pair_positive_settings", "read_pairs", "span_pair_training_data", "tokenize_pairs",
-]
+__all__ = ["ContrastiveCollator", "cut_two_spans", "read_pairs", "tokenize_pairs"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,142 +274,3 @@ def _unpadded_rows(batch: dict[str, torch.Tensor]) -> list[dict[str, list[int]]]
     lengths = batch["attention_mask"].sum(dim=1).tolist()
     ids, starts = batch["input_ids"].tolist(), batch[UNMASKED_KEY].tolist()
     return [{"input_ids": i[:n], "word_starts": w[:n]} for i, w, n in zip(ids, starts, lengths, strict=True)]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Training data of the methods (`methods.Method.training_data`)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
-    """The data of a method without positives of its own: the corpus, masked by ``PretrainingCollator``.
-
-    With the continued-pre-training recipe's contrastive anchor (``inputs.contrastive_anchor``), batches of two spans
-    of each passage instead (``span_pair_training_data``).
-    """
-    if inputs.pairs:
-        raise ValueError(
-            f"--pairs feeds the in-batch contrastive loss of a method that has one (see `retromae methods`); this run's "
-            f"method ({config.model_type}) has none: use --corpus for its text"
-        )
-    if inputs.contrastive_anchor:
-        if hides_whole_words(config):
-            raise ValueError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
-                             'the default "token"')
-        return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")
-    dataset = load_tokenized_corpus(inputs.corpus, tokenizer, max_seq_length=inputs.max_seq_length,
-                                    streaming=inputs.streaming)  # a saved, pre-tokenised corpus; None for text
-    if dataset is None:
-        texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming,
-                            text_column=inputs.text_column, config=inputs.corpus_config, split=inputs.corpus_split,
-                            revision=inputs.corpus_revision)
-        dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, packing=inputs.packing,
-                                  num_proc=inputs.tokenize_workers)
-    # no generator: RetroMAETrainer draws the masks from its own per-process, checkpointed generator
-    collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask,
-                                   max_length=inputs.max_seq_length)
-    return TrainingData(dataset, collator)
-
-
-def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, purpose: str) -> TrainingData:
-    """Batches of two disjoint spans of each corpus passage, anchor and positive, masked as usual: the data of an
-    in-batch contrastive loss on a plain corpus. ``purpose`` names what asks for it (a flag) in messages.
-
-    Raises:
-        ValueError: ``--packing`` (the spans could come from different documents), or fewer than 2 passages per
-            global batch (the other passages' spans are the negatives).
-    """
-    if inputs.packing:
-        raise ValueError(
-            f"{purpose} takes its positives from two spans of one passage, but --packing joins passages into blocks "
-            "(the spans could come from different documents); drop --packing"
-        )
-    _check_in_batch_negatives(inputs, purpose, unit="passages")
-    texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming,
-                        text_column=inputs.text_column, config=inputs.corpus_config, split=inputs.corpus_split,
-                        revision=inputs.corpus_revision)
-    dataset = tokenize_corpus(texts, tokenizer, max_seq_length=inputs.max_seq_length, num_proc=inputs.tokenize_workers)
-    _check_enough_rows(dataset, inputs, unit="passages")
-    collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
-                                   whole_word_mask=config.whole_word_mask, positives="spans",
-                                   max_length=inputs.max_seq_length)
-    return TrainingData(dataset, collator, drop_last=True)  # a last batch of one passage would have no negative
-
-
-def pair_positive_settings(inputs: DataInputs, requested: dict[str, Any]) -> dict[str, Any]:
-    """The config setting that ``--pairs`` decides before the model is built: the positives are the given pairs."""
-    if not inputs.pairs:
-        return {}
-    if requested.get("positives") == "spans":
-        raise ValueError('--pairs gives pair positives but --method-options sets "positives": "spans"; drop one')
-    return {"positives": "pairs"}
-
-
-def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
-    """The data of a method with an in-batch contrastive loss (SentMAE stage 2).
-
-    With ``contrastive_loss_weight > 0`` the positives come from ``--pairs FILE.jsonl`` (``positives="pairs"``, set
-    by ``pair_positive_settings``) or, by default, from two spans of each ``--corpus`` passage. With
-    ``contrastive_loss_weight == 0`` the method is plain RetroMAE and reads the corpus (``corpus_training_data``).
-
-    Raises:
-        ValueError: settings that cannot work together (``--pairs`` with ``--corpus``/``--packing``/``--streaming``
-            or without a contrastive loss, span positives with ``--packing``, ``positives="pairs"`` without
-            ``--pairs``, the recipe's contrastive anchor on top of this loss), or a global batch of fewer than 2.
-    """
-    if not config.contrastive_loss_weight > 0:
-        if inputs.pairs:
-            raise ValueError("--pairs feeds the in-batch contrastive loss, which contrastive_loss_weight 0 switches "
-                             "off; use --corpus for the text, or set contrastive_loss_weight > 0")
-        return corpus_training_data(config, tokenizer, inputs)
-    if inputs.contrastive_anchor:
-        raise ValueError(f"--method {type(config).model_type} already has its contrastive loss (contrastive_loss_weight "
-                         f"{config.contrastive_loss_weight}); drop --contrastive-anchor-weight")
-    if inputs.pairs:
-        data = _pair_training_data(config, tokenizer, inputs)
-    elif config.positives == "pairs":
-        raise ValueError(
-            'positives="pairs" needs --pairs FILE.jsonl (one {"anchor": ..., "positive": ...} per line); '
-            'or use "positives": "spans" to cut two spans from each --corpus passage'
-        )
-    else:
-        data = span_pair_training_data(config, tokenizer, inputs, purpose="span positives")
-    logger.info(
-        "SentMAE stage 2: RetroMAE + %s x in-batch contrastive loss (tau %s, %s similarity), positives: %s",
-        config.contrastive_loss_weight, config.temperature, config.similarity, config.positives,
-    )
-    return data
-
-
-def _pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> TrainingData:
-    """Batches of the (anchor, positive) pairs of ``inputs.pairs``, both sides the pre-training text."""
-    for flag, value in (("--corpus", inputs.corpus), ("--packing", inputs.packing), ("--streaming", inputs.streaming)):
-        if value:
-            raise ValueError(
-                f"{flag} does not apply with --pairs: both sides of every pair are the pre-training text "
-                f"(read into memory, one sequence per side); drop {flag}"
-            )
-    _check_in_batch_negatives(inputs, "the in-batch contrastive loss", unit="pairs")
-    dataset = tokenize_pairs(read_pairs(inputs.pairs), tokenizer, max_seq_length=inputs.max_seq_length)
-    _check_enough_rows(dataset, inputs, unit="pairs")
-    collator = ContrastiveCollator(tokenizer, mask_ratio=config.encoder_mask_ratio,
-                                   whole_word_mask=config.whole_word_mask, positives="pairs",
-                                   max_length=inputs.max_seq_length)
-    return TrainingData(dataset, collator, drop_last=True, corpus_name=Path(inputs.pairs).name)
-
-
-def _check_in_batch_negatives(inputs: DataInputs, purpose: str, *, unit: str) -> None:
-    """Refuse a global batch of one: each anchor's negatives are the other rows' positives."""
-    if inputs.global_batch_size < 2:
-        raise ValueError(
-            f"{purpose} needs at least 2 {unit} per batch (each anchor's negatives are the other {unit}' positives), "
-            f"got a global batch of {inputs.global_batch_size}: raise --per-device-train-batch-size to 2 or more"
-        )
-
-
-def _check_enough_rows(dataset: datasets.Dataset | datasets.IterableDataset, inputs: DataInputs, *, unit: str) -> None:
-    if isinstance(dataset, datasets.Dataset) and len(dataset) < inputs.global_batch_size:
-        raise ValueError(
-            f"only {len(dataset)} {unit} for a global batch of {inputs.global_batch_size}: "
-            "add data or lower --per-device-train-batch-size"
-        )

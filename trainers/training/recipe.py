@@ -21,7 +21,7 @@ linear probing before fine-tuning (Kumar et al., 2022, "Fine-Tuning can Distort 
    `model.final_norm`) get S.
 3. contrastive anchoring (`--contrastive-anchor-weight W`): SentMAE's in-batch contrastive loss on the [CLS]
    embeddings (cosine, temperature 0.05, `modeling_sentmae.in_batch_contrastive_loss`) with span positives (two
-   disjoint spans of each passage, `data.pairs.span_pair_training_data`) is added to any method's loss with
+   disjoint spans of each passage, `data.training_data.span_pair_training_data`) is added to any method's loss with
    weight W, so the embedding space keeps its geometry. As in SentMAE, anchors and positives both go through the
    method's own losses (one forward pass over 2B sequences) and the contrastive term reuses their [CLS] states.
 
