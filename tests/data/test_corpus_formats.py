@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import importlib.util
 import lzma
+import sys
 from pathlib import Path
 
 import datasets
@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import retromae.trainers.data.arrow_reading as arrow_reading
 import retromae.trainers.data.reading as reading_module
+import zstandard
 from retromae.trainers.data.passages import numbered_passages
 from retromae.trainers.data.reading import read_corpus
 
@@ -175,16 +176,42 @@ def test_bad_line_in_a_compressed_file_is_named(tmp_path):
         read_corpus(latin)
 
 
-def test_zstandard_files(tmp_path):
-    if importlib.util.find_spec("zstandard") is None:
-        path = write_file(tmp_path / "c.jsonl.zst", b"\x28\xb5\x2f\xfd")
-        with pytest.raises(ValueError, match="the zstandard package is not installed; pip install zstandard"):
-            read_corpus(path)
-    else:
-        import zstandard
+def zstd_frames(content: bytes) -> bytes:
+    """`content` in two zstd frames (as `zstd` of concatenated files or multi-threaded `zstd -T` writes)."""
+    half = len(content) // 2
+    return b"".join(zstandard.ZstdCompressor().compress(part) for part in (content[:half], content[half:]))
 
-        path = write_file(tmp_path / "c.jsonl.zst", zstandard.ZstdCompressor().compress(b'{"text": "one"}\n'))
-        assert texts_of(read_corpus(path)) == ["one"]
+
+ZSTD_CORPORA = {
+    "jsonl": jsonl_text({"title": "T", "text": " one  a"}, {"text": "two"}, {"text": " "}, {"text": "3"}, {"text": "4"}),
+    "txt": "first block\nline\n\nsecond\n \nthird\n\n\nfourth\n\nfifth",
+}
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("fmt", sorted(ZSTD_CORPORA))
+def test_zstandard_files_read_as_the_file_they_hold(tmp_path, fmt, streaming):
+    plain = write_file(tmp_path / f"plain.{fmt}", ZSTD_CORPORA[fmt])
+    packed = write_file(tmp_path / f"c.{fmt}.zst", zstd_frames(ZSTD_CORPORA[fmt].encode()))
+    expected = texts_of(read_corpus(plain))
+    assert len(expected) == 4
+    assert texts_of(read_corpus(packed, streaming=streaming)) == expected
+    assert line_reader(packed) == expected
+
+
+def test_bad_line_in_a_zstandard_file_is_named(tmp_path):
+    path = write_file(tmp_path / "c.jsonl.zst", zstd_frames(b'{"text": "fine"}\n{not json}\n'))
+    with pytest.raises(ValueError, match=r"c\.jsonl\.zst:2: not valid JSON"):
+        read_corpus(path)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_zstandard_file_without_the_package_names_the_install(tmp_path, monkeypatch, streaming):
+    path = write_file(tmp_path / "c.jsonl.zst", zstd_frames(b'{"text": "one"}\n'))
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # `import zstandard` raises ImportError
+    with pytest.raises(ValueError, match="the zstandard package is not installed; pip install zstandard") as error:
+        read_corpus(path, streaming=streaming)
+    assert "\n" not in str(error.value)
 
 
 def test_folder_of_mixed_formats_keeps_path_order(tmp_path):
@@ -302,6 +329,12 @@ def test_what_the_json_builder_would_accept_is_refused_as_before(tmp_path, conte
         read_corpus(write_file(tmp_path / "c.jsonl", content))
 
 
+def test_latin1_title_is_named_although_the_json_builder_reads_it(tmp_path):
+    path = write_file(tmp_path / "c.jsonl", b'{"text": "a"}\n{"text": "b", "title": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: not UTF-8 text"):
+        read_corpus(path)
+
+
 def test_utf16_without_a_bom_is_still_refused(tmp_path):
     path = write_file(tmp_path / "c.txt", "plain ascii text\n".encode("utf-16-le"))
     with pytest.raises(ValueError, match="UTF-16LE text, not UTF-8"):
@@ -335,6 +368,18 @@ def test_arrow_whitespace_collapse_is_pythons_split_join():
         "", " ", "x\u200by", "a" + arrow_reading.PYTHON_WHITESPACE + "b", "é  ü\t"]
     collapsed = arrow_reading.collapse_whitespace(pa.array(samples)).to_pylist()
     assert collapsed == [" ".join(sample.split()) for sample in samples]
+
+
+def test_arrow_whitespace_collapse_replaces_only_the_strings_it_changes():
+    """Most strings need no change and are kept as they are; the others are collapsed in place (order kept)."""
+    samples = ["plain text", " lead", "trail ", "two  spaces", None, "a\u00a0b", "", "x\u2010y", "ok", "\u3000", "é ü"]
+    expected = [None if text is None else " ".join(text.split()) for text in samples]
+    assert arrow_reading.collapse_whitespace(pa.array(samples)).to_pylist() == expected
+    chunked = pa.chunked_array([samples[:4], samples[4:8], [], samples[8:]], type=pa.string())
+    collapsed = arrow_reading.collapse_whitespace(chunked)
+    assert collapsed.num_chunks == 4 and collapsed.to_pylist() == expected
+    unchanged = pa.array(["a b", "c"])
+    assert arrow_reading.collapse_whitespace(unchanged) is unchanged  # nothing to replace: no copy
 
 
 def test_blank_and_empty_files_beside_passages(tmp_path):

@@ -66,6 +66,8 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
             raise ReadLineByLine(f"a line without a string {column!r}, or with more than one JSON object")
         # a title of another JSON type is no title (our reader's rule); mixed types fail in the builder
         title = "title" in columns and column != "title" and is_string_column(loaded, "title")
+        if not all(is_valid_utf8(loaded, name) for name in ([column, "title"] if title else [column])):
+            raise ReadLineByLine("bytes that are not UTF-8")
     elif fmt in ("lines", "blocks"):
         if any(has_lone_carriage_return(path) for path in paths):
             raise ReadLineByLine("a carriage return that does not end a line")
@@ -81,8 +83,10 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
             raise CorpusError(f"{where}: {nulls} row(s) have no text (null) in column {column!r}; drop them or fill "
                             "them in")
         title = "title" in loaded.column_names and column != "title" and is_string_column(loaded, "title")
+        if not all(is_valid_utf8(loaded, name) for name in ([column, "title"] if title else [column])):
+            raise ReadLineByLine(f"bytes that are not UTF-8 in column {column!r} or 'title'")
     return loaded.with_format("arrow").map(
-        passages_batch, batched=True, batch_size=10_000, remove_columns=loaded.column_names,
+        passages_batch, batched=True, batch_size=50_000, remove_columns=loaded.column_names,
         features=PASSAGE_FEATURES, desc="Forming passages", num_proc=map_processes(len(loaded), PARALLEL_MAP_MIN_ROWS),
         fn_kwargs={"column": column, "title": bool(title), "code": code},
     ).with_format(None)
@@ -90,6 +94,16 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
 
 def is_string_column(dataset: datasets.Dataset, column: str) -> bool:
     return getattr(dataset.features[column], "dtype", None) in ("string", "large_string")
+
+
+def is_valid_utf8(dataset: datasets.Dataset, column: str) -> bool:
+    """Whether a string column holds valid UTF-8: pyarrow's JSON reader does not check (a Latin-1 "é" passes), and
+    forming the passages only looks into the strings it changes."""
+    try:
+        dataset.data.column(column).validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 # The characters Python's str.split() splits on (str.isspace), as an RE2 class: collapsing runs of them in Arrow
@@ -107,12 +121,28 @@ _WHITESPACE_RUN = f"{_WHITESPACE_CLASS}{{2,}}|{_WHITESPACE_CLASS.replace(chr(92)
 
 def collapse_whitespace(texts: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """``" ".join(text.split())`` for every string of an Arrow array (nulls stay null)."""
-    return pc.utf8_trim(pc.replace_substring_regex(texts, _WHITESPACE_RUN, " "), " ")
+    if isinstance(texts, pa.ChunkedArray):
+        return pa.chunked_array([_collapse_array(chunk) for chunk in texts.chunks], type=texts.type)
+    return _collapse_array(texts)
+
+
+def _collapse_array(texts: pa.Array) -> pa.Array:
+    """Only the strings that collapsing changes (a whitespace run or character other than a single space, or a space
+    at either end) go through the replacement: finding them costs a fraction of replacing in every string, and in
+    real text they are few (about 1% of Wikipedia's passages)."""
+    changes = pc.or_(pc.match_substring_regex(texts, _WHITESPACE_RUN),
+                     pc.or_(pc.starts_with(texts, " "), pc.ends_with(texts, " ")))
+    changes = pc.fill_null(changes, False)
+    if not pc.any(changes).as_py():
+        return texts
+    collapsed = pc.utf8_trim(pc.replace_substring_regex(pc.filter(texts, changes), _WHITESPACE_RUN, " "), " ")
+    return pc.replace_with_mask(texts, changes, collapsed)
 
 
 def passages_batch(batch: pa.Table, column: str, title: bool, code: str = "") -> pa.Table:
     """The passages of a batch of rows (an Arrow table): ``title + " " + text`` where a title is given, whitespace
     collapsed, blank ones dropped (``iter_jsonl_passages``'s rule). ``code`` is part of the cache fingerprint only."""
+    batch = batch.combine_chunks()  # one array: the builders' 1,000-row chunks cost a compute call each per step
     texts = batch.column(column)
     if title:
         titles = batch.column("title")
@@ -138,9 +168,10 @@ _CHUNK_BYTES = 1 << 24
 
 
 def count_content_lines(path: str) -> int:
-    """The lines with something other than whitespace on them (our JSONL reader's records)."""
+    """The lines with something other than whitespace on them (our JSONL reader's records). Iterating the lines is
+    as fast as counting line ends and blank lines a block at a time with ``bytes.count`` and ``re`` (measured)."""
     with open_binary(path) as handle:
-        return sum(1 for raw in handle if raw.strip())
+        return sum(map(bool, map(bytes.strip, handle)))  # no Python-level loop per line, unlike a generator
 
 
 def has_lone_carriage_return(path: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bz2
 import codecs
 import gzip
-import importlib
+import io
 import json
 import logging
 import lzma
@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
+from ..inputs.extras import ZSTANDARD_HINT
 from ..inputs.io import iter_jsonl, json_type
 
 
@@ -29,7 +30,7 @@ class CorpusError(ValueError):
 logger = logging.getLogger(__name__)
 
 
-# Compressed .txt/.jsonl files (``name.jsonl.gz``): decompressed while read. ``.zst`` needs the zstandard package.
+# Compressed .txt/.jsonl files (``name.jsonl.gz``): decompressed while read (``.zst`` by the zstandard package).
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 
 
@@ -45,11 +46,22 @@ def open_binary(path: str | os.PathLike):
     """The file opened for reading bytes, decompressed when its name ends in a compression suffix."""
     compression = split_name(Path(path))[1]
     if compression == ".zst":
-        if importlib.util.find_spec("zstandard") is None:
-            raise CorpusError(f"{path}: a zstandard-compressed file, and the zstandard package is not installed; "
-                            "pip install zstandard, or decompress it (zstd -d)")
-        return importlib.import_module("zstandard").open(path, "rb")  # an optional dependency
+        return _open_zstandard(path)
     return {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(compression, open)(path, "rb")
+
+
+def _open_zstandard(path: str | os.PathLike) -> io.BufferedReader:
+    """A ``.zst`` file decompressed while read, as a buffered reader: zstandard's own reader has no ``readline``
+    (iterating its lines fails), and it stops at the end of the first frame unless told to read across frames
+    (``zstd`` of concatenated or multi-threaded output writes several)."""
+    try:
+        import zstandard
+    except ImportError:  # a core dependency, but an install without dependencies lacks it
+        raise CorpusError(f"{path}: a zstandard-compressed file, and the zstandard package is not installed; "
+                          f"{ZSTANDARD_HINT}, or decompress it (zstd -d)") from None
+    raw = open(path, "rb")  # noqa: SIM115 - the reader closes it (closefd), and the caller the reader
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    return io.BufferedReader(reader, buffer_size=1 << 20)
 
 
 # byte-order marks, UTF-32's first: its little-endian mark starts with UTF-16's

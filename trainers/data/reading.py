@@ -71,8 +71,7 @@ def read_corpus(
       string ``"title"`` is prepended (``title + " " + text``, the BEIR corpus convention). Blank lines are skipped.
     - A ``.parquet`` file: its ``text_column`` column (strings, no nulls), a string ``"title"`` column prepended as
       for ``.jsonl``.
-    - A compressed ``.txt`` or ``.jsonl`` file (``.gz``, ``.bz2``, ``.xz``; ``.zst`` with the ``zstandard``
-      package), read as the file it holds.
+    - A compressed ``.txt`` or ``.jsonl`` file (``.gz``, ``.bz2``, ``.xz``, ``.zst``), read as the file it holds.
     - A BEIR folder (``corpus.jsonl`` beside ``queries.jsonl`` or ``qrels/``): its ``corpus.jsonl``.
     - A directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``split``,
       by default ``"train"`` or its only split, is used) with a ``text_column`` column.

@@ -4,6 +4,8 @@
   (`checkpoints.default_model_dir`).
 * `retromae[plots]`: matplotlib, for the PNG plots (`validation.png` of `pretrain`, `coverage.png` of `coverage`);
   without it the plot is skipped with a log line and everything else is written.
+* `zstandard` (a core dependency; `datasets` needs it too): `.zst` corpus files. An install without dependencies may
+  lack it: reading such a file then fails with one line naming `ZSTANDARD_HINT`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 logger = logging.getLogger(__name__)
 DEMO_EXTRA_HINT = 'pip install "retromae[demo]"'
 PLOTS_EXTRA_HINT = 'pip install "retromae[plots]"'
+ZSTANDARD_HINT = "pip install zstandard"
 
 
 def plotting_available(plot: str) -> bool:
@@ -25,4 +28,4 @@ def plotting_available(plot: str) -> bool:
     return True
 
 
-__all__ = ["DEMO_EXTRA_HINT", "PLOTS_EXTRA_HINT", "plotting_available"]
+__all__ = ["DEMO_EXTRA_HINT", "PLOTS_EXTRA_HINT", "ZSTANDARD_HINT", "plotting_available"]
