@@ -12,7 +12,8 @@
 #   bash benchmarks/device/sharded_smoke.sh                   on the GPU (carry .dev/tp: the wheels and MiniLM's config)
 #   DEVICE_SMOKE=1 bash benchmarks/device/sharded_smoke.sh    here, on CPU, a tiny model: the plain runs train and
 #       resume, the FSDP runs are refused (accelerate shards only on GPUs); proves only that the flow runs
-# Knobs: BUDGET (s, default 470), STEPS (30), SAVE (20), METHOD (retromae), BATCH (32; smoke 4), FSDP_CONFIG,
+# Knobs: BUDGET (s, default 470), STEPS (30), SAVE (20), METHOD (retromae), BATCH (32; smoke 4), FSDP_CONFIG
+# (configs/fsdp-bert.json),
 # ONLY (one engine: plain or fsdp; the summary compares with a plain export only when one exists in $OUT/runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,8 @@ init_run sharded_smoke shd
 STEPS=${STEPS:-30}
 SAVE=${SAVE:-20}
 export METHOD=${METHOD:-retromae}
-FSDP_CONFIG=${FSDP_CONFIG:-'{"transformer_layer_cls_to_wrap": ["BertLayer", "TwoStreamBertLayer"]}'}
+# the shipped preset: every BertLayer / TwoStreamBertLayer its own FSDP unit (a JSON file or inline JSON both work)
+FSDP_CONFIG=${FSDP_CONFIG:-configs/fsdp-bert.json}
 if [ "$SMOKE" = 1 ]; then
   BATCH=${BATCH:-4}
   SHAPE=(--max-seq-length 32 --config-overrides

@@ -3,6 +3,7 @@ three stages end to end (CLS and DupMAE hybrid), and the output folder with its 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -366,6 +367,25 @@ def test_mining_scores_the_corpus_chunk_by_chunk_alike(monkeypatch):
     monkeypatch.setattr(mining_module, "MINING_CHUNK_BYTES", 4 * 4 * 3)  # 3 documents a chunk, 4 queries a block
     chunked = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
     assert chunked == whole and all(len(g.negatives) == 4 for g in whole)
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--fsdp", "full_shard auto_wrap"], "--fsdp"),
+    (["--deepspeed", '{"zero_optimization": {"stage": 2}}'], "--deepspeed"),
+])
+def test_sharding_flags_are_refused_before_training(spread_cls_bert, tiny_beir, tmp_path, monkeypatch, flags, named):
+    """sentence-transformers' TrainingArguments accept --fsdp and --deepspeed; HEAD passed them on untested (on the
+    CPU --fsdp trained plain DDP or stopped in a traceback). Refused in one line naming DDP under torchrun."""
+    from retromae.trainers.inputs.errors import UserError
+
+    if named == "--deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("transformers refuses --deepspeed itself without the deepspeed package")
+    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", None)  # nothing may train
+    with pytest.raises(UserError) as refused:
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST, *flags])
+    message = str(refused.value)
+    assert named in message and "torchrun" in message and "DDP" in message and "\n" not in message, message
+    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, tmp_path):

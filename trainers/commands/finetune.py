@@ -9,6 +9,17 @@ from ..retrieval.beir import ON_MISSING, RetrievalDataError
 from ..training.finetuning import run_finetune
 
 
+def check_not_sharded(training_args) -> None:
+    """Refuse `--fsdp` / `--deepspeed` before anything is read: sentence-transformers' TrainingArguments accept them,
+    but retromae's stages (mining between them, the resume record, the final save) assume whole weights in every
+    process, and no sharded fine-tuning has been run or tested."""
+    given = [flag for flag, value in (("--fsdp", training_args.fsdp), ("--deepspeed", training_args.deepspeed)) if value]
+    if given:
+        raise UserError(f"{' and '.join(given)}: retromae finetune does not shard the model (untested with its "
+                        "stages, mining and saves); for several GPUs run it under DDP: torchrun --nproc_per_node N "
+                        "-m retromae.trainers.cli finetune ...")
+
+
 def finetune_command(argv: list[str]) -> int:
     """`retromae finetune MODEL TRAIN_DATA [options]`."""
     model_args, data_args, loss_args, training_args = start_command(
@@ -16,6 +27,7 @@ def finetune_command(argv: list[str]) -> int:
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
         "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT",
     )
+    check_not_sharded(training_args)
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise UserError(f"--on-missing must be one of {ON_MISSING}")
     try:
@@ -39,4 +51,4 @@ def finetune_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["finetune_command"]
+__all__ = ["check_not_sharded", "finetune_command"]

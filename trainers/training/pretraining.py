@@ -34,7 +34,7 @@ from .retrieval_validation import RetrievalValidationCallback
 from .run_folder import (
     RUN_INFO_NAME,
 )
-from .sharding import check_sharding
+from .sharding import check_sharding, keep_loaded_names, start_deepspeed_comm, zero_stage
 from .trainer import RetroMAETrainer
 
 logger = logging.getLogger(__name__)
@@ -237,7 +237,9 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     the training took."""
     args = run.training
     check_sharding(args, validation=validation is not None, head_warmup=run.recipe.head_warmup_steps > 0,
-                   recipe_groups=run.recipe.changes_optimizer)  # before any weight is read
+                   recipe_groups=run.recipe.changes_optimizer,  # before any weight is read
+                   grow_positions=bool(run.model.extend_position_embeddings) and not run.resume)
+    start_deepspeed_comm(args)  # before from_pretrained partitions the model (ZeRO-3)
     method = get_method(run.model.method)
     model_ref = run.model.model or default_model_dir()
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
@@ -269,6 +271,8 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         model = scratch_model(model_ref, method, settings, attention, run.model, tokenizer)
     else:
         model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
+    if zero_stage(args) == 3:
+        keep_loaded_names(model)
     if not run.resume and not run.model.from_scratch and args.should_log:  # the main process only
         suggest_recipe(model_ref, run.recipe)
     if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table

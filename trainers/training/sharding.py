@@ -10,18 +10,24 @@ them, on the CPU). What retromae has not made work under sharding is refused bef
   single process not started by torchrun / accelerate launch;
 - FSDP1 (`--fsdp_config '{"version": 1}'`): the gathering and the head warm-up's freeze are written and tested for
   FSDP2 (transformers' default) only;
-- `--save-on-each-node` with `--fsdp`: the whole weights are gathered on the main process only;
+- `--save-on-each-node` with `--fsdp` or ZeRO-3: the whole weights are gathered on the main process only;
 - `--eval-beir-folder` with `--fsdp` or `--deepspeed`: the retrieval validation encodes on the main process alone,
   and a sharded forward needs every process (a deadlock);
-- `--deepspeed` with ZeRO stage 3 (weights partitioned; gathering them through DeepSpeed is not implemented), with
-  the head warm-up (ZeRO partitions the gradients, so dropping the encoder's gradients would not freeze it), and the
-  recipe's learning-rate groups with a DeepSpeed config that names its own optimizer (built with one rate, ignoring
-  the groups).
+- `--deepspeed` with the head warm-up (ZeRO reduces and partitions each gradient during the backward pass, so
+  dropping the encoder's gradients afterwards would not freeze it), the recipe's learning-rate groups with a
+  DeepSpeed config that names its own optimizer (built with one rate, ignoring the groups), and, under ZeRO-3,
+  `--extend-position-embeddings` (it would grow the table from partitioned placeholders).
+
+DeepSpeed ZeRO-3 partitions the weights too: each parameter's `data` is an empty placeholder and `ds_tensor` holds
+this process's flat slice. `full_state_dict` gathers them module by module (`deepspeed.zero.GatheredParameters`, so
+at most one module's weights are whole at a time, as DeepSpeed's own `_zero3_consolidated_16bit_state_dict`), and
+needs no `stage3_gather_16bit_weights_on_model_save`. ZeRO-1/2 keep whole weights on every process.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +35,69 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
+from transformers.integrations import deepspeed as hf_deepspeed
 from transformers.training_args import ParallelMode
 
 
+def is_zero3_parameter(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a parameter partitioned by DeepSpeed ZeRO-3 (which tags each one with a `ds_id`)."""
+    return hasattr(tensor, "ds_id") and hasattr(tensor, "ds_tensor")
+
+
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of `tensor`: a `DTensor`'s local shard (no communication), any other tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    """This process's part of `tensor`, without communication: a `DTensor`'s local shard, a ZeRO-3 parameter's
+    partition (its `data` is an empty placeholder), any other tensor itself."""
+    if isinstance(tensor, DTensor):
+        return tensor.to_local()
+    return tensor.ds_tensor if is_zero3_parameter(tensor) else tensor
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether `model`'s parameters are sharded across processes (FSDP2 `DTensor`s, or FSDP1 flat parameters)."""
-    return any(isinstance(param, DTensor) or type(param).__name__ == "FlatParameter" for param in model.parameters())
+    """Whether `model`'s parameters are sharded across processes (FSDP2 `DTensor`s, FSDP1 flat parameters, or
+    DeepSpeed ZeRO-3 partitions)."""
+    return any(isinstance(param, DTensor) or type(param).__name__ == "FlatParameter" or is_zero3_parameter(param)
+               for param in model.parameters())
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """`model`'s state dict with whole tensors. Unsharded: `model.state_dict()`, no communication. Sharded (FSDP):
-    a collective, call it on every process; the main process (rank 0) gets every tensor whole, on the CPU, the others
-    an empty dict (`torch.distributed.checkpoint.state_dict.get_model_state_dict`, full_state_dict, cpu_offload)."""
+    """`model`'s state dict with whole tensors. Unsharded: `model.state_dict()`, no communication. Sharded (FSDP or
+    ZeRO-3): a collective, call it on every process; the main process (rank 0) gets every tensor whole, on the CPU,
+    the others an empty dict (FSDP: `torch.distributed.checkpoint.state_dict.get_model_state_dict`, full_state_dict,
+    cpu_offload; ZeRO-3: `zero3_state_dict`)."""
     if not is_sharded(model):
         return model.state_dict()
+    if any(is_zero3_parameter(param) for param in model.parameters()):
+        return zero3_state_dict(model)
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def zero3_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole tensors of a ZeRO-3 model, keyed as `model.state_dict()` names them (a tied weight under each of its
+    names), on the CPU of rank 0; {} elsewhere. A collective: every process walks the modules in the same order and
+    gathers each module's own parameters, then releases them (`GatheredParameters`, modifier_rank None: read only)."""
+    import deepspeed  # deepspeed.zero is an attribute of the package, not an importable module
+
+    main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    state: dict[str, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}  # one copy per parameter: save_pretrained finds tied weights by storage
+
+    def visit(module: nn.Module, prefix: str) -> None:
+        own = [param for param in module._parameters.values() if param is not None]
+        with deepspeed.zero.GatheredParameters(own, modifier_rank=None):
+            if main:
+                for name, param in module._parameters.items():
+                    if param is not None:
+                        state[prefix + name] = copies.setdefault(id(param), param.detach().cpu().clone())
+        if main:  # ZeRO-3 partitions parameters only: buffers are whole on every process
+            for name, buffer in module._buffers.items():
+                if buffer is not None and name not in module._non_persistent_buffers_set:
+                    state[prefix + name] = buffer.detach().cpu().clone()
+        for name, child in module._modules.items():
+            if child is not None:
+                visit(child, f"{prefix}{name}.")
+
+    visit(model, "")
+    return state
 
 
 def deepspeed_config(args: Any) -> dict[str, Any]:
@@ -70,11 +119,53 @@ def deepspeed_config(args: Any) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def zero_stage(args: Any) -> int:
+    """The ZeRO stage of `args`' `--deepspeed` config (0 without one)."""
+    return int((deepspeed_config(args).get("zero_optimization") or {}).get("stage", 0) or 0)
+
+
+def start_deepspeed_comm(args: Any) -> None:
+    """Under ZeRO-3, `from_pretrained` builds the model already partitioned (`deepspeed.zero.Init`), which counts the
+    processes through `deepspeed.comm`. On the CPU (`--use-cpu`) accelerate starts torch.distributed but not
+    `deepspeed.comm`, so zero.Init would count one process and refuse the batch sizes transformers filled in for all:
+    wrap the running process group (a no-op where accelerate already did, e.g. on GPUs)."""
+    if zero_stage(args) != 3 or not torch.distributed.is_initialized():
+        return
+    import deepspeed
+
+    if not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+
+
+def keep_loaded_names(model: nn.Module) -> None:
+    """Under ZeRO-3 transformers' loading records every weight renaming it knows as applied (the legacy LayerNorm
+    `gamma` / `beta` ones included), and each `save_pretrained` then reverts them: checkpoints of `LayerNorm.gamma`
+    where the loaded model had `LayerNorm.weight`. Forget that record, so that saves keep the model's own names, as
+    without ZeRO-3 (transformers then reverts only its non-legacy conversions)."""
+    for module in model.modules():
+        if getattr(module, "_weight_conversions", None) is not None:
+            module._weight_conversions = None
+
+
+@contextmanager
+def single_process_loading():
+    """Load models in one process while a ZeRO-3 run is configured: transformers then builds every model inside
+    `deepspeed.zero.Init`, whose partitioning is a collective, so a load on the main process alone (the summary's
+    example encoding) would fail or hang waiting for the others. Without ZeRO-3: nothing changes."""
+    kept = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = kept
+
+
 def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = False,
-                   recipe_groups: bool = False) -> None:
+                   recipe_groups: bool = False, grow_positions: bool = False) -> None:
     """Refuse, in one line, a sharding option that would be ignored or would break the run (see the module's
     docstring). `args`: the TrainingArguments; `validation`: `--eval-beir-folder` is on; `head_warmup`: the recipe's
-    head warm-up is on; `recipe_groups`: the recipe sets the optimizer's learning-rate groups."""
+    head warm-up is on; `recipe_groups`: the recipe sets the optimizer's learning-rate groups; `grow_positions`:
+    `--extend-position-embeddings` grows the loaded position table."""
     fsdp, deepspeed = bool(getattr(args, "fsdp", None)), bool(getattr(args, "deepspeed", None))
     if fsdp and deepspeed:
         raise ValueError("--fsdp and --deepspeed cannot be combined: each shards the model its own way; choose one")
@@ -101,19 +192,23 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
                              "main process only; drop --save-on-each-node")
     if deepspeed:
         config = deepspeed_config(args)
-        stage = int((config.get("zero_optimization") or {}).get("stage", 0) or 0)
-        if stage == 3:
-            raise ValueError("--deepspeed with ZeRO stage 3 is not supported yet: it partitions the weights, and "
-                             "retromae's final save, export and divergence check read whole weights, which it gathers "
-                             "for FSDP only; use ZeRO stage 1 or 2, or --fsdp")
         if head_warmup:
             raise ValueError("--head-warmup-steps with --deepspeed is not supported: ZeRO partitions the gradients, "
                              "so the warm-up cannot hold the encoder still; use --fsdp or DDP, or drop "
                              "--head-warmup-steps")
+        if getattr(args, "save_on_each_node", False) and zero_stage(args) == 3:
+            raise ValueError("--save-on-each-node with ZeRO stage 3 is not supported: the whole weights are gathered "
+                             "on the main process only; drop --save-on-each-node")
+        if grow_positions and zero_stage(args) == 3:
+            raise ValueError("--extend-position-embeddings with ZeRO stage 3 is not supported: the table is grown "
+                             "from the loaded rows, which ZeRO-3 has already partitioned (each process holds an empty "
+                             "placeholder); grow it in a run without --deepspeed or with ZeRO stage 2")
         if recipe_groups and "optimizer" in config:
             raise ValueError("--encoder-lr-scale / --layer-lr-decay with a --deepspeed config that names an "
                              "optimizer: DeepSpeed builds it with one learning rate and ignores the recipe's groups; "
                              "remove the config's \"optimizer\" section (the Trainer's AdamW then carries them)")
 
 
-__all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "local_tensor"]
+__all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "is_zero3_parameter", "keep_loaded_names",
+           "local_tensor",
+           "single_process_loading", "start_deepspeed_comm", "zero3_state_dict", "zero_stage"]

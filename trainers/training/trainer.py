@@ -373,11 +373,14 @@ class RetroMAETrainer(Trainer):
         """The model (weights, config) and tokenizer in `folder`, as `save_model` writes them. A sharded (FSDP)
         model's tensors are gathered whole by every process (`sharding.full_state_dict`, a collective) and written
         by the main one: each process's `state_dict()` holds its shards only, and the Trainer's own FSDP save writes
-        no weights at all with a SHARDED_STATE_DICT config."""
-        if not is_sharded(self.model):
+        no weights at all with a SHARDED_STATE_DICT config; ZeRO-3 likewise. ZeRO-1/2 weights are whole: saved as
+        without DeepSpeed (the Trainer's DeepSpeed save copies each tensor, so writes the tied weights twice)."""
+        if is_sharded(self.model):
+            self._save(str(folder), state_dict=full_state_dict(self.model))
+        elif self.is_deepspeed_enabled:
+            self._save(str(folder))
+        else:
             self.save_model(str(folder), _internal_call=True)
-            return
-        self._save(str(folder), state_dict=full_state_dict(self.model))
 
     def _save_trainer_state(self, folder: Path) -> None:
         """`trainer_state.json` with the state of the callbacks that export one (as `Trainer._save_checkpoint`)."""
