@@ -1,8 +1,9 @@
 #!/bin/bash
 # Sharded pre-training on a lent GPU, one call of at most 8 minutes: `retromae pretrain` under torchrun
 # (--nproc_per_node 1) on a MiniLM-size model (all-MiniLM-L6-v2's architecture, random weights: the carried
-# .dev/tp/minilm holds its config and tokenizer only), $STEPS steps, once plain and once under FSDP2
-# (--fsdp "full_shard auto_wrap", every BertLayer / TwoStreamBertLayer its own unit). Each engine: train with a
+# .dev/tp/minilm holds its config and tokenizer only), $STEPS steps, plain, under FSDP2
+# (--fsdp "full_shard auto_wrap", every BertLayer / TwoStreamBertLayer its own unit) and under DeepSpeed ZeRO-2 and
+# ZeRO-3 (configs/deepspeed-zero{2,3}.json). Each engine: train with a
 # checkpoint at $SAVE and the export at the end, then resume a copy of checkpoint-$SAVE to $STEPS and export again.
 # The exports are compared with the plain run's (max abs difference, every word-embedding row present).
 # Result: $OUT/sharded_smoke_<device>.json {environment, rows: [{engine, method, trained, resumed,
@@ -14,7 +15,7 @@
 #       resume, the FSDP runs are refused (accelerate shards only on GPUs); proves only that the flow runs
 # Knobs: BUDGET (s, default 470), STEPS (30), SAVE (20), METHOD (retromae), BATCH (32; smoke 4), FSDP_CONFIG
 # (configs/fsdp-bert.json),
-# ONLY (one engine: plain or fsdp; the summary compares with a plain export only when one exists in $OUT/runs).
+# ONLY (engines, comma-separated, of plain, fsdp, zero2, zero3; the summary compares with a plain export only when one exists in $OUT/runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lib.sh
@@ -55,9 +56,12 @@ PORT=$((29500 + RANDOM % 2000))
 # one pretrain under torchrun: RESULT.json --engine E --phase P --output-dir D --export-dir D -- ARGS (sharded_smoke.py)
 DRIVER=("$PY" -m torch.distributed.run --nproc_per_node 1 --master_port "$PORT" benchmarks/device/sharded_smoke.py run)
 
-for engine in plain fsdp; do
+# ZeRO-2 / ZeRO-3 through the shipped presets; DeepSpeed comes from the carried wheel (.dev/tp/whl)
+[ "$SMOKE" = 1 ] && export DS_ACCELERATOR=cpu
+for engine in plain fsdp zero2 zero3; do
   flags=()
   [ "$engine" = fsdp ] && flags=("${FSDP[@]}")
+  [[ "$engine" == zero* ]] && flags=(--deepspeed "configs/deepspeed-$engine.json")
   want "$engine" || continue
   rm -rf "${W:?}/$engine"
   stage "$engine: train $STEPS steps (checkpoint at $SAVE), export" 150 "${DRIVER[@]}" "$OUT/runs/${engine}_trained.json" \
