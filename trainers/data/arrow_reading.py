@@ -64,10 +64,6 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
         if (column not in columns or not is_string_column(loaded, column) or loaded.data.column(column).null_count
                 or len(loaded) != sum(count_content_lines(path) for path in paths)):
             raise ReadLineByLine(f"a line without a string {column!r}, or with more than one JSON object")
-        # a title of another JSON type is no title (our reader's rule); mixed types fail in the builder
-        title = "title" in columns and column != "title" and is_string_column(loaded, "title")
-        if not all(is_valid_utf8(loaded, name) for name in ([column, "title"] if title else [column])):
-            raise ReadLineByLine("bytes that are not UTF-8")
     elif fmt in ("lines", "blocks"):
         if any(has_lone_carriage_return(path) for path in paths):
             raise ReadLineByLine("a carriage return that does not end a line")
@@ -82,6 +78,8 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
         if nulls:
             raise CorpusError(f"{where}: {nulls} row(s) have no text (null) in column {column!r}; drop them or fill "
                             "them in")
+    if fmt in ("jsonl", "parquet"):  # the text builder decodes UTF-8 itself
+        # a title of another type is no title (our reader's rule); mixed JSON types fail in the builder
         title = "title" in loaded.column_names and column != "title" and is_string_column(loaded, "title")
         if not all(is_valid_utf8(loaded, name) for name in ([column, "title"] if title else [column])):
             raise ReadLineByLine(f"bytes that are not UTF-8 in column {column!r} or 'title'")

@@ -34,7 +34,7 @@ from .retrieval_validation import RetrievalValidationCallback
 from .run_folder import (
     RUN_INFO_NAME,
 )
-from .sharding import check_sharding, keep_loaded_names, start_deepspeed_comm, zero_stage
+from .sharding import check_sharding, keep_loaded_names, start_deepspeed_comm
 from .trainer import RetroMAETrainer
 
 logger = logging.getLogger(__name__)
@@ -271,8 +271,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         model = scratch_model(model_ref, method, settings, attention, run.model, tokenizer)
     else:
         model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
-    if zero_stage(args) == 3:
-        keep_loaded_names(model)
+    keep_loaded_names(model)  # ZeRO-3 only
     if not run.resume and not run.model.from_scratch and args.should_log:  # the main process only
         suggest_recipe(model_ref, run.recipe)
     if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table

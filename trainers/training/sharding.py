@@ -119,9 +119,9 @@ def deepspeed_config(args: Any) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def zero_stage(args: Any) -> int:
-    """The ZeRO stage of `args`' `--deepspeed` config (0 without one)."""
-    return int((deepspeed_config(args).get("zero_optimization") or {}).get("stage", 0) or 0)
+def zero_stage(config: dict[str, Any]) -> int:
+    """The ZeRO stage of a `--deepspeed` config (`deepspeed_config`; 0 for {})."""
+    return int((config.get("zero_optimization") or {}).get("stage", 0) or 0)
 
 
 def start_deepspeed_comm(args: Any) -> None:
@@ -129,7 +129,7 @@ def start_deepspeed_comm(args: Any) -> None:
     processes through `deepspeed.comm`. On the CPU (`--use-cpu`) accelerate starts torch.distributed but not
     `deepspeed.comm`, so zero.Init would count one process and refuse the batch sizes transformers filled in for all:
     wrap the running process group (a no-op where accelerate already did, e.g. on GPUs)."""
-    if zero_stage(args) != 3 or not torch.distributed.is_initialized():
+    if zero_stage(deepspeed_config(args)) != 3 or not torch.distributed.is_initialized():
         return
     import deepspeed
 
@@ -141,7 +141,10 @@ def keep_loaded_names(model: nn.Module) -> None:
     """Under ZeRO-3 transformers' loading records every weight renaming it knows as applied (the legacy LayerNorm
     `gamma` / `beta` ones included), and each `save_pretrained` then reverts them: checkpoints of `LayerNorm.gamma`
     where the loaded model had `LayerNorm.weight`. Forget that record, so that saves keep the model's own names, as
-    without ZeRO-3 (transformers then reverts only its non-legacy conversions)."""
+    without ZeRO-3 (transformers then reverts only its non-legacy conversions). A model without ZeRO-3 parameters
+    is left as it is."""
+    if not any(is_zero3_parameter(param) for param in model.parameters()):
+        return
     for module in model.modules():
         if getattr(module, "_weight_conversions", None) is not None:
             module._weight_conversions = None
@@ -192,14 +195,15 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
                              "main process only; drop --save-on-each-node")
     if deepspeed:
         config = deepspeed_config(args)
+        stage = zero_stage(config)
         if head_warmup:
             raise ValueError("--head-warmup-steps with --deepspeed is not supported: ZeRO partitions the gradients, "
                              "so the warm-up cannot hold the encoder still; use --fsdp or DDP, or drop "
                              "--head-warmup-steps")
-        if getattr(args, "save_on_each_node", False) and zero_stage(args) == 3:
+        if getattr(args, "save_on_each_node", False) and stage == 3:
             raise ValueError("--save-on-each-node with ZeRO stage 3 is not supported: the whole weights are gathered "
                              "on the main process only; drop --save-on-each-node")
-        if grow_positions and zero_stage(args) == 3:
+        if grow_positions and stage == 3:
             raise ValueError("--extend-position-embeddings with ZeRO stage 3 is not supported: the table is grown "
                              "from the loaded rows, which ZeRO-3 has already partitioned (each process holds an empty "
                              "placeholder); grow it in a run without --deepspeed or with ZeRO stage 2")
@@ -209,6 +213,6 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
                              "remove the config's \"optimizer\" section (the Trainer's AdamW then carries them)")
 
 
-__all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "is_zero3_parameter", "keep_loaded_names",
-           "local_tensor",
-           "single_process_loading", "start_deepspeed_comm", "zero3_state_dict", "zero_stage"]
+__all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "is_zero3_parameter",
+           "keep_loaded_names", "local_tensor", "single_process_loading", "start_deepspeed_comm", "zero3_state_dict",
+           "zero_stage"]
