@@ -4,7 +4,8 @@ its token and position embeddings, the MLM head as (transform, weight, bias) and
 carries the base's own fields, so the base's model class is built from it and follows its `_attn_implementation`.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -30,6 +31,22 @@ def encoder_type_of_config(config: dict) -> str:
     if model_type in SUPPORTED_ENCODER_TYPES:
         return model_type
     return config.get("encoder_type") or "bert"
+
+
+@contextmanager
+def whole_for_editing(*modules: nn.Module) -> Iterator[None]:
+    """Inside the block every parameter of `modules` is whole, and what the main process writes into them is kept.
+    Under DeepSpeed ZeRO-3 (a model built inside `deepspeed.zero.Init` holds empty placeholders) that is a collective
+    (`GatheredParameters`, modifier rank 0: broadcast and partitioned again on exit), so every process enters it;
+    otherwise nothing happens."""
+    params = [param for module in modules for param in module.parameters()]
+    if not any(hasattr(param, "ds_id") for param in params):
+        yield
+        return
+    import deepspeed  # only a ZeRO-3 model gets here, so DeepSpeed is installed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+        yield
 
 
 class Backbone:
@@ -329,9 +346,10 @@ class ModernBertBackbone(Backbone):
         base, info = ModernBertForMaskedLM.from_pretrained(model_name_or_path, output_loading_info=True)
         if any(k.startswith(cls.base_head_prefixes) for k in info["missing_keys"]):
             return False
-        state = cls.head_state(base.state_dict())
-        state[f"{cls.head_decoder}weight"] = head.decoder.weight  # tied to the word embeddings, loaded with them
-        head.load_state_dict(state)
+        with whole_for_editing(base, head):
+            state = cls.head_state(base.state_dict())
+            state[f"{cls.head_decoder}weight"] = head.decoder.weight  # tied to the word embeddings, loaded with them
+            head.load_state_dict(state)
         return True
 
     @classmethod
@@ -459,4 +477,5 @@ __all__ = [
     "decoder_position_table",
     "encoder_type_of",
     "encoder_type_of_config",
+    "whole_for_editing",
 ]

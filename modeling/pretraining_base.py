@@ -16,7 +16,15 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelO
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 from transformers.utils import ModelOutput
 
-from .backbones import BACKBONES, BertBackbone, DecoderEmbeddings, HeadParts, backbone_of, encoder_type_of
+from .backbones import (
+    BACKBONES,
+    BertBackbone,
+    DecoderEmbeddings,
+    HeadParts,
+    backbone_of,
+    encoder_type_of,
+    whole_for_editing,
+)
 from .loading import QuietLoadReportMixin, base_config_fields, checked_types
 from .vocab_losses import IGNORE_INDEX, linear_argmax_accuracy, linear_cross_entropy
 
@@ -428,8 +436,10 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
                     f"decoder_init='copy_last_layer' copies a BERT-layout layer; a {encoder_type_of(self.config)} "
                     "encoder's layers have another layout: use decoder_init='bert'"
                 )
-            for index in new_layers:
-                self.decoder.layers[index].load_state_dict(self.backbone.last_layer(self.base_model).state_dict())
+            last = self.backbone.last_layer(self.base_model)
+            with whole_for_editing(last, *(self.decoder.layers[index] for index in new_layers)):
+                for index in new_layers:
+                    self.decoder.layers[index].load_state_dict(last.state_dict())
 
 
 def _pretraining_classes() -> list[type]:

@@ -7,6 +7,7 @@ everything else, so a misspelled key, a value of the wrong type or a method opti
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from retromae.trainers.cli import main
+from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.methods import METHODS, method_of_config
 
 from ..builders import tiny_bert_kwargs
@@ -98,3 +100,28 @@ def test_wheel_ships_the_presets(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"retromae/configs/{p.name}" for p in PRESETS} <= names and "retromae/trainers/cli.py" in names
     assert "retromae/trainers/commands/pretrain.py" in names and "retromae/trainers/inputs/arguments.py" in names
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="--deepspeed needs the deepspeed package")
+def test_sharding_presets_load_by_name_and_by_readme_path_outside_the_source_tree(tmp_path, monkeypatch):
+    """The JSON presets as `--config`'s: by name or by the README's `configs/` path, from any folder, on the command
+    line and in a `--config` file; a name that is no file and no preset is one line listing them (before: the name
+    reached transformers, which read it as JSON text and failed)."""
+    from retromae.trainers.inputs.pretrain_options import pretrain_arguments
+
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", "m", "--corpus", "c.txt", "--use-cpu", "true"]
+    run = pretrain_arguments([*common, "--output-dir", "a", "--deepspeed", "deepspeed-zero3"])
+    assert Path(run.training.deepspeed) == CONFIGS / "deepspeed-zero3.json"
+    assert run.training.hf_deepspeed_config.config["zero_optimization"]["stage"] == 3
+    run = pretrain_arguments([*common, "--output-dir", "b", "--deepspeed=configs/deepspeed-zero2.json"])
+    assert Path(run.training.deepspeed) == CONFIGS / "deepspeed-zero2.json"
+    run = pretrain_arguments([*common, "--output-dir", "fsdp", "--fsdp", "full_shard auto_wrap", "--fsdp-config",
+                              "fsdp-bert"])  # read by transformers; refused at training time on the CPU
+    assert run.training.fsdp_config["transformer_layer_cls_to_wrap"] == ["BertLayer", "TwoStreamBertLayer"]
+    (tmp_path / "run.yaml").write_text("deepspeed: deepspeed-zero2\n")
+    run = pretrain_arguments([*common, "--output-dir", "c", "--config", "run.yaml"])
+    assert Path(run.training.deepspeed) == CONFIGS / "deepspeed-zero2.json"
+    with pytest.raises(UserError, match=r"--deepspeed zero5: no such file and no bundled preset of that name; give a "
+                                        r"JSON file, or one of deepspeed-zero2, deepspeed-zero3, fsdp-bert"):
+        pretrain_arguments([*common, "--output-dir", "d", "--deepspeed", "zero5"])

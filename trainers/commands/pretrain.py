@@ -47,7 +47,7 @@ from ..training.run_folder import (
     finished_step,
     last_complete_checkpoint,
 )
-from ..training.sharding import full_state_dict, single_process_loading
+from ..training.sharding import full_state_dict, without_zero3_init
 from ..training.trainer import RetroMAETrainer
 
 logger = logging.getLogger("retromae")
@@ -162,7 +162,7 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
     lines[-1:-1] = validated
     if export_dir:
         # our own export, just written; DupMAE's carries its hybrid module as remote code
-        with single_process_loading():  # on the main process alone, also after a ZeRO-3 run
+        with without_zero3_init():  # on the main process alone, also after a ZeRO-3 run
             encoder = SentenceTransformer(export_dir, trust_remote_code=True)
         example = "Dense retrievers encode text into vectors."
         vector = encoder.encode_document([example])[0]

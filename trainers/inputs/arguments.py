@@ -31,7 +31,7 @@ import transformers
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
-from .config_files import add_config_option, config_argument, merge_file_mappings, split_config
+from .config_files import add_config_option, config_argument, merge_file_mappings, split_config, with_json_presets
 from .errors import UserError
 from .folders import COMMAND_INPUTS
 
@@ -188,6 +188,7 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     COMMAND_INPUTS.set({"the --config file": found[2]} if found else {})
     if file_values:
         file_values = typed_file_values(parser, file_values, found[2])
+    argv, file_values = with_json_presets(parser, argv, file_values)
     parser.set_defaults(**{**(defaults or {}), **file_values})
     for action in parser._actions:  # a required option the file sets (e.g. `model:`) is no longer required
         if action.required and action.dest in file_values:

@@ -108,6 +108,48 @@ def preset_names() -> list[str]:
     return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
 
 
+# TrainingArguments options that read a JSON file, and take a bundled JSON preset by name
+JSON_PRESET_OPTIONS = ("deepspeed", "fsdp_config")
+
+
+def json_preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.json"))
+
+
+def json_preset_path(value: Any, flag: str) -> Any:
+    """`value` of a JSON-file option (`JSON_PRESET_OPTIONS`) with a bundled preset's name (`deepspeed-zero3`) or
+    README path (`configs/deepspeed-zero3.json`) replaced by the installed file; a file, JSON text or a mapping as
+    given. A name that is none of these is refused (`UserError`), listing the presets."""
+    if not isinstance(value, str) or not value or value.lstrip().startswith("{") or Path(value).expanduser().is_file():
+        return value
+    file = Path(value)
+    preset = PRESETS_DIR / f"{file.stem}.json"
+    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", ".json"} and preset.is_file():
+        return str(preset)
+    raise UserError(f"{flag} {value}: no such file and no bundled preset of that name; give a JSON file, or one of "
+                    f"{', '.join(json_preset_names())}")
+
+
+def with_json_presets(parser: argparse.ArgumentParser, argv: list[str], file_values: dict[str, Any]
+                      ) -> tuple[list[str], dict[str, Any]]:
+    """argv and the `--config` file's values with each JSON-file option's preset name made a path
+    (`json_preset_path`), before TrainingArguments reads the file."""
+    owner = {option: action for action in parser._actions for option in action.option_strings
+             if action.dest in JSON_PRESET_OPTIONS}
+    argv = list(argv)
+    for at, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag not in owner or not (equals or at + 1 < len(argv)):
+            continue
+        if equals:
+            argv[at] = f"{flag}={json_preset_path(value, flag)}"
+        else:
+            argv[at + 1] = json_preset_path(argv[at + 1], flag)
+    file_values = {name: json_preset_path(value, f"--config {name}:") if name in JSON_PRESET_OPTIONS else value
+                   for name, value in file_values.items()}
+    return argv, file_values
+
+
 def _config_file(path: str) -> Path:
     """The file `--config` names: a file, else a bundled preset by name (`retromae-wiki-book`) or by the README's
     path (`configs/retromae-wiki-book.yaml`, for installs without the source tree)."""

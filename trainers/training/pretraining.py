@@ -34,7 +34,7 @@ from .retrieval_validation import RetrievalValidationCallback
 from .run_folder import (
     RUN_INFO_NAME,
 )
-from .sharding import check_sharding, keep_loaded_names, start_deepspeed_comm
+from .sharding import check_sharding, keep_loaded_names, start_deepspeed_comm, without_zero3_init
 from .trainer import RetroMAETrainer
 
 logger = logging.getLogger(__name__)
@@ -132,10 +132,11 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
         raise ValueError(f"--from-scratch takes the architecture of a {families} config; --model {model_ref} is a "
                          f"{model_type!r} one (export a retromae checkpoint first to reuse its architecture)")
     try:
-        model = method.model_class.from_encoder_config(
-            model_ref, attn_implementation=attn_implementation, architecture_overrides=",".join(overrides) or None,
-            **settings,
-        )
+        with without_zero3_init():  # the initial weights of an unsharded run; the engine partitions them
+            model = method.model_class.from_encoder_config(
+                model_ref, attn_implementation=attn_implementation,
+                architecture_overrides=",".join(overrides) or None, **settings,
+            )
     except ValueError as error:  # a bad override, or sizes the architecture cannot take
         raise ValueError(f"--from-scratch with --model {model_ref}: {error}") from None
     except (KeyError, TypeError, RuntimeError, ArithmeticError) as error:  # e.g. hidden_act=<unknown>

@@ -151,10 +151,11 @@ def keep_loaded_names(model: nn.Module) -> None:
 
 
 @contextmanager
-def single_process_loading():
-    """Load models in one process while a ZeRO-3 run is configured: transformers then builds every model inside
-    `deepspeed.zero.Init`, whose partitioning is a collective, so a load on the main process alone (the summary's
-    example encoding) would fail or hang waiting for the others. Without ZeRO-3: nothing changes."""
+def without_zero3_init():
+    """Build models unpartitioned while a ZeRO-3 run is configured, where transformers would build each inside
+    `deepspeed.zero.Init`. For a load on the main process alone (the summary's example encoding): zero.Init's
+    partitioning is a collective, which would hang waiting for the others. For `--from-scratch`: under zero.Init the
+    same seed draws other initial weights than an unsharded run. Without ZeRO-3: nothing changes."""
     kept = hf_deepspeed._hf_deepspeed_config_weak_ref
     hf_deepspeed.unset_hf_deepspeed_config()
     try:
@@ -214,5 +215,5 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
 
 
 __all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "is_zero3_parameter",
-           "keep_loaded_names", "local_tensor", "single_process_loading", "start_deepspeed_comm", "zero3_state_dict",
+           "keep_loaded_names", "local_tensor", "without_zero3_init", "start_deepspeed_comm", "zero3_state_dict",
            "zero_stage"]
