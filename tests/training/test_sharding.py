@@ -186,8 +186,8 @@ def head_warmup_under_fully_shard(rank: int, folder: Path) -> dict:
             "rest_tensors": sum(1 for n in start if not encoder.match(n))}
 
 
-def losses_sharded_and_not(rank: int, folder: Path) -> dict:
-    """One forward and backward of each method's tiny model, unsharded and under fully_shard, on the same batch."""
+def method_models() -> dict:
+    """Builders of each method's tiny model (no decoder for BoW), by method name."""
     from retromae.modeling.configuration_bow import BoWConfig
     from retromae.modeling.configuration_dupmae import DupMAEConfig
     from retromae.modeling.configuration_retromae import RetroMAEConfig
@@ -199,12 +199,17 @@ def losses_sharded_and_not(rank: int, folder: Path) -> dict:
 
     from ..builders import tiny_pretraining_config
 
-    builders = {
+    return {
         "retromae": lambda: RetroMAEForPretraining(tiny_pretraining_config(RetroMAEConfig)),
         "dupmae": lambda: DupMAEForPretraining(tiny_pretraining_config(DupMAEConfig, dense_dim=16, doc_top_k=8)),
         "seed": lambda: SEEDEncoderForPretraining(tiny_pretraining_config(SEEDConfig)),
         "bow": lambda: BoWForPretraining(tiny_pretraining_config(BoWConfig)),
     }
+
+
+def losses_sharded_and_not(rank: int, folder: Path) -> dict:
+    """One forward and backward of each method's tiny model, unsharded and under fully_shard, on the same batch."""
+    builders = method_models()
     batch = masked_batch()
     result = {}
     for method, build in builders.items():
@@ -353,7 +358,7 @@ def gpu_args(**fields) -> SimpleNamespace:
     """What check_sharding reads of TrainingArguments, as on a GPU under torchrun (DeepSpeed is not installed here,
     and transformers refuses to parse --deepspeed without it)."""
     defaults = dict(fsdp=False, fsdp_config={}, deepspeed=None, device=torch.device("cuda", 0),
-                    parallel_mode=ParallelMode.DISTRIBUTED, save_on_each_node=False)
+                    parallel_mode=ParallelMode.DISTRIBUTED, save_on_each_node=False, max_grad_norm=1.0)
     return SimpleNamespace(**{**defaults, **fields})
 
 
@@ -377,6 +382,9 @@ def gpu_args(**fields) -> SimpleNamespace:
     ({"deepspeed": {"zero_optimization": {"stage": 3}}, "save_on_each_node": True}, {}, "--save-on-each-node with ZeRO"),
     ({"deepspeed": {"zero_optimization": {"stage": 3}}}, {"grow_positions": True},
      "--extend-position-embeddings with ZeRO stage 3 is not supported"),
+    ({"deepspeed": {"zero_optimization": {"stage": 2}}, "max_grad_norm": 0.5}, {},
+     '--max-grad-norm 0.5 with a --deepspeed config without "gradient_clipping": DeepSpeed would clip at its default'),
+    ({"deepspeed": {"zero_optimization": {"stage": 2}, "gradient_clipping": "auto"}, "max_grad_norm": 0.5}, {}, None),
 ])
 def test_sharding_combinations(fields, flags, expected):
     if expected is None:

@@ -100,6 +100,9 @@ def zero3_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+DEEPSPEED_DEFAULT_CLIPPING = 1.0  # what DeepSpeed clips the gradient norm at when its config names no value
+
+
 def deepspeed_config(args: Any) -> dict[str, Any]:
     """The `--deepspeed` config of `args` (TrainingArguments): transformers' parsed copy when DeepSpeed is installed,
     else read from the dict, JSON text or file given; {} without `--deepspeed` or when it cannot be read."""
@@ -208,6 +211,11 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
             raise ValueError("--extend-position-embeddings with ZeRO stage 3 is not supported: the table is grown "
                              "from the loaded rows, which ZeRO-3 has already partitioned (each process holds an empty "
                              "placeholder); grow it in a run without --deepspeed or with ZeRO stage 2")
+        clip = getattr(args, "max_grad_norm", 1.0)
+        if "gradient_clipping" not in config and clip != DEEPSPEED_DEFAULT_CLIPPING:
+            raise ValueError(f"--max-grad-norm {clip} with a --deepspeed config without \"gradient_clipping\": "
+                             f"DeepSpeed would clip at its default, {DEEPSPEED_DEFAULT_CLIPPING}; add "
+                             "\"gradient_clipping\": \"auto\" to the config (the shipped presets have it)")
         if recipe_groups and "optimizer" in config:
             raise ValueError("--encoder-lr-scale / --layer-lr-decay with a --deepspeed config that names an "
                              "optimizer: DeepSpeed builds it with one learning rate and ignores the recipe's groups; "
