@@ -248,17 +248,18 @@ def test_jsonl_missing_text_column_names_the_line(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 
 class BuilderSpy:
-    """Wraps ``datasets.load_dataset`` and records the builders asked for."""
+    """Records the ``datasets`` packaged builders (json, text, parquet) that read the corpus."""
 
     def __init__(self, monkeypatch):
         self.builders: list[str] = []
-        real = datasets.load_dataset
+        real = datasets.DatasetBuilder.download_and_prepare
 
-        def spy(path, *args, **kwargs):
-            self.builders.append(path)
-            return real(path, *args, **kwargs)
+        def spy(builder, *args, **kwargs):
+            if isinstance(builder, arrow_reading.FormsPassages):
+                self.builders.append(builder.packaged)
+            return real(builder, *args, **kwargs)
 
-        monkeypatch.setattr(datasets, "load_dataset", spy)
+        monkeypatch.setattr(datasets.DatasetBuilder, "download_and_prepare", spy)
 
 
 def test_well_formed_files_go_through_the_builders(tmp_path, monkeypatch):
@@ -271,13 +272,15 @@ def test_well_formed_files_go_through_the_builders(tmp_path, monkeypatch):
     assert spy.builders == ["json", "text", "parquet"]
 
 
-def test_files_with_different_fields_are_read_one_builder_call_each(tmp_path, monkeypatch):
+def test_files_with_different_fields_are_read_in_one_builder_call(tmp_path, monkeypatch):
+    """Each table is formed into passages on its own, so other fields that differ between files do not matter
+    (before: the builder failed on the second file's fields, and each file was read again in a call of its own)."""
     spy = BuilderSpy(monkeypatch)
     monkeypatch.setattr(reading_module, "_generate_passages", None)  # our reader is not used
     write_file(tmp_path / "a.jsonl", jsonl_text({"text": "a", "n": 1}))
     write_file(tmp_path / "b.jsonl", jsonl_text({"text": "b", "tags": ["x"]}))
     assert texts_of(read_corpus(tmp_path)) == ["a", "b"]
-    assert spy.builders == ["json", "json", "json"]  # both files, then each
+    assert spy.builders == ["json"]
 
 
 TRICKY_TEXTS = {
@@ -394,17 +397,15 @@ def test_blank_and_empty_files_beside_passages(tmp_path):
     assert texts_of(read_corpus(tmp_path, streaming=True)) == ["x", "y"]
 
 
-def test_passages_formed_in_several_processes_keep_the_order(tmp_path, monkeypatch):
-    """A large corpus forms its passages in several processes (`PARALLEL_MAP_MIN_ROWS`): the same passages, in order."""
-    monkeypatch.setattr(arrow_reading, "PARALLEL_MAP_MIN_ROWS", 1)
-    monkeypatch.setattr(arrow_reading.os, "cpu_count", lambda: 2)
-    processes, original_map = [], datasets.Dataset.map
-
-    def spy(self, *args, **kwargs):
-        processes.append(kwargs.get("num_proc"))
-        return original_map(self, *args, **kwargs)
-
-    monkeypatch.setattr(datasets.Dataset, "map", spy)
-    path = write_file(tmp_path / "c.jsonl", "".join(jsonl_text({"text": f"passage  {i} "}) for i in range(300)))
-    assert texts_of(read_corpus(path)) == line_reader(path) == [f"passage {i}" for i in range(300)]
-    assert 2 in processes
+def test_the_builder_forms_the_passages_as_it_writes_one_copy(tmp_path, monkeypatch):
+    """The builder writes the passages themselves, formed table by table, so the cache holds one copy of the corpus
+    (before: the builder's copy of the raw rows, then a second written by a `map` forming the passages)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    rows = [{"title": f"t{i}", "text": f"passage  {i} ", "id": i} for i in range(300)]
+    path = write_file(tmp_path / "c.jsonl", "".join(jsonl_text(row) for row in rows))
+    corpus = read_corpus(path)
+    assert texts_of(corpus) == line_reader(path) == [f"t{i} passage {i}" for i in range(300)]
+    assert corpus.column_names == ["text"]
+    written = sorted(file.name for file in cache.rglob("*.arrow"))
+    assert len(written) == 1 and not written[0].startswith("cache-"), written

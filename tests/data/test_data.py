@@ -12,12 +12,11 @@ import pytest
 import retromae.trainers.data.reading as reading_module
 import retromae.trainers.data.tokenize as tokenize_module
 import torch
-from retromae.trainers.data.arrow_reading import map_processes
 from retromae.trainers.data.builtin import builtin_corpus
 from retromae.trainers.data.collator import PretrainingCollator
 from retromae.trainers.data.passages import CorpusError
 from retromae.trainers.data.reading import read_corpus
-from retromae.trainers.data.tokenize import NUM_PROC_MIN_ROWS, tokenize_corpus
+from retromae.trainers.data.tokenize import NUM_PROC_MIN_ROWS, map_processes, tokenize_corpus
 
 from ..builders import jsonl_text, texts_of, write_file
 

@@ -4,12 +4,17 @@ line-by-line reader forms them; where the two could differ, `ReadLineByLine` sen
 from __future__ import annotations
 
 import codecs
-import os
+import dataclasses
 import re
 
 import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from datasets.exceptions import DatasetGenerationError
+from datasets.packaged_modules.json.json import Json
+from datasets.packaged_modules.parquet.parquet import Parquet
+from datasets.packaged_modules.text.text import Text
 
 from .passages import ENCODING_PROBE_BYTES, CorpusError, open_binary
 
@@ -41,64 +46,124 @@ def select_text_column(
 PASSAGE_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 
+PARQUET_BATCH_ROWS = 100_000
+
+
 class ReadLineByLine(Exception):
     """A builder's reading of a file cannot be trusted to match ours: read it line by line instead."""
 
 
 def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, code: str) -> datasets.Dataset:
-    """Files of one format through ``load_dataset("json" | "text" | "parquet")``, then one batched ``map`` that
-    forms the passages as our reader does (title joined, whitespace collapsed, blank ones dropped); `code` is the
-    readers' fingerprint, which keys the cache.
+    """Files of one format through ``datasets``' own json, text or parquet builder, each table formed into passages
+    as our reader forms them (title joined, whitespace collapsed, blank ones dropped) before the builder writes it:
+    the cache holds one copy of the corpus. `code` (the readers' fingerprint) and `column` key that cache.
 
     Raises ``ReadLineByLine`` where the builder's reading could differ from ours: a ``.jsonl`` line that is not
-    one JSON object (a JSON array file, two objects on a line), a missing or non-string field, a ``.txt`` file with
-    a carriage return that does not end a line (the builder would split lines there)."""
+    one JSON object (a JSON array file, two objects on a line), a missing, null or non-string field, bytes that are
+    not UTF-8, a ``.txt`` file with a carriage return that does not end a line (the builder would split lines
+    there); ``CorpusError`` for a ``.parquet`` file without a string `column` or with null rows in it."""
     fmt = sources[0][1]
     paths = [source[0] for source in sources]
-    title = False
+    options: dict = {}
     if fmt == "jsonl":
         if any(first_text_byte(path) not in (b"{", b"") for path in paths):
             raise ReadLineByLine("a line that is not a JSON object")
-        loaded = datasets.load_dataset("json", data_files=paths, split="train", on_mixed_types=None)
-        columns = loaded.column_names
-        if (column not in columns or not is_string_column(loaded, column) or loaded.data.column(column).null_count
-                or len(loaded) != sum(count_content_lines(path) for path in paths)):
-            raise ReadLineByLine(f"a line without a string {column!r}, or with more than one JSON object")
+        options = {"on_mixed_types": None, "expected_rows": sum(count_content_lines(path) for path in paths)}
     elif fmt in ("lines", "blocks"):
         if any(has_lone_carriage_return(path) for path in paths):
             raise ReadLineByLine("a carriage return that does not end a line")
-        loaded = datasets.load_dataset("text", data_files=paths, split="train", encoding="utf-8-sig",
-                                       sample_by="line" if fmt == "lines" else "paragraph")
+        options = {"encoding": "utf-8-sig", "sample_by": "line" if fmt == "lines" else "paragraph"}
         column = "text"
-    else:  # parquet
-        loaded = datasets.load_dataset("parquet", data_files=paths, split="train")
-        where = paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more .parquet files)"
-        select_text_column(loaded, where, column)  # the one-line errors of a missing or non-string column
-        nulls = loaded.data.column(column).null_count
-        if nulls:
-            raise CorpusError(f"{where}: {nulls} row(s) have no text (null) in column {column!r}; drop them or fill "
-                            "them in")
-    if fmt in ("jsonl", "parquet"):  # the text builder decodes UTF-8 itself
-        # a title of another type is no title (our reader's rule); mixed JSON types fail in the builder
-        title = "title" in loaded.column_names and column != "title" and is_string_column(loaded, "title")
-        if not all(is_valid_utf8(loaded, name) for name in ([column, "title"] if title else [column])):
+    else:
+        check_parquet_column(paths, column)
+        options = {"batch_size": PARQUET_BATCH_ROWS}  # not a whole row group (up to 1M rows by default) at once
+    kind = PASSAGE_BUILDERS[fmt]
+    builder = kind(data_files=paths, features=PASSAGE_FEATURES, dataset_name=f"retromae_passages_{kind.packaged}",
+                   passage_column=column, passage_code=code, **options)
+    try:
+        builder.download_and_prepare()
+    except DatasetGenerationError as error:  # datasets wraps what our checks raise while it generates
+        cause = error.__cause__
+        raise (cause if isinstance(cause, (ReadLineByLine, CorpusError)) else error) from None
+    return builder.as_dataset(split="train")
+
+
+def check_parquet_column(paths: list[str], column: str) -> None:
+    """The one-line ``CorpusError`` of a ``.parquet`` file without a string `column` (``select_text_column``'s)."""
+    for path in paths:
+        schema = pq.read_schema(path)
+        if column not in schema.names:
+            raise CorpusError(f"dataset {path!r} has no {column!r} column (columns: {schema.names}); name the "
+                              "passage column with --text-column")
+        kind = schema.field(column).type
+        if not is_string_type(kind):
+            raise CorpusError(f"dataset {path!r}: the {column!r} column holds {kind}, not strings; save one passage "
+                              f"string per row in {column!r}, or name another with --text-column")
+
+
+class FormsPassages:
+    """Mixed into a ``datasets`` packaged builder: every table it reads becomes the passages of its rows
+    (``passages_batch``) where the builder would cast it, so what it writes is the passage corpus."""
+
+    config: datasets.BuilderConfig
+    packaged: str  # the builder's name in `datasets` (json, text, parquet): its cache folder's suffix
+
+    def _generate_tables(self, *args, **kwargs):
+        self.rows_read, self.null_rows = 0, 0
+        yield from super()._generate_tables(*args, **kwargs)
+        expected = getattr(self.config, "expected_rows", None)
+        if expected is not None and self.rows_read != expected:
+            raise ReadLineByLine(f"{self.rows_read} JSON objects on {expected} lines")
+        if self.null_rows:
+            files = [str(file) for files in self.config.data_files.values() for file in files]
+            where = files[0] if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more .parquet files)"
+            raise CorpusError(f"{where}: {self.null_rows} row(s) have no text (null) in column "
+                              f"{self.config.passage_column!r}; drop them or fill them in")
+
+    def _cast_table(self, pa_table: pa.Table, *args, **kwargs) -> pa.Table:
+        column = self.config.passage_column
+        self.rows_read += pa_table.num_rows
+        if column not in pa_table.column_names or not is_string_type(pa_table.schema.field(column).type):
+            raise ReadLineByLine(f"a row without a string {column!r}")
+        nulls = pa_table.column(column).null_count
+        if nulls and isinstance(self, Parquet):
+            self.null_rows += nulls
+        elif nulls:
+            raise ReadLineByLine(f"a row without a string {column!r}")
+        # a title of another type is no title (our reader's rule)
+        title = ("title" in pa_table.column_names and column != "title"
+                 and is_string_type(pa_table.schema.field("title").type))
+        if not isinstance(self, Text) and not all(is_valid_utf8(pa_table.column(name))
+                                                  for name in ([column, "title"] if title else [column])):
             raise ReadLineByLine(f"bytes that are not UTF-8 in column {column!r} or 'title'")
-    return loaded.with_format("arrow").map(
-        passages_batch, batched=True, batch_size=50_000, remove_columns=loaded.column_names,
-        features=PASSAGE_FEATURES, desc="Forming passages", num_proc=map_processes(len(loaded), PARALLEL_MAP_MIN_ROWS),
-        fn_kwargs={"column": column, "title": bool(title), "code": code},
-    ).with_format(None)
+        return passages_batch(pa_table, column, title)
 
 
-def is_string_column(dataset: datasets.Dataset, column: str) -> bool:
-    return getattr(dataset.features[column], "dtype", None) in ("string", "large_string")
+def passage_builder(base: type) -> type:
+    """`base` (a packaged builder) forming passages (``FormsPassages``); its config takes `passage_column`,
+    `passage_code` (the cache key of our code) and, for JSON, `expected_rows` (the file's non-blank lines)."""
+    config = dataclasses.make_dataclass(
+        f"Passage{base.BUILDER_CONFIG_CLASS.__name__}",
+        [("passage_column", str, "text"), ("passage_code", str, ""), ("expected_rows", int | None, None)],
+        bases=(base.BUILDER_CONFIG_CLASS,),
+    )
+    return type(f"Passage{base.__name__}", (FormsPassages, base),
+                {"BUILDER_CONFIG_CLASS": config, "packaged": base.__name__.lower()})
 
 
-def is_valid_utf8(dataset: datasets.Dataset, column: str) -> bool:
+PASSAGE_BUILDERS = {"jsonl": passage_builder(Json), "lines": passage_builder(Text), "blocks": passage_builder(Text),
+                    "parquet": passage_builder(Parquet)}
+
+
+def is_string_type(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def is_valid_utf8(texts: pa.ChunkedArray) -> bool:
     """Whether a string column holds valid UTF-8: pyarrow's JSON reader does not check (a Latin-1 "é" passes), and
     forming the passages only looks into the strings it changes."""
     try:
-        dataset.data.column(column).validate(full=True)
+        texts.validate(full=True)
     except pa.ArrowInvalid:
         return False
     return True
@@ -144,10 +209,13 @@ def passages_batch(batch: pa.Table, column: str, title: bool, code: str = "") ->
     texts = batch.column(column)
     if title:
         titles = batch.column("title")
-        has_title = pc.fill_null(pc.greater(pc.utf8_length(collapse_whitespace(titles)), 0), False)
+        has_title = pc.fill_null(pc.greater(pc.binary_length(collapse_whitespace(titles)), 0), False)
         texts = pc.if_else(has_title, pc.binary_join_element_wise(titles, texts, " "), texts)
     texts = collapse_whitespace(texts)
-    return pa.table({"text": pc.filter(texts, pc.greater(pc.utf8_length(texts), 0))})
+    lengths = pc.binary_length(texts)  # from the offsets alone: no pass over the characters
+    if pc.min(lengths).as_py() == 0:
+        texts = pc.filter(texts, pc.greater(lengths, 0))
+    return pa.table({"text": texts})
 
 
 def first_text_byte(path: str) -> bytes:
@@ -184,15 +252,3 @@ def has_lone_carriage_return(path: str) -> bool:
                 return True
             previous_ends_in_cr = chunk.endswith(b"\r")
     return previous_ends_in_cr
-
-
-PARALLEL_MAP_MIN_ROWS = 100_000  # forming passages: up to this many rows, starting processes costs more than it saves
-
-
-def map_processes(num_rows: int, min_rows: int, num_proc: int | None = None) -> int | None:
-    """Processes for a ``Dataset.map`` over `num_rows` rows: only for more than `min_rows`, `num_proc` or by default
-    ``min(4, cpus)``; None (in process) otherwise or when that is 1."""
-    if num_rows <= min_rows:
-        return None
-    chosen = num_proc if num_proc is not None else min(4, os.cpu_count() or 1)
-    return chosen if chosen > 1 else None

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
 from ..inputs.io import iter_jsonl, json_type
-from .arrow_reading import PASSAGE_FEATURES, passages_batch, read_with_builder, select_text_column
+from .arrow_reading import PASSAGE_FEATURES, FormsPassages, passages_batch, read_with_builder, select_text_column
 from .builtin import builtin_corpus
 from .passages import (
     COMPRESSED_SUFFIXES,
@@ -198,13 +198,9 @@ def _read_directory(
     return _read_files(files, text_format, streaming, text_column)
 
 
-
-
 def _is_corpus_file(path: Path) -> bool:
     suffix, compression = split_name(path)
     return suffix in (".txt", ".jsonl") or (suffix == ".parquet" and not compression)
-
-
 
 
 def _files_below(folder: Path) -> list[Path]:
@@ -303,8 +299,6 @@ def _load_hub_dataset(
     return select_text_column(loaded, name, text_column)
 
 
-
-
 def _read_files(
     files: list[Path], text_format: TextFormat, streaming: bool, text_column: str = "text"
 ) -> datasets.Dataset | datasets.IterableDataset:
@@ -333,10 +327,6 @@ def _read_files(
         raise ValueError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
     logger.info("Read %d passages from %d file(s)", len(corpus), len(files))
     return corpus
-
-
-
-
 
 
 def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets.Dataset:
@@ -376,28 +366,6 @@ def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets
         if "corresponds to no data" not in str(exc):  # the generator yielded no passage (all blank)
             raise
         return datasets.Dataset.from_dict({"text": []}, features=PASSAGE_FEATURES)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _has_content(path: Path) -> bool:
@@ -445,6 +413,7 @@ def _reader_fingerprint() -> str:
     return code_fingerprint(
         _generate_passages, iter_decoded_lines, iter_text_lines, iter_text_blocks, iter_jsonl_passages, check_jsonl_record,
         iter_jsonl, json_type, check_text_encoding, wide_encoding, iter_parquet_passages, passages_batch, open_binary,
+        FormsPassages, read_with_builder,
     )
 
 
@@ -468,30 +437,6 @@ def _generate_passages(
     if require_passages and count == 0:
         names = ", ".join(repr(source[0]) for source in sources)
         raise ValueError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 __all__ = ["code_fingerprint", "read_corpus"]

@@ -16,7 +16,6 @@ import datasets
 import pyarrow.compute as pc
 from datasets.distributed import split_dataset_by_node
 
-from .arrow_reading import map_processes
 from .dataset_checks import longest_sequence
 from .reading import code_fingerprint
 
@@ -24,6 +23,15 @@ logger = logging.getLogger(__name__)
 
 MIN_PACKED_BLOCK = 8  # a trailing packed block shorter than this many tokens is dropped
 NUM_PROC_MIN_ROWS = 10_000  # tokenize in several processes only above this many rows
+
+
+def map_processes(num_rows: int, min_rows: int, num_proc: int | None = None) -> int | None:
+    """Processes for a ``Dataset.map`` over `num_rows` rows: only for more than `min_rows`, `num_proc` or by default
+    ``min(4, cpus)``; None (in process) otherwise or when that is 1."""
+    if num_rows <= min_rows:
+        return None
+    chosen = num_proc if num_proc is not None else min(4, os.cpu_count() or 1)
+    return chosen if chosen > 1 else None
 
 
 # [UNK] is never masked nor predicted: a corpus mostly [UNK] for its tokenizer (wrong language or script) trains nothing
