@@ -13,6 +13,7 @@ from pathlib import Path
 
 import datasets
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import retromae.trainers.data.arrow_reading as arrow_reading
@@ -383,6 +384,18 @@ def test_arrow_whitespace_collapse_replaces_only_the_strings_it_changes():
     assert collapsed.num_chunks == 4 and collapsed.to_pylist() == expected
     unchanged = pa.array(["a b", "c"])
     assert arrow_reading.collapse_whitespace(unchanged) is unchanged  # nothing to replace: no copy
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 3])
+def test_the_whitespace_search_in_threads_finds_what_one_search_finds(cpus, monkeypatch):
+    """The regular expression runs in one thread per CPU over slices of the array: the same answer, row for row."""
+    monkeypatch.setattr(arrow_reading, "PARALLEL_REGEX_MIN_ROWS", 1)
+    monkeypatch.setattr(arrow_reading.pa, "cpu_count", lambda: cpus)
+    samples = ["plain", "two  spaces", None, "a\u00a0b", "", "tab\there", "ok", "x y"] * 3
+    texts = pa.array(samples).slice(1)  # an offset into the buffers, as a builder's batches have
+    found = arrow_reading.has_whitespace_run(texts).to_pylist()
+    assert found == pc.match_substring_regex(texts, arrow_reading._WHITESPACE_RUN).to_pylist()
+    assert found[:4] == [True, None, True, False]
 
 
 def test_blank_and_empty_files_beside_passages(tmp_path):
