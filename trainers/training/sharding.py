@@ -223,5 +223,5 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
 
 
 __all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "is_zero3_parameter",
-           "keep_loaded_names", "local_tensor", "without_zero3_init", "start_deepspeed_comm", "zero3_state_dict",
+           "keep_loaded_names", "local_tensor", "start_deepspeed_comm", "without_zero3_init", "zero3_state_dict",
            "zero_stage"]
