@@ -29,19 +29,25 @@ def select_text_column(
     if columns is None:  # a streaming dataset with unknown features: checked when iterating
         selected = dataset.select_columns([column])
         return selected.rename_column(column, "text") if column != "text" else selected
-    if column not in columns:
+    check_text_column(dataset.features, where, column)
+    if columns != [column]:
+        dataset = dataset.select_columns([column])
+    return dataset.rename_column(column, "text") if column != "text" else dataset
+
+
+def check_text_column(features: datasets.Features, where: str, column: str) -> None:
+    """Raises ``CorpusError`` when `features` (a dataset's or a file's columns) have no `column` or it does not hold
+    strings (a list of two strings would be tokenized as a sentence pair)."""
+    if column not in features:
         hint = ("rename the passage column to 'text', e.g. dataset.rename_column('<column>', 'text'), or name it "
                 "with --text-column" if column == "text" else "name the passage column with --text-column")
-        raise CorpusError(f"dataset {where!r} has no {column!r} column (columns: {columns}); {hint}")
-    feature = dataset.features[column]
+        raise CorpusError(f"dataset {where!r} has no {column!r} column (columns: {list(features)}); {hint}")
+    feature = features[column]
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
         raise CorpusError(
             f"dataset {where!r}: the {column!r} column holds {feature!r}, not strings; save one passage string per "
             f"row in {column!r} (e.g. join a list of sentences with a space), or name another with --text-column"
         )
-    if columns != [column]:
-        dataset = dataset.select_columns([column])
-    return dataset.rename_column(column, "text") if column != "text" else dataset
 
 
 PASSAGE_FEATURES = datasets.Features({"text": datasets.Value("string")})
@@ -91,16 +97,9 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
 
 
 def check_parquet_column(paths: list[str], column: str) -> None:
-    """The one-line ``CorpusError`` of a ``.parquet`` file without a string `column` (``select_text_column``'s)."""
+    """``check_text_column`` on each ``.parquet`` file's schema, before any row is read."""
     for path in paths:
-        schema = pq.read_schema(path)
-        if column not in schema.names:
-            raise CorpusError(f"dataset {path!r} has no {column!r} column (columns: {schema.names}); name the "
-                              "passage column with --text-column")
-        kind = schema.field(column).type
-        if not is_string_type(kind):
-            raise CorpusError(f"dataset {path!r}: the {column!r} column holds {kind}, not strings; save one passage "
-                              f"string per row in {column!r}, or name another with --text-column")
+        check_text_column(datasets.Features.from_arrow_schema(pq.read_schema(path)), path, column)
 
 
 class FormsPassages:
@@ -125,13 +124,11 @@ class FormsPassages:
     def _cast_table(self, pa_table: pa.Table, *args, **kwargs) -> pa.Table:
         column = self.config.passage_column
         self.rows_read += pa_table.num_rows
-        if column not in pa_table.column_names or not is_string_type(pa_table.schema.field(column).type):
+        nulls = pa_table.column(column).null_count if column in pa_table.column_names else 0
+        if (column not in pa_table.column_names or not is_string_type(pa_table.schema.field(column).type)
+                or (nulls and not isinstance(self, Parquet))):  # a Parquet file's null rows are named at the end
             raise ReadLineByLine(f"a row without a string {column!r}")
-        nulls = pa_table.column(column).null_count
-        if nulls and isinstance(self, Parquet):
-            self.null_rows += nulls
-        elif nulls:
-            raise ReadLineByLine(f"a row without a string {column!r}")
+        self.null_rows += nulls
         # a title of another type is no title (our reader's rule)
         title = ("title" in pa_table.column_names and column != "title"
                  and is_string_type(pa_table.schema.field("title").type))
