@@ -33,6 +33,11 @@ def encoder_type_of_config(config: dict) -> str:
     return config.get("encoder_type") or "bert"
 
 
+def is_zero3_parameter(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a parameter partitioned by DeepSpeed ZeRO-3 (which tags each one with a `ds_id`)."""
+    return hasattr(tensor, "ds_id") and hasattr(tensor, "ds_tensor")
+
+
 @contextmanager
 def whole_for_editing(*modules: nn.Module) -> Iterator[None]:
     """Inside the block every parameter of `modules` is whole, and what the main process writes into them is kept.
@@ -40,7 +45,7 @@ def whole_for_editing(*modules: nn.Module) -> Iterator[None]:
     (`GatheredParameters`, modifier rank 0: broadcast and partitioned again on exit), so every process enters it;
     otherwise nothing happens."""
     params = [param for module in modules for param in module.parameters()]
-    if not any(hasattr(param, "ds_id") for param in params):
+    if not any(is_zero3_parameter(param) for param in params):
         yield
         return
     import deepspeed  # only a ZeRO-3 model gets here, so DeepSpeed is installed
@@ -477,5 +482,6 @@ __all__ = [
     "decoder_position_table",
     "encoder_type_of",
     "encoder_type_of_config",
+    "is_zero3_parameter",
     "whole_for_editing",
 ]

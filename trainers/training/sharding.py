@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from retromae.modeling.backbones import is_zero3_parameter
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
@@ -39,9 +40,9 @@ from transformers.integrations import deepspeed as hf_deepspeed
 from transformers.training_args import ParallelMode
 
 
-def is_zero3_parameter(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` is a parameter partitioned by DeepSpeed ZeRO-3 (which tags each one with a `ds_id`)."""
-    return hasattr(tensor, "ds_id") and hasattr(tensor, "ds_tensor")
+def has_zero3_parameters(model: nn.Module) -> bool:
+    """Whether DeepSpeed ZeRO-3 has partitioned `model`'s parameters."""
+    return any(is_zero3_parameter(param) for param in model.parameters())
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     cpu_offload; ZeRO-3: `zero3_state_dict`)."""
     if not is_sharded(model):
         return model.state_dict()
-    if any(is_zero3_parameter(param) for param in model.parameters()):
+    if has_zero3_parameters(model):
         return zero3_state_dict(model)
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -146,7 +147,7 @@ def keep_loaded_names(model: nn.Module) -> None:
     where the loaded model had `LayerNorm.weight`. Forget that record, so that saves keep the model's own names, as
     without ZeRO-3 (transformers then reverts only its non-legacy conversions). A model without ZeRO-3 parameters
     is left as it is."""
-    if not any(is_zero3_parameter(param) for param in model.parameters()):
+    if not has_zero3_parameters(model):
         return
     for module in model.modules():
         if getattr(module, "_weight_conversions", None) is not None:
@@ -222,6 +223,6 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
                              "remove the config's \"optimizer\" section (the Trainer's AdamW then carries them)")
 
 
-__all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "is_sharded", "is_zero3_parameter",
+__all__ = ["check_sharding", "deepspeed_config", "full_state_dict", "has_zero3_parameters", "is_sharded",
            "keep_loaded_names", "local_tensor", "start_deepspeed_comm", "without_zero3_init", "zero3_state_dict",
            "zero_stage"]
