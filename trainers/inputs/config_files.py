@@ -104,16 +104,23 @@ def _merge_mapping_text(base: dict[str, Any], text: str) -> str | None:
                     for key, value in combined.items())
 
 
-def preset_names() -> list[str]:
-    return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
+def preset_names(suffix: str = ".yaml") -> list[str]:
+    """The bundled presets of one kind: `--config` files (.yaml), or DeepSpeed / FSDP configs (.json)."""
+    return sorted(path.stem for path in PRESETS_DIR.glob(f"*{suffix}"))
+
+
+def bundled_preset(path: str, suffix: str) -> Path | None:
+    """The bundled preset `path` names by name (`retromae-wiki-book`) or by the README's path
+    (`configs/retromae-wiki-book.yaml`, for installs without the source tree); None when it names none."""
+    file = Path(path)
+    preset = PRESETS_DIR / f"{file.stem}{suffix}"
+    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", suffix} and preset.is_file():
+        return preset
+    return None
 
 
 # TrainingArguments options that read a JSON file, and take a bundled JSON preset by name
 JSON_PRESET_OPTIONS = ("deepspeed", "fsdp_config")
-
-
-def json_preset_names() -> list[str]:
-    return sorted(path.stem for path in PRESETS_DIR.glob("*.json"))
 
 
 def json_preset_path(value: Any, flag: str) -> Any:
@@ -122,12 +129,11 @@ def json_preset_path(value: Any, flag: str) -> Any:
     given. A name that is none of these is refused (`UserError`), listing the presets."""
     if not isinstance(value, str) or not value or value.lstrip().startswith("{") or Path(value).expanduser().is_file():
         return value
-    file = Path(value)
-    preset = PRESETS_DIR / f"{file.stem}.json"
-    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", ".json"} and preset.is_file():
+    preset = bundled_preset(value, ".json")
+    if preset is not None:
         return str(preset)
     raise UserError(f"{flag} {value}: no such file and no bundled preset of that name; give a JSON file, or one of "
-                    f"{', '.join(json_preset_names())}")
+                    f"{', '.join(preset_names('.json'))}")
 
 
 def with_json_presets(parser: argparse.ArgumentParser, argv: list[str], file_values: dict[str, Any]
@@ -151,13 +157,12 @@ def with_json_presets(parser: argparse.ArgumentParser, argv: list[str], file_val
 
 
 def _config_file(path: str) -> Path:
-    """The file `--config` names: a file, else a bundled preset by name (`retromae-wiki-book`) or by the README's
-    path (`configs/retromae-wiki-book.yaml`, for installs without the source tree)."""
+    """The file `--config` names: a file, else a bundled preset (`bundled_preset`)."""
     file = Path(path)
     if file.is_file():
         return file
-    preset = PRESETS_DIR / f"{file.stem}.yaml"
-    if file.parent in {Path("."), Path("configs")} and file.suffix in {"", ".yaml"} and preset.is_file():
+    preset = bundled_preset(path, ".yaml")
+    if preset is not None:
         return preset
     raise UserError(f"config file {path} not found; bundled presets: {', '.join(preset_names())}")
 
