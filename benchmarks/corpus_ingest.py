@@ -8,7 +8,8 @@ so that no two are equal. Every measurement runs in a fresh process (this script
 it, but it also counts the parent's RSS at the fork that started it). Parts (`--only`, default all):
 
 - `read`: `.jsonl` ({"text": ...} per line), `.txt` (one passage per line) and `.parquet` (a `text` column) of
-  `--size-mb`, read `--repeats` times, alternating ours and theirs; median MB/s of the file read. Ours includes what
+  `--size-mb`, read `--repeats` times, alternating ours and theirs, each after `sync` (the last read's cache, written
+  and removed, is not still being flushed); median MB/s of the file read. Ours includes what
   `datasets` does not: forming the passages (whitespace collapsed, blank ones dropped) and the checks of a corpus file.
 - `tokenize`: `tokenize_corpus(read_corpus(.jsonl), num_proc=1|2, max_seq_length=256)` on `--tokenize-mb` of text
   (sized to take >= 20 s in one process); only the `tokenize_corpus` call is timed: MB/s of text, sequences/s (peak RSS: the parent process only).
@@ -119,9 +120,13 @@ def write_corpus(texts: list[str], folder: Path) -> dict[str, Path]:
 
 
 def timed_read(which: str, path: Path, builder: str, cache: Path) -> tuple[float, int]:
+    """One read into an empty cache, which is then removed; the disk's dirty pages are written out first, so that one
+    read's ~1 GB of Arrow output being flushed does not slow the next (before: times moved by up to 2x)."""
+    os.sync()
     env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", READ, which, str(path), builder], env=env, check=True,
                           capture_output=True, text=True)
+    shutil.rmtree(cache, ignore_errors=True)
     seconds, rows = done.stdout.split()[-2:]
     return float(seconds), int(rows)
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import datasets
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import retromae.trainers.data.arrow_reading as arrow_reading
@@ -386,18 +385,6 @@ def test_arrow_whitespace_collapse_replaces_only_the_strings_it_changes():
     assert arrow_reading.collapse_whitespace(unchanged) is unchanged  # nothing to replace: no copy
 
 
-@pytest.mark.parametrize("cpus", [1, 2, 3])
-def test_the_whitespace_search_in_threads_finds_what_one_search_finds(cpus, monkeypatch):
-    """The regular expression runs in one thread per CPU over slices of the array: the same answer, row for row."""
-    monkeypatch.setattr(arrow_reading, "PARALLEL_REGEX_MIN_ROWS", 1)
-    monkeypatch.setattr(arrow_reading.pa, "cpu_count", lambda: cpus)
-    samples = ["plain", "two  spaces", None, "a\u00a0b", "", "tab\there", "ok", "x y"] * 3
-    texts = pa.array(samples).slice(1)  # an offset into the buffers, as a builder's batches have
-    found = arrow_reading.has_whitespace_run(texts).to_pylist()
-    assert found == pc.match_substring_regex(texts, arrow_reading._WHITESPACE_RUN).to_pylist()
-    assert found[:4] == [True, None, True, False]
-
-
 def test_blank_and_empty_files_beside_passages(tmp_path):
     write_file(tmp_path / "a.jsonl", "\n  \n")
     write_file(tmp_path / "b.txt", "x\n")
@@ -422,3 +409,50 @@ def test_the_builder_forms_the_passages_as_it_writes_one_copy(tmp_path, monkeypa
     assert corpus.column_names == ["text"]
     written = sorted(file.name for file in cache.rglob("*.arrow"))
     assert len(written) == 1 and not written[0].startswith("cache-"), written
+
+
+LINE_PIECES = [b'{"text": "a"}', b"", b"  ", b"\t", b"\r", b" x ", b"\x0b", b"\x0c"]
+
+
+@pytest.mark.parametrize("block_bytes", [1, 2, 3, 5, 64])
+def test_content_lines_are_counted_across_blocks(tmp_path, monkeypatch, block_bytes):
+    """The numpy count (lines split between blocks, blank lines of every whitespace byte ``bytes.strip`` removes,
+    CRLF, no final newline) equals counting the stripped lines one by one."""
+    import io
+    import random
+
+    monkeypatch.setattr(arrow_reading, "_CHUNK_BYTES", block_bytes)
+    rng = random.Random(block_bytes)
+    for case in range(40):
+        lines = [b"".join(rng.choices(LINE_PIECES, k=rng.randint(0, 3))) for _ in range(rng.randint(0, 8))]
+        content = b"\n".join(lines) + rng.choice([b"", b"\n", b"\r\n"])
+        path = write_file(tmp_path / f"{case}.jsonl", content)
+        assert arrow_reading.count_content_lines(str(path)) == sum(map(bool, map(bytes.strip, io.BytesIO(content))))
+
+
+def test_a_cached_corpus_is_not_read_again_to_check_it(tmp_path, monkeypatch):
+    """The whole-file checks (JSON objects per line, lone carriage returns) run while the builder reads the file,
+    not on a read served from its cache (before: every line of a `.jsonl` file was counted on every read)."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    jsonl = write_file(tmp_path / "c.jsonl", "".join(jsonl_text({"text": f"p {i}"}) for i in range(50)))
+    txt = write_file(tmp_path / "c.txt", "".join(f"q {i}\n" for i in range(50)))
+    first = [texts_of(read_corpus(path)) for path in (jsonl, txt)]
+    checked: list[str] = []
+    for name in ("count_content_lines", "has_lone_carriage_return"):
+        real = getattr(arrow_reading, name)
+        monkeypatch.setattr(arrow_reading, name, lambda path, real=real, name=name: checked.append(name) or real(path))
+    assert [texts_of(read_corpus(path)) for path in (jsonl, txt)] == first
+    assert checked == []
+
+
+def test_tables_formed_beside_the_builder_keep_their_order(tmp_path, monkeypatch):
+    """Many tables, each formed in the second thread while the builder reads the next: the passages come out in
+    file order, and a table the checks refuse half-way sends the file to the line reader, which names the line."""
+    monkeypatch.setattr(arrow_reading, "PARQUET_BATCH_ROWS", 7)
+    texts = [f" passage  {i}" for i in range(100)]
+    path = tmp_path / "c.parquet"
+    write_parquet(path, {"text": texts})
+    assert texts_of(read_corpus(path)) == [" ".join(text.split()) for text in texts]
+    rows = "".join(jsonl_text({"text": f"p{i}"}) for i in range(3000)) + '{"text": null}\n'
+    with pytest.raises(ValueError, match=r"c\.jsonl:3001: .*text"):
+        read_corpus(write_file(tmp_path / "c.jsonl", rows))

@@ -106,8 +106,9 @@ def pretrain(argv: list[str]) -> int:
             model = trainer.accelerator.unwrap_model(trainer.model)
             weights = full_state_dict(model)  # a collective under FSDP: every process calls it
             if args.should_save:
-                export_from_model(model, tokenizer, export_dir,
-                                  run_info=trainer.current_run_info(), overwrite=overwrite_export, state_dict=weights)
+                with without_zero3_init():  # a DupMAE export loads the encoder back, on this process alone
+                    export_from_model(model, tokenizer, export_dir, run_info=trainer.current_run_info(),
+                                      overwrite=overwrite_export, state_dict=weights)
         if trainer.is_world_process_zero():
             if validation is not None:
                 plot_validation(trainer.state.log_history, Path(args.output_dir) / "validation.png")

@@ -9,6 +9,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -54,7 +55,6 @@ PASSAGE_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 
 PARQUET_BATCH_ROWS = 100_000
-PARALLEL_REGEX_MIN_ROWS = 10_000  # a slice smaller than this is not worth a thread
 
 
 class ReadLineByLine(Exception):
@@ -76,11 +76,10 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
     if fmt == "jsonl":
         if any(first_text_byte(path) not in (b"{", b"") for path in paths):
             raise ReadLineByLine("a line that is not a JSON object")
-        options = {"on_mixed_types": None, "expected_rows": sum(count_content_lines(path) for path in paths)}
+        options = {"on_mixed_types": None, "count_lines": True}
     elif fmt in ("lines", "blocks"):
-        if any(has_lone_carriage_return(path) for path in paths):
-            raise ReadLineByLine("a carriage return that does not end a line")
-        options = {"encoding": "utf-8-sig", "sample_by": "line" if fmt == "lines" else "paragraph"}
+        options = {"encoding": "utf-8-sig" if any(map(starts_with_bom, paths)) else "utf-8",
+                   "sample_by": "line" if fmt == "lines" else "paragraph", "check_carriage_returns": True}
         column = "text"
     else:
         check_parquet_column(paths, column)
@@ -104,24 +103,38 @@ def check_parquet_column(paths: list[str], column: str) -> None:
 
 class FormsPassages:
     """Mixed into a ``datasets`` packaged builder: every table it reads becomes the passages of its rows
-    (``passages_batch``) where the builder would cast it, so what it writes is the passage corpus."""
+    (``passages_batch``), formed in a second thread while the builder reads and writes the next ones, so what it
+    writes is the passage corpus."""
 
     config: datasets.BuilderConfig
     packaged: str  # the builder's name in `datasets` (json, text, parquet): its cache folder's suffix
 
     def _generate_tables(self, *args, **kwargs):
         self.rows_read, self.null_rows = 0, 0
-        yield from super()._generate_tables(*args, **kwargs)
-        expected = getattr(self.config, "expected_rows", None)
-        if expected is not None and self.rows_read != expected:
-            raise ReadLineByLine(f"{self.rows_read} JSON objects on {expected} lines")
+        files = [str(file) for files in self.config.data_files.values() for file in files]
+        with ThreadPoolExecutor(2) as pool:  # the files' checks and the forming run beside the builder
+            lines = pool.submit(sum, map(count_content_lines, files)) if self.config.count_lines else None
+            lone_cr = (pool.submit(any, map(has_lone_carriage_return, files))
+                       if self.config.check_carriage_returns else None)
+            formed = None
+            for key, (table, title) in super()._generate_tables(*args, **kwargs):
+                forming = pool.submit(passages_batch, table, self.config.passage_column, title)
+                if formed is not None:
+                    yield formed[0], formed[1].result()
+                formed = (key, forming)
+            if formed is not None:
+                yield formed[0], formed[1].result()
+            if lone_cr is not None and lone_cr.result():  # the text builder splits lines there; ours does not
+                raise ReadLineByLine("a carriage return that does not end a line")
+            if lines is not None and self.rows_read != lines.result():
+                raise ReadLineByLine(f"{self.rows_read} JSON objects on {lines.result()} lines")
         if self.null_rows:
-            files = [str(file) for files in self.config.data_files.values() for file in files]
             where = files[0] if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more .parquet files)"
             raise CorpusError(f"{where}: {self.null_rows} row(s) have no text (null) in column "
                               f"{self.config.passage_column!r}; drop them or fill them in")
 
-    def _cast_table(self, pa_table: pa.Table, *args, **kwargs) -> pa.Table:
+    def _cast_table(self, pa_table: pa.Table, *args, **kwargs) -> tuple[pa.Table, bool]:
+        """Checks a table the builder read; returns it with whether it has a title to join."""
         column = self.config.passage_column
         self.rows_read += pa_table.num_rows
         nulls = pa_table.column(column).null_count if column in pa_table.column_names else 0
@@ -135,15 +148,17 @@ class FormsPassages:
         if not isinstance(self, Text) and not all(is_valid_utf8(pa_table.column(name))
                                                   for name in ([column, "title"] if title else [column])):
             raise ReadLineByLine(f"bytes that are not UTF-8 in column {column!r} or 'title'")
-        return passages_batch(pa_table, column, title)
+        return pa_table, title
 
 
 def passage_builder(base: type) -> type:
     """`base` (a packaged builder) forming passages (``FormsPassages``); its config takes `passage_column`,
-    `passage_code` (the cache key of our code) and, for JSON, `expected_rows` (the file's non-blank lines)."""
+    `passage_code` (the cache key of our code), `count_lines` (JSON: check one object per non-blank line) and
+    `check_carriage_returns` (text: check that every carriage return ends a line)."""
     config = dataclasses.make_dataclass(
         f"Passage{base.BUILDER_CONFIG_CLASS.__name__}",
-        [("passage_column", str, "text"), ("passage_code", str, ""), ("expected_rows", int | None, None)],
+        [("passage_column", str, "text"), ("passage_code", str, ""), ("count_lines", bool, False),
+         ("check_carriage_returns", bool, False)],
         bases=(base.BUILDER_CONFIG_CLASS,),
     )
     return type(f"Passage{base.__name__}", (FormsPassages, base),
@@ -192,25 +207,12 @@ def _collapse_array(texts: pa.Array) -> pa.Array:
     """Only the strings that collapsing changes (a whitespace run or character other than a single space, or a space
     at either end) go through the replacement: finding them costs a fraction of replacing in every string, and in
     real text they are few (about 1% of Wikipedia's passages)."""
-    changes = pc.or_(has_whitespace_run(texts), pc.or_(pc.starts_with(texts, " "), pc.ends_with(texts, " ")))
-    changes = pc.fill_null(changes, False)
+    at_ends = pc.or_(pc.starts_with(texts, " "), pc.ends_with(texts, " "))
+    changes = pc.fill_null(pc.or_(pc.match_substring_regex(texts, _WHITESPACE_RUN), at_ends), False)
     if not pc.any(changes).as_py():
         return texts
     collapsed = pc.utf8_trim(pc.replace_substring_regex(pc.filter(texts, changes), _WHITESPACE_RUN, " "), " ")
     return pc.replace_with_mask(texts, changes, collapsed)
-
-
-def has_whitespace_run(texts: pa.Array) -> pa.Array:
-    """Whether each string holds a run `collapse_whitespace` replaces: the regular expression, the costliest step of
-    forming passages, in one thread per CPU over slices of the array (pyarrow releases the GIL)."""
-    threads = min(pa.cpu_count(), max(1, len(texts) // PARALLEL_REGEX_MIN_ROWS))
-    if threads == 1:
-        return pc.match_substring_regex(texts, _WHITESPACE_RUN)
-    step = -(-len(texts) // threads)
-    with ThreadPoolExecutor(threads) as pool:
-        parts = pool.map(lambda start: pc.match_substring_regex(texts.slice(start, step), _WHITESPACE_RUN),
-                         range(0, len(texts), step))
-        return pa.concat_arrays(list(parts))
 
 
 def passages_batch(batch: pa.Table, column: str, title: bool, code: str = "") -> pa.Table:
@@ -229,6 +231,11 @@ def passages_batch(batch: pa.Table, column: str, title: bool, code: str = "") ->
     return pa.table({"text": texts})
 
 
+def starts_with_bom(path: str) -> bool:
+    with open_binary(path) as handle:
+        return handle.read(len(codecs.BOM_UTF8)) == codecs.BOM_UTF8
+
+
 def first_text_byte(path: str) -> bytes:
     """The first byte after a UTF-8 byte-order mark and whitespace, ``b""`` for an empty file."""
     with open_binary(path) as handle:
@@ -242,13 +249,29 @@ def first_text_byte(path: str) -> bytes:
 
 
 _CHUNK_BYTES = 1 << 24
+_IS_STRIPPED = np.zeros(256, dtype=bool)  # the bytes bytes.strip() removes
+_IS_STRIPPED[list(b" \t\n\r\x0b\x0c")] = True
 
 
 def count_content_lines(path: str) -> int:
-    """The lines with something other than whitespace on them (our JSONL reader's records). Iterating the lines is
-    as fast as counting line ends and blank lines a block at a time with ``bytes.count`` and ``re`` (measured)."""
+    """The lines with something other than whitespace on them (our JSONL reader's records), counted with numpy a
+    block at a time: it releases the GIL, so the count runs beside a builder reading the same file."""
+    count, open_line_has_content = 0, False
     with open_binary(path) as handle:
-        return sum(map(bool, map(bytes.strip, handle)))  # no Python-level loop per line, unlike a generator
+        while chunk := handle.read(_CHUNK_BYTES):
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            ends = np.flatnonzero(data == ord("\n"))
+            if len(ends) == 0:
+                open_line_has_content = open_line_has_content or bool(chunk.strip())
+                continue
+            starts = np.concatenate(([0], ends[:-1] + 1))
+            blank = _IS_STRIPPED[data[starts]]  # a line is blank only where its first byte is whitespace
+            for line in np.flatnonzero(blank):  # few in a JSONL file: each checked whole
+                blank[line] = not chunk[starts[line]:ends[line]].strip()
+            blank[0] = blank[0] and not open_line_has_content
+            count += len(ends) - int(np.count_nonzero(blank))
+            open_line_has_content = bool(chunk[ends[-1] + 1:].strip())
+    return count + open_line_has_content
 
 
 def has_lone_carriage_return(path: str) -> bool:

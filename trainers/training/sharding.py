@@ -157,7 +157,7 @@ def keep_loaded_names(model: nn.Module) -> None:
 @contextmanager
 def without_zero3_init():
     """Build models unpartitioned while a ZeRO-3 run is configured, where transformers would build each inside
-    `deepspeed.zero.Init`. For a load on the main process alone (the summary's example encoding): zero.Init's
+    `deepspeed.zero.Init`. For a load on the main process alone (DupMAE's export, the summary's example): zero.Init's
     partitioning is a collective, which would hang waiting for the others. For `--from-scratch`: under zero.Init the
     same seed draws other initial weights than an unsharded run. Without ZeRO-3: nothing changes."""
     kept = hf_deepspeed._hf_deepspeed_config_weak_ref
