@@ -456,3 +456,33 @@ def test_tables_formed_beside_the_builder_keep_their_order(tmp_path, monkeypatch
     rows = "".join(jsonl_text({"text": f"p{i}"}) for i in range(3000)) + '{"text": null}\n'
     with pytest.raises(ValueError, match=r"c\.jsonl:3001: .*text"):
         read_corpus(write_file(tmp_path / "c.jsonl", rows))
+
+
+def truncated(content: bytes, compress) -> bytes:
+    packed = compress(content)
+    return packed[: len(packed) // 2]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(("name", "compress"), [("c.jsonl.gz", gzip.compress), ("c.txt.bz2", bz2.compress),
+                                                ("c.jsonl.xz", lzma.compress)])
+def test_a_truncated_compressed_file_is_named_in_one_line(tmp_path, name, compress, streaming):
+    """A download cut short fails part-way through the file: one line naming it (before: the decompressor's
+    EOFError, or `datasets`' "An error occurred while generating the dataset")."""
+    rows = "".join(jsonl_text({"text": f"passage {i} " * 8}) for i in range(3000))
+    path = write_file(tmp_path / name, truncated(rows.encode(), compress))
+    with pytest.raises(ValueError, match=rf"{name}: could not be read .*(EOFError|Error).*truncated or corrupt"):
+        corpus = read_corpus(path, streaming=streaming, text_format="lines" if ".txt" in name else "auto")
+        list(corpus)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_corrupt_parquet_file_names_the_reason(tmp_path, streaming):
+    """Half of the row groups cut out, the footer kept: pyarrow's reason is in the one line (before: `datasets`'
+    "An error occurred while generating the dataset", or pyarrow's OSError when streaming)."""
+    whole = write_parquet(tmp_path / "whole.parquet", {"text": [f"p {i} " * 20 for i in range(20000)]})
+    content = whole.read_bytes()
+    footer = 8 + int.from_bytes(content[-8:-4], "little")
+    path = write_file(tmp_path / "c.parquet", content[: len(content) // 2] + content[-footer:])
+    with pytest.raises(ValueError, match=r"c\.parquet: could not be read.*(corrupt|Invalid|invalid)"):
+        list(read_corpus(path, streaming=streaming))

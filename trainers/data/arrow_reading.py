@@ -90,8 +90,9 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
     try:
         builder.download_and_prepare()
     except DatasetGenerationError as error:  # datasets wraps what our checks raise while it generates
-        cause = error.__cause__
-        raise (cause if isinstance(cause, (ReadLineByLine, CorpusError)) else error) from None
+        if isinstance(error.__cause__, (ReadLineByLine, CorpusError)):
+            raise error.__cause__ from None
+        raise
     return builder.as_dataset(split="train")
 
 

@@ -13,10 +13,12 @@ import lzma
 import os
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..inputs.extras import ZSTANDARD_HINT
@@ -127,7 +129,7 @@ def numbered_passages(
     if fmt != "jsonl":
         logger.info("%s: one passage per %s (text format %s)", Path(path).name,
                     "line" if fmt == "lines" else "block of lines between blank lines", text_format)
-    return PASSAGE_READERS[fmt](str(path), text_column)
+    return file_passages(str(path), fmt, text_column)
 
 
 def iter_text_lines(path: str, column: str = "text") -> Iterator[tuple[int, str]]:
@@ -207,7 +209,34 @@ def iter_parquet_passages(path: str, column: str = "text") -> Iterator[tuple[int
                 yield row, text
 
 
-PASSAGE_READERS = {"jsonl": iter_jsonl_passages, "lines": iter_text_lines, "blocks": iter_text_blocks, "parquet": iter_parquet_passages}
+PASSAGE_READERS = {"jsonl": iter_jsonl_passages, "lines": iter_text_lines, "blocks": iter_text_blocks,
+                   "parquet": iter_parquet_passages}
+
+try:
+    from zstandard import ZstdError
+except ImportError:  # no .zst file can be read then (`_open_zstandard` says so)
+    ZstdError = OSError
+
+# what reading a truncated or corrupt file raises part-way (gzip and bz2: EOFError, OSError; Parquet: ArrowException)
+READ_FAILURES = (EOFError, OSError, zlib.error, lzma.LZMAError, ZstdError, pa.ArrowException)
+
+
+def file_passages(path: str, fmt: str, column: str = "text") -> Iterator[tuple[int, str]]:
+    """``PASSAGE_READERS[fmt]``; a file that fails part-way (truncated, corrupt) raises one ``CorpusError`` naming it
+    and the last line (row) read, instead of the decompressor's or pyarrow's exception."""
+    last = 0
+    try:
+        for last, text in PASSAGE_READERS[fmt](path, column):
+            yield last, text
+    except READ_FAILURES as exc:
+        raise unreadable_file(path, exc, f" after {'row' if fmt == 'parquet' else 'line'} {last}" if last else "") \
+            from None
+
+
+def unreadable_file(path: str | os.PathLike, exc: BaseException, reached: str = "") -> CorpusError:
+    """The one-line error for a file that failed part-way (one of ``READ_FAILURES``)."""
+    return CorpusError(f"{path}: could not be read{reached} ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+                       f"the file is truncated or corrupt: re-create or re-download it")
 
 
 def check_jsonl_record(record: dict[str, Any], where: str, column: str = "text") -> None:

@@ -23,13 +23,14 @@ from .arrow_reading import PASSAGE_FEATURES, FormsPassages, passages_batch, read
 from .builtin import builtin_corpus
 from .passages import (
     COMPRESSED_SUFFIXES,
-    PASSAGE_READERS,
+    READ_FAILURES,
     TEXT_FORMATS,
     CorpusError,
     TextFormat,
     check_jsonl_record,
     check_text_encoding,
     describe_file,
+    file_passages,
     iter_decoded_lines,
     iter_jsonl_passages,
     iter_parquet_passages,
@@ -37,6 +38,7 @@ from .passages import (
     iter_text_lines,
     open_binary,
     split_name,
+    unreadable_file,
     wide_encoding,
 )
 
@@ -347,7 +349,8 @@ def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets
         if len(sources) > 1:  # e.g. files whose columns differ: one builder call each
             return datasets.concatenate_datasets([_read_run([source], column) for source in sources])
         if sources[0][1] == "parquet":
-            raise ValueError(f"{sources[0][0]}: could not be read as Parquet ({' '.join(str(exc).split())}); check "
+            cause = exc.__cause__ or exc  # datasets wraps pyarrow's reason
+            raise ValueError(f"{sources[0][0]}: could not be read as Parquet ({' '.join(str(cause).split())}); check "
                              f"the file") from exc
         logger.info("Reading %s line by line (%s: %s)", ", ".join(s[0] for s in sources), type(exc).__name__,
                     " ".join(str(exc).split())[:200])
@@ -377,8 +380,11 @@ def _has_content(path: Path) -> bool:
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
             raise ValueError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())}); check the "
                              "file") from exc
-    with open_binary(path) as handle:
-        return any(raw.strip() for raw in handle)
+    try:
+        with open_binary(path) as handle:
+            return any(raw.strip() for raw in handle)
+    except READ_FAILURES as exc:  # a compressed file cut short before its first line
+        raise unreadable_file(path, exc) from None
 
 
 def _find_corpus_error(exc: BaseException) -> CorpusError | None:
@@ -413,7 +419,7 @@ def _reader_fingerprint() -> str:
     return code_fingerprint(
         _generate_passages, iter_decoded_lines, iter_text_lines, iter_text_blocks, iter_jsonl_passages, check_jsonl_record,
         iter_jsonl, json_type, check_text_encoding, wide_encoding, iter_parquet_passages, passages_batch, open_binary,
-        FormsPassages, read_with_builder,
+        FormsPassages, read_with_builder, file_passages,
     )
 
 
@@ -431,7 +437,7 @@ def _generate_passages(
     """
     count = 0
     for path, fmt, _size, _mtime in sources:
-        for _line_no, text in PASSAGE_READERS[fmt](path, column):
+        for _line_no, text in file_passages(path, fmt, column):
             count += 1
             yield {"text": text}
     if require_passages and count == 0:
