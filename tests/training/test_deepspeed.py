@@ -270,29 +270,31 @@ def test_deepspeed_trains_saves_exports_and_resumes_as_ddp(engine, ddp_runs, run
 
 @needs_deepspeed
 @pytest.mark.long
-@pytest.mark.parametrize(("method", "options", "port"), [("dupmae", '{"dense_dim": 16}', 29571), ("seed", "{}", 29574),
-                                                     ("bow", "{}", 29577)])
-def test_other_methods_train_resume_and_export_under_zero3_as_ddp(method, options, port, run_cli_in_two_processes,
-                                                                 tiny_bert, corpus, tmp_path):
-    """`retromae pretrain --method M --deepspeed configs/deepspeed-zero3.json` (2 processes): the losses of every
+@pytest.mark.parametrize(("method", "options", "port"), [("dupmae", '{"dense_dim": 16}', 29571), ("seed", "{}", 29576),
+                                                     ("bow", "{}", 29581)])
+def test_other_methods_train_resume_and_export_under_zero_as_ddp(method, options, port, run_cli_in_two_processes,
+                                                                tiny_bert, corpus, tmp_path):
+    """`retromae pretrain --method M --deepspeed configs/deepspeed-zero{2,3}.json` (2 processes): the losses of every
     step, trained and resumed, and the checkpoint's, final save's and export's weights equal DDP's within rounding,
-    with every word-embedding row (a resume under DDP is bit-identical to the run, so DDP runs once)."""
+    with every word-embedding row (a resume under DDP is bit-identical to the run, so DDP runs once). Before, DupMAE's
+    export failed under ZeRO-3."""
     ddp = train_and_resume(run_cli_in_two_processes, tiny_bert, corpus, tmp_path / "ddp", "ddp", method, port,
                            resume=False, method_options=options)
-    ours = train_and_resume(run_cli_in_two_processes, tiny_bert, corpus, tmp_path / "zero3", "zero3", method, port + 1,
-                            method_options=options)
     reference = step_losses(ddp / "run" / "checkpoint-4")
     assert sorted(reference) == [1, 2, 3, 4] and len(reference[1]) > 1, reference  # the method's parts are logged
-    for run in ("run", "resumed"):
-        losses = step_losses(ours / run / "checkpoint-4")
-        assert losses.keys() == reference.keys(), (run, sorted(losses))
-        for step, values in losses.items():
-            assert values == pytest.approx(reference[step], abs=1e-5), (run, step)
-    for ours_weights, reference_weights in [("run/checkpoint-2", "run/checkpoint-2"), ("run", "run"),
-                                            ("run/encoder", "run/encoder"), ("resumed", "run"),
-                                            ("resumed/encoder", "run/encoder")]:
-        difference = max_difference(ours / ours_weights / "model.safetensors",
-                                    ddp / reference_weights / "model.safetensors")
-        assert difference < 1e-6, (ours_weights, difference)
-    exported = load_file(ours / "run" / "encoder" / "model.safetensors")
-    assert exported["embeddings.word_embeddings.weight"].shape == (VOCAB, 32)
+    for engine, engine_port in (("zero3", port + 1), ("zero2", port + 3)):
+        ours = train_and_resume(run_cli_in_two_processes, tiny_bert, corpus, tmp_path / engine, engine, method,
+                                engine_port, method_options=options)
+        for run in ("run", "resumed"):
+            losses = step_losses(ours / run / "checkpoint-4")
+            assert losses.keys() == reference.keys(), (engine, run, sorted(losses))
+            for step, values in losses.items():
+                assert values == pytest.approx(reference[step], abs=1e-5), (engine, run, step)
+        for ours_weights, reference_weights in [("run/checkpoint-2", "run/checkpoint-2"), ("run", "run"),
+                                                ("run/encoder", "run/encoder"), ("resumed", "run"),
+                                                ("resumed/encoder", "run/encoder")]:
+            difference = max_difference(ours / ours_weights / "model.safetensors",
+                                        ddp / reference_weights / "model.safetensors")
+            assert difference < 1e-6, (engine, ours_weights, difference)  # measured: 6e-8 (ZeRO-3)
+        exported = load_file(ours / "run" / "encoder" / "model.safetensors")
+        assert exported["embeddings.word_embeddings.weight"].shape == (VOCAB, 32), engine
