@@ -31,7 +31,7 @@ if [ "$SMOKE" = 1 ]; then
   SHAPE=(--max-seq-length 32 --config-overrides
          "hidden_size=32,num_hidden_layers=2,num_attention_heads=4,intermediate_size=37")
   PRECISION=(--use-cpu true)
-  # DupMAE's default d' is the hidden size of bert-base-uncased's config (384 for MiniLM), above the tiny model's 32
+  # DupMAE's default d' is the paper's 384, above the tiny model's hidden size of 32
   [ "$METHOD" = dupmae ] && SHAPE+=(--method-options '{"dense_dim": 16}')
 else
   BATCH=${BATCH:-32}
