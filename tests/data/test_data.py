@@ -8,6 +8,7 @@ import os
 import re
 
 import datasets
+import numpy as np
 import pytest
 import retromae.trainers.data.reading as reading_module
 import retromae.trainers.data.tokenize as tokenize_module
@@ -468,6 +469,25 @@ def test_mask_count_rounds_like_python(tokenizer, mask_ratio):
     counts = (PretrainingCollator(tokenizer, mask_ratio=mask_ratio)(rows)["encoder_labels"] != -100).sum(dim=1)
     assert counts.tolist() == [max(1, round(mask_ratio * n)) for n in range(1, 201)]
 
+
+
+def test_mask_counts_follow_a_longer_batch(tokenizer):
+    """The per-length count table is built for the first batch's length: a longer batch later still gets round()."""
+    collator = PretrainingCollator(tokenizer, mask_ratio=0.3, pad_to_multiple_of=None)
+    collator([{"input_ids": [101, 2000, 2000, 102]}])
+    rows = [{"input_ids": [101] + [2000] * n + [102]} for n in (5, 40, 300)]
+    counts = (collator(rows)["encoder_labels"] != -100).sum(dim=1)
+    assert counts.tolist() == [round(0.3 * n) for n in (5, 40, 300)]
+
+
+def test_pad_takes_lists_arrays_and_tensors_alike(tokenizer, features):
+    """A `datasets` row holds lists, its numpy format int32 or int64 arrays, its torch format tensors."""
+    as_lists = PretrainingCollator(tokenizer).pad(features)
+    for convert in (lambda v: np.asarray(v, dtype=np.int32), np.asarray, torch.tensor):
+        rows = [{key: convert(value) for key, value in f.items() if key in ("input_ids", "word_starts")}
+                for f in features]
+        padded = PretrainingCollator(tokenizer).pad(rows)
+        assert all(torch.equal(padded[key], as_lists[key]) and padded[key].dtype == torch.long for key in as_lists)
 
 def test_specials_and_padding_never_masked(tokenizer, features):
     torch.manual_seed(0)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import datasets
+import numpy as np
 import torch
 from retromae.modeling.configuration_retromae import check_ratio
 
@@ -83,7 +84,7 @@ class PretrainingCollator:
     max_length: int | None = None
     _special_ids: torch.Tensor = field(init=False, repr=False, compare=False)
     _random_ids: torch.Tensor = field(init=False, repr=False, compare=False)
-    _id_tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = field(
+    _id_tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -124,87 +125,97 @@ class PretrainingCollator:
         it (integer and comparison ops, a stable sort), so a CPU and a GPU run with the same generator state get the
         same masks and the training loop does not stall.
         """
-        input_ids = batch["input_ids"]
-        B, L = input_ids.shape
+        B, L = batch["input_ids"].shape
         word_keys = torch.rand(B, L, generator=generator)  # random order of the words
         share_draws = torch.rand(B, L, generator=generator)  # 80/10/10
         replacements = torch.randint(len(self._random_ids), (B, L), generator=generator)  # used where "random"
-        device = input_ids.device if input_ids.device.type != "mps" else torch.device("cpu")  # MPS has no float64
+        home = batch["input_ids"].device
+        device = home if home.type != "mps" else torch.device("cpu")  # MPS has no float64
         # host -> device copies of fresh CPU tensors need no wait; the batch itself is already there (but for MPS)
         draws = (word_keys, share_draws, replacements)
         word_keys, share_draws, replacements = (draw.to(device, non_blocking=True) for draw in draws)
-        keys = ("input_ids", "attention_mask", UNMASKED_KEY)
-        input_ids, attention_mask, word_starts = (batch[key].to(device) for key in keys)
-        if device not in self._id_tables:  # copied to an accelerator once, not every batch
-            self._id_tables[device] = (self._special_ids.to(device), self._random_ids.to(device))
-        special_ids, random_ids = self._id_tables[device]
-        attention_mask = attention_mask.bool()
-        ordinary = attention_mask & ~torch.isin(input_ids, special_ids)  # (B, L)
-        masked = self._choose_masked(ordinary, word_starts, word_keys)
+        input_ids, attention_mask, word_starts = (batch[key].to(device) for key in ("input_ids", "attention_mask",
+                                                                                     UNMASKED_KEY))
+        special_ids, random_ids, mask_counts = self._device_tables(device, L)
+        ordinary = torch.isin(input_ids, special_ids, invert=True) & attention_mask.bool()  # (B, L)
+        masked = self._choose_masked(ordinary, word_starts, word_keys, mask_counts)
         out = {
             "input_ids": self._corrupt(input_ids, masked, share_draws, random_ids[replacements]),
             "attention_mask": attention_mask.long(),
             "encoder_labels": torch.where(masked, input_ids, -100),
             "decoder_labels": torch.where(ordinary, input_ids, -100),
         }
-        return {key: value.to(batch["input_ids"].device) for key, value in out.items()}
+        return out if device == home else {key: value.to(home) for key, value in out.items()}
+
+    def _device_tables(self, device: torch.device, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The special ids, the random-replacement ids and the mask count of every row size 0..``length`` on
+        ``device``, copied to an accelerator once (the counts again only for a longer batch)."""
+        tables = self._id_tables.get(device)
+        if tables is None or len(tables[2]) <= length:
+            # round() on the float64 product, as in the class docstring: one lookup instead of a chain of ops per batch
+            counts = [0] + [max(1, round(self.mask_ratio * n)) for n in range(1, length + 1)]
+            tables = (self._special_ids.to(device), self._random_ids.to(device), torch.tensor(counts, device=device))
+            self._id_tables[device] = tables
+        return tables
 
     def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Right-pads ids (pad id) and word starts (1): ``(B, L)`` long, long, and a bool attention mask."""
+        """Right-pads ids (pad id) and word starts (1): ``(B, L)`` long, long, and a bool attention mask.
+
+        Built in numpy: a row given as a Python list converts about 3x faster to a numpy array than to a tensor, and
+        lists are what a `datasets` row holds (`benchmarks/pretrain_throughput.py` times this as collation).
+        """
         if not features:
             raise ValueError("PretrainingCollator got an empty batch")
-        ids = [torch.as_tensor(f["input_ids"], dtype=torch.long) for f in features]
+        ids = [np.asarray(f["input_ids"], dtype=np.int64) for f in features]
         starts = [
-            torch.as_tensor(f["word_starts"], dtype=torch.long)
-            if f.get("word_starts") is not None
-            else torch.ones_like(t)
-            for f, t in zip(features, ids, strict=True)
+            np.asarray(f["word_starts"], dtype=np.int64) if f.get("word_starts") is not None else np.ones_like(row)
+            for f, row in zip(features, ids, strict=True)
         ]
-        lengths = torch.tensor([len(t) for t in ids])
-        if any(len(s) != len(t) for s, t in zip(starts, ids, strict=True)):
+        if any(s.shape != row.shape for s, row in zip(starts, ids, strict=True)):
             raise ValueError("every feature's 'word_starts' must have the length of its 'input_ids'")
+        lengths = np.array([len(row) for row in ids])
         length = longest = int(lengths.max())
         if self.pad_to_multiple_of:
             length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
             if self.max_length is not None:  # e.g. L = 300 = the position limit: 304 would run past the table
                 length = max(min(length, self.max_length), longest)
-        input_ids = torch.full((len(ids), length), self.tokenizer.pad_token_id, dtype=torch.long)
-        word_starts = torch.ones((len(ids), length), dtype=torch.long)
-        attention_mask = torch.arange(length) < lengths[:, None]  # (B, L)
+        input_ids = np.full((len(ids), length), self.tokenizer.pad_token_id, dtype=np.int64)
+        word_starts = np.ones((len(ids), length), dtype=np.int64)
+        attention_mask = np.arange(length) < lengths[:, None]  # (B, L)
         if length:
-            input_ids[attention_mask] = torch.cat(ids)
-            word_starts[attention_mask] = torch.cat(starts)
-        return input_ids, word_starts, attention_mask
+            input_ids[attention_mask] = np.concatenate(ids)
+            word_starts[attention_mask] = np.concatenate(starts)
+        return torch.from_numpy(input_ids), torch.from_numpy(word_starts), torch.from_numpy(attention_mask)
 
-    def _choose_masked(self, ordinary: torch.Tensor, word_starts: torch.Tensor, word_keys: torch.Tensor) -> torch.Tensor:
+    def _choose_masked(self, ordinary: torch.Tensor, word_starts: torch.Tensor, word_keys: torch.Tensor,
+                       mask_counts: torch.Tensor) -> torch.Tensor:
         """Exactly ``n_mask`` ordinary tokens per row, in whole-word units (see the class docstring): ``(B, L)`` bool.
 
         ``word_keys``: ``(B, L)`` uniform draws; word w of a row is taken in the order of ``word_keys[:, w]``.
+        ``mask_counts``: ``n_mask`` of a row of n ordinary tokens at index n (``_device_tables``).
         """
         B, L = ordinary.shape
-        device = ordinary.device
-        n_ordinary = ordinary.sum(dim=1)  # (B,)
-        # float64 so that the rounding matches Python's round(mask_ratio * n) (float32 differs at some .5 ties)
-        n_mask = torch.clamp(torch.round(n_ordinary.double() * self.mask_ratio).long(), min=1) * (n_ordinary > 0)
         if self.whole_word_mask:
             # A word also starts at every special/pad token and at the token right after one.
             outside = ~ordinary
-            after_outside = torch.nn.functional.pad(outside[:, :-1], (1, 0), value=True)
-            starts = (word_starts != 0) | outside | after_outside
+            starts = (word_starts != 0) | outside
+            starts[:, 1:] |= outside[:, :-1]
+            starts[:, 0] = True
         else:
             starts = torch.ones_like(ordinary)
-        word_index = torch.cumsum(starts.long(), dim=1) - 1  # (B, L), word of each token, 0 .. L-1
-        word_length = torch.zeros((B, L), dtype=torch.long, device=device).scatter_add_(1, word_index, ordinary.long())
+        word_index = torch.cumsum(starts, dim=1).sub_(1)  # (B, L), word of each token, 0 .. L-1
+        word_length = torch.zeros((B, L), dtype=torch.long, device=ordinary.device).scatter_add_(
+            1, word_index, ordinary.long())
         keys = word_keys.masked_fill(word_length == 0, 2.0)  # (B, L words); no-token words sort last
         order = torch.sort(keys, dim=1, stable=True).indices  # (B, L): words in random order, the same on every device
         sorted_length = word_length.gather(1, order)
-        budget = n_mask[:, None]  # (B, 1)
+        budget = mask_counts[word_length.sum(dim=1, keepdim=True)]  # (B, 1): the row's ordinary tokens -> n_mask
         chosen = (torch.cumsum(sorted_length, dim=1) <= budget) & (sorted_length > 0)
         # Fill what is left of the budget with unchosen single-token words, in the same random order.
-        left = budget - (sorted_length * chosen).sum(dim=1, keepdim=True)
+        left = budget - torch.where(chosen, sorted_length, 0).sum(dim=1, keepdim=True)
         single = (sorted_length == 1) & ~chosen
-        chosen |= single & (torch.cumsum(single.long(), dim=1) <= left)
-        chosen_words = torch.zeros((B, L), dtype=torch.bool, device=device).scatter_(1, order, chosen)  # word order
+        chosen |= single & (torch.cumsum(single, dim=1) <= left)
+        chosen_words = torch.zeros_like(chosen).scatter_(1, order, chosen)  # back in word order
         return chosen_words.gather(1, word_index) & ordinary
 
     def _corrupt(
@@ -215,11 +226,10 @@ class PretrainingCollator:
         ``share_draws``: ``(B, L)`` uniform draws; ``replacements``: ``(B, L)`` random non-special ids, used only where
         a random token goes (drawn for every position so that no host sync counts those first).
         """
-        to_mask = masked & (share_draws < self.replace_with_mask)
         random_share = self.replace_with_mask + self.replace_with_random
-        to_random = masked & (share_draws >= self.replace_with_mask) & (share_draws < random_share)
-        corrupted = input_ids.masked_fill(to_mask, self.tokenizer.mask_token_id)
-        return torch.where(to_random, replacements, corrupted)
+        replaced = torch.where(masked & (share_draws < random_share), replacements, input_ids)
+        # the mask token last: it takes the draws below replace_with_mask out of the random share
+        return replaced.masked_fill(masked & (share_draws < self.replace_with_mask), self.tokenizer.mask_token_id)
 
 
 @dataclass(frozen=True)
