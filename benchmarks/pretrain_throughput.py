@@ -223,15 +223,21 @@ def make_collator(variant: str, tokenizer, seed: int):
 
 
 class BatchSource:
-    """Feature rows for one length, handed out in the same order to every variant."""
+    """Feature rows for one length, handed out in the same order to every variant, fetched from a `datasets.Dataset`
+    as each trainer's DataLoader fetches them: Python lists for HF MLM (the Trainer's default), numpy rows for ours
+    (`RetroMAETrainer` reads through `array_rows`)."""
 
     def __init__(self, tokenizer, length: int):
-        self.rows = packed_rows(tokenizer, length)
-        self.hf_rows = hf_features(self.rows, set(tokenizer.all_special_ids))
+        import datasets
+        from retromae.trainers.data.collator import array_rows
+
+        rows = packed_rows(tokenizer, length)
+        self.datasets = {"hf_mlm": datasets.Dataset.from_list(hf_features(rows, set(tokenizer.all_special_ids))),
+                         "ours": array_rows(datasets.Dataset.from_list(rows))}
 
     def features(self, variant: str, index: int, batch_size: int) -> list[dict[str, Any]]:
-        source = self.hf_rows if variant == "hf_mlm" else self.rows
-        return [source[(index * batch_size + i) % len(source)] for i in range(batch_size)]
+        dataset = self.datasets["hf_mlm" if variant == "hf_mlm" else "ours"]
+        return dataset.__getitems__([(index * batch_size + i) % len(dataset) for i in range(batch_size)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -410,9 +416,8 @@ def _time_collators(source: BatchSource, tokenizer, batch_size: int, seed: int, 
     start, rep = time.perf_counter(), 0
     while rep < min_reps or time.perf_counter() - start < min_seconds:
         for name, collator in collators.items():
-            features = source.features(name, rep, batch_size)
             tick = time.perf_counter()
-            collator(features)
+            collator(source.features(name, rep, batch_size))  # fetched from the dataset, as a DataLoader does
             times[name].append(time.perf_counter() - tick)
         rep += 1
         if rep >= 1000:
@@ -551,8 +556,9 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
 
 
 def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, float]:
-    """Median ms per batch of what feeds a step: collation in a DataLoader worker (one torch thread: ours pads, the
-    HF collator masks too) and, for ours, masking in the training process on the device (`RetroMAETrainer`)."""
+    """Median ms per batch of what feeds a step: collation as a DataLoader does it (one torch thread: fetching the
+    rows from the dataset, then ours pads, the HF collator masks too) and, for ours, masking in the training process
+    on the device (`RetroMAETrainer`)."""
     from retromae.trainers.data.collator import masking_generator
 
     collator, generator = make_collator(variant, tokenizer, args.seed), masking_generator(args.seed, 0)
@@ -560,10 +566,9 @@ def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch
     threads = torch.get_num_threads()
     collation, masking = [], []
     for index in range(max(args.collation_reps, 5)):
-        features = source.features(variant, index, args.batch_size)
         torch.set_num_threads(1)
         tick = time.perf_counter()
-        batch = collate(features)
+        batch = collate(source.features(variant, index, args.batch_size))
         collation.append(time.perf_counter() - tick)
         torch.set_num_threads(threads)
         if variant != "hf_mlm":

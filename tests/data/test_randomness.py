@@ -203,3 +203,15 @@ def test_a_trainer_without_a_collator_names_the_one_to_pass(tokenizer, rows, tmp
     with pytest.raises(ValueError, match=r"needs data_collator=PretrainingCollator\(tokenizer, mask_ratio=\.\.\.\)"):
         RetroMAETrainer(model=tiny_model(), args=training_args(tmp_path), train_dataset=rows,
                         processing_class=tokenizer)
+
+
+def test_the_loader_reads_numpy_rows_and_leaves_the_dataset_as_given(tokenizer, rows, tmp_path):
+    """The trainer's DataLoader reads numpy rows (faster to fetch and pad than lists), giving the same batches, while
+    `train_dataset` keeps the format it was given."""
+    trainer = make_trainer(tokenizer, rows, training_args(tmp_path, dataloader_num_workers=0))
+    loader = trainer.get_train_dataloader()
+    assert loader.dataset.format["type"] == "numpy" and trainer.train_dataset.format["type"] is None
+    ordered = [trainer.masking_collator.pad(list(rows.select(range(i, i + 2)))) for i in range(0, len(rows), 2)]
+    sequential = torch.utils.data.DataLoader(loader.dataset, batch_size=2, collate_fn=trainer.data_collator)
+    for expected, batch in zip(ordered, sequential, strict=True):
+        assert all(torch.equal(expected[key], batch[key]) for key in expected)

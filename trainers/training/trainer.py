@@ -33,7 +33,7 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
 
-from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
+from ..data.collator import UNMASKED_KEY, PretrainingCollator, array_rows, masking_generator
 from ..data.dataset_checks import check_same_tokenizer, check_tokenized, longest_sequence
 from ..inputs.arguments import check_training_arguments
 from ..inputs.io import write_json_atomic
@@ -164,10 +164,16 @@ class RetroMAETrainer(Trainer):
     # ---- data ---------------------------------------------------------------------------------------------------
 
     def get_train_dataloader(self):
-        """As the Trainer's; under DDP a stream (`datasets.IterableDataset`) is split by node instead
-        (`stream_loader`), so that each process reads its own part rather than the main process reading for all."""
-        streams = isinstance(self.train_dataset, datasets.IterableDataset) and self.args.world_size > 1
-        loader = rank_stream_loader(self) if streams else super().get_train_dataloader()
+        """As the Trainer's, over numpy rows (`array_rows`; `train_dataset` stays as given); under DDP a stream is
+        split by node instead (`stream_loader`): each process reads its own part, not the main process for all."""
+        if isinstance(self.train_dataset, datasets.IterableDataset) and self.args.world_size > 1:
+            loader = rank_stream_loader(self)
+        else:
+            given, self.train_dataset = self.train_dataset, array_rows(self.train_dataset)
+            try:
+                loader = super().get_train_dataloader()
+            finally:
+                self.train_dataset = given
         if self._stream_position is not None:  # a resumed stream continues at the checkpoint's position
             loader.load_state_dict(self._stream_position)
             self._stream_position = None
@@ -324,11 +330,8 @@ class RetroMAETrainer(Trainer):
         )
 
     def save_pretraining_model(self, output_dir: str | os.PathLike) -> None:
-        """Save the full pre-training model (decoder included) + tokenizer + run info, e.g. at the end of training.
-
-        The output root also holds the checkpoints, so it cannot be swapped whole: the files are built in
-        `FINAL_BUILD_NAME`, then moved in one by one. `config.json` (which every reader needs) is removed first and
-        moved in last, so a kill in between leaves a root that readers refuse rather than a mix of two saves."""
+        """The whole pre-training model (decoders included), tokenizer and run info, built in `FINAL_BUILD_NAME` and
+        moved into the root, which also holds the checkpoints (`install_files`: a kill leaves no mix of two saves)."""
         self._refuse_divergence()
         root = Path(output_dir)
         with self._atomic_save(root / FINAL_BUILD_NAME) as build:
@@ -339,10 +342,8 @@ class RetroMAETrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def _save_checkpoint(self, model, trial) -> None:
-        """The Trainer's checkpoint (model, optimizer, scheduler, RNG states, trainer state, our files), written into
-        a temporary sibling and renamed to `checkpoint-N` only when complete; then this run's older checkpoints are
-        rotated. As the Trainer's, it records the best checkpoint so far (`state.best_model_checkpoint`, with
-        `--metric-for-best-model`), which rotation keeps."""
+        """The Trainer's checkpoint and our files, renamed to `checkpoint-N` only when complete, then this run's
+        rotation; as the Trainer's, it records the best checkpoint so far, which rotation keeps."""
         self._refuse_divergence()
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
@@ -370,11 +371,9 @@ class RetroMAETrainer(Trainer):
             self._rotate_own_checkpoints(run_dir)
 
     def _save_whole_model(self, folder: Path) -> None:
-        """The model (weights, config) and tokenizer in `folder`, as `save_model` writes them. A sharded (FSDP)
-        model's tensors are gathered whole by every process (`sharding.full_state_dict`, a collective) and written
-        by the main one: each process's `state_dict()` holds its shards only, and the Trainer's own FSDP save writes
-        no weights at all with a SHARDED_STATE_DICT config; ZeRO-3 likewise. ZeRO-1/2 weights are whole: saved as
-        without DeepSpeed (the Trainer's DeepSpeed save copies each tensor, so writes the tied weights twice)."""
+        """The model and tokenizer in `folder`, as `save_model` writes them. Sharded weights (FSDP, ZeRO-3) are
+        gathered whole on every process (a collective) and written by the main one; the Trainer's own sharded saves
+        write shards or nothing. ZeRO-1/2 weights are whole (its DeepSpeed save would write tied weights twice)."""
         if is_sharded(self.model):
             self._save(str(folder), state_dict=full_state_dict(self.model))
         elif self.is_deepspeed_enabled:
