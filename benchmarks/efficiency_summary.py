@@ -70,6 +70,11 @@ def summary_lines(folder: Path) -> list[str]:
             share = fastest["collation_masking_share"]
             lines.append(f"  collation + masking, enhanced base step ({'+'.join(fastest['path'])}): {100 * share:.1f}%"
                          f" (target {100 * COLLATION_TARGET:.0f}%): {'met' if share <= COLLATION_TARGET else 'MISSED'}")
+        differ = sorted({r["label"] for r in breakdown["rows"] if r.get("masks_equal_cpu") is False})
+        checked = sum(r.get("masks_equal_cpu") is not None for r in breakdown["rows"])
+        if checked:
+            lines.append(f"  masks on the device vs the CPU's ({checked} rows): "
+                         + ("all equal" if not differ else f"DIFFER: {', '.join(differ)}"))
     check = only_file(folder, "fast_path_check_")
     if check is not None:
         failed = [row["label"] for row in check["rows"] if not row["passed"]]

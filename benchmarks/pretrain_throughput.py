@@ -555,10 +555,10 @@ def time_steps(size: str, length: int, source: BatchSource, tokenizer, args, dev
     return result
 
 
-def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, float]:
+def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch.device) -> dict[str, Any]:
     """Median ms per batch of what feeds a step: collation as a DataLoader does it (one torch thread: fetching the
     rows from the dataset, then ours pads, the HF collator masks too) and, for ours, masking in the training process
-    on the device (`RetroMAETrainer`)."""
+    on the device (`RetroMAETrainer`), and whether those masks equal the CPU's (`masks_equal_cpu`)."""
     from retromae.trainers.data.collator import masking_generator
 
     collator, generator = make_collator(variant, tokenizer, args.seed), masking_generator(args.seed, 0)
@@ -578,8 +578,14 @@ def feeding_ms(variant: str, source: BatchSource, tokenizer, args, device: torch
             collator.mask_batch(batch, generator)
             synchronize(device)
             masking.append(time.perf_counter() - tick)
-    return {"collation_ms": 1e3 * statistics.median(collation),
-            "masking_ms": 1e3 * statistics.median(masking) if masking else 0.0}
+    timings = {"collation_ms": 1e3 * statistics.median(collation),
+               "masking_ms": 1e3 * statistics.median(masking) if masking else 0.0}
+    if variant != "hf_mlm":  # the masks drawn on the device must be the CPU's, bit for bit
+        padded = collate(source.features(variant, 0, args.batch_size))
+        on_cpu = collator.mask_batch(padded, masking_generator(args.seed, 1))
+        on_device = collator.mask_batch(to_device(padded, device), masking_generator(args.seed, 1))
+        timings["masks_equal_cpu"] = all(torch.equal(on_device[key].cpu(), on_cpu[key]) for key in on_cpu)
+    return timings
 
 
 def breakdown_row(label: str, size: str, length: int, source: BatchSource, tokenizer, args,

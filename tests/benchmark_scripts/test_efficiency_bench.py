@@ -79,6 +79,17 @@ def test_summary_reports_each_target_with_the_best_path(tmp_path):
     assert "bow       mfu                           not measured" in lines  # L=128 rows are not the targets'
 
 
+def test_summary_names_rows_whose_device_masks_differ(tmp_path):
+    summary = load_script("efficiency_summary")
+    env = {"device_name": "NVIDIA H200", "torch": "2.11", "transformers": "5.24", "batch_size": 64}
+    (tmp_path / "pretrain_throughput_h200_bf16.json").write_text(json.dumps({"environment": env, "rows": []}))
+    rows = [{"size": "minilm", "variant": variant, "label": variant, "path": ["eager"], "ms_per_step": 1.0,
+             "collation_masking_share": 0.01, "masks_equal_cpu": equal}
+            for variant, equal in (("hf_mlm", None), ("enhanced", True), ("seed", False))]
+    (tmp_path / "step_breakdown_h200.json").write_text(json.dumps({"rows": rows}))
+    assert "masks on the device vs the CPU's (2 rows): DIFFER: seed" in "\n".join(summary.summary_lines(tmp_path))
+
+
 def run_script(args: list[str]) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -94,6 +105,7 @@ def test_breakdown_and_check_tiny(tmp_path):
     run_script([*common, "--breakdown", "--output", str(breakdown)])
     rows = json.loads(breakdown.read_text())["rows"]
     assert [row["label"] for row in rows] == ["hf_mlm", "enhanced", "enhanced@compile_loss"]
+    assert [row.get("masks_equal_cpu") for row in rows] == [None, True, True]  # on the CPU, a check of the check
     assert all(sum(row["phases_share"].values()) == pytest.approx(1.0, abs=0.3) for row in rows)
     run_script([*common, "--check-paths", "--output", str(check)])
     report = json.loads(check.read_text())
