@@ -45,13 +45,14 @@ def figure(value: float | None, name: str) -> str:
 
 
 def summary_lines(folder: Path) -> list[str]:
-    lines = []
     table = only_file(folder, "pretrain_throughput_")
-    if table is None:
-        return [f"no pretrain_throughput_*.json in {folder}"]
+    return (target_lines(table) if table else [f"no pretrain_throughput_*.json in {folder}"]) + side_lines(folder)
+
+
+def target_lines(table: dict[str, Any]) -> list[str]:
     env = table["environment"]
-    lines.append(f"{env['device_name']}, torch {env['torch']}, transformers {env['transformers']}, batch "
-                 f"{env['batch_size']}, partial={table.get('partial')}")
+    lines = [f"{env['device_name']}, torch {env['torch']}, transformers {env['transformers']}, batch "
+             f"{env['batch_size']}, partial={table.get('partial')}"]
     best = best_rows(table)
     for size, variant, name, target in TARGETS:
         row = best.get((size, variant))
@@ -62,6 +63,12 @@ def summary_lines(folder: Path) -> list[str]:
         verdict = "n/a" if value is None else "met" if value >= target else "MISSED"
         lines.append(f"  {size:>6} {variant:<9} {name:<29} {figure(value, name):>7} (target {figure(target, name)}):"
                      f" {verdict}; path {'+'.join(row['path'])}")
+    return lines
+
+
+def side_lines(folder: Path) -> list[str]:
+    """The collation target and the exactness checks, from the breakdown and check files when their stages ran."""
+    lines = []
     breakdown = only_file(folder, "step_breakdown_")
     if breakdown is not None:
         rows = [r for r in breakdown["rows"] if r["size"] == "base" and r["variant"] == "enhanced"]
