@@ -82,8 +82,15 @@ BAD_TRAINING_FLAGS = [
     (["--logging-steps", "0"], "--logging-steps 0: give a positive number of optimizer steps"),
     # HEAD: accepted, and a run saved no checkpoint at all
     (["--save-strategy", "steps", "--save-steps", "0"], "--save-steps 0: give a positive number of optimizer steps"),
-    # refused by TrainingArguments itself: its message, in one line
-    (["--warmup-steps", "-1"], "Expected value warmup_steps >= 0"),
+    (["--warmup-steps", "-1"], "--warmup-steps -1.0: give a finite number of steps >= 0"),
+    # HEAD: a traceback deep in the Trainer (NaN to int, numpy's seed range, the DataLoader's workers)
+    (["--warmup-steps", "nan"], "--warmup-steps nan: give a finite number of steps >= 0"),
+    (["--max-steps", "-1", "--num-train-epochs", "nan"], "--num-train-epochs nan: give a positive number of epochs"),
+    (["--seed", "-1"], "--seed -1: give an integer from 0 to 4294967295"),
+    (["--dataloader-num-workers", "-1"], "--dataloader-num-workers -1: give 0"),
+    # HEAD: accepted; clipping silently off, or a divergence blamed on the learning rate
+    (["--max-grad-norm", "nan"], "--max-grad-norm nan: give a finite number >= 0 (0 turns gradient clipping off)"),
+    (["--weight-decay", "nan"], "--weight-decay nan: give a finite number >= 0"),
 ]
 
 
@@ -101,6 +108,13 @@ def test_bf16_without_support_is_one_line(tmp_path, capsys):
     assert cli.main(["pretrain", "--corpus", str(tmp_path / "missing.txt"), "--bf16", "true"]) == 2
     err = one_line_error(capsys, "pretrain")
     assert "--bf16 true needs a GPU with bf16 support" in err and "--use-cpu true" in err and "--fp16 true" in err
+
+
+def test_no_export_with_an_export_option_is_refused(tmp_path, capsys):
+    """HEAD: --export-dir was silently ignored and nothing exported."""
+    for flags in (["--export-dir", str(tmp_path / "e")], ["--overwrite-export", "true"]):
+        assert cli.main(["pretrain", "--corpus", str(tmp_path / "missing.txt"), "--no-export", "true", *flags]) == 2
+        assert f"{flags[0]} sets an export that --no-export true skips" in one_line_error(capsys, "pretrain")
 
 
 def test_what_transformers_accepts_passes(tmp_path):
@@ -312,3 +326,32 @@ def test_a_missing_model_or_tokenizer_is_one_line(corpus, tmp_path, capsys):
     assert cli.main(["pretrain", "--corpus", str(corpus), "--output-dir", str(tmp_path / "out"),
                      "--tokenizer", str(missing)]) == 2
     assert f"tokenizer folder {missing} does not exist" in one_line_error(capsys, "pretrain")
+
+
+# ---- a checkpoint that cannot continue its run exactly -------------------------------------------------------------
+
+
+def fake_checkpoint(folder: Path) -> Path:
+    """The files `resolve_resume` reads of a Trainer checkpoint in the plain format (no weights: it reads none)."""
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"state": 1}, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda c: (c / "scheduler.pt").unlink(), "scheduler.pt is missing"),  # HEAD: the schedule restarted, silently
+    (lambda c: (c / "optimizer.pt").write_bytes((c / "optimizer.pt").read_bytes()[:100]), "optimizer.pt is damaged"),
+    (lambda c: (c / "rng_state.pth").write_text("garbage"), "rng_state.pth is damaged"),  # HEAD: torch's traceback
+])
+def test_a_checkpoint_with_missing_or_damaged_state_is_refused(tmp_path, damage, message):
+    from retromae.trainers.inputs.pretrain_options import resolve_resume
+
+    checkpoint = fake_checkpoint(tmp_path / "run" / "checkpoint-2")
+    assert resolve_resume(str(tmp_path / "run"), "last") == str(checkpoint)  # intact: accepted
+    damage(checkpoint)
+    with pytest.raises(ValueError, match=rf"{message}, so checkpoint-2 cannot continue its run exactly; .*--model"):
+        resolve_resume(str(tmp_path / "run"), "last")
+    with pytest.raises(ValueError, match="nowhere/checkpoint-9: no such folder; give a checkpoint-N folder, or 'last'"):
+        resolve_resume(str(tmp_path / "run"), "nowhere/checkpoint-9")

@@ -476,6 +476,14 @@ def test_a_truncated_compressed_file_is_named_in_one_line(tmp_path, name, compre
         list(corpus)
 
 
+@pytest.mark.parametrize(("content", "reason"), [(truncated(b"passage one\n" * 9000, gzip.compress),
+                                                   "EOFError"), (b"plain text, not gzip\n", "BadGzipFile")])
+def test_a_broken_gzip_text_file_fails_in_one_line_while_its_layout_is_sniffed(tmp_path, content, reason):
+    """`text_format="auto"` reads a .txt file for blank lines before anything else (before: the gzip traceback)."""
+    path = write_file(tmp_path / "c.txt.gz", content)
+    with pytest.raises(ValueError, match=rf"c\.txt\.gz: could not be read \({reason}.*truncated or corrupt"):
+        read_corpus(path)
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_a_corrupt_parquet_file_names_the_reason(tmp_path, streaming):
     """Half of the row groups cut out, the footer kept: pyarrow's reason is in the one line (before: `datasets`'

@@ -259,3 +259,16 @@ def test_save_tokenized_writes_a_corpus_any_run_trains_from(tiny_bert, corpus, t
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save)) == 2
     assert "--overwrite-output-dir" in capsys.readouterr().err
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save, "--overwrite-output-dir", "true")) == 0
+
+
+@pytest.mark.parametrize("damage", ["arrow file missing", "state.json cut short"])
+def test_a_damaged_saved_corpus_names_the_folder_in_one_line(tokenizer, tmp_path, damage):
+    """HEAD: `datasets.load_from_disk`'s FileNotFoundError or JSON error, as a traceback."""
+    saved = tmp_path / "ids"
+    datasets.Dataset.from_dict({"input_ids": [[101, 2000, 102]] * 4}).save_to_disk(str(saved))
+    if damage == "arrow file missing":
+        next(saved.glob("*.arrow")).unlink()
+    else:
+        (saved / "state.json").write_text('{"_data_files": [')
+    with pytest.raises(ValueError, match=rf"--corpus {saved}: this `save_to_disk` folder cannot be loaded .*save it"):
+        load_tokenized_corpus(str(saved), tokenizer, max_seq_length=32)

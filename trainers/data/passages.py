@@ -270,7 +270,10 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, i
     if suffix == ".jsonl":
         fmt = "jsonl"
     elif suffix == ".txt":
-        fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
+        try:
+            fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
+        except READ_FAILURES as exc:  # a truncated or fake .gz fails while the layout is sniffed
+            raise unreadable_file(path, exc) from None
     elif suffix == ".parquet" and not compression:
         fmt = "parquet"
     else:

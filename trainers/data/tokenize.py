@@ -190,7 +190,11 @@ def load_tokenized_corpus(
     path = Path(source).expanduser()
     if not path.is_dir() or not any((path / name).is_file() for name in SAVED_DATASET_FILES):
         return None
-    loaded = datasets.load_from_disk(str(path))
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as error:  # a file of the folder missing or damaged (json, arrow)
+        raise ValueError(f"--corpus {source}: this `save_to_disk` folder cannot be loaded ({type(error).__name__}: "
+                         f"{' '.join(str(error).split())[:300]}); save it again") from None
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded and len(loaded) != 1:
             return None  # read_corpus names the splits

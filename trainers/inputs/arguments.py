@@ -295,7 +295,7 @@ def check_training_arguments(args: Any) -> None:
         raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "
                         "(-1, the default) to train for --num-train-epochs")
     epochs = getattr(args, "num_train_epochs", 1.0)
-    if max_steps == -1 and epochs <= 0:
+    if max_steps == -1 and not 0 < epochs < math.inf:  # also NaN
         raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
     _check_positive(args, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
     for kind in ("save", "logging"):  # 0 with the "steps" strategy: never saves (a killed run loses everything)
@@ -303,10 +303,22 @@ def check_training_arguments(args: Any) -> None:
         if getattr(args, f"{kind}_strategy", "steps") == "steps" and not steps > 0:
             raise UserError(f"--{kind}-steps {steps:g}: give a positive number of optimizer steps (or a fraction of "
                             "the run below 1)")
-    learning_rate = getattr(args, "learning_rate", 0.0)
-    if not 0 <= learning_rate < math.inf:  # also NaN
-        raise UserError(f"--learning-rate {learning_rate}: give a finite learning rate >= 0 (e.g. 1e-4)")
+    for name, high, fix in _RANGES:  # from 0; a NaN fails every comparison
+        value = getattr(args, name, None)
+        if value is not None and not 0 <= value <= high:
+            raise UserError(f"--{name.replace('_', '-')} {value}: give {fix}")
     _check_bf16(args)
+
+
+# (field, highest value, what to give): options that transformers passes on unchecked, to fail or misbehave later
+_RANGES = (
+    ("learning_rate", math.nextafter(math.inf, 0), "a finite learning rate >= 0 (e.g. 1e-4)"),
+    ("warmup_steps", math.nextafter(math.inf, 0), "a finite number of steps >= 0 (or a fraction of the run below 1)"),
+    ("max_grad_norm", math.nextafter(math.inf, 0), "a finite number >= 0 (0 turns gradient clipping off)"),
+    ("weight_decay", math.nextafter(math.inf, 0), "a finite number >= 0 (e.g. 0.01)"),
+    ("seed", 2**32 - 1, "an integer from 0 to 4294967295"),
+    ("dataloader_num_workers", math.inf, "0 (batches built in the training process) or more worker processes"),
+)
 
 
 def _check_positive(args: Any, *names: str) -> None:

@@ -34,6 +34,7 @@ from ..training.run_folder import (
     finished_step,
     last_complete_checkpoint,
     remove_previous_run,
+    resume_state_problem,
     run_output_files,
 )
 from .arguments import CommandParser, DefaultsHelpFormatter, expand_home, parse
@@ -309,6 +310,9 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
     demo = not {"corpus", "pairs"} & given.keys() and flags == argv  # no --config
     defaults = DEMO_DEFAULTS if demo else {}
     output_dir = given.get("output_dir", defaults.get("output_dir", _field_default(PretrainingArguments, "output_dir")))
+    if given.get("no_export") and (given.get("export_dir") or given.get("overwrite_export")):
+        flag = "--export-dir" if given.get("export_dir") else "--overwrite-export"
+        raise UserError(f"{flag} sets an export that --no-export true skips; drop one of them")
     resume = resolve_resume(str(output_dir), given.get("resume_from_checkpoint"))
     recorded = read_settings(resume) if resume else None
     if recorded and recorded["settings"]:
@@ -395,9 +399,15 @@ def resolve_resume(output_dir: str, resume: str | None) -> str | None:
         found = checkpoint_to_resume(output_dir)
         if found is None:
             raise UserError(f"--resume-from-checkpoint {resume}: no complete checkpoint in {output_dir}")
-        return str(found)
-    if resume and not (Path(resume) / "trainer_state.json").is_file():
+        resume = str(found)
+    elif resume and not Path(resume).is_dir():
+        raise UserError(f"--resume-from-checkpoint {resume}: no such folder; give a checkpoint-N folder, or 'last' "
+                        "for the newest in --output-dir")
+    elif resume and not (Path(resume) / "trainer_state.json").is_file():
         raise UserError(f"--resume-from-checkpoint {resume}: not a complete checkpoint folder (no trainer_state.json)")
+    problem = resume and resume_state_problem(Path(resume))
+    if problem:
+        raise UserError(problem)
     return resume
 
 

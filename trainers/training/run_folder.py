@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import retromae.modeling
@@ -174,7 +175,21 @@ def install_files(build: Path, root: Path) -> None:
     build.rmdir()
 
 
+def resume_state_problem(checkpoint: Path) -> str | None:
+    """Why a checkpoint in the Trainer's plain format (`optimizer.pt` beside the weights) cannot continue its run
+    exactly, or None: its optimizer, schedule or RNG state is missing or not a complete torch file (the Trainer would
+    stop with torch's traceback, or restart the learning-rate schedule without a word)."""
+    if not (checkpoint / "optimizer.pt").exists():  # DeepSpeed and FSDP keep theirs in folders of their own
+        return None
+    for path in [checkpoint / "optimizer.pt", checkpoint / "scheduler.pt", *sorted(checkpoint.glob("rng_state*.pth"))]:
+        problem = "is missing" if not path.is_file() else None if zipfile.is_zipfile(path) else "is damaged"
+        if problem:
+            return (f"{path} {problem}, so {checkpoint.name} cannot continue its run exactly; resume from an earlier "
+                    f"checkpoint-N, or start a new run from its weights with --model {checkpoint}")
+    return None
+
 __all__ = [
     "RESUME_LAST", "RUN_INFO_NAME", "check_no_checkpoint_collision", "checkpoint_to_resume", "clean_killed_saves",
-    "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "run_output_files"
+    "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "resume_state_problem",
+    "run_output_files",
 ]
