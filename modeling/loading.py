@@ -68,6 +68,16 @@ class QuietLoadReportMixin:
         info = None
         try:
             model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        except RuntimeError as error:
+            if "ignore_mismatched_sizes" not in str(error):
+                raise
+            where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+            report = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(record.getMessage() for record in hold.held))
+            # its rows: name | MISMATCH | "Reinit due to size mismatch - ckpt: ... vs model: ..."
+            rows = [line.split("|") for line in report.splitlines() if line.count("|") >= 2 and "MISMATCH" in line]
+            example = f", e.g. {rows[0][0].strip()} ({rows[0][2].split(' - ')[-1].strip()})" if rows else ""
+            raise ValueError(f"{where}: its weights have other shapes than its config.json gives{example}; fix "
+                             "config.json, or save the model again") from None
         finally:  # a failed load (e.g. mismatched shapes) shows its report: the error refers to it
             report_logger.removeFilter(hold)
             if info is None or not _only_expected_keys(info, cls.quiet_missing_keys, cls.quiet_unexpected_keys):

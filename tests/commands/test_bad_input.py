@@ -355,3 +355,22 @@ def test_a_checkpoint_with_missing_or_damaged_state_is_refused(tmp_path, damage,
         resolve_resume(str(tmp_path / "run"), "last")
     with pytest.raises(ValueError, match="nowhere/checkpoint-9: no such folder; give a checkpoint-N folder, or 'last'"):
         resolve_resume(str(tmp_path / "run"), "nowhere/checkpoint-9")
+
+
+def test_an_output_dir_that_is_a_file_is_named_as_the_output_dir(tiny_bert, tmp_path, capsys):
+    """HEAD: "--export-dir .../encoder: ... is a file", a flag the user never gave (the default export lies in it)."""
+    corpus, output = write_lines(tmp_path / "c.txt", ["a short passage of text"] * 8), tmp_path / "out"
+    output.write_text("notes")
+    assert cli.main(pretrain_args(tiny_bert, corpus, output)) == 2
+    assert f"--output-dir {output}: {output} is a file, not a folder" in one_line_error(capsys, "pretrain")
+    assert output.read_text() == "notes"
+
+
+def test_a_config_that_does_not_fit_the_weights_is_one_line_in_pretrain(tiny_bert, tmp_path, capsys):
+    """HEAD: transformers' "You set `ignore_mismatched_sizes` to `False`" as a traceback."""
+    model = shutil.copytree(tiny_bert, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    corpus = write_lines(tmp_path / "c.txt", ["a short passage of text"] * 8)
+    assert cli.main(pretrain_args(model, corpus, tmp_path / "out")) == 2
+    assert f"{model}: its weights have other shapes than its config.json gives" in one_line_error(capsys, "pretrain")

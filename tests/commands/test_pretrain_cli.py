@@ -23,7 +23,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 # absolute, not relative: transformers copies this module as remote code (SixthForPretraining) and would look for
 # a relative import as a file beside it
-from tests.builders import SENTENCES, TINY_METHOD_OPTIONS, pretrain_args, tiny_bert_kwargs, write_jsonl
+from tests.builders import SENTENCES, TINY_METHOD_OPTIONS, pretrain_args, tiny_bert_kwargs, write_jsonl, write_lines
 
 
 def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
@@ -281,6 +281,9 @@ def test_dupmae_pretrain_export_index_search(tiny_bert, corpus, tmp_path, capsys
     assert all(hit["id"].startswith("d") for r in lines for hit in r["results"])
     assert main(["search", "--index", str(index), "--model", str(encoder)]) == 2
     assert "no query given" in capsys.readouterr().err
+    blank = write_lines(tmp_path / "blank.txt", ["", "  "])  # HEAD: "no query given", although a file was
+    assert main(["search", "--index", str(index), "--model", str(encoder), "--queries", str(blank)]) == 2
+    assert f"--queries {blank} holds no query; give one per line" in capsys.readouterr().err
 
 
 def test_integer_values_for_float_settings_are_accepted(tiny_bert, corpus, tmp_path):

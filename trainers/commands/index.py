@@ -100,7 +100,8 @@ def _queries(args: SearchArguments) -> list[tuple[str, str]]:
         else:
             queries += [(f"{path.stem}:{n}", line.strip()) for n, line in iter_decoded_lines(str(path)) if line.strip()]
     if not queries:
-        raise UserError("no query given: pass --query TEXT (repeatable) or --queries FILE")
+        raise UserError(f"--queries {args.queries} holds no query; give one per line" if args.queries else
+                        "no query given: pass --query TEXT (repeatable) or --queries FILE")
     return queries
 
 

@@ -81,12 +81,12 @@ def pretrain(argv: list[str]) -> int:
     finished = finished_step(run.resume, args.max_steps) if run.resume else None
     if run.resume and finished is None:
         check_no_checkpoint_collision(args.output_dir, run.resume, args.max_steps)
+    check_folder_option("--output-dir", args.output_dir, writable=finished is None)  # a finished run may write nothing
     export_dir, overwrite_export = export_target(run)
     # Decided on every process before any process writes (reading the data is a barrier), so all take the same path.
     write_export = export_dir is not None and not (finished is not None and (export_dir / "modules.json").is_file())
     if write_export:
         check_export_target(export_dir, overwrite_export, run)
-    check_folder_option("--output-dir", args.output_dir, writable=finished is None)  # a finished run may write nothing
     recorded = read_settings(run.resume) if run.resume and finished is None else None
     if recorded:  # a finished run reads no text: it only writes what is missing of its save and export
         check_text_unchanged(recorded, run.resume)
