@@ -303,20 +303,21 @@ def check_training_arguments(args: Any) -> None:
         if getattr(args, f"{kind}_strategy", "steps") == "steps" and not steps > 0:
             raise UserError(f"--{kind}-steps {steps:g}: give a positive number of optimizer steps (or a fraction of "
                             "the run below 1)")
-    for name, high, fix in _RANGES:  # from 0; a NaN fails every comparison
+    for name, bound, fix in _RANGES:  # 0 <= value < bound; a NaN fails every comparison
         value = getattr(args, name, None)
-        if value is not None and not 0 <= value <= high:
+        if value is not None and not 0 <= value < bound:
             raise UserError(f"--{name.replace('_', '-')} {value}: give {fix}")
     _check_bf16(args)
 
 
-# (field, highest value, what to give): options that transformers passes on unchecked, to fail or misbehave later
+# (field, exclusive upper bound, what to give): options that transformers passes on unchecked, to fail or misbehave
+# later; the bound math.inf refuses infinity too
 _RANGES = (
-    ("learning_rate", math.nextafter(math.inf, 0), "a finite learning rate >= 0 (e.g. 1e-4)"),
-    ("warmup_steps", math.nextafter(math.inf, 0), "a finite number of steps >= 0 (or a fraction of the run below 1)"),
-    ("max_grad_norm", math.nextafter(math.inf, 0), "a finite number >= 0 (0 turns gradient clipping off)"),
-    ("weight_decay", math.nextafter(math.inf, 0), "a finite number >= 0 (e.g. 0.01)"),
-    ("seed", 2**32 - 1, "an integer from 0 to 4294967295"),
+    ("learning_rate", math.inf, "a finite learning rate >= 0 (e.g. 1e-4)"),
+    ("warmup_steps", math.inf, "a finite number of steps >= 0 (or a fraction of the run below 1)"),
+    ("max_grad_norm", math.inf, "a finite number >= 0 (0 turns gradient clipping off)"),
+    ("weight_decay", math.inf, "a finite number >= 0 (e.g. 0.01)"),
+    ("seed", 2**32, "an integer from 0 to 4294967295"),
     ("dataloader_num_workers", math.inf, "0 (batches built in the training process) or more worker processes"),
 )
 

@@ -188,6 +188,7 @@ def resume_state_problem(checkpoint: Path) -> str | None:
                     f"checkpoint-N, or start a new run from its weights with --model {checkpoint}")
     return None
 
+
 __all__ = [
     "RESUME_LAST", "RUN_INFO_NAME", "check_no_checkpoint_collision", "checkpoint_to_resume", "clean_killed_saves",
     "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "resume_state_problem",
