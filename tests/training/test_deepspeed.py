@@ -97,6 +97,11 @@ def zero3_gather_and_divergence(rank: int, folder: Path) -> dict:
                                      if not torch.equal(gathered[k], reference[k])),
                       exported_rows=exported["embeddings.word_embeddings.weight"].shape[0],
                       exported_unequal=sorted(k for k, v in exported.items() if not torch.equal(v, reference[f"bert.{k}"])))
+    bias = model.bert.encoder.layer[0].intermediate.dense.bias  # 37 values: rank 1 holds 18 and one of padding
+    result["bias_values"] = bias.ds_tensor.numel()
+    if rank == 1:
+        with torch.no_grad():
+            bias.ds_tensor[-1] = float("nan")  # DeepSpeed leaves the padding uninitialised: any value may lie there
     result["finite"] = divergence_on_any_process(model, [])
     if rank == 1:
         with torch.no_grad():
@@ -111,7 +116,7 @@ def test_zero3_weights_are_gathered_whole_and_a_nan_in_one_slice_stops_both(tmp_
     """Under ZeRO-3 each parameter's `data` is an empty placeholder and each process holds half of its values:
     `full_state_dict` gives rank 0 every tensor of the unpartitioned model, bit-identical (before: the
     placeholders, no rows at all), the export from it writes all 30,522 rows, and the divergence check reads each
-    process's slice (before: the empty placeholders, so a NaN went unseen)."""
+    process's slice without its padding (before: the empty placeholders, so a NaN went unseen)."""
     ranks = in_two_processes(zero3_gather_and_divergence, tmp_path)
     assert all(r["sharded"] and r["placeholder_rows"] == 0 for r in ranks)
     assert [r["local_values"] for r in ranks] == [VOCAB * 32 // 2] * 2
@@ -119,7 +124,8 @@ def test_zero3_weights_are_gathered_whole_and_a_nan_in_one_slice_stops_both(tmp_
     main_rank = ranks[0]
     assert main_rank["missing"] == main_rank["extra"] == main_rank["unequal"] == []
     assert main_rank["exported_rows"] == VOCAB and main_rank["exported_unequal"] == []
-    assert [r["finite"] for r in ranks] == [None, None]
+    assert [r["bias_values"] for r in ranks] == [19, 19]
+    assert [r["finite"] for r in ranks] == [None, None]  # before: a NaN in the padding stopped the run at random
     assert ranks[1]["nan"] == "1 weight tensor(s) are NaN or infinite, the logged losses first at step 3"
     assert ranks[0]["nan"] == "the weights of 1 other process(es) are NaN or infinite"
 

@@ -46,11 +46,16 @@ def has_zero3_parameters(model: nn.Module) -> bool:
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of `tensor`, without communication: a `DTensor`'s local shard, a ZeRO-3 parameter's
-    partition (its `data` is an empty placeholder), any other tensor itself."""
+    """This process's part of `tensor`, without communication: a `DTensor`'s local shard, the values of a ZeRO-3
+    parameter's partition (its `data` is an empty placeholder), any other tensor itself."""
     if isinstance(tensor, DTensor):
         return tensor.to_local()
-    return tensor.ds_tensor if is_zero3_parameter(tensor) else tensor
+    if not is_zero3_parameter(tensor):
+        return tensor
+    # the last partitions of a size the world does not divide end in padding DeepSpeed leaves uninitialised
+    partition = tensor.ds_tensor
+    start = partition.numel() * torch.distributed.get_rank(group=tensor.ds_process_group)
+    return partition.narrow(0, 0, min(partition.numel(), max(0, tensor.ds_numel - start)))
 
 
 def is_sharded(model: nn.Module) -> bool:
