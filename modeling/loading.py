@@ -4,6 +4,8 @@ a method config takes from a base's config."""
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from transformers import AutoConfig, BertConfig, PreTrainedConfig
@@ -30,6 +32,7 @@ class _HoldLoadReport(logging.Filter):
     def __init__(self):
         super().__init__()
         self.held: list[logging.LogRecord] = []
+        self.show = True  # whether leaving `held_load_report` logs them
 
     def filter(self, record: logging.LogRecord) -> bool:
         if any(message in str(record.msg) for message in self.held_messages):
@@ -52,37 +55,53 @@ def _only_expected_keys(info: dict, quiet_missing: tuple[str, ...], quiet_unexpe
     )
 
 
+class ShapeMismatchError(ValueError):
+    """A checkpoint's weights have other shapes than its config.json gives."""
+
+
+@contextmanager
+def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
+    """Hold transformers' load report during the `from_pretrained` calls in the block, and show it on leaving unless
+    the block set `show = False` on the yielded hold. transformers' RuntimeError for weights whose shapes differ
+    from the config becomes a one-line `ShapeMismatchError` naming `where` and one such tensor."""
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    level, shown = report_logger.level, report_logger.isEnabledFor(logging.WARNING)
+    report_logger.setLevel(logging.WARNING)  # the report names the mismatch, whatever transformers' verbosity
+    hold = _HoldLoadReport()
+    report_logger.filters.insert(0, hold)  # first: a nested block's hold decides on its own loads
+    try:
+        yield hold
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        report = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(record.getMessage() for record in hold.held))
+        # its rows: name | MISMATCH | "Reinit due to size mismatch - ckpt: ... vs model: ..."
+        rows = [line.split("|") for line in report.splitlines() if line.count("|") >= 2 and "MISMATCH" in line]
+        example = f", e.g. {rows[0][0].strip()} ({rows[0][2].split(' - ')[-1].strip()})" if rows else ""
+        raise ShapeMismatchError(f"{where}: its weights have other shapes than its config.json gives{example}; fix "
+                                 "config.json, or save the model again") from None
+    finally:
+        report_logger.removeFilter(hold)
+        report_logger.setLevel(level)
+        if hold.show and shown:
+            for record in hold.held:
+                report_logger.handle(record)
+
+
 class QuietLoadReportMixin:
     """`from_pretrained` that logs transformers' LOAD REPORT table only when it lists a key matching none of
     `quiet_missing_keys` / `quiet_unexpected_keys` (regular expressions); `output_loading_info=True` still returns
-    every key."""
+    every key. Mismatched shapes: `ShapeMismatchError` (`held_load_report`)."""
 
     quiet_missing_keys: tuple[str, ...] = ()
     quiet_unexpected_keys: tuple[str, ...] = ()
 
     @classmethod
     def from_pretrained(cls, *args, output_loading_info: bool = False, **kwargs):
-        report_logger = logging.getLogger("transformers.modeling_utils")
-        hold = _HoldLoadReport()
-        report_logger.addFilter(hold)
-        info = None
-        try:
+        where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        with held_load_report(where) as hold:
             model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        except RuntimeError as error:
-            if "ignore_mismatched_sizes" not in str(error):
-                raise
-            where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-            report = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(record.getMessage() for record in hold.held))
-            # its rows: name | MISMATCH | "Reinit due to size mismatch - ckpt: ... vs model: ..."
-            rows = [line.split("|") for line in report.splitlines() if line.count("|") >= 2 and "MISMATCH" in line]
-            example = f", e.g. {rows[0][0].strip()} ({rows[0][2].split(' - ')[-1].strip()})" if rows else ""
-            raise ValueError(f"{where}: its weights have other shapes than its config.json gives{example}; fix "
-                             "config.json, or save the model again") from None
-        finally:  # a failed load (e.g. mismatched shapes) shows its report: the error refers to it
-            report_logger.removeFilter(hold)
-            if info is None or not _only_expected_keys(info, cls.quiet_missing_keys, cls.quiet_unexpected_keys):
-                for record in hold.held:
-                    report_logger.handle(record)
+            hold.show = not _only_expected_keys(info, cls.quiet_missing_keys, cls.quiet_unexpected_keys)
         return (model, info) if output_loading_info else model
 
 
@@ -157,4 +176,4 @@ def base_config_fields(model_name_or_path: str | os.PathLike, model_type: str,
     return fields
 
 
-__all__ = ["QuietLoadReportMixin", "base_config_fields", "checked_types"]
+__all__ = ["QuietLoadReportMixin", "ShapeMismatchError", "base_config_fields", "checked_types", "held_load_report"]

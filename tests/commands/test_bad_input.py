@@ -374,3 +374,43 @@ def test_a_config_that_does_not_fit_the_weights_is_one_line_in_pretrain(tiny_ber
     corpus = write_lines(tmp_path / "c.txt", ["a short passage of text"] * 8)
     assert cli.main(pretrain_args(model, corpus, tmp_path / "out")) == 2
     assert f"{model}: its weights have other shapes than its config.json gives" in one_line_error(capsys, "pretrain")
+
+
+def widened(folder: Path, target: Path) -> Path:
+    """A copy of the model `folder` whose config.json gives twice the hidden size its weights have."""
+    model = shutil.copytree(folder, target)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_size": 2 * config["hidden_size"]}))
+    return model
+
+
+def test_a_config_that_does_not_fit_the_weights_is_one_line_in_coverage(spread_cls_bert, tmp_path, capsys):
+    """HEAD: a traceback ending in transformers' "You set `ignore_mismatched_sizes` to `False`"."""
+    model = widened(spread_cls_bert, tmp_path / "model")
+    corpus = write_lines(tmp_path / "c.txt", ["a short passage of text"] * 4)
+    assert cli.main(["coverage", "--model", str(model), "--corpus", str(corpus), "--output-dir", str(tmp_path / "o"),
+                     "--no-progress"]) == 2
+    line = one_line_error(capsys, "coverage")
+    assert f"{model}: its weights have other shapes than its config.json gives, e.g. " in line, line
+    assert "(ckpt: torch.Size([32" in line and "vs model:torch.Size([64" in line, line
+
+
+@pytest.mark.parametrize("layout", ["plain", "sentence-transformers"])
+def test_a_config_that_does_not_fit_the_weights_names_the_folder_for_finetune_and_evaluate(layout, spread_cls_bert,
+                                                                                          tmp_path):
+    """`load_sentence_transformer` (finetune's, evaluate's and search's --model), for a folder without and with
+    modules.json. HEAD: "cannot load the model folder ... (RuntimeError: You set `ignore_mismatched_sizes` to
+    `False`, thus raising an error. For details look at the above report!)", whatever the verbosity hid."""
+    from retromae.trainers.inputs.sentence_models import load_sentence_transformer
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    source = spread_cls_bert
+    if layout == "sentence-transformers":
+        transformer = Transformer(str(spread_cls_bert))
+        source = tmp_path / "st"
+        SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="cls")]).save(str(source))
+    model = widened(source, tmp_path / "model")
+    with pytest.raises(ValueError, match=r"model: its weights have other shapes than its config.json gives, e\.g\. "
+                                         r".*\(ckpt: torch\.Size\(\[32.* vs model:torch\.Size\(\[64"):
+        load_sentence_transformer(model, device="cpu")

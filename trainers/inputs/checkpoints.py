@@ -33,7 +33,7 @@ from retromae.modeling.backbones import (
     backbone_for,
     encoder_type_of_config,
 )
-from retromae.modeling.loading import QuietLoadReportMixin
+from retromae.modeling.loading import QuietLoadReportMixin, held_load_report
 from retromae.modeling.pretraining_base import ClsEncoderModel
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -309,7 +309,8 @@ def load_encoder(path_or_id: str | os.PathLike, *, purpose: str = "model") -> nn
     config = _config_dict(path, purpose)
     model_type = config.get("model_type")
     if model_type in CONFIG_MAPPING:
-        encoder, info = AutoModel.from_pretrained(path, output_loading_info=True, **encoder_kwargs(model_type))
+        with held_load_report(path):
+            encoder, info = AutoModel.from_pretrained(path, output_loading_info=True, **encoder_kwargs(model_type))
     elif encoder_type_of_config(config) in BertBackbone.model_types:  # our pre-training checkpoints: BERT weights under `bert.`
         encoder, info = ClsEncoderModel.from_pretrained(path, output_loading_info=True)
     else:  # our pre-training checkpoints on another base: its weights under `roberta.` / `model.`

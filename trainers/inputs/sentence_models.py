@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from retromae.modeling.loading import ShapeMismatchError, held_load_report
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
@@ -88,7 +89,10 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
                 "and keeps its own pooling"
             )
         try:
-            return SentenceTransformer(str(path), trust_remote_code=needs_remote_code(path), device=device)
+            with held_load_report(path):
+                return SentenceTransformer(str(path), trust_remote_code=needs_remote_code(path), device=device)
+        except ShapeMismatchError:
+            raise
         except Exception as error:  # a module's file missing or damaged: its loader fails with anything
             raise CheckpointError(
                 f"cannot load the sentence-transformers folder {path} ({type(error).__name__}: "
@@ -101,7 +105,10 @@ def load_sentence_transformer(path_or_id: str | os.PathLike, *, pooling: str | N
     logger.warning(NO_MODULES_WARNING.format(model=path.name, pooling=pooling.upper(), similarity=similarity))
     model_type = read_json_or_empty(path / "config.json").get("model_type")
     try:
-        transformer = Transformer(str(path), model_kwargs=encoder_kwargs(model_type))
+        with held_load_report(path):
+            transformer = Transformer(str(path), model_kwargs=encoder_kwargs(model_type))
+    except ShapeMismatchError:
+        raise
     except Exception as error:  # e.g. a config.json field of the wrong type, found by transformers' validation
         raise CheckpointError(f"cannot load the model folder {path} ({type(error).__name__}: "
                               f"{one_line_message(error)}); fix {path / 'config.json'} or save the model again") from None
