@@ -6,7 +6,8 @@ A refusal (`inputs.errors.is_refusal`: a `UserError`, a config field's validator
 raised by the package's own code) and a write
 that the disk refused (ENOSPC, EDQUOT, EFBIG, torch.save's write failure, a read-only file system or a folder
 without write permission) are printed as one line with exit status 2; Ctrl-C is one line with exit status 130 (for
-`pretrain`: the command that resumes the run); any other exception is a bug and keeps its traceback
+`pretrain`: the command that resumes the run), SIGTERM (a scheduler's preemption, `kill`) the same with 143; any
+other exception is a bug and keeps its traceback
 (`RETROMAE_DEBUG=1` shows it for those too).
 """
 
@@ -17,7 +18,9 @@ import errno
 import importlib
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
@@ -56,6 +59,15 @@ TORCH_WRITE_FAILED = re.compile(r"PytorchStreamWriter failed writing|inline_cont
 RESUMABLE = frozenset({"pretrain", "finetune"})
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command runs: it then stops as after Ctrl-C (the folder's lock released, a partial
+    checkpoint removed, the resume line printed) instead of dying silently."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def _command(name: str) -> Callable[[list[str]], int]:
     module, function = COMMANDS[name][0].split(":")
     return getattr(importlib.import_module(f"retromae.trainers.{module}"), function)
@@ -77,20 +89,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = _command(argv[0])
     context = contextvars.copy_context()  # what the command sets stays in it (INTERRUPTED_HINT: read after a Ctrl-C)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where Python takes signal handlers
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         return context.run(command, argv[1:])
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if os.environ.get("RETROMAE_DEBUG"):
             raise
         hint = context.get(INTERRUPTED_HINT)
         print(f"retromae {argv[0]}: {hint() if hint else interrupted_message(argv[0])}", file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+        return 143 if isinstance(stop, Terminated) else 130  # 128 + the signal, as a shell reports it
     except Exception as error:
         message = one_line_message(error) if is_refusal(error) else refused_write_message(error, argv[0])
         if message is None or os.environ.get("RETROMAE_DEBUG"):
             raise
         print(f"retromae {argv[0]}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def version_line() -> str:

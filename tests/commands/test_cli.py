@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -453,6 +454,26 @@ def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
     assert statuses == [130, "retromae index: interrupted\n", 130]
     assert capsys.readouterr().err == ("retromae finetune: interrupted; to continue, run the same command again with "
                                        "--resume-from-checkpoint last\n")
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does_with_exit_status_143(monkeypatch, capsys):
+    """A scheduler's preemption or `kill`: HEAD died at once, without its line (and, for `pretrain`, left its lock
+    and a partial checkpoint for the next run to clean up). The handler is the caller's again afterwards."""
+    def terminated(argv):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises in here
+        return 0
+
+    monkeypatch.setattr(cli, "_command", lambda name: terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        status = cli.main(["finetune"])
+    except KeyboardInterrupt:
+        pytest.fail("the SIGTERM escaped main")
+    assert status == 143
+    assert capsys.readouterr().err == ("retromae finetune: interrupted; to continue, run the same command again with "
+                                       "--resume-from-checkpoint last\n")
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 @pytest.mark.parametrize(("extra", "message"), [

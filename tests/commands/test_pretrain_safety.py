@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -363,13 +364,16 @@ def test_resuming_a_finished_run_in_a_read_only_folder_exits_0(finished_run, tmp
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
 
 
-def _interrupt_at(step: int):
-    """RetroMAETrainer.training_step with Ctrl-C pressed when step `step + 1` starts."""
+def _interrupt_at(step: int, sigterm: bool = False):
+    """RetroMAETrainer.training_step with Ctrl-C pressed (or, with `sigterm`, the process sent SIGTERM) when step
+    `step + 1` starts."""
     real_step = RetroMAETrainer.training_step
 
     def training_step(self, *args, **kwargs):
         if self.state.global_step == step:
-            raise KeyboardInterrupt
+            if not sigterm:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)
         return real_step(self, *args, **kwargs)
 
     return training_step
@@ -382,11 +386,14 @@ def _main_interrupted(argv: list[str]) -> int:
         pytest.fail("KeyboardInterrupt escaped with its traceback")
 
 
-def test_ctrl_c_names_the_command_that_resumes_and_exits_130(tiny_bert, corpus, tmp_path, monkeypatch, capsys):
-    """HEAD printed KeyboardInterrupt's traceback; its lock, checkpoint and resume were right, and still are."""
-    monkeypatch.setattr(RetroMAETrainer, "training_step", _interrupt_at(3))
+@pytest.mark.parametrize(("sigterm", "status"), [(False, 130), (True, 143)])
+def test_ctrl_c_names_the_command_that_resumes_and_exits_130(sigterm, status, tiny_bert, corpus, tmp_path, monkeypatch,
+                                                             capsys):
+    """HEAD printed KeyboardInterrupt's traceback; its lock, checkpoint and resume were right, and still are.
+    SIGTERM (a scheduler's preemption) stops the same way; HEAD died silently, its lock left behind."""
+    monkeypatch.setattr(RetroMAETrainer, "training_step", _interrupt_at(3, sigterm))
     out = tmp_path / "run"
-    assert _main_interrupted(pretrain_args(tiny_bert, corpus, out)) == 130
+    assert _main_interrupted(pretrain_args(tiny_bert, corpus, out)) == status
     stderr = capsys.readouterr().err
     assert "Traceback" not in stderr
     assert stderr.splitlines()[-1] == (f"retromae pretrain: interrupted after checkpoint-2; resume with: retromae "
