@@ -91,6 +91,8 @@ BAD_TRAINING_FLAGS = [
     # HEAD: accepted; clipping silently off, or a divergence blamed on the learning rate
     (["--max-grad-norm", "nan"], "--max-grad-norm nan: give a finite number >= 0 (0 turns gradient clipping off)"),
     (["--weight-decay", "nan"], "--weight-decay nan: give a finite number >= 0"),
+    # HEAD: accepted, and transformers kept every checkpoint
+    (["--save-total-limit", "0"], "--save-total-limit 0: give the number of newest checkpoints to keep, at least 1"),
 ]
 
 

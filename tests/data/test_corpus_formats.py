@@ -494,3 +494,14 @@ def test_a_corrupt_parquet_file_names_the_reason(tmp_path, streaming):
     path = write_file(tmp_path / "c.parquet", content[: len(content) // 2] + content[-footer:])
     with pytest.raises(ValueError, match=r"c\.parquet: could not be read.*(corrupt|Invalid|invalid)"):
         list(read_corpus(path, streaming=streaming))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_text_column_for_plain_text_files_is_refused(tmp_path, streaming):
+    """HEAD: `--text-column body` on .txt files was accepted and ignored."""
+    (tmp_path / "a.txt").write_text("first passage\nsecond passage\n")
+    with pytest.raises(ValueError, match=r"--text-column body names a field of \.jsonl .*'.*a\.txt' holds plain "
+                                         r"text .*drop --text-column"):
+        read_corpus(tmp_path / "a.txt", text_column="body", streaming=streaming)
+    (tmp_path / "b.jsonl").write_text('{"body": "third passage"}\n')  # a field of the .jsonl file: read
+    assert len(list(read_corpus(tmp_path, text_column="body", streaming=streaming))) == 3

@@ -307,6 +307,10 @@ def _read_files(
     """Materialises the passages of corpus files with ``datasets``' builders (``_read_run``), or streams them
     through our own generator."""
     sources = [describe_file(path, text_format) for path in files]
+    if text_column != "text" and all(source[1] in ("lines", "blocks") for source in sources):
+        raise ValueError(f"--text-column {text_column} names a field of .jsonl / .parquet / datasets corpora, and "
+                         f"{str(files[0])!r}{' and the other files hold' if len(files) > 1 else ' holds'} plain text (a "
+                         "passage per line or block); drop --text-column")
     if not any(_has_content(path) for path in files):
         names = ", ".join(repr(str(p)) for p in files)
         raise ValueError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")

@@ -303,6 +303,10 @@ def check_training_arguments(args: Any) -> None:
         if getattr(args, f"{kind}_strategy", "steps") == "steps" and not steps > 0:
             raise UserError(f"--{kind}-steps {steps:g}: give a positive number of optimizer steps (or a fraction of "
                             "the run below 1)")
+    limit = getattr(args, "save_total_limit", None)
+    if limit is not None and limit < 1:  # transformers keeps every checkpoint then, which nobody asking for 0 means
+        raise UserError(f"--save-total-limit {limit}: give the number of newest checkpoints to keep, at least 1, or "
+                        "leave it unset to keep all (--save-strategy no saves none)")
     for name, bound, fix in _RANGES:  # 0 <= value < bound; a NaN fails every comparison
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < bound:
