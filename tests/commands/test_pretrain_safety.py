@@ -420,3 +420,40 @@ def test_the_summary_names_what_the_checkpoint_holds_besides_the_encoder(tiny_be
                               "true")) == 0
     summary = capsys.readouterr().out
     assert f"  pre-training checkpoint (heads included): {out}" in summary and "decoder" not in summary
+
+
+def test_a_folder_of_the_users_own_files_is_not_called_an_earlier_run(tiny_bert, corpus, tmp_path, capsys):
+    """HEAD: "already holds files from an earlier run ... --overwrite-output-dir to start over", which deletes none of
+    them. The user's files are named; the folder is untouched."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(pretrain_args(tiny_bert, corpus, out)) == 2
+    assert one_line(capsys) == (f"retromae pretrain: error: output folder {out} holds files no retromae run wrote "
+                                "(notes.txt); choose another --output-dir, or pass --overwrite-output-dir to "
+                                "write beside them (it deletes none of them)")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("how", ["last", "explicit"])
+def test_a_damaged_run_record_is_named_not_taken_for_another_run(how, finished_run, tmp_path, capsys):
+    """HEAD, `last`: "holds checkpoints of 2 runs ... (run without a recorded id)"; explicit: resumed with the flags
+    given now, the recorded settings silently lost."""
+    out = copy_of(finished_run, tmp_path)
+    record = out / "checkpoint-4" / "retromae_resume.json"
+    record.write_text("{trunc")
+    assert main(resume(out, "last" if how == "last" else str(out / "checkpoint-4"))) == 2
+    err = one_line(capsys)
+    assert f"{record} is damaged (not a JSON object), so the run's settings are unknown; restore it, or resume from " \
+           "an earlier checkpoint-N" in err, err
+
+
+def test_a_damaged_trainer_state_is_named_under_the_resume_flag(finished_run, tmp_path, capsys):
+    """HEAD: "--model: .../trainer_state.json is not valid JSON ...; restore the file, or export the model again"."""
+    out = copy_of(finished_run, tmp_path)
+    state = out / "checkpoint-4" / "trainer_state.json"
+    state.write_text("{trunc")
+    assert main(resume(out, str(out / "checkpoint-4"))) == 2
+    err = one_line(capsys)
+    assert err.startswith(f"retromae pretrain: error: --resume-from-checkpoint: {state} is not valid JSON"), err
+    assert err.endswith("restore the file, or use an earlier checkpoint-N of the run"), err

@@ -23,7 +23,6 @@ from ..inputs.outputs import check_folder_option, claim_output
 from ..inputs.pretrain_options import (
     check_export_target,
     export_target,
-    prepare_output_dir,
     pretrain_arguments,
     run_inputs,
 )
@@ -46,6 +45,7 @@ from ..training.run_folder import (
     check_no_checkpoint_collision,
     finished_step,
     last_complete_checkpoint,
+    prepare_output_dir,
 )
 from ..training.sharding import full_state_dict, without_zero3_init
 from ..training.trainer import RetroMAETrainer
@@ -98,7 +98,8 @@ def pretrain(argv: list[str]) -> int:
     # a finished run with nothing missing writes nothing: it may read a read-only folder, without the lock
     writes = finished is None or save_final or write_export
     with folder_lock(args.output_dir, enabled=args.should_save, required=writes) as lock:
-        prepare_output_dir(args.output_dir, run.run, run.resume, lock is not None, inputs=run_inputs(run))
+        prepare_output_dir(args.output_dir, run.resume, overwrite=run.run.overwrite_output_dir,
+                           should_save=lock is not None, inputs=run_inputs(run))
         trainer, tokenizer, seconds = train_model(run, validation)
         if save_final:
             trainer.save_pretraining_model(args.output_dir)

@@ -163,8 +163,9 @@ def check_model_folder(path_or_id: str | os.PathLike, *, purpose: str, tokenizer
         try:
             json.loads(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise UserError(f"{purpose}: {file} is not valid JSON ({error}); restore the file, or "
-                            "export the model again") from None
+            again = ("use an earlier checkpoint-N of the run" if (folder / "trainer_state.json").is_file()
+                     else "export the model again" if (folder / "modules.json").is_file() else "save the model again")
+            raise UserError(f"{purpose}: {file} is not valid JSON ({error}); restore the file, or {again}") from None
     for file in _module_files(folder, "*.safetensors"):
         problem = safetensors_problem(file)
         if problem:

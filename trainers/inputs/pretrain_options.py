@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +16,6 @@ from transformers import (
 
 from ..methods import DEFAULT_METHOD, METHODS, MethodArguments
 from ..retrieval.metrics import metric_names
-from ..training.lock import LOCK_NAME
 from ..training.positions import check_extension_length
 from ..training.recipe import RecipeArguments
 from ..training.resume import (
@@ -30,18 +28,13 @@ from ..training.resume import (
 from ..training.run_folder import (
     RESUME_LAST,
     checkpoint_to_resume,
-    clean_killed_saves,
-    finished_step,
-    last_complete_checkpoint,
-    remove_previous_run,
     resume_state_problem,
-    run_output_files,
 )
 from .arguments import CommandParser, DefaultsHelpFormatter, expand_home, parse
 from .config_files import config_argument, merge_file_mappings, split_config
 from .errors import UserError
 from .folders import TRAINER_CHECKPOINT
-from .outputs import check_folder_option, claim_output, would_delete
+from .outputs import check_folder_option, claim_output
 
 logger = logging.getLogger(__name__)
 
@@ -411,58 +404,12 @@ def resolve_resume(output_dir: str, resume: str | None) -> str | None:
     return resume
 
 
-def prepare_output_dir(output_dir: str, run_args: RunArguments, resume: str | None, should_save: bool,
-                       inputs: Mapping[str, str | None] | None = None) -> None:
-    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
-    --overwrite-output-dir delete what the earlier run wrote there (`training.run_folder.run_output_files`), nothing
-    else, and refuse first when that would delete one of `inputs` (`run_inputs`). Build folders of saves a kill
-    interrupted are removed in any case. The main process calls it holding the folder's lock (`training.lock`),
-    whose file does not count as an earlier run's."""
-    folder = Path(output_dir)
-    if should_save:
-        clean_killed_saves(folder)
-    own_folder = resume is not None and folder.resolve() == Path(resume).resolve().parent
-    if own_folder and run_args.overwrite_output_dir:
-        raise UserError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
-                        "drop one of the two")
-    if own_folder or not (folder.is_dir() and any(not p.name.startswith(LOCK_NAME) for p in folder.iterdir())):
-        return
-    if not run_args.overwrite_output_dir:
-        latest = last_complete_checkpoint(folder)
-        done = finished_step(latest, 0) if latest else None  # 0: the checkpoint's own max_steps
-        if done is not None:  # e.g. a second `make demo`: resuming would only re-export
-            hint = f"that run finished at step {done} ({latest.name}); choose another --output-dir"
-        elif latest:
-            hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})"
-        else:
-            hint = "choose another --output-dir"
-        raise UserError(
-            f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
-            "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
-        )
-    _check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
-    if should_save:
-        removed = remove_previous_run(folder)
-        logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
-
-
 def run_inputs(run: PretrainRun) -> dict[str, str | None]:
     """What the run reads (description -> path, None when not given): neither its export nor
     --overwrite-output-dir may delete it."""
     return {"the corpus": run.data.corpus, "the pairs file": run.data.pairs, "the model": run.model.model,
             "the tokenizer": run.model.tokenizer, "the --eval-beir-folder": run.validation.eval_beir_folder,
             "the --config file": run.config_file}
-
-
-def _check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
-    """Refuse an --overwrite-output-dir that would delete one of `inputs`: one that is the output folder itself (a
-    model saved there) or lies in one of the earlier run's files and folders that it removes."""
-    itself = next(((what, Path(path)) for what, path in inputs.items()
-                   if path and Path(path).exists() and Path(path).resolve() == folder.resolve()), None)
-    hit = itself or next(filter(None, (would_delete(entry, inputs) for entry in run_output_files(folder))), None)
-    if hit is not None:
-        raise UserError(f"--overwrite-output-dir would delete {hit[0]} ({hit[1]}), which this run reads; choose "
-                        f"another --output-dir, or copy it out of {folder} first")
 
 
 def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
@@ -496,5 +443,5 @@ def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None
 __all__ = [
     "DEFAULT_BASE_MODEL_NAME", "DEMO_DEFAULTS", "DataArguments", "ModelArguments", "PretrainRun",
     "PretrainingArguments", "RunArguments", "ValidationArguments", "check_export_target", "export_target",
-    "prepare_output_dir", "pretrain_arguments", "pretrain_parser", "resolve_resume", "run_inputs"
+    "pretrain_arguments", "pretrain_parser", "resolve_resume", "run_inputs"
 ]

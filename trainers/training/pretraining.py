@@ -246,8 +246,8 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
     # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
     scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
-    check_model_folder(run.resume or model_ref, purpose="--model", tokenizer=False,  # before its tokenizer is read
-                       weights=not scratch)
+    check_model_folder(run.resume or model_ref, purpose="--resume-from-checkpoint" if run.resume else "--model",
+                       tokenizer=False, weights=not scratch)  # before its tokenizer is read
     tokenizer_ref = run.resume or run.model.tokenizer or model_ref
     tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
     _check_special_tokens(tokenizer, tokenizer_ref)

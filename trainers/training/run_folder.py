@@ -7,14 +7,16 @@ import os
 import re
 import shutil
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import retromae.modeling
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..inputs.io import read_json_or_empty
-from ..inputs.outputs import clean_stale_siblings, sibling_target_name
-from .resume import run_id_of
+from ..inputs.outputs import clean_stale_siblings, sibling_target_name, would_delete
+from .lock import LOCK_NAME
+from .resume import RESUME_FILE, run_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
             more): which run to continue is the user's choice, so the message names each run's newest checkpoint.
     """
     complete = [p for p in list_checkpoints(output_dir) if (p / TRAINER_STATE_NAME).is_file()]
+    for checkpoint in complete:  # a damaged record would read as a checkpoint of another run
+        damaged = damaged_record(checkpoint)
+        if damaged:
+            raise ValueError(f"--resume-from-checkpoint last: {damaged}")
     newest = {run_id_of(p): p for p in complete}  # oldest first: each run's newest wins
     if len(newest) > 1:
         runs = sorted(newest.items(), key=lambda item: complete.index(item[1]), reverse=True)
@@ -175,10 +181,23 @@ def install_files(build: Path, root: Path) -> None:
     build.rmdir()
 
 
+def damaged_record(checkpoint: Path) -> str | None:
+    """What is wrong with `checkpoint`'s run record (`RESUME_FILE`) when it is there but not a JSON object, or None."""
+    record = checkpoint / RESUME_FILE
+    if not record.exists() or read_json_or_empty(record):
+        return None
+    return (f"{record} is damaged (not a JSON object), so the run's settings are unknown; restore it, or resume "
+            "from an earlier checkpoint-N")
+
+
 def resume_state_problem(checkpoint: Path) -> str | None:
-    """Why a checkpoint in the Trainer's plain format (`optimizer.pt` beside the weights) cannot continue its run
-    exactly, or None: its optimizer, schedule or RNG state is missing or not a complete torch file (the Trainer would
-    stop with torch's traceback, or restart the learning-rate schedule without a word)."""
+    """Why a checkpoint cannot continue its run exactly, or None: its run record is damaged (`damaged_record`), or,
+    in the Trainer's plain format (`optimizer.pt` beside the weights), its optimizer, schedule or RNG state is
+    missing or not a complete torch file (the Trainer would stop with torch's traceback, or restart the
+    learning-rate schedule without a word)."""
+    damaged = damaged_record(checkpoint)
+    if damaged:
+        return damaged
     if not (checkpoint / "optimizer.pt").exists():  # DeepSpeed and FSDP keep theirs in folders of their own
         return None
     for path in [checkpoint / "optimizer.pt", checkpoint / "scheduler.pt", *sorted(checkpoint.glob("rng_state*.pth"))]:
@@ -189,8 +208,59 @@ def resume_state_problem(checkpoint: Path) -> str | None:
     return None
 
 
+def prepare_output_dir(output_dir: str, resume: str | None, *, overwrite: bool, should_save: bool,
+                       inputs: Mapping[str, str | None] | None = None) -> None:
+    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
+    --overwrite-output-dir delete what the earlier run wrote there (`run_output_files`), nothing
+    else, and refuse first when that would delete one of `inputs` (`inputs.pretrain_options.run_inputs`). Build folders of saves a kill
+    interrupted are removed in any case. The main process calls it holding the folder's lock (`lock`),
+    whose file does not count as an earlier run's."""
+    folder = Path(output_dir)
+    if should_save:
+        clean_killed_saves(folder)
+    own_folder = resume is not None and folder.resolve() == Path(resume).resolve().parent
+    if own_folder and overwrite:
+        raise ValueError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
+                        "drop one of the two")
+    if own_folder or not (folder.is_dir() and any(not p.name.startswith(LOCK_NAME) for p in folder.iterdir())):
+        return
+    if not overwrite and not run_output_files(folder):
+        theirs = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK_NAME))
+        raise ValueError(f"output folder {folder} holds files no retromae run wrote ({', '.join(theirs[:3])}"
+                        f"{' ...' if len(theirs) > 3 else ''}); choose another --output-dir, or pass "
+                         "--overwrite-output-dir to write beside them (it deletes none of them)")
+    if not overwrite:
+        latest = last_complete_checkpoint(folder)
+        done = finished_step(latest, 0) if latest else None  # 0: the checkpoint's own max_steps
+        if done is not None:  # e.g. a second `make demo`: resuming would only re-export
+            hint = f"that run finished at step {done} ({latest.name}); choose another --output-dir"
+        elif latest:
+            hint = f"resume with --resume-from-checkpoint last (newest: {latest.name})"
+        else:
+            hint = "choose another --output-dir"
+        raise ValueError(
+            f"output folder {folder} already holds files from an earlier run; {hint}, or pass --overwrite-output-dir "
+            "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
+        )
+    _check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
+    if should_save:
+        removed = remove_previous_run(folder)
+        logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
+
+
+def _check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
+    """Refuse an --overwrite-output-dir that would delete one of `inputs`: one that is the output folder itself (a
+    model saved there) or lies in one of the earlier run's files and folders that it removes."""
+    itself = next(((what, Path(path)) for what, path in inputs.items()
+                   if path and Path(path).exists() and Path(path).resolve() == folder.resolve()), None)
+    hit = itself or next(filter(None, (would_delete(entry, inputs) for entry in run_output_files(folder))), None)
+    if hit is not None:
+        raise ValueError(f"--overwrite-output-dir would delete {hit[0]} ({hit[1]}), which this run reads; choose "
+                        f"another --output-dir, or copy it out of {folder} first")
+
+
 __all__ = [
     "RESUME_LAST", "RUN_INFO_NAME", "check_no_checkpoint_collision", "checkpoint_to_resume", "clean_killed_saves",
-    "finished_step", "last_complete_checkpoint", "list_checkpoints", "remove_previous_run", "resume_state_problem",
+    "finished_step", "last_complete_checkpoint", "list_checkpoints", "prepare_output_dir", "remove_previous_run", "resume_state_problem",
     "run_output_files",
 ]
