@@ -327,7 +327,24 @@ def test_a_missing_model_or_tokenizer_is_one_line(corpus, tmp_path, capsys):
     missing = tmp_path / "no-tokenizer"
     assert cli.main(["pretrain", "--corpus", str(corpus), "--output-dir", str(tmp_path / "out"),
                      "--tokenizer", str(missing)]) == 2
-    assert f"tokenizer folder {missing} does not exist" in one_line_error(capsys, "pretrain")
+    assert f"--tokenizer: tokenizer folder {missing} does not exist" in one_line_error(capsys, "pretrain")
+
+
+@pytest.mark.parametrize("given", ["file", "empty folder"])
+def test_a_tokenizer_that_is_a_file_or_an_empty_folder_is_named_under_its_flag(given, tiny_bert, corpus, tmp_path,
+                                                                                capsys):
+    """HEAD: "cannot load a tokenizer from X: It looks like the config file at 'X' is not a valid JSON file. (pass a
+    local folder, or --tokenizer)", and for an empty folder transformers' "Couldn't instantiate the backend
+    tokenizer from one of:"; both advised the flag that had been given."""
+    tokenizer = corpus if given == "file" else tmp_path / "tokenizer"
+    if given != "file":
+        tokenizer.mkdir()
+    assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "out", "--tokenizer", str(tokenizer))) == 2
+    err = one_line_error(capsys, "pretrain")
+    expected = ("is a file; give the folder that holds the tokenizer's files" if given == "file" else
+                "has no tokenizer files (e.g. tokenizer.json or vocab.txt); copy the model's tokenizer files into it")
+    assert f"--tokenizer: {tokenizer} {expected}" in err, err
+    assert not err.endswith("--tokenizer)"), err
 
 
 # ---- a checkpoint that cannot continue its run exactly -------------------------------------------------------------

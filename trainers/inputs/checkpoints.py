@@ -145,30 +145,36 @@ def check_tokenizer_saved(path_or_id: str | os.PathLike, *, purpose: str) -> Non
     )
 
 
-def load_tokenizer(path_or_id: str | os.PathLike, *, hint: str = "") -> PreTrainedTokenizerBase:
+def load_tokenizer(path_or_id: str | os.PathLike, *, purpose: str = "") -> PreTrainedTokenizerBase:
     """A checkpoint's tokenizer (a plain one: a checkpoint's config.json `auto_map` never applies to it).
 
-    `hint` ends the error message (e.g. the flag that names another tokenizer).
+    `purpose` starts the error messages (the flag that named the folder, e.g. "--tokenizer").
 
     Raises:
         CheckpointError: no tokenizer can be read, or `path_or_id` has no tokenizer vocabulary (transformers then
             makes up one of only the special tokens, which turns every word into [UNK]).
     """
+    where = f"{purpose}: " if purpose else ""
     if is_local_path(path_or_id) and not Path(path_or_id).expanduser().exists():
-        raise CheckpointError(f"tokenizer folder {path_or_id} does not exist{hint}")
+        raise CheckpointError(f"{where}tokenizer folder {path_or_id} does not exist")
+    if Path(path_or_id).expanduser().is_file():  # transformers would read it as a config.json
+        raise CheckpointError(f"{where}{path_or_id} is a file; give the folder that holds the tokenizer's files "
+                              "(tokenizer.json or vocab.txt, tokenizer_config.json)")
+    no_files = (f"{where}{path_or_id} has no tokenizer files (e.g. tokenizer.json or vocab.txt){{}}; copy the model's "
+                f"tokenizer files into it{', or pass --tokenizer FOLDER' if purpose == '--model' else ''}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False,
                                                   **_method_folder_config(path_or_id))
     except (OSError, ValueError) as error:  # a Hub id while offline, a folder without tokenizer files
+        folder = Path(path_or_id).expanduser()
+        if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+            raise CheckpointError(no_files.format("")) from None
         raise CheckpointError(
-            f"cannot load a tokenizer from {path_or_id}: {str(error).strip().splitlines()[0]}{hint}"
+            f"{where}cannot load a tokenizer from {path_or_id}: {str(error).strip().splitlines()[0]}"
         ) from None
     if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
-        raise CheckpointError(
-            f"{path_or_id} has no tokenizer files (e.g. tokenizer.json or vocab.txt): a tokenizer made up of its "
-            f"{len(tokenizer)} special tokens would turn every word into [UNK]; copy the model's tokenizer files "
-            f"into it, or use the model's tokenizer{hint or ' from elsewhere'}"
-        )
+        raise CheckpointError(no_files.format(f": a tokenizer made up of its {len(tokenizer)} special tokens would "
+                                              "turn every word into [UNK]"))
     return tokenizer
 
 

@@ -179,6 +179,13 @@ def scale_loss_chunk(settings: dict[str, Any], method: Method, model_ref: str) -
                 vocab_size)
 
 
+def tokenizer_flag(run: PretrainRun, tokenizer_ref: str) -> str:
+    """The flag that named the tokenizer folder `tokenizer_ref`, for its load errors."""
+    if tokenizer_ref == run.resume:
+        return "--resume-from-checkpoint"
+    return "--tokenizer" if tokenizer_ref == run.model.tokenizer else "--model"
+
+
 def _check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
     """Refuse, in one line naming the folder, a tokenizer without the mask and pad tokens that masking and padding
     need (the collator would stop with a traceback), or one whose first token is not a special token: position 0
@@ -208,7 +215,7 @@ def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> in
         if given:
             raise ValueError(f"--save-tokenized writes one tokenized corpus from --corpus; drop {flag}")
     tokenizer_ref = run.model.tokenizer or run.model.model or default_model_dir()
-    tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
+    tokenizer = load_tokenizer(tokenizer_ref, purpose=tokenizer_flag(run, tokenizer_ref))
     _check_special_tokens(tokenizer, tokenizer_ref)
     texts = read_corpus(data.corpus, text_format=data.text_format, text_column=data.text_column,
                         config=data.corpus_config, split=data.corpus_split, revision=data.corpus_revision)
@@ -249,7 +256,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     check_model_folder(run.resume or model_ref, purpose="--resume-from-checkpoint" if run.resume else "--model",
                        tokenizer=False, weights=not scratch)  # before its tokenizer is read
     tokenizer_ref = run.resume or run.model.tokenizer or model_ref
-    tokenizer = load_tokenizer(tokenizer_ref, hint=" (pass a local folder, or --tokenizer)")
+    tokenizer = load_tokenizer(tokenizer_ref, purpose=tokenizer_flag(run, tokenizer_ref))
     _check_special_tokens(tokenizer, tokenizer_ref)
     inputs = DataInputs(
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
