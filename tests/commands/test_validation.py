@@ -167,14 +167,19 @@ def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_
     ("corpus.jsonl", "is missing corpus.jsonl"),
     ("queries.jsonl", "is missing queries.jsonl"),
     ("empty queries.jsonl", "toy/queries.jsonl holds no query"),  # HEAD named the qrels
+    ("empty corpus.jsonl", "toy/corpus.jsonl holds no document; add one JSON object per line"),  # HEAD: no folder
+    ("folder qrels/dev.tsv", "toy: qrels/dev.tsv is a folder; it must be a file"),  # HEAD: "is missing" it
 ])
 def test_bad_folder_refused_before_training(tiny_bert, corpus, tmp_path, capsys, damage, expected):
     import shutil
 
     folder = write_beir(tmp_path / "toy")
-    target = folder / damage.removeprefix("empty ")
+    target = folder / damage.split()[-1]
     if damage.startswith("empty "):
         target.write_text("")
+    elif damage.startswith("folder "):
+        target.unlink()
+        target.mkdir()
     else:
         shutil.rmtree(target) if target.is_dir() else target.unlink()
     out = tmp_path / "run"

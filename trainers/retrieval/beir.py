@@ -96,6 +96,10 @@ def _check_beir_layout(folder: Path, split: str) -> Path:
         state = "is a file, not a folder" if folder.exists() else "does not exist"
         raise RetrievalDataError(f"BEIR folder {folder} {state} (expected a folder with {BEIR_LAYOUT})")
     qrels_file = folder / "qrels" / f"{split}.tsv"
+    for path in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
+        if path.is_dir():
+            raise RetrievalDataError(f"BEIR folder {folder.name}: {path.relative_to(folder)} is a folder; it must be "
+                                     f"a file (a BEIR folder holds {BEIR_LAYOUT})")
     missing = [str(p.relative_to(folder)) for p in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file)
                if not p.is_file()]
     if missing:
@@ -206,7 +210,8 @@ def read_beir_corpus(path: Path) -> dict[str, dict[str, str]]:
             "text": _string_field(record, "text", where),
         }
     if not corpus:
-        raise RetrievalDataError(f"{path.name} holds no document")
+        raise RetrievalDataError(f"{path.parent.name}/{path.name} holds no document; add one JSON object per line, e.g. "
+                                 f"{CORPUS_EXAMPLE}")
     return corpus
 
 
