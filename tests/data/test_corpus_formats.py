@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import logging
 import lzma
 import sys
 from pathlib import Path
@@ -505,3 +506,14 @@ def test_a_text_column_for_plain_text_files_is_refused(tmp_path, streaming):
         read_corpus(tmp_path / "a.txt", text_column="body", streaming=streaming)
     (tmp_path / "b.jsonl").write_text('{"body": "third passage"}\n')  # a field of the .jsonl file: read
     assert len(list(read_corpus(tmp_path, text_column="body", streaming=streaming))) == 3
+
+
+def test_a_bad_jsonl_line_is_one_error_without_the_builders_log(tmp_path, caplog):
+    """HEAD: datasets' json builder logged "Failed to load JSON from file ..." at ERROR level before our reader named
+    the line."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "a passage"}\n{bad\n{"text": "another"}\n')
+    with caplog.at_level(logging.INFO), pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
+        read_corpus(path)
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert "Reading" in caplog.text and "line by line" in caplog.text  # the fallback did run

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -87,13 +88,22 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
     kind = PASSAGE_BUILDERS[fmt]
     builder = kind(data_files=paths, features=PASSAGE_FEATURES, dataset_name=f"retromae_passages_{kind.packaged}",
                    passage_column=column, passage_code=code, **options)
+    json_logger = logging.getLogger("datasets.packaged_modules.json.json")
+    json_logger.addFilter(_no_builder_errors)  # a failed read goes line by line, which names the line at fault
     try:
         builder.download_and_prepare()
     except DatasetGenerationError as error:  # datasets wraps what our checks raise while it generates
         if isinstance(error.__cause__, (ReadLineByLine, CorpusError)):
             raise error.__cause__ from None
         raise
+    finally:
+        json_logger.removeFilter(_no_builder_errors)
     return builder.as_dataset(split="train")
+
+
+def _no_builder_errors(record: logging.LogRecord) -> bool:
+    """False for the json builder's "Failed to load JSON / convert" errors."""
+    return not str(record.msg).startswith("Failed to")
 
 
 def check_parquet_column(paths: list[str], column: str) -> None:
