@@ -112,6 +112,20 @@ def test_refuses_a_folder_that_is_not_an_official_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("damage", ["other keys", "a key short"])
+def test_a_decoder_file_that_is_not_c_head_is_named(damage, tmp_path, capsys):
+    """HEAD blamed the checkpoint: "CHECKPOINT is not an official RetroMAE checkpoint: it lacks the weights
+    ['c_head.attention...']", for weights that --decoder FILE was to give."""
+    layer = load_file(DECODER)
+    wrong = {"foo.weight": torch.zeros(3)} if damage == "other keys" else dict(list(layer.items())[1:])
+    save_file(wrong, tmp_path / "decoder.safetensors")
+    assert main(["import-official", str(CHECKPOINT), str(tmp_path / "out"), "--decoder",
+                 str(tmp_path / "decoder.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"error: --decoder {tmp_path / 'decoder.safetensors'} is not the official decoder layer (c_head): it " in err
+    assert str(CHECKPOINT) not in err and err.count("\n") == 0, err
+
+
 def test_refuses_our_own_checkpoint(tmp_path, capsys):
     ours = tmp_path / "ours"
     assert main(["import-official", str(CHECKPOINT), str(ours), "--decoder", str(DECODER)]) == 0

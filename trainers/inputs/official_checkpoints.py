@@ -126,25 +126,31 @@ def official_model(checkpoint: str | os.PathLike, decoder_file: str | os.PathLik
     weights = {**encoder_weights(state, checkpoint),
                **decoder_weights(state, Path(decoder_file) if decoder_file else None, checkpoint)}
     model = get_method(OFFICIAL_METHOD).model_class(config)
-    _check_keys(model, weights, checkpoint)
+    _check_keys(model, weights, checkpoint, decoder_file)
     model.load_state_dict(weights, strict=False)
     model.tie_weights()
     return model, tokenizer
 
 
-def _check_keys(model: PreTrainedModel, weights: dict[str, torch.Tensor], checkpoint: Path) -> None:
+def _check_keys(model: PreTrainedModel, weights: dict[str, torch.Tensor], checkpoint: Path,
+                decoder_file: str | os.PathLike | None) -> None:
     """Refuse weights that would leave part of `model` at its initialisation, that it has no place for, or of
-    another shape; the tied output layer may be absent."""
+    another shape, naming `decoder_file` (when given) for the decoder layer's; the tied output layer may be absent."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(weights) - set(TIED_KEYS))
     unknown = sorted(set(weights) - set(expected))
     wrong = sorted(k for k in set(weights) & set(expected) if weights[k].shape != expected[k].shape)
     for problem, keys in (("lacks the weights", missing), ("has weights of no official RetroMAE", unknown),
                           ("has weights of another shape than its config.json says", wrong)):
+        decoder_keys = [k for k in keys if k.startswith(OURS_DECODER_PREFIX)] if decoder_file else []
+        if decoder_keys:
+            where, prefix, keys = f"--decoder {decoder_file} is not the official decoder layer (c_head)", "", decoder_keys
+        else:
+            where, prefix = f"{checkpoint} is not an official RetroMAE checkpoint", DECODER_PREFIX
         if keys:
-            official = [k.replace(OURS_DECODER_PREFIX, DECODER_PREFIX) for k in keys]
-            raise CheckpointError(f"{checkpoint} is not an official RetroMAE checkpoint: it {problem} "
-                                  f"{official[:4]}{' ...' if len(keys) > 4 else ''} ({len(keys)} in all)")
+            official = [k.replace(OURS_DECODER_PREFIX, prefix) for k in keys]
+            raise CheckpointError(f"{where}: it {problem} {official[:4]}{' ...' if len(keys) > 4 else ''} "
+                                  f"({len(keys)} in all)")
 
 
 def import_official_checkpoint(checkpoint: str | os.PathLike, output_dir: str | os.PathLike, *,
