@@ -433,3 +433,12 @@ def test_a_config_that_does_not_fit_the_weights_names_the_folder_for_finetune_an
     with pytest.raises(ValueError, match=r"model: its weights have other shapes than its config.json gives, e\.g\. "
                                          r".*\(ckpt: torch\.Size\(\[32.* vs model:torch\.Size\(\[64"):
         load_sentence_transformer(model, device="cpu")
+
+
+def test_a_corpus_smaller_than_one_batch_is_warned_of(tiny_bert, tmp_path, caplog):
+    """HEAD: --per-device-train-batch-size 100 on 8 passages trained batches of 8 without a word."""
+    corpus = write_lines(tmp_path / "c.txt", [f"passage {i} of a short corpus" for i in range(8)])
+    with caplog.at_level(logging.WARNING, logger="retromae"):
+        assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "out", "--per-device-train-batch-size", "100",
+                                      "--max-steps", "1", "--no-export", "true")) == 0
+    assert "the corpus holds 8 sequences, fewer than a global batch of 100" in caplog.text

@@ -47,6 +47,9 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
     # no generator: RetroMAETrainer draws the masks from its own per-process, checkpointed generator
     collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask,
                                    max_length=inputs.max_seq_length)
+    if isinstance(dataset, datasets.Dataset) and len(dataset) < inputs.global_batch_size:
+        logger.warning("the corpus holds %d sequences, fewer than a global batch of %d: each step trains on all of "
+                       "them, a smaller batch than asked for", len(dataset), inputs.global_batch_size)
     return TrainingData(dataset, collator)
 
 
