@@ -180,6 +180,8 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     compile_loss: bool = False
     # the vocabulary losses' vocabulary dimension padded to a multiple of this for aligned GEMMs (runtime, never saved)
     loss_vocab_multiple: int = 1
+    # the vocabulary losses' kernel, one of `LOSS_KERNELS` (runtime, never saved)
+    loss_kernel: str = "chunked"
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -232,6 +234,7 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
             chunk_size=self.config.loss_chunk_size,
             compiled=self.compile_loss,
             vocab_multiple=self.loss_vocab_multiple,
+            kernel=self.loss_kernel,
         )
 
     def mlm_accuracy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

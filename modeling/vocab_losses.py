@@ -5,6 +5,9 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100  # label of positions that carry no target
+# `linear_cross_entropy`'s kernels: our row chunks; Apple's cut-cross-entropy (logits never stored), exact or with its
+# gradient filter (softmax entries below bf16 resolution / 32 skipped in the backward)
+LOSS_KERNELS = ("chunked", "cce", "cce_filtered")
 
 
 def _fused_cross_entropy(
@@ -141,6 +144,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grads[0], grads[1], grads[2], None, None, None, None, None
 
 
+def _cut_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, labels: torch.Tensor,
+                       compute_dtype: torch.dtype, filtered: bool) -> torch.Tensor:
+    """Mean cross-entropy by the `cut-cross-entropy` package: its Triton kernels on CUDA, its torch.compile version
+    (all logits at once) elsewhere. The kernel takes no bias, so the bias rides on one more hidden column
+    (`[hidden, 1] @ [weight, bias].T`), zero-padded to a multiple of 16 columns for aligned loads."""
+    try:
+        from cut_cross_entropy import linear_cross_entropy as cut_cross_entropy
+    except ImportError as error:
+        raise ImportError("the cce loss kernels need the cut-cross-entropy package: pip install cut-cross-entropy, "
+                          "or use the chunked kernel") from error
+    extra = 16 - hidden.shape[1] % 16  # >= 1: the bias column
+    hidden_columns = hidden.new_zeros(hidden.shape[0], extra, dtype=compute_dtype)
+    hidden_columns[:, 0] = 1.0
+    weight_columns = torch.cat([bias.to(compute_dtype)[:, None], weight.new_zeros(weight.shape[0], extra - 1,
+                                                                                  dtype=compute_dtype)], dim=1)
+    e = torch.cat([hidden.to(compute_dtype), hidden_columns], dim=1)  # (N, H')
+    c = torch.cat([weight.to(compute_dtype), weight_columns], dim=1)  # (V, H')
+    impl = "cce" if hidden.device.type == "cuda" else "torch_compile"
+    filter_eps = "auto" if filtered and impl == "cce" else None
+    return cut_cross_entropy(e, c, labels, reduction="mean", filter_eps=filter_eps, impl=impl).float()
+
+
 @torch.no_grad()
 def linear_argmax_accuracy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, labels: torch.Tensor,
                            chunk_size: int = 4096) -> torch.Tensor:
@@ -163,6 +188,7 @@ def linear_cross_entropy(
     chunk_size: int = 4096,
     compiled: bool = False,
     vocab_multiple: int = 1,
+    kernel: str = "chunked",
 ) -> torch.Tensor:
     """Mean cross-entropy of the vocabulary projection of `hidden`; without gradient, no gradient buffers.
 
@@ -176,14 +202,21 @@ def linear_cross_entropy(
         vocab_multiple: inside the loss, pad the vocabulary dimension up to a multiple of this (zero weight rows, bias
             -inf: probability and gradient exactly 0), so that the GEMMs are aligned (e.g. 64 for V = 30,522); the
             loss and gradients (of the unpadded shapes) are the unpadded ones within rounding. 1: no padding.
+        kernel: one of `LOSS_KERNELS`. `cce` / `cce_filtered` need the `cut-cross-entropy` package and ignore
+            `chunk_size`, `compiled` and `vocab_multiple`; `cce_filtered` filters only on CUDA.
 
     Returns:
         Scalar mean loss; exactly 0 (still attached to the graph) when there are no rows.
     """
+    if kernel not in LOSS_KERNELS:
+        raise ValueError(f"kernel={kernel!r}: choose one of {', '.join(LOSS_KERNELS)}")
     if hidden.shape[0] == 0:
         return hidden.sum() * 0.0 + weight.sum() * 0.0
     device_type = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    if kernel != "chunked":
+        with torch.autocast(device_type, enabled=False):
+            return _cut_cross_entropy(hidden, weight, bias, labels, compute_dtype, kernel == "cce_filtered")
     tracks_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad)
     with torch.autocast(device_type, enabled=False):
         if not tracks_grad:
@@ -223,4 +256,4 @@ def bag_of_words_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return (per_row * has_targets).sum() / has_targets.sum().clamp(min=1.0)  # no host sync
 
 
-__all__ = ["IGNORE_INDEX", "bag_of_words_loss", "bag_of_words_targets", "linear_argmax_accuracy", "linear_cross_entropy"]
+__all__ = ["IGNORE_INDEX", "LOSS_KERNELS", "bag_of_words_loss", "bag_of_words_targets", "linear_argmax_accuracy", "linear_cross_entropy"]

@@ -15,7 +15,8 @@
 # $OUT/efficiency.log; a summary is printed last.
 #   DEVICE_SMOKE=1 benchmarks/device/efficiency.sh   here, on CPU: the same stages with the --tiny presets (proves
 #                                                    nothing about speed), $OUT=out/efficiency_smoke
-# Knobs: BUDGET (s, default 470), BATCH (default 64), PATHS and BREAKDOWN_PATHS (our fast-path sets, defaults below),
+# Knobs: BUDGET (s, default 470), BATCH (default 64), PATHS, BREAKDOWN_PATHS and CHECK_PATHS (our fast-path sets,
+# defaults below),
 # ONLY (some stages: table, breakdown, check, minilm, official).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,10 +24,14 @@ cd "$(dirname "$0")/../.."
 source benchmarks/device/lib.sh
 init_run efficiency eff
 BATCH=${BATCH:-$([ "$SMOKE" = 1 ] && echo 2 || echo 64)}
-PATHS=${PATHS:-eager,compile_layers+compile_loss+fused_adamw,pad_vocab+compile_layers+compile_loss+fused_adamw}
-BREAKDOWN_PATHS=${BREAKDOWN_PATHS:-pad_vocab+compile_layers+compile_loss+fused_adamw}
+# today's CUDA default against the cut-cross-entropy kernels (exact, filtered) on the same compiled layers
+DEFAULT_PATH=pad_vocab+compile_layers+compile_loss+fused_adamw
+PATHS=${PATHS:-$DEFAULT_PATH,cce+compile_layers+fused_adamw,cce_filtered+compile_layers+fused_adamw}
+BREAKDOWN_PATHS=${BREAKDOWN_PATHS:-$DEFAULT_PATH}
+# the exactness check of the paths not yet checked on a GPU, each alone (no compiled layers to blur it)
+CHECK_PATHS=${CHECK_PATHS:-cce,cce_filtered}
 
-echo "== batch=$BATCH paths=$PATHS breakdown paths=$BREAKDOWN_PATHS"
+echo "== batch=$BATCH paths=$PATHS breakdown paths=$BREAKDOWN_PATHS check paths=$CHECK_PATHS"
 start_ours
 TABLE=$OUT/pretrain_throughput_${SLUG}_bf16.json
 PT="benchmarks/pretrain_throughput.py --table --paths $PATHS --compiled-baseline"
@@ -50,7 +55,8 @@ PT_BREAKDOWN="benchmarks/pretrain_throughput.py --table --paths $BREAKDOWN_PATHS
 want breakdown && stage "step breakdown: base, MiniLM L=512" 150 $PY $PT_BREAKDOWN $RUN --breakdown --steps 5 --burn-in 3 \
   $([ "$SMOKE" = 1 ] && echo "$BASE" || echo "--sizes base,minilm --lengths 512") --batch-size "$BATCH" \
   --output "$OUT/step_breakdown_${SLUG}.json"
-want check && stage "fast paths vs eager: MiniLM L=512" 90 $PY $PT $RUN --check-paths $MINILM --batch-size 8 \
+want check && stage "fast paths vs eager: MiniLM L=512" 90 $PY benchmarks/pretrain_throughput.py --paths "$CHECK_PATHS" \
+  $RUN --check-paths $MINILM --batch-size 8 \
   --output "$OUT/fast_path_check_${SLUG}.json"
 if want minilm && [ "$SMOKE" != 1 ]; then
   stage "target table: MiniLM L=512, batch $BATCH" 100 $PY $PT $RUN $MINILM --batch-size "$BATCH" --merge \

@@ -4,7 +4,8 @@
 #   .dev/tp/whl/     our package's needs the machine lacks or has older (KINDS.md: transformers 5.17, no datasets):
 #                    transformers (this venv's version), datasets, dill, multiprocess; CPython 3.12, x86-64;
 #                    DeepSpeed (built here from the index's sdist with its ops disabled: it compiles what it needs
-#                    on the machine) with hjson and pydantic, for the sharded smoke's ZeRO rows
+#                    on the machine) with hjson and pydantic, for the sharded smoke's ZeRO rows; cut-cross-entropy
+#                    (pure Python; the machine's torch brings triton) for the efficiency call's cce paths
 #   .dev/tp/minilm/  the all-MiniLM-L6-v2 tokenizer files (no weights): the benchmarks' tokenizer
 #   .dev/official/   the official RetroMAE src/pretrain and its environment's wheels (official_setup.sh copy)
 # DEVICE_TRANSFORMERS=1: carry no transformers (the machine's 5.17 then runs ours; below pyproject's 5.23, but the
@@ -20,7 +21,7 @@ TRANSFORMERS="transformers==$(version transformers)"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dev/tp/whl \
   $TRANSFORMERS "datasets==$(version datasets)" "dill==$(version dill)" \
-  "multiprocess==$(version multiprocess)" 2>&1 | grep -v "^WARNING: Location" || true
+  "multiprocess==$(version multiprocess)" "cut-cross-entropy==${CCE:-25.1.1}" 2>&1 | grep -v "^WARNING: Location" || true
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .dev/tp/whl \
   hjson pydantic 2>&1 | grep -v "^WARNING: Location" || true

@@ -39,6 +39,11 @@ def test_row_labels_name_a_variant_and_its_fast_paths(pt):
                              "bow@compile_loss"]
     with pytest.raises(SystemExit):
         pt.parse_args(["--tiny", "--device", "cpu", "--paths", "eager,turbo"])
+    assert pt.split_label(pt.parse_args(["--tiny", "--paths", "cce_filtered+compile_layers"]).row_list[-1])[1] == (
+        "cce_filtered", "compile_layers")
+    for paths in ("cce+cce_filtered", "cce+pad_vocab", "compile_loss+cce_filtered"):  # one loss kernel per set
+        with pytest.raises(SystemExit):
+            pt.parse_args(["--tiny", "--device", "cpu", "--paths", paths])
 
 
 @pytest.mark.parametrize("variant", ["enhanced", "hf_mlm"])

@@ -82,10 +82,11 @@ def test_retained_graph_first_backward_is_exact_and_second_is_refused():
         loss.backward()
 
 
-def _loss_and_gradients(compiled: bool, autocast: bool) -> list[torch.Tensor]:
+def loss_and_gradients(autocast: bool, **options) -> list[torch.Tensor]:
+    """Loss and grad of hidden, weight and bias of `linear_cross_entropy(..., chunk_size=8, **options)`."""
     hidden, weight, bias, labels = _inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = linear_cross_entropy(hidden, weight, bias, labels, chunk_size=8, compiled=compiled)
+        loss = linear_cross_entropy(hidden, weight, bias, labels, chunk_size=8, **options)
     loss.backward()
     return [loss.detach(), hidden.grad, weight.grad, bias.grad]
 
@@ -95,7 +96,7 @@ def test_compiled_softmax_gives_the_eager_loss_and_gradients(autocast):
     """`compiled=True` (`--compile-loss`): each chunk's softmax and gradient in one inductor kernel (C++ on CPU, a
     few seconds cold); the chunks of 8 rows and the last one of 5 share it (dynamic shapes). Against plain
     cross-entropy too, so that a kernel wrong in the same way as the eager path would not pass."""
-    eager, compiled = _loss_and_gradients(False, autocast), _loss_and_gradients(True, autocast)
+    eager, compiled = loss_and_gradients(autocast), loss_and_gradients(autocast, compiled=True)
     tolerance = {"atol": 1e-2, "rtol": 1e-2} if autocast else {"atol": 1e-5, "rtol": 1e-5}
     for got, want in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, want, **tolerance)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from retromae.modeling.vocab_losses import LOSS_KERNELS
 from transformers import (
     TrainingArguments,
 )
@@ -239,6 +241,13 @@ class PretrainingArguments(TrainingArguments):
         metadata={"help": "pad the vocabulary inside the vocabulary losses to a multiple of 64 (aligned matrix "
                   "products; the same losses within rounding); default: on when training on CUDA"},
     )
+    loss_kernel: str = field(
+        default="chunked",
+        metadata={"help": "the vocabulary losses' kernel. `chunked`: ours, logits in chunks of rows; `cce`: the "
+                  "cut-cross-entropy package (pip install cut-cross-entropy; logits never stored, its Triton kernels "
+                  "on CUDA); `cce_filtered`: cce whose backward skips softmax entries below bf16 resolution / 32 "
+                  "(CUDA only; not exact)", "choices": list(LOSS_KERNELS)},
+    )
 
 
 @dataclass
@@ -326,11 +335,26 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
     _check_validation_options(training, validation, model.method)
     _check_from_scratch_options(model)
+    _check_loss_kernel(training)
     check_extension_length(model.extend_position_embeddings, data.max_seq_length)
     settings = record_settings(parser.namespace, recorded["run_id"] if recorded else new_run_id())
     found = config_argument(argv)
     return PretrainRun(model, method_settings, data, run, training, recipe, resume, settings, validation,
                        found[2] if found else None)
+
+
+def _check_loss_kernel(training: PretrainingArguments) -> None:
+    """Refuse, in one line, the chunked kernel's flags with another `--loss-kernel`, and a cce kernel without its
+    package."""
+    if training.loss_kernel == "chunked":
+        return
+    for flag in ("compile_loss", "pad_loss_vocab"):
+        if getattr(training, flag):
+            raise UserError(f"--{flag.replace('_', '-')} tunes the chunked loss kernel; drop it with --loss-kernel "
+                            f"{training.loss_kernel}")
+    if importlib.util.find_spec("cut_cross_entropy") is None:
+        raise UserError(f"--loss-kernel {training.loss_kernel} needs the cut-cross-entropy package: pip install "
+                        "cut-cross-entropy (or use --loss-kernel chunked)")
 
 
 def _check_from_scratch_options(model: ModelArguments) -> None:

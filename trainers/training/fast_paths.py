@@ -45,6 +45,15 @@ def compile_loss(model: nn.Module) -> bool:
     return True
 
 
+def set_loss_kernel(model: nn.Module, kernel: str) -> bool:
+    """Sets the kernel of `model`'s vocabulary losses (`linear_cross_entropy(kernel=...)`, one of `LOSS_KERNELS`);
+    False for a model without them (e.g. a plain transformers model)."""
+    if not hasattr(model, "loss_kernel"):
+        return False
+    model.loss_kernel = kernel
+    return True
+
+
 def pad_loss_vocab(model: nn.Module, multiple: int = 64) -> bool:
     """Pads the vocabulary dimension of `model`'s vocabulary losses to a multiple of `multiple` inside the loss
     (`linear_cross_entropy(vocab_multiple=...)`: aligned GEMMs, the same losses and gradients within rounding);

@@ -27,7 +27,7 @@ from ..inputs.outputs import atomic_folder
 from ..inputs.pretrain_options import DEFAULT_BASE_MODEL_NAME, DEFAULT_CORPUS_NAME, ModelArguments, PretrainRun
 from ..inputs.versions import package_version
 from ..methods import METHODS, Method, get_method
-from .fast_paths import compile_layers, compile_loss, fast_path_wanted, pad_loss_vocab
+from .fast_paths import compile_layers, compile_loss, fast_path_wanted, pad_loss_vocab, set_loss_kernel
 from .positions import check_model_and_tokenizer, extend_position_embeddings
 from .recipe import suggest_recipe
 from .retrieval_validation import RetrievalValidationCallback
@@ -271,6 +271,9 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     if run.data.shuffle_buffer < 0:
         raise ValueError(f"--shuffle-buffer {run.data.shuffle_buffer}: give a number of sequences, 0 to keep the file "
                          "order")
+    if args.loss_kernel == "cce_filtered" and args.device.type != "cuda":
+        raise ValueError("--loss-kernel cce_filtered filters in cut-cross-entropy's CUDA kernels only; on "
+                         f"{args.device.type}, use --loss-kernel cce (exact) or chunked")
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
     scale_loss_chunk(settings, method, run.resume or model_ref)
     attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
@@ -287,10 +290,13 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref, scratch)
     if fast_path_wanted(args.compile_layers, args.device):
         compile_layers(model)
-    if fast_path_wanted(args.compile_loss, args.device):
-        compile_loss(model)
-    if fast_path_wanted(args.pad_loss_vocab, args.device):
-        pad_loss_vocab(model)
+    if args.loss_kernel != "chunked":
+        set_loss_kernel(model, args.loss_kernel)
+    else:
+        if fast_path_wanted(args.compile_loss, args.device):
+            compile_loss(model)
+        if fast_path_wanted(args.pad_loss_vocab, args.device):
+            pad_loss_vocab(model)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
     # a stream is read through a seeded shuffle buffer (a Dataset is shuffled by the Trainer's sampler)

@@ -52,7 +52,7 @@ MAY_CHANGE = frozenset({
     "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
     "dataloader_multiprocessing_context", "use_cpu", "bf16", "fp16", "tf32", "gradient_checkpointing",
     "gradient_checkpointing_kwargs", "activation_checkpointing", "activation_checkpointing_kwargs", "torch_compile",
-    "compile_layers", "compile_loss", "pad_loss_vocab", "stream_resume", "torch_compile_backend", "torch_compile_mode", "torch_empty_cache_steps",
+    "compile_layers", "compile_loss", "pad_loss_vocab", "loss_kernel", "stream_resume", "torch_compile_backend", "torch_compile_mode", "torch_empty_cache_steps",
     "ddp_find_unused_parameters",
     "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout",
     "accelerator_config", "debug", "skip_memory_metrics", "attn_implementation",
