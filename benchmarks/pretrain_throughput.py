@@ -118,7 +118,8 @@ MFU_STRETCH = {("base", "enhanced"): 0.35}
 # compiled (`retromae pretrain --compile-layers`), the vocabulary losses' compiled softmax (`--compile-loss`), the
 # whole model under torch.compile, the vocabulary losses' vocabulary padded to a multiple of 64 (aligned GEMMs), the
 # vocabulary losses by cut-cross-entropy, exact or with its gradient filter (`--loss-kernel cce` / `cce_filtered`).
-PATHS = ("fused_adamw", "compile_layers", "compile_loss", "compile_model", "pad_vocab", "cce", "cce_filtered")
+LOSS_KERNEL_PATHS = ("cce", "cce_filtered")  # each replaces the chunked kernel that compile_loss and pad_vocab tune
+PATHS = ("fused_adamw", "compile_layers", "compile_loss", "compile_model", "pad_vocab", *LOSS_KERNEL_PATHS)
 COMPILED_BASELINE = "hf_mlm@compile_model+fused_adamw"  # the peer a careful user picks (`--compiled-baseline`)
 # the GPU-efficiency targets (bf16, L=512, batch up to 64, the best path of each variant): MFU, x stock HF MLM, x compiled
 EFFICIENCY_TARGETS = {
@@ -301,7 +302,7 @@ def build_trainable(label: str, size: str, mask_token_id: int, device: torch.dev
     variant, paths = split_label(label)
     model = build_model(variant, size, mask_token_id, seed, attn).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused="fused_adamw" in paths)
-    if {"compile_layers", "compile_loss", "pad_vocab", "cce", "cce_filtered"} & set(paths):
+    if {"compile_layers", "compile_loss", "pad_vocab", *LOSS_KERNEL_PATHS} & set(paths):
         from retromae.trainers.training.fast_paths import compile_layers, compile_loss, pad_loss_vocab, set_loss_kernel
 
         if "compile_layers" in paths:
@@ -310,7 +311,7 @@ def build_trainable(label: str, size: str, mask_token_id: int, device: torch.dev
             compile_loss(model)
         if "pad_vocab" in paths:
             pad_loss_vocab(model)
-        for kernel in {"cce", "cce_filtered"} & set(paths):
+        for kernel in set(LOSS_KERNEL_PATHS) & set(paths):
             set_loss_kernel(model, kernel)
     if "compile_model" in paths:
         model = torch.compile(model)
@@ -1081,7 +1082,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.path_list:
         parser.error(f"--paths: unknown fast path(s) {unknown}; give eager or '+'-joined names from {list(PATHS)}")
     for spec in args.path_list:
-        kernels = {"cce", "cce_filtered"} & set(spec.split("+"))
+        kernels = set(LOSS_KERNEL_PATHS) & set(spec.split("+"))
         if len(kernels) > 1 or kernels and {"compile_loss", "pad_vocab"} & set(spec.split("+")):
             parser.error(f"--paths {spec}: one loss kernel per set (cce or cce_filtered, which replace the chunked "
                          "kernel that compile_loss and pad_vocab tune)")

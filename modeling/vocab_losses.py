@@ -154,13 +154,11 @@ def _cut_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
     except ImportError as error:
         raise ImportError("the cce loss kernels need the cut-cross-entropy package: pip install cut-cross-entropy, "
                           "or use the chunked kernel") from error
-    extra = 16 - hidden.shape[1] % 16  # >= 1: the bias column
-    hidden_columns = hidden.new_zeros(hidden.shape[0], extra, dtype=compute_dtype)
-    hidden_columns[:, 0] = 1.0
-    weight_columns = torch.cat([bias.to(compute_dtype)[:, None], weight.new_zeros(weight.shape[0], extra - 1,
-                                                                                  dtype=compute_dtype)], dim=1)
-    e = torch.cat([hidden.to(compute_dtype), hidden_columns], dim=1)  # (N, H')
-    c = torch.cat([weight.to(compute_dtype), weight_columns], dim=1)  # (V, H')
+    hidden_size = hidden.shape[1]
+    extra = 16 - hidden_size % 16  # >= 1: the bias column, then zeros
+    e = F.pad(hidden.to(compute_dtype), (0, extra))  # (N, H')
+    e[:, hidden_size] = 1.0
+    c = F.pad(torch.cat([weight.to(compute_dtype), bias.to(compute_dtype)[:, None]], dim=1), (0, extra - 1))  # (V, H')
     impl = "cce" if hidden.device.type == "cuda" else "torch_compile"
     filter_eps = "auto" if filtered and impl == "cce" else None
     return cut_cross_entropy(e, c, labels, reduction="mean", filter_eps=filter_eps, impl=impl).float()
@@ -214,11 +212,10 @@ def linear_cross_entropy(
         return hidden.sum() * 0.0 + weight.sum() * 0.0
     device_type = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
-    if kernel != "chunked":
-        with torch.autocast(device_type, enabled=False):
-            return _cut_cross_entropy(hidden, weight, bias, labels, compute_dtype, kernel == "cce_filtered")
     tracks_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad)
     with torch.autocast(device_type, enabled=False):
+        if kernel != "chunked":
+            return _cut_cross_entropy(hidden, weight, bias, labels, compute_dtype, kernel == "cce_filtered")
         if not tracks_grad:
             no_grad = (False, False, False)
             total = _fused_cross_entropy(

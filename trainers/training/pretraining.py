@@ -290,13 +290,12 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref, scratch)
     if fast_path_wanted(args.compile_layers, args.device):
         compile_layers(model)
-    if args.loss_kernel != "chunked":
-        set_loss_kernel(model, args.loss_kernel)
-    else:
-        if fast_path_wanted(args.compile_loss, args.device):
-            compile_loss(model)
-        if fast_path_wanted(args.pad_loss_vocab, args.device):
-            pad_loss_vocab(model)
+    set_loss_kernel(model, args.loss_kernel)
+    chunked = args.loss_kernel == "chunked"  # the kernel the next two paths tune
+    if chunked and fast_path_wanted(args.compile_loss, args.device):
+        compile_loss(model)
+    if chunked and fast_path_wanted(args.pad_loss_vocab, args.device):
+        pad_loss_vocab(model)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
     # a stream is read through a seeded shuffle buffer (a Dataset is shuffled by the Trainer's sampler)
