@@ -77,7 +77,9 @@ def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
         report = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(record.getMessage() for record in hold.held))
         # its rows: name | MISMATCH | "Reinit due to size mismatch - ckpt: ... vs model: ..."
         rows = [line.split("|") for line in report.splitlines() if line.count("|") >= 2 and "MISMATCH" in line]
-        example = f", e.g. {rows[0][0].strip()} ({rows[0][2].split(' - ')[-1].strip()})" if rows else ""
+        # the report's row order follows set iteration (the hash seed): name the first by name, the same every run
+        row = min(rows, key=lambda cells: cells[0].strip(), default=None)
+        example = f", e.g. {row[0].strip()} ({row[2].split(' - ')[-1].strip()})" if row else ""
         raise ShapeMismatchError(f"{where}: its weights have other shapes than its config.json gives{example}; fix "
                                  "config.json, or save the model again") from None
     finally:
