@@ -226,12 +226,12 @@ def make_collator(variant: str, tokenizer, seed: int):
 
 class BatchSource:
     """Feature rows for one length, handed out in the same order to every variant, fetched from a `datasets.Dataset`
-    as each trainer's DataLoader fetches them: Python lists for HF MLM (the Trainer's default), numpy rows for ours
-    (`RetroMAETrainer` reads through `array_rows`)."""
+    as each trainer's DataLoader fetches them: Python lists for HF MLM (the Trainer's default), for ours a batch of
+    flat Arrow columns (`RetroMAETrainer` reads through `array_rows`)."""
 
     def __init__(self, tokenizer, length: int):
         import datasets
-        from retromae.trainers.data.collator import array_rows
+        from retromae.trainers.data.token_rows import array_rows
 
         rows = packed_rows(tokenizer, length)
         self.datasets = {"hf_mlm": datasets.Dataset.from_list(hf_features(rows, set(tokenizer.all_special_ids))),

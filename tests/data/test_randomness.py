@@ -12,6 +12,7 @@ import torch
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.data.collator import PretrainingCollator, masking_generator
+from retromae.trainers.data.token_rows import ArrowRows
 from retromae.trainers.data.tokenize import tokenize_corpus
 from retromae.trainers.training.trainer import RetroMAETrainer
 from transformers import TrainerCallback, TrainingArguments
@@ -205,12 +206,12 @@ def test_a_trainer_without_a_collator_names_the_one_to_pass(tokenizer, rows, tmp
                         processing_class=tokenizer)
 
 
-def test_the_loader_reads_numpy_rows_and_leaves_the_dataset_as_given(tokenizer, rows, tmp_path):
-    """The trainer's DataLoader reads numpy rows (faster to fetch and pad than lists), giving the same batches, while
-    `train_dataset` keeps the format it was given."""
+def test_the_loader_reads_arrow_batches_and_leaves_the_dataset_as_given(tokenizer, rows, tmp_path):
+    """The trainer's DataLoader reads a batch's rows in one Arrow take (`ArrowRows`), giving the same batches as
+    the rows one by one, while `train_dataset` keeps the format it was given."""
     trainer = make_trainer(tokenizer, rows, training_args(tmp_path, dataloader_num_workers=0))
     loader = trainer.get_train_dataloader()
-    assert loader.dataset.format["type"] == "numpy" and trainer.train_dataset.format["type"] is None
+    assert isinstance(loader.dataset, ArrowRows) and trainer.train_dataset.format["type"] is None
     ordered = [trainer.masking_collator.pad(list(rows.select(range(i, i + 2)))) for i in range(0, len(rows), 2)]
     sequential = torch.utils.data.DataLoader(loader.dataset, batch_size=2, collate_fn=trainer.data_collator)
     for expected, batch in zip(ordered, sequential, strict=True):

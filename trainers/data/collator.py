@@ -14,6 +14,7 @@ import torch
 from retromae.modeling.configuration_retromae import check_ratio
 
 from .reading import TextFormat
+from .token_rows import RowBatch
 
 logger = logging.getLogger(__name__)
 UNMASKED_KEY = "word_starts"  # in a padded batch that still awaits masking (models take no such input)
@@ -110,7 +111,7 @@ class PretrainingCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return self.mask_batch(self.pad(features), self.generator)
 
-    def pad(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def pad(self, features: list[dict[str, Any]] | RowBatch) -> dict[str, torch.Tensor]:
         """The deterministic half: ``input_ids`` (uncorrupted), ``attention_mask`` and ``word_starts``, ``(B, L)`` long.
 
         The presence of ``word_starts`` (``UNMASKED_KEY``) marks a batch that still needs ``mask_batch``.
@@ -158,33 +159,22 @@ class PretrainingCollator:
             self._id_tables[device] = tables
         return tables
 
-    def _pad(self, features: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Right-pads ids (pad id) and word starts (1): ``(B, L)`` long, long, and a bool attention mask.
-
-        Built in numpy: a row given as a Python list converts about 3x faster to a numpy array than to a tensor, and
-        lists are what a `datasets` row holds (`benchmarks/pretrain_throughput.py` times this as collation).
-        """
-        if not features:
+    def _pad(self, features: list[dict[str, Any]] | RowBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Right-pads ids (pad id) and word starts (1): ``(B, L)`` long, long, and a bool attention mask."""
+        if not len(features):
             raise ValueError("PretrainingCollator got an empty batch")
-        ids = [np.asarray(f["input_ids"], dtype=np.int64) for f in features]
-        starts = [
-            np.asarray(f["word_starts"], dtype=np.int64) if f.get("word_starts") is not None else np.ones_like(row)
-            for f, row in zip(features, ids, strict=True)
-        ]
-        if any(s.shape != row.shape for s, row in zip(starts, ids, strict=True)):
-            raise ValueError("every feature's 'word_starts' must have the length of its 'input_ids'")
-        lengths = np.array([len(row) for row in ids])
+        ids, starts, lengths = _flat_rows(features)
         length = longest = int(lengths.max())
         if self.pad_to_multiple_of:
             length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
             if self.max_length is not None:  # e.g. L = 300 = the position limit: 304 would run past the table
                 length = max(min(length, self.max_length), longest)
-        input_ids = np.full((len(ids), length), self.tokenizer.pad_token_id, dtype=np.int64)
-        word_starts = np.ones((len(ids), length), dtype=np.int64)
+        input_ids = np.full((len(lengths), length), self.tokenizer.pad_token_id, dtype=np.int64)
+        word_starts = np.ones((len(lengths), length), dtype=np.int64)
         attention_mask = np.arange(length) < lengths[:, None]  # (B, L)
-        if length:
-            input_ids[attention_mask] = np.concatenate(ids)
-            word_starts[attention_mask] = np.concatenate(starts)
+        input_ids[attention_mask] = ids
+        if starts is not None:
+            word_starts[attention_mask] = starts
         return torch.from_numpy(input_ids), torch.from_numpy(word_starts), torch.from_numpy(attention_mask)
 
     def _choose_masked(self, ordinary: torch.Tensor, word_starts: torch.Tensor, word_keys: torch.Tensor,
@@ -232,12 +222,29 @@ class PretrainingCollator:
         return replaced.masked_fill(masked & (share_draws < self.replace_with_mask), self.tokenizer.mask_token_id)
 
 
-def array_rows(dataset: Any) -> Any:
-    """`dataset` read as numpy rows when it is a `datasets.Dataset` in its default format (Python lists), else as it
-    is: 64 rows of 512 tokens are then fetched and padded in 0.96 ms instead of 2.7 (one CPU thread)."""
-    if isinstance(dataset, datasets.Dataset) and dataset.format["type"] is None:
-        return dataset.with_format("numpy")
-    return dataset
+def _flat_rows(features: list[dict[str, Any]] | RowBatch) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """The rows' ids and word starts, each concatenated (starts None when no row has them), and their lengths (B,).
+
+    Rows given one by one (lists, arrays or tensors) are converted in numpy: a Python list converts about 3x faster
+    to a numpy array than to a tensor.
+    """
+    if isinstance(features, RowBatch):
+        ids, lengths = features.flat("input_ids")
+        starts = features.flat("word_starts")
+        if starts is not None and not np.array_equal(starts[1], lengths):
+            raise ValueError("every feature's 'word_starts' must have the length of its 'input_ids'")
+        return ids, None if starts is None else starts[0], lengths
+    rows = [np.asarray(f["input_ids"], dtype=np.int64) for f in features]
+    lengths = np.array([len(row) for row in rows], dtype=np.int64)
+    if all(f.get("word_starts") is None for f in features):
+        return np.concatenate(rows), None, lengths
+    starts = [
+        np.asarray(f["word_starts"], dtype=np.int64) if f.get("word_starts") is not None else np.ones_like(row)
+        for f, row in zip(features, rows, strict=True)
+    ]
+    if any(s.shape != row.shape for s, row in zip(starts, rows, strict=True)):
+        raise ValueError("every feature's 'word_starts' must have the length of its 'input_ids'")
+    return np.concatenate(rows), np.concatenate(starts), lengths
 
 
 @dataclass(frozen=True)
@@ -293,4 +300,4 @@ class TrainingData:
     corpus_name: str | None = None
 
 
-__all__ = ["DataInputs", "PretrainingCollator", "TrainingData", "UNMASKED_KEY", "array_rows", "masking_generator"]
+__all__ = ["DataInputs", "PretrainingCollator", "TrainingData", "UNMASKED_KEY", "masking_generator"]

@@ -36,6 +36,7 @@ from retromae.modeling.modeling_sentmae import POSITIVE_PREFIX
 from ..inputs.io import iter_jsonl
 from .collator import UNMASKED_KEY, PretrainingCollator
 from .reading import code_fingerprint
+from .token_rows import RowBatch
 from .tokenize import special_template, word_start_flags
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ class ContrastiveCollator(PretrainingCollator):
             raise ValueError(f"positives={self.positives!r} is not supported; choose 'spans' or 'pairs'")
         self._prefix, self._suffix = special_template(self.tokenizer) if self.positives == "spans" else ([], [])
 
-    def pad(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def pad(self, features: list[dict[str, Any]] | RowBatch) -> dict[str, torch.Tensor]:
         """Pairs: anchors then positives, ``(2B, L)``. Spans: the B passages; the spans are cut in ``mask_batch``."""
         if not features:
             raise ValueError("ContrastiveCollator got an empty batch")

@@ -33,8 +33,9 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
 
-from ..data.collator import UNMASKED_KEY, PretrainingCollator, array_rows, masking_generator
+from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
 from ..data.dataset_checks import check_same_tokenizer, check_tokenized, longest_sequence
+from ..data.token_rows import array_rows
 from ..inputs.arguments import check_training_arguments
 from ..inputs.io import write_json_atomic
 from ..inputs.outputs import atomic_folder
