@@ -70,6 +70,15 @@ def test_rows_of_a_batch_read_as_numpy_rows(rows):
     assert [r["input_ids"].tolist() for r in batch] == [rows[i]["input_ids"] for i in INDICES]
 
 
+def test_columns_of_scalars_ride_along(tokenizer, rows):
+    """A dataset that kept other columns (an id, the text) still reads as one batch; its rows carry them."""
+    dataset = rows.add_column("doc_id", list(range(100, 118))).add_column("text", [f"t{i}" for i in range(18)])
+    batch = ArrowRows(dataset).__getitems__(INDICES)
+    assert isinstance(batch, RowBatch)
+    assert [(int(row["doc_id"]), str(row["text"])) for row in batch] == [(100 + i, f"t{i}") for i in INDICES]
+    assert_same_padding(PretrainingCollator(tokenizer), batch, one_by_one(dataset, INDICES))
+
+
 def test_a_column_with_missing_rows_reads_as_numpy_rows(tokenizer, rows):
     """A null in a list column has no flat form: the batch falls back to `datasets`' numpy rows and pads the same."""
     starts = [None if i == 3 else row for i, row in enumerate(rows["word_starts"])]
@@ -81,7 +90,7 @@ def test_a_column_with_missing_rows_reads_as_numpy_rows(tokenizer, rows):
 
 def test_word_starts_of_another_length_are_refused(tokenizer):
     batch = RowBatch({"input_ids": np.arange(5), "word_starts": np.ones(4, dtype=np.int8)},
-                     {"input_ids": np.array([2, 3]), "word_starts": np.array([2, 2])})
+                     {"input_ids": np.array([2, 3]), "word_starts": np.array([2, 2])}, 2)
     with pytest.raises(ValueError, match="'word_starts' must have the length of its 'input_ids'"):
         PretrainingCollator(tokenizer).pad(batch)
 
