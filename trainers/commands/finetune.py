@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from ..inputs.arguments import start_command
+from ..inputs.arguments import CommandParser, positional_to_flags, start_command
+from ..inputs.config_files import split_config
 from ..inputs.errors import UserError
-from ..inputs.finetune_options import ARGUMENT_CLASSES
+from ..inputs.finetune_options import ARGUMENT_CLASSES, check_options_read
 from ..retrieval.beir import ON_MISSING, RetrievalDataError
 from ..training.finetuning import run_finetune
+from ..training.resume import given_options
+
+POSITIONAL = ["model", "train_data"]
 
 
 def check_not_sharded(training_args) -> None:
@@ -20,14 +24,24 @@ def check_not_sharded(training_args) -> None:
                         "-m retromae.trainers.cli finetune ...")
 
 
+def given_option_names(argv: list[str]) -> set[str]:
+    """The options `argv` sets itself, by flag or in its --config file; defaults excluded (call after parsing)."""
+    flags, file_values = split_config(positional_to_flags(argv, POSITIONAL))
+    parser = CommandParser(ARGUMENT_CLASSES, prog="retromae finetune")
+    for action in parser._actions:  # the --config file may hold the required --model and --train-data
+        action.required = False
+    return set(file_values) | set(given_options(parser, flags))
+
+
 def finetune_command(argv: list[str]) -> int:
     """`retromae finetune MODEL TRAIN_DATA [options]`."""
     model_args, data_args, loss_args, training_args = start_command(
-        argv, ARGUMENT_CLASSES, prog="retromae finetune", positional=["model", "train_data"],
+        argv, ARGUMENT_CLASSES, prog="retromae finetune", positional=POSITIONAL,
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
         "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT",
     )
     check_not_sharded(training_args)
+    check_options_read(given_option_names(argv), data_args)
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise UserError(f"--on-missing must be one of {ON_MISSING}")
     try:
@@ -51,4 +65,4 @@ def finetune_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["check_not_sharded", "finetune_command"]
+__all__ = ["check_not_sharded", "finetune_command", "given_option_names"]

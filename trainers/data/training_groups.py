@@ -7,6 +7,7 @@ file or a `datasets` dataset, and the datasets the sentence-transformers trainer
      "negative_ids": ["d3", ...], "negatives": ["...", ...]}
 
 Texts without ids get content ids (`"q:" / "d:" + sha1[:16]`); `clean_groups` drops negatives equal to a positive.
+A JSONL line with any other field is refused (`KNOWN_FIELDS`): its data would be ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import random
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +42,11 @@ from ..retrieval.beir import (
 logger = logging.getLogger(__name__)
 
 TRAINING_EXAMPLE = '{"query": "...", "positive": "...", "negatives": ["..."]}'
+# the fields `_group_from_record` reads; flat negative columns `negative`, `negative_1`, ... match NEGATIVE_COLUMN
+KNOWN_FIELDS = frozenset({*QUERY_COLUMNS, *POSITIVE_COLUMNS, "negatives", "negative", "query_id", "positive_id",
+                          "positive_ids", "negative_ids"})
+NEGATIVE_COLUMN = re.compile(r"negative_\d+")
+FLAG_EMBEDDING_FIELDS = {"pos", "neg"}  # FlagEmbedding's training lines: {"query", "pos": [...], "neg": [...]}
 
 
 @dataclass
@@ -109,10 +116,28 @@ def _group_from_record(record: Mapping[str, Any], where: str) -> TrainingGroup:
     )
 
 
+def _check_known_fields(record: Mapping[str, Any], where: str) -> None:
+    """Refuse a line with a field nothing reads: the user's negatives or positives under another name would be
+    dropped without a word."""
+    unknown = sorted(k for k in record if k not in KNOWN_FIELDS and not NEGATIVE_COLUMN.fullmatch(k))
+    if not unknown:
+        return
+    hint = ("; FlagEmbedding's 'pos'/'neg' are 'positive'/'negatives' here" if FLAG_EMBEDDING_FIELDS & set(unknown)
+            else "")
+    raise RetrievalDataError(
+        f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; a line holds 'query', 'positive' and optionally "
+        f"'negatives' (with ids: 'query_id', 'positive_ids', 'negative_ids'){hint}: rename or drop the unknown fields"
+    )
+
+
 def read_training_jsonl(path: str | os.PathLike) -> list[TrainingGroup]:
-    """(query, positive[s], negatives) lines; see the module docstring for the fields."""
+    """(query, positive[s], negatives) lines; see the module docstring for the fields. A line with any other field
+    is refused."""
     path = Path(path)
-    groups = [_group_from_record(record, where) for where, record in beir_records(path, TRAINING_EXAMPLE)]
+    groups = []
+    for where, record in beir_records(path, TRAINING_EXAMPLE):
+        _check_known_fields(record, where)
+        groups.append(_group_from_record(record, where))
     if not groups:
         raise RetrievalDataError(f"{path.name} holds no training example")
     return groups

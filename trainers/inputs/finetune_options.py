@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,6 +11,9 @@ from sentence_transformers import SentenceTransformerTrainingArguments
 from .errors import UserError
 
 STAGES = ("in-batch", "hard-negatives", "distill")
+NEGATIVE_STAGES = ("hard-negatives", "distill")  # the stages after in-batch: negatives from a file, the data or mining
+MINING_OPTIONS = ("corpus", "mine_range_min", "mine_range_max", "mine_sampling")
+NEGATIVE_OPTIONS = ("negatives_file", "num_negatives", *MINING_OPTIONS)  # read by NEGATIVE_STAGES only
 
 
 @dataclass
@@ -156,5 +160,25 @@ def parse_stages(text: str, teacher_scores: str | None) -> list[str]:
     return stages
 
 
+def check_options_read(given: Collection[str], data_args: FinetuneDataArguments) -> None:
+    """Refuse a given option (a flag or a --config setting, not a default) that no stage of the run reads: it would
+    be accepted and silently ignored."""
+    stages = parse_stages(data_args.stages, data_args.teacher_scores)
+    unread = [name for name in NEGATIVE_OPTIONS if name in given]
+    if unread and not set(NEGATIVE_STAGES) & set(stages):
+        raise UserError(f"{_flag(unread[0])} is read by the hard-negatives and distill stages only (they use "
+                        "negatives): add one of them to --stages, or drop the flag")
+    replaced = [name for name in MINING_OPTIONS if name in given]
+    if replaced and data_args.negatives_file:  # the file's negatives are used as they are: nothing is mined
+        flag = _flag(replaced[0])
+        raise UserError(f"{flag} configures mining, which --negatives-file replaces: drop {flag} or --negatives-file")
+    if "eval_split" in given and not data_args.eval_data:
+        raise UserError("--eval-split names a qrels split of --eval-data: pass --eval-data FOLDER, or drop --eval-split")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
-__all__ = ["STAGES", "check_mining_range"]
+__all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_mining_range", "check_options_read"]
