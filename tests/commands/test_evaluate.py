@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -587,3 +588,15 @@ def test_qrels_errors_name_the_path_given(tmp_path):
     qrels.write_text("query-id\tcorpus-id\tscore\n")
     with pytest.raises(RetrievalDataError, match=re.escape(f"{qrels} holds no (query-id, corpus-id, score) line")):
         read_beir(folder, split="dev")
+
+
+@pytest.mark.parametrize("inside", ["", "results"])
+def test_results_are_not_written_into_the_model_folder(spread_cls_bert, tiny_beir, tmp_path, inside):
+    """HEAD wrote summary.json (the model's absolute path) and mteb/ into the model folder, which publish uploads."""
+    model = tmp_path / "model"
+    shutil.copytree(spread_cls_bert, model)
+    before = sorted(p.name for p in model.iterdir())
+    with pytest.raises(ValueError, match=r"--output-dir .*: writing into it would change the --model folder "
+                                         r"\(.*model\); choose a folder outside it"):
+        evaluate_folder(model, beir_folders=[tiny_beir], split="dev", output_dir=model / inside)
+    assert sorted(p.name for p in model.iterdir()) == before

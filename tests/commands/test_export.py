@@ -12,6 +12,7 @@ import torch
 from huggingface_hub import ModelCard
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
+from retromae.trainers import cli
 from retromae.trainers.commands.export import export_command
 from retromae.trainers.export import cls as export_cls
 from retromae.trainers.export.cards import read_papers
@@ -169,17 +170,26 @@ def test_missing_run_info_is_not_recorded(tmp_path, tokenizer):
     assert sbert["max_seq_length"] == 128  # min(512, max_position_embeddings=128)
 
 
-def test_refuses_to_overwrite_then_replaces(pretrained, tmp_path):
+def test_refuses_to_overwrite_then_replaces_a_model_only(pretrained, tmp_path):
+    """--overwrite replaces an earlier export; a folder of the user's own files is kept even with it (HEAD deleted
+    them)."""
     _, checkpoint = pretrained
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    with pytest.raises(ValueError, match=r"not empty; choose another output folder, or pass --overwrite \(Python: overwrite=True\)"):
-        export_sentence_transformer(checkpoint, out)
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"out holds no model \(no modules.json or config.json\), which "
+                                             "--overwrite does not replace; choose a new or empty folder"):
+            export_sentence_transformer(checkpoint, out, overwrite=overwrite)
     assert (out / "keep.txt").read_text() == "user data" and not (out / "modules.json").exists()
 
+    (out / "keep.txt").unlink()
+    export_sentence_transformer(checkpoint, out)
+    (out / "stale.txt").write_text("from the earlier export")
+    with pytest.raises(ValueError, match=r"not empty; choose another output folder, or pass --overwrite \(Python: overwrite=True\)"):
+        export_sentence_transformer(checkpoint, out)
     export_sentence_transformer(checkpoint, out, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "modules.json").is_file()
+    assert not (out / "stale.txt").exists() and (out / "modules.json").is_file()
     assert _leftovers(tmp_path) == []
 
 
@@ -209,7 +219,7 @@ def test_failure_midway_leaves_nothing(pretrained, tmp_path, monkeypatch, overwr
     out = tmp_path / "out"
     if overwrite:
         out.mkdir()
-        (out / "keep.txt").write_text("previous export")
+        (out / "modules.json").write_text("[]")  # a previous export
 
     def fail(*args, **kwargs):  # weights, tokenizer and ST configs are already written when the card fails
         raise RuntimeError("disk full")
@@ -219,7 +229,7 @@ def test_failure_midway_leaves_nothing(pretrained, tmp_path, monkeypatch, overwr
         export_sentence_transformer(checkpoint, out, overwrite=overwrite)
     assert _leftovers(tmp_path) == []
     if overwrite:
-        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+        assert [p.name for p in out.iterdir()] == ["modules.json"]
     else:
         assert not out.exists()
 
@@ -312,6 +322,19 @@ def test_each_method_names_what_its_export_encodes():
     assert dupmae.encoder_class_for({"model_type": "bert"}) is dupmae.model_class.encoder_class
     assert dupmae.encoder_class_for({"model_type": "dupmae", "encoder_type": "roberta"}) is (
         dupmae.model_class.any_encoder_class)
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("my model with spaces", "the name 'my model with spaces' contains ' '; use letters, digits"),
+    ("org/-tiny", "the name '-tiny' starts with '-'"),
+    ("a/b/c", "it has more than one '/'; give NAME or OWNER/NAME"),
+])
+def test_a_model_name_no_hub_repository_can_have_is_refused(pretrained, tmp_path, capsys, name, problem):
+    """HEAD wrote `SentenceTransformer("<your-org>/my model with spaces")` into the card, and publish passed it."""
+    _, checkpoint = pretrained
+    assert cli.main(["export", str(checkpoint), str(tmp_path / "out"), "--model-name", name]) == 2
+    assert f"--model-name {name!r} cannot name a Hub repository: {problem}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_export_command(pretrained, tmp_path, capsys):

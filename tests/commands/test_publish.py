@@ -442,3 +442,15 @@ def test_no_network_and_offline_mode_are_one_line(valid, monkeypatch, capsys):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert cli.main(["publish", "folder", "my-org/x"]) == 2
     assert "HF_HUB_OFFLINE is set; unset it to upload" in capsys.readouterr().err
+
+
+def test_a_json_file_recording_a_local_path_is_refused(cls_folder, copy_of, tmp_path):
+    """E.g. an evaluation's summary.json written into the folder: every file of it is uploaded."""
+    folder = copy_of(cls_folder)
+    (folder / "eval").mkdir()
+    (folder / "eval" / "summary.json").write_text(json.dumps({"rows": [{"model_path": str(tmp_path / "ftok")}]}))
+    with pytest.raises(ValueError, match=rf"eval/summary.json records a local path of this machine \({tmp_path}/ftok\)"
+                                         r", and every file of the folder is uploaded; remove that file"):
+        validate_model_folder(folder, load=False)
+    (folder / "eval" / "summary.json").write_text(json.dumps({"rows": [{"model": "org/name", "ndcg": 0.5}]}))
+    validate_model_folder(folder, load=False)

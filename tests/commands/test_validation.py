@@ -161,14 +161,14 @@ def test_failed_evaluation_warns_and_training_continues(tiny_bert, corpus, beir_
 
 
 @pytest.mark.parametrize(("damage", "expected"), [
-    ("qrels/dev.tsv", "is missing qrels/dev.tsv (a BEIR folder holds corpus.jsonl, queries.jsonl and "
+    ("qrels/dev.tsv", "BEIR folder <folder> is missing qrels/dev.tsv (a BEIR folder holds corpus.jsonl, queries.jsonl and "
                       "qrels/<split>.tsv); qrels splits present: train"),
-    ("qrels", "is missing qrels/dev.tsv"),
-    ("corpus.jsonl", "is missing corpus.jsonl"),
-    ("queries.jsonl", "is missing queries.jsonl"),
-    ("empty queries.jsonl", "toy/queries.jsonl holds no query"),  # HEAD named the qrels
-    ("empty corpus.jsonl", "toy/corpus.jsonl holds no document; add one JSON object per line"),  # HEAD: no folder
-    ("folder qrels/dev.tsv", "toy: qrels/dev.tsv is a folder; it must be a file"),  # HEAD: "is missing" it
+    ("qrels", "BEIR folder <folder> is missing qrels/dev.tsv"),
+    ("corpus.jsonl", "BEIR folder <folder> is missing corpus.jsonl"),
+    ("queries.jsonl", "BEIR folder <folder> is missing queries.jsonl"),
+    ("empty queries.jsonl", "<folder>/queries.jsonl holds no query"),  # HEAD named the qrels
+    ("empty corpus.jsonl", "<folder>/corpus.jsonl holds no document; add one JSON object per line"),  # HEAD: no folder
+    ("folder qrels/dev.tsv", "BEIR folder <folder>: qrels/dev.tsv is a folder; it must be a file"),  # HEAD: "is missing" it
 ])
 def test_bad_folder_refused_before_training(tiny_bert, corpus, tmp_path, capsys, damage, expected):
     import shutil
@@ -186,7 +186,8 @@ def test_bad_folder_refused_before_training(tiny_bert, corpus, tmp_path, capsys,
     assert main(pretrain_args(tiny_bert, corpus, out, "--eval-beir-folder", str(folder))) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith(f"retromae pretrain: error: --eval-beir-folder {folder} (--eval-split dev): ")
-    assert expected in error and len(error.splitlines()) == 1, error
+    # the folder as given, not its last part (HEAD: "BEIR folder toy is missing ...")
+    assert expected.replace("<folder>", str(folder)) in error and len(error.splitlines()) == 1, error
     assert not out.exists(), "refused before the output folder is touched"
 
 

@@ -345,6 +345,17 @@ def test_utf16_without_a_bom_is_still_refused(tmp_path):
         read_corpus(path)
 
 
+@pytest.mark.parametrize(("name", "compress", "kind", "suffix"), [
+    ("c.txt", gzip.compress, "gzip", ".gz"), ("c.jsonl", bz2.compress, "bzip2", ".bz2"),
+    ("c.txt", lzma.compress, "xz", ".xz"),
+])
+def test_compressed_data_under_a_plain_name_names_the_suffix(tmp_path, name, compress, kind, suffix):
+    """HEAD called it "bytes that are not valid UTF-8" and suggested iconv -f latin1."""
+    path = write_file(tmp_path / name, compress(b'{"text": "a"}\n' * 3))
+    with pytest.raises(ValueError, match=rf"{name}: {kind}-compressed data, not text; name the file {name}{suffix} "):
+        read_corpus(path)
+
+
 def test_edited_jsonl_is_not_served_from_the_builders_cache(tmp_path):
     import os
 

@@ -259,6 +259,13 @@ def test_save_tokenized_writes_a_corpus_any_run_trains_from(tiny_bert, corpus, t
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save)) == 2
     assert "--overwrite-output-dir" in capsys.readouterr().err
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save, "--overwrite-output-dir", "true")) == 0
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("the user's")  # HEAD deleted it with --overwrite-output-dir
+    notes = ("--save-tokenized", str(tmp_path / "notes"), "--overwrite-output-dir", "true")
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *notes)) == 2
+    assert "holds no saved dataset (no state.json or dataset_info.json), which --overwrite-output-dir does not " \
+        "replace" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "notes.txt").read_text() == "the user's"
 
 
 @pytest.mark.parametrize("damage", ["arrow file missing", "state.json cut short"])

@@ -131,6 +131,7 @@ def test_an_unsupported_architecture_is_refused_in_one_line(tmp_path, corpus, ca
     GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64,
                                bos_token_id=0, eos_token_id=2)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    capsys.readouterr()  # the save's own progress bars
     assert main(tiny_run(folder, corpus, tmp_path / "run")) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -138,6 +139,15 @@ def test_an_unsupported_architecture_is_refused_in_one_line(tmp_path, corpus, ca
     assert f"--model {folder} is a 'gpt2' checkpoint" in lines[0]
     assert "BERT, RoBERTa, XLM-R, ModernBERT" in lines[0] and "bert, roberta, xlm-roberta, modernbert" in lines[0]
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_config_of_another_architecture_without_weights_is_named_as_such(tmp_path, corpus, capsys):
+    """HEAD called a folder of a gpt2 config.json alone "incomplete ... killed mid-save"."""
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "vocab_size": 100}')
+    assert main(tiny_run(folder, corpus, tmp_path / "run")) == 2
+    assert f"--model {folder} is a 'gpt2' checkpoint; retromae pre-trains" in capsys.readouterr().err
 
 
 def test_roberta_position_limit_leaves_out_the_padding_offset(tiny_roberta, tiny_modernbert, corpus, tmp_path,

@@ -19,7 +19,7 @@ from ..export.sentence_transformer import export_from_model
 from ..inputs.arguments import configure_logging
 from ..inputs.errors import UserError
 from ..inputs.folders import INTERRUPTED_HINT
-from ..inputs.outputs import check_folder_option, claim_output
+from ..inputs.outputs import check_folder_option, claim_output, holds_one_of
 from ..inputs.pretrain_options import (
     check_export_target,
     export_target,
@@ -118,12 +118,16 @@ def pretrain(argv: list[str]) -> int:
     return 0
 
 
+# what `Dataset.save_to_disk` writes: --overwrite-output-dir replaces a saved dataset, never a folder of other files
+SAVED_DATASET = holds_one_of("state.json", "dataset_info.json", kind="saved dataset")
+
+
 def save_tokenized(run: Any) -> int:
     """`retromae pretrain --save-tokenized FOLDER`: tokenize the corpus into FOLDER, print where, train nothing."""
     folder = Path(run.data.save_tokenized).expanduser()
     overwrite = run.run.overwrite_output_dir
     claim_output(folder, "--save-tokenized", overwrite, overwrite_flag="--overwrite-output-dir",
-                 inputs={"--corpus": run.data.corpus} if run.data.corpus else None)
+                 inputs={"--corpus": run.data.corpus} if run.data.corpus else None, owner=SAVED_DATASET)
     sequences = save_tokenized_corpus(run, folder, overwrite)
     print(f"retromae: {sequences} tokenized sequences of up to {run.data.max_seq_length} tokens in {folder}; train "
           f"any method from them with --corpus {folder}", flush=True)

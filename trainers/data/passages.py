@@ -94,11 +94,22 @@ def wide_encoding(head: bytes) -> str | None:
     return None
 
 
+# the first bytes of compressed data, and the suffix under which `open_binary` decompresses it
+_COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bzip2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"),
+                      (b"\x28\xb5\x2f\xfd", "zstandard", ".zst"))
+
+
 def check_text_encoding(path: str | os.PathLike) -> None:
-    """Refuse a UTF-16 or UTF-32 file (``wide_encoding``), naming the ``iconv`` call that converts it: decoded as
-    UTF-8 it fails at the first byte or, without a byte-order mark, reads as text full of NUL characters."""
+    """Refuse compressed data under a plain name, naming the suffix that reads it, and a UTF-16 or UTF-32 file
+    (``wide_encoding``), naming the ``iconv`` call that converts it: decoded as UTF-8 it fails at the first byte or,
+    without a byte-order mark, reads as text full of NUL characters."""
     with open_binary(path) as handle:
-        encoding = wide_encoding(handle.read(ENCODING_PROBE_BYTES))
+        head = handle.read(ENCODING_PROBE_BYTES)
+    packed = next(((kind, suffix) for magic, kind, suffix in _COMPRESSION_MAGIC if head.startswith(magic)), None)
+    if packed is not None:
+        raise CorpusError(f"{path}: {packed[0]}-compressed data, not text; name the file {Path(path).name}{packed[1]} "
+                          f"(retromae decompresses .gz, .bz2, .xz and .zst) or decompress it")
+    encoding = wide_encoding(head)
     if encoding is not None:
         raise CorpusError(f"{path}: {encoding.upper()} text, not UTF-8; re-encode the file as UTF-8, e.g. iconv -f "
                         f"{encoding} -t utf-8 in > out")

@@ -12,7 +12,7 @@ Validation (`validate_model_folder`), each failure a `ValueError` naming the fil
   config.json; a type naming an installed package (`retromae.modeling...`) is refused, since users do not have it;
 * the model card `README.md` exists, its YAML front matter parses (`huggingface_hub.ModelCard`; an error names the
   line), its `model-index` (if any) yields evaluation results, and neither its metadata nor its text holds a local
-  path of this machine (`/tmp/...`, `~/...`, `C:\\...`);
+  path of this machine (`/tmp/...`, `~/...`, `C:\\...`), nor does any JSON file of the folder (vocabularies aside);
 * the folder actually loads: `SentenceTransformer(folder, trust_remote_code=<needed>)` and encodes a sentence to a
   finite vector. A folder that would not load for users is never uploaded.
 
@@ -85,7 +85,7 @@ def _check_modules(folder: Path) -> list[dict[str, Any]]:
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
         raise ValueError(
-            f"{folder.name} has no modules.json: it is not a sentence-transformers folder (without it "
+            f"{folder} has no modules.json: it is not a sentence-transformers folder (without it "
             "sentence-transformers would guess mean pooling); export it with `retromae export` or save it with "
             "SentenceTransformer.save"
         )
@@ -192,7 +192,7 @@ def _check_remote_code(folder: Path, modules: list[dict[str, Any]]) -> list[str]
 def _check_card(folder: Path) -> dict[str, Any]:
     readme = folder / "README.md"
     if not readme.is_file():
-        raise ValueError(f"{folder.name} has no model card (README.md); `retromae finetune` / `retromae export` write one")
+        raise ValueError(f"{folder} has no model card (README.md); `retromae finetune` / `retromae export` write one")
     text = readme.read_text(encoding="utf-8")
     if not text.startswith("---"):
         raise ValueError("README.md has no YAML metadata block (--- ... ---) at the top")
@@ -251,6 +251,35 @@ def _check_metadata_paths(metadata: Any, folder: Path, field_name: str = "") -> 
         )
 
 
+MAX_SCANNED_JSON_BYTES = 1 << 20  # settings and results files; tokenizer.json and vocabularies are larger or skipped
+
+
+def _check_json_paths(folder: Path) -> None:
+    """Refuse a JSON file that records a local path of this machine (e.g. the `summary.json` of an evaluation written
+    into the folder): it would be uploaded with the model. Vocabularies are not scanned (their tokens are text)."""
+    for path in sorted(folder.rglob("*.json")):
+        relative = path.relative_to(folder)
+        if (any(part.startswith(".") or part == "__pycache__" for part in relative.parts)
+                or path.name in ("tokenizer.json", "vocab.json") or path.stat().st_size > MAX_SCANNED_JSON_BYTES):
+            continue
+        found = _local_path_in(_read_json(path, str(relative)))
+        if found is not None:
+            raise ValueError(f"{relative} records a local path of this machine ({found}), and every file of the "
+                             "folder is uploaded; remove that file (or the field) before publishing")
+
+
+def _local_path_in(value: Any) -> str | None:
+    """The first absolute local path among the strings of a parsed JSON value; None when there is none."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return next((found for item in value if (found := _local_path_in(item)) is not None), None)
+    if isinstance(value, str) and "\n" not in value:
+        found = find_local_paths(value)
+        return found[0][1] if found else None
+    return None
+
+
 def _check_loads(folder: Path, trust_remote_code: bool) -> int:
     call = f"SentenceTransformer({folder.name!r}{', trust_remote_code=True' if trust_remote_code else ''})"
     try:
@@ -298,6 +327,7 @@ def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> Va
     remote_files = _check_remote_code(folder, modules)
     needs_remote = any(not m["type"].startswith("sentence_transformers.") for m in modules)
     metadata = _check_card(folder)
+    _check_json_paths(folder)
     if needs_remote and "custom_code" not in (metadata.get("tags") or []):
         logger.warning("README.md: the model needs trust_remote_code=True; consider the 'custom_code' tag")
     report = ValidationReport(folder, needs_remote, remote_files, [m["type"] for m in modules], None, metadata)
@@ -378,6 +408,16 @@ def check_repo_id(repo_id: str) -> None:
         raise ValueError(f"repo id {repo_id!r} is not one the Hub accepts: {error}") from None
 
 
+def check_model_name(name: str, flag: str = "--model-name") -> None:
+    """Refuse a card's model name that no Hub repository can have: the card's usage lines load `<your-org>/NAME`
+    (or OWNER/NAME as given)."""
+    repo_id = name if "/" in name else f"your-org/{name}"
+    problem = ("it has more than one '/'; give NAME or OWNER/NAME" if repo_id.count("/") > 1
+               else repo_id_problem(repo_id))
+    if problem:
+        raise ValueError(f"{flag} {name!r} cannot name a Hub repository: {problem}")
+
+
 @contextmanager
 def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
     """Turn what the Hub call raises when offline, not logged in, without write access, for a missing repository or
@@ -424,4 +464,4 @@ def _http_failure(error: HfHubHTTPError, repo_id: str) -> str:
     return f"the Hub answered HTTP {status}{server}; run the command again later (RETROMAE_DEBUG=1 shows the details)"
 
 
-__all__ = ["ValidationReport", "check_repo_id", "publish", "repo_id_problem", "validate_model_folder"]
+__all__ = ["ValidationReport", "check_model_name", "check_repo_id", "publish", "repo_id_problem", "validate_model_folder"]

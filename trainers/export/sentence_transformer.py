@@ -42,7 +42,7 @@ from ..inputs.checkpoints import (
 )
 from ..inputs.folders import check_model_folder, is_trainer_checkpoint, public_name
 from ..inputs.io import read_json_or_empty
-from ..inputs.outputs import atomic_folder, claim_output
+from ..inputs.outputs import atomic_folder, claim_output, model_holding
 from ..inputs.sentence_models import check_pooling, load_sentence_transformer
 from ..methods import METHODS, Method, get_method, method_of_config, method_of_folder
 from ..training.sharding import is_sharded
@@ -94,12 +94,12 @@ def export_sentence_transformer(
     check_pooling(pooling, similarity)
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)
-    claim_output(output_dir, "output folder", overwrite, inputs={"the checkpoint": checkpoint})
     in_checkpoint = next((p for p in (output_dir.absolute(), *output_dir.absolute().parents)
                           if is_trainer_checkpoint(p)), None)
     if in_checkpoint is not None:
         raise ValueError(f"output folder {output_dir} is or lies in the training checkpoint {in_checkpoint}, which "
                          "resuming the run needs; choose another folder")
+    claim_output(output_dir, "output folder", overwrite, inputs={"the checkpoint": checkpoint}, owner=model_holding)
     check_tokenizer_saved(checkpoint, purpose="export")  # saved without one: say how to add it
     check_model_folder(checkpoint, purpose="export")  # e.g. a run killed mid-save (no tokenizer vocabulary)
     run_info = read_run_info(checkpoint)
@@ -156,7 +156,7 @@ def export_from_model(
                          "or export the saved checkpoint: retromae export CHECKPOINT OUTPUT")
     output_dir = Path(output_dir)
     method = method_of(model.config.model_type, type(model).__name__, hint=f"known methods: {', '.join(METHODS)}")
-    claim_output(output_dir, "output folder", overwrite)
+    claim_output(output_dir, "output folder", overwrite, owner=model_holding)
     request = ExportRequest(
         method=method,
         config=model.config.to_dict(),
@@ -221,7 +221,8 @@ def export_encoder(
         )
     output_dir = Path(output_dir)
     claim_output(output_dir, "output folder", overwrite,
-                 inputs={"the encoder": encoder} if isinstance(encoder, str | os.PathLike) else None)
+                 inputs={"the encoder": encoder} if isinstance(encoder, str | os.PathLike) else None,
+                 owner=model_holding)
     if isinstance(encoder, str | os.PathLike):
         folder = Path(encoder)
         if tokenizer is None:

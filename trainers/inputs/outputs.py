@@ -88,6 +88,19 @@ Holding = tuple[str, bool] | None
 Inputs = Mapping[str, str | os.PathLike | None]
 
 
+def holds_one_of(*names: str, kind: str) -> Callable[[Path], Holding]:
+    """`claim_output`'s owner of a folder a command replaces whole: the overwrite flag replaces a folder holding one
+    of the files `names` (what such a folder of `kind` holds), never a folder of other files."""
+    def holding(folder: Path) -> Holding:
+        if any((folder / name).is_file() for name in names):
+            return "", False  # refused without the overwrite flag, as any non-empty folder
+        return f"no {kind} (no {' or '.join(names)})", True
+    return holding
+
+
+model_holding = holds_one_of("modules.json", "config.json", kind="model")
+
+
 def claim_output(target: Path, flag: str, overwrite: bool, *, kind: Literal["folder", "into", "file"] = "folder",
                  inputs: Inputs | None = None, planned: Inputs | None = None,
                  owner: Callable[[Path], Holding] | None = None,
@@ -131,7 +144,11 @@ def _check_folder_target(target: Path, flag: str, kind: str, protected: Inputs, 
     if target.exists() and not target.is_dir():
         raise UserError(f"{flag} {target} is a file; choose a folder")
     check_folder_option(flag, target)  # a file above it, a loop, a folder that cannot be written
-    if kind == "into":
+    if kind == "into":  # nothing is deleted, but what lands inside an input folder changes it (e.g. a model's)
+        hit = _inside_input(target, protected)
+        if hit is not None:
+            raise UserError(f"{flag} {target}: writing into it would change {hit[0]} ({hit[1]}); choose a folder "
+                            "outside it")
         return None
     if target.exists():  # the new folder is built beside it and renamed into place
         _check_folder(flag, target, target.parent, writable=True)
@@ -146,11 +163,17 @@ def _check_file_target(target: Path, flag: str, protected: Inputs) -> None:
         raise UserError(f"{flag} {target} is a folder; give a file path")
     _refuse_symlink_loop(flag, target, target.absolute())
     _check_folder(flag, target, target.parent, writable=True)  # written beside it first (`inputs.io.atomic_file`)
-    hit = would_delete(target, protected) or next(
-        ((what, path) for what, path in protected.items()
-         if path and Path(path).is_dir() and Path(path).resolve() in target.resolve().parents), None)
+    hit = would_delete(target, protected) or _inside_input(target, protected)
     if hit is not None:
         raise UserError(f"{flag} {target}: writing it would change {hit[0]} ({hit[1]}); choose a file outside it")
+
+
+def _inside_input(target: Path, protected: Inputs) -> tuple[str, Path] | None:
+    """The first `(description, path)` of the existing folders of `protected` that `target` is or lies in."""
+    resolved = target.resolve()
+    return next(((what, Path(path)) for what, path in protected.items()
+                 if path and Path(path).is_dir() and (Path(path).resolve() == resolved
+                                                      or Path(path).resolve() in resolved.parents)), None)
 
 
 @contextmanager

@@ -98,7 +98,7 @@ def _check_beir_layout(folder: Path, split: str) -> Path:
     qrels_file = folder / "qrels" / f"{split}.tsv"
     for path in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
         if path.is_dir():
-            raise RetrievalDataError(f"BEIR folder {folder.name}: {path.relative_to(folder)} is a folder; it must be "
+            raise RetrievalDataError(f"BEIR folder {folder}: {path.relative_to(folder)} is a folder; it must be "
                                      f"a file (a BEIR folder holds {BEIR_LAYOUT})")
     missing = [str(p.relative_to(folder)) for p in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file)
                if not p.is_file()]
@@ -106,7 +106,7 @@ def _check_beir_layout(folder: Path, split: str) -> Path:
         available = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if (folder / "qrels").is_dir() else []
         hint = f"; qrels splits present: {', '.join(available)}" if available else ""
         raise RetrievalDataError(
-            f"BEIR folder {folder.name} is missing {', '.join(missing)} (a BEIR folder holds {BEIR_LAYOUT}){hint}"
+            f"BEIR folder {folder} is missing {', '.join(missing)} (a BEIR folder holds {BEIR_LAYOUT}){hint}"
         )
     return qrels_file
 
@@ -135,7 +135,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
     corpus = read_beir_corpus(folder / "corpus.jsonl")
     all_queries = read_beir_queries(folder / "queries.jsonl")
     if not all_queries:
-        raise RetrievalDataError(f"{folder.name}/queries.jsonl holds no query; add the queries of qrels/{split}.tsv")
+        raise RetrievalDataError(f"{folder / 'queries.jsonl'} holds no query; add the queries of qrels/{split}.tsv")
     qrels, report = _known_qrels(read_qrels(qrels_file), all_queries, corpus, on_missing, qrels_file)
     positives = {qid: {d: s for d, s in docs.items() if s > 0} for qid, docs in qrels.items()}
     without = sorted(qid for qid, docs in positives.items() if not docs)
@@ -147,7 +147,7 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
         )
     positives = {qid: docs for qid, docs in positives.items() if docs}
     if not positives:
-        raise RetrievalDataError(f"{qrels_file.relative_to(folder.parent)}: no query with a relevant document remains")
+        raise RetrievalDataError(f"{qrels_file}: no query with a relevant document remains")
     queries = {qid: all_queries[qid] for qid in positives}
     return RetrievalData(corpus, queries, positives, name=folder.resolve().name, split=split, report=dict(report))
 
@@ -210,7 +210,7 @@ def read_beir_corpus(path: Path) -> dict[str, dict[str, str]]:
             "text": _string_field(record, "text", where),
         }
     if not corpus:
-        raise RetrievalDataError(f"{path.parent.name}/{path.name} holds no document; add one JSON object per line, e.g. "
+        raise RetrievalDataError(f"{path} holds no document; add one JSON object per line, e.g. "
                                  f"{CORPUS_EXAMPLE}")
     return corpus
 

@@ -358,7 +358,8 @@ def _check_results_folder(output_dir: Path, models: Sequence[str], overwrite: bo
     for path in (output_dir / COVERAGE_JSON, output_dir / COVERAGE_PNG):
         if path.is_dir():
             raise ValueError(f"{path} is a folder; choose another --output-dir")
-    claim_output(output_dir, "--output-dir", overwrite, kind="into", owner=lambda _: coverage_holding(output_dir, models))
+    claim_output(output_dir, "--output-dir", overwrite, kind="into", owner=lambda _: coverage_holding(output_dir, models),
+                 inputs={f"the model {model}": model for model in models})
 
 
 def coverage_holding(output_dir: Path, models: Sequence[str]) -> Holding:

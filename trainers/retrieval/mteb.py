@@ -364,7 +364,8 @@ def evaluate_folder(
     if on_missing not in ON_MISSING:
         raise ValueError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
-    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model))
+    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model),
+                 inputs={"the --model folder": model})
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     if update_card:
         card_run_info_file(model)

@@ -166,13 +166,6 @@ def work_dir_holding(work_dir: Path) -> Holding:
     return f"files no `retromae finetune` run made ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})", True
 
 
-def model_holding(output_dir: Path) -> Holding:
-    """`claim_output`'s owner of a fine-tuning output folder: --overwrite replaces a model only."""
-    if any((output_dir / name).is_file() for name in ("modules.json", "config.json")):
-        return "", False  # refused without --overwrite as any non-empty folder
-    return "no model (no modules.json or config.json)", True
-
-
 NEGATIVES_FILE = "hard_negatives.jsonl"
 
 

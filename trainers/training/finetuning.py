@@ -45,7 +45,7 @@ from ..inputs.finetune_options import (
 )
 from ..inputs.folders import is_hub_id
 from ..inputs.io import read_json_or_empty, write_json_atomic
-from ..inputs.outputs import claim_output
+from ..inputs.outputs import claim_output, model_holding
 from ..inputs.sentence_models import save_without_pooler
 from ..methods import hybrid_method_of
 from ..retrieval.beir import (
@@ -69,7 +69,6 @@ from .finetune_state import (
     finished_work_dir_run,
     loss_config_of,
     model_after_finished_stages,
-    model_holding,
     read_state,
     save_finetuned_model,
     work_dir_holding,

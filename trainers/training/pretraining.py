@@ -71,6 +71,7 @@ def load_pretraining_model(
     ModernBERT checkpoint starts fresh (`from_encoder_checkpoint`); any other architecture is refused in one line
     (`unsupported_model_message`). `attn_implementation` (from
     `attn_implementation_for`; None: transformers' default) is the encoder's."""
+    refuse_other_architecture(model_ref)
     check_model_folder(model_ref, purpose="--model", tokenizer=False)  # e.g. a checkpoint of a run killed mid-save
     model_type = config_model_type(model_ref)
     ours = {m.model_class.config_class.model_type: m for m in METHODS.values()}
@@ -147,6 +148,17 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
                 "the method's heads), the architecture of %s", backbone_of(config).display_name,
                 config.num_hidden_layers, config.hidden_size, config.vocab_size, model.num_parameters() / 1e6, model_ref)
     return model
+
+
+def refuse_other_architecture(model_ref: str) -> None:
+    """Refuse a local folder whose config.json names an architecture retromae does not pre-train, before its other
+    files are checked: such a folder without weights is not a half-saved model of ours."""
+    config = read_json_or_empty(Path(model_ref).expanduser() / "config.json")  # unreadable: check_model_folder says so
+    model_type = config.get("model_type")
+    if not config or model_type in {m.model_class.config_class.model_type for m in METHODS.values()}:
+        return
+    if (model_type or DEFAULT_ENCODER_TYPE) not in SUPPORTED_ENCODER_TYPES:
+        raise ValueError(unsupported_model_message(model_ref, model_type))
 
 
 def unsupported_model_message(model_ref: str, model_type: str | None) -> str:
@@ -253,6 +265,8 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
     # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
     scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
+    if not run.resume:
+        refuse_other_architecture(model_ref)
     check_model_folder(run.resume or model_ref, purpose="--resume-from-checkpoint" if run.resume else "--model",
                        tokenizer=False, weights=not scratch)  # before its tokenizer is read
     tokenizer_ref = run.resume or run.model.tokenizer or model_ref
