@@ -347,6 +347,20 @@ def test_a_tokenizer_that_is_a_file_or_an_empty_folder_is_named_under_its_flag(g
     assert not err.endswith("--tokenizer)"), err
 
 
+def test_a_tokenizer_of_another_model_is_refused_before_training(tiny_bert, corpus, tmp_path, capsys):
+    """HEAD warned mid-log (300 tokens for 30,522 embedding rows), then trained and exported with it."""
+    from ..builders import tiny_bpe_tokenizer
+
+    tokenizer = tmp_path / "small-tokenizer"
+    tiny_bpe_tokenizer("roberta").save_pretrained(tokenizer)
+    capsys.readouterr()
+    assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "out", "--tokenizer", str(tokenizer))) == 2
+    err = one_line_error(capsys, "pretrain")
+    assert f"--tokenizer {tokenizer} has 300 tokens but --model {tiny_bert} has 30522 embedding rows" in err, err
+    assert "drop --tokenizer to use the model's own, or pass --from-scratch true" in err
+    assert not (tmp_path / "out").exists()
+
+
 # ---- a checkpoint that cannot continue its run exactly -------------------------------------------------------------
 
 

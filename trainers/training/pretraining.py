@@ -198,6 +198,17 @@ def tokenizer_flag(run: PretrainRun, tokenizer_ref: str) -> str:
     return "--tokenizer" if tokenizer_ref == run.model.tokenizer else "--model"
 
 
+def _refuse_foreign_tokenizer(tokenizer, tokenizer_ref: str, model_ref: str) -> None:
+    """Refuse a --tokenizer that uses under half of the model's embedding rows: most likely another model's, whose
+    ids mean other words to these weights (the trainer only warns, for a model and tokenizer built in Python)."""
+    rows = read_json_or_empty(Path(model_ref).expanduser() / "config.json").get("vocab_size")
+    if isinstance(rows, int) and len(tokenizer) < rows / 2:
+        raise ValueError(f"--tokenizer {tokenizer_ref} has {len(tokenizer)} tokens but --model {model_ref} has {rows} "
+                         "embedding rows: most likely another model's tokenizer, whose ids mean other words to these "
+                         "weights; drop --tokenizer to use the model's own, or pass --from-scratch true to train new "
+                         "weights for this tokenizer")
+
+
 def _check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
     """Refuse, in one line naming the folder, a tokenizer without the mask and pad tokens that masking and padding
     need (the collator would stop with a traceback), or one whose first token is not a special token: position 0
@@ -265,13 +276,15 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
     # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
     scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
-    if not run.resume:
+    if not run.resume and not scratch:  # --from-scratch names the architectures it takes itself
         refuse_other_architecture(model_ref)
     check_model_folder(run.resume or model_ref, purpose="--resume-from-checkpoint" if run.resume else "--model",
                        tokenizer=False, weights=not scratch)  # before its tokenizer is read
     tokenizer_ref = run.resume or run.model.tokenizer or model_ref
     tokenizer = load_tokenizer(tokenizer_ref, purpose=tokenizer_flag(run, tokenizer_ref))
     _check_special_tokens(tokenizer, tokenizer_ref)
+    if run.model.tokenizer and not run.resume and not scratch:
+        _refuse_foreign_tokenizer(tokenizer, run.model.tokenizer, model_ref)
     inputs = DataInputs(
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
         packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
