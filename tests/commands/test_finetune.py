@@ -760,6 +760,10 @@ def test_local_starting_model_is_not_written_as_a_hub_id(spread_cls_bert, tiny_b
 
     with pytest.raises(ValueError, match="--base-model-name 'out/encoder/' is not a Hub id"):
         finetune_command(["out/encoder", str(tiny_beir), "--output-dir", "out/x", "--base-model-name", "out/encoder/"])
+    with pytest.raises(ValueError, match="--model-name 'my model' cannot name a Hub repository: the name 'my model' "
+                                         "contains ' '"):
+        finetune_command(["out/encoder", str(tiny_beir), "--output-dir", "out/x", "--model-name", "my model"])
+    assert not (tmp_path / "out" / "x").exists()
 
 
 def test_hub_id_of_a_local_model(tmp_path):

@@ -32,6 +32,7 @@ from ..data.training_groups import (
     read_training_jsonl,
 )
 from ..export.cards import FINETUNE_RUN_INFO_FILE
+from ..export.publishing import check_model_name
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.arguments import check_training_arguments
 from ..inputs.finetune_options import (
@@ -336,6 +337,8 @@ def run_finetune(
     if loss_args.mini_batch_size is not None and "distill" in stages:
         raise ValueError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
                          "the distill stage in a fine-tuning of its own without it")
+    if model_args.model_name is not None:
+        check_model_name(model_args.model_name)
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise ValueError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                          "names no local paths: omit the flag to record the starting model as local")
