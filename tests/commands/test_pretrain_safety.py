@@ -60,6 +60,8 @@ def dead_pid() -> int:
 def test_a_non_empty_export_dir_needs_overwrite_export(tiny_bert, corpus, tmp_path, capsys):
     target, out = tmp_path / "exported", tmp_path / "run"
     target.mkdir()
+    # an earlier export; a folder of other files is kept even with the flag (test_pretrain_refusals.py)
+    (target / "modules.json").write_text("[]")
     (target / "notes.txt").write_text("mine")
     assert main(pretrain_args(tiny_bert, corpus, out, "--export-dir", str(target))) == 2
     err = one_line(capsys)

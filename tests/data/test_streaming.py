@@ -71,8 +71,8 @@ def test_a_dataset_is_left_to_the_sampler_and_a_negative_buffer_refused(tokenize
 
 
 def test_the_shuffle_flags_parse(tiny_bert, corpus, tmp_path):
-    run = pretrain_arguments(pretrain_args(tiny_bert, corpus, tmp_path / "o", "--shuffle-buffer", "0",
-                                           "--tokenize-workers", "2")[1:])
+    run = pretrain_arguments(pretrain_args(tiny_bert, corpus, tmp_path / "o", "--streaming", "true",
+                                           "--shuffle-buffer", "0", "--tokenize-workers", "2")[1:])
     assert (run.data.shuffle_buffer, run.data.tokenize_workers) == (0, 2)
     default = pretrain_arguments(pretrain_args(tiny_bert, corpus, tmp_path / "o")[1:])
     assert (default.data.shuffle_buffer, default.data.tokenize_workers) == (10_000, None)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from retromae.modeling.st_dupmae import is_dupmae_pooling
 
 from ..data.passages import numbered_passages
-from ..data.reading import iter_decoded_lines, read_corpus
+from ..data.reading import check_text_format_applies, iter_decoded_lines, read_corpus
 from ..export.dupmae import load_dupmae_sentence_transformer
 from ..inputs.arguments import LIST_FLAG, start_command
 from ..inputs.errors import UserError, one_line_message
@@ -138,6 +138,7 @@ def index_command(argv: list[str]) -> int:
     if args.engine == "qdrant" and args.index_type != "flat":
         raise UserError(f"--index-type {args.index_type} is for --engine faiss; --engine qdrant picks its own")
     # refused before hours of encoding, not after
+    check_text_format_applies(args.text_format, args.corpus)
     claim_index_folder(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
                                                                           "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")

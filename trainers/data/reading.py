@@ -449,4 +449,19 @@ def _generate_passages(
         raise ValueError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
-__all__ = ["code_fingerprint", "read_corpus"]
+def check_text_format_applies(text_format: str, corpus: str | None) -> None:
+    """Refuse a ``text_format`` other than auto for a corpus with no .txt file (it would be ignored): a file of
+    another kind, a folder without one, a Hub dataset or the built-in corpus."""
+    if text_format == "auto":
+        return
+    path = Path(corpus).expanduser() if corpus else None
+    if path is not None and path.is_file() and split_name(path)[0] == ".txt":
+        return
+    if path is not None and path.is_dir() and any(split_name(p)[0] == ".txt" for p in path.rglob("*") if p.is_file()):
+        return
+    what = f"--corpus {corpus}" if corpus else "the built-in corpus"
+    raise CorpusError(f"--text-format {text_format} splits .txt files into passages, and {what} holds none; drop "
+                      "--text-format")
+
+
+__all__ = ["check_text_format_applies", "code_fingerprint", "read_corpus"]

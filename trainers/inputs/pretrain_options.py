@@ -16,6 +16,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from ..data.reading import check_text_format_applies
 from ..methods import DEFAULT_METHOD, METHODS, MethodArguments
 from ..retrieval.metrics import metric_names
 from ..training.positions import check_extension_length
@@ -36,7 +37,7 @@ from .arguments import CommandParser, DefaultsHelpFormatter, expand_home, parse
 from .config_files import config_argument, merge_file_mappings, split_config
 from .errors import UserError
 from .folders import TRAINER_CHECKPOINT
-from .outputs import check_folder_option, claim_output
+from .outputs import check_folder_option, claim_output, model_holding
 
 logger = logging.getLogger(__name__)
 
@@ -333,6 +334,7 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
                             "--eval-strategy steps --eval-steps N (--save-steps a multiple of N), --eval-beir-folder "
                             "FOLDER and --metric-for-best-model ndcg@10") from None
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
+    _check_options_read(given, data, run)
     _check_validation_options(training, validation, model.method)
     _check_from_scratch_options(model)
     _check_loss_kernel(training)
@@ -447,6 +449,18 @@ def export_target(run: PretrainRun) -> tuple[Path | None, bool]:
     return target, run.run.overwrite_export or target.resolve() == own.resolve()
 
 
+def _check_options_read(given: dict[str, Any], data: DataArguments, run: RunArguments) -> None:
+    """Refuse a given option that nothing of this run reads (it would be accepted and ignored)."""
+    for name in ("shuffle_buffer", "stream_resume"):
+        if name in given and not data.streaming:
+            raise UserError(f"--{name.replace('_', '-')} applies to a streamed corpus: add --streaming true, or drop "
+                            "it")
+    if given.get("overwrite_export") and not run.export_dir:
+        raise UserError("--overwrite-export applies to an --export-dir of your own: the default (OUTPUT_DIR/encoder) "
+                        "is the run's and each run there replaces it; drop the flag, or name the --export-dir")
+    check_text_format_applies(data.text_format, data.corpus)
+
+
 def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None:
     """`claim_output` for the export folder, before training: the export replaces its whole folder, so besides the
     run's inputs it may not delete the working directory, the output folder or one of its checkpoints (which may
@@ -461,7 +475,7 @@ def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None
     fix = ("move it out of that folder, or pass another --export-dir (or --no-export)" if default else
            f"choose another --export-dir, e.g. {output / 'encoder'} (the default)")
     claim_output(target, flag, overwrite, inputs=run_inputs(run), planned=made, overwrite_flag="--overwrite-export",
-                 fix=fix)
+                 fix=fix, owner=model_holding)
 
 
 __all__ = [
