@@ -309,8 +309,9 @@ def test_txt_passages_equal_the_line_reader(tmp_path, name, text_format):
 TRICKY_JSONL = {
     "blank_lines": '\n{"text": " a  b "}\n   \n\n{"text": "c", "title": "T"}\n',
     "bom": '\ufeff{"text": "a"}\n{"text": "b"}\n',
-    "titles_not_strings": '{"text": "a", "title": 3}\n{"text": "b", "title": 4}\n',
-    "titles_mixed_types": '{"text": "a", "title": 3}\n{"text": "b", "title": "T"}\n{"text": "c", "title": null}\n',
+    # a title of another type is refused (test_pretrain_refusals.py); a null one is no title
+    "titles_null": '{"text": "a", "title": null}\n{"text": "b", "title": null}\n',
+    "titles_null_and_strings": '{"text": "a", "title": null}\n{"text": "b", "title": "T"}\n',
     "blank_title": '{"text": "a", "title": "  "}\n{"text": "  "}\n{"text": "b"}\n',
     "other_fields_mixed": '{"text": "a", "x": 1}\n{"text": "b", "x": "s"}\n{"text": "c", "x": [1]}\n',
 }

@@ -138,7 +138,7 @@ def index_command(argv: list[str]) -> int:
     if args.engine == "qdrant" and args.index_type != "flat":
         raise UserError(f"--index-type {args.index_type} is for --engine faiss; --engine qdrant picks its own")
     # refused before hours of encoding, not after
-    check_text_format_applies(args.text_format, args.corpus)
+    check_text_format_applies(args.text_format, args.corpus, any_corpus_jsonl_is_beir=True)  # as `_documents` reads
     claim_index_folder(Path(args.output_dir), args.overwrite, inputs={"--model": args.model,
                                                                           "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")

@@ -19,7 +19,7 @@ from datasets.packaged_modules.json.json import Json
 from datasets.packaged_modules.parquet.parquet import Parquet
 from datasets.packaged_modules.text.text import Text
 
-from .passages import ENCODING_PROBE_BYTES, CorpusError, open_binary
+from .passages import ENCODING_PROBE_BYTES, CorpusError, check_title_column, open_binary
 
 
 def select_text_column(
@@ -70,7 +70,8 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
     Raises ``ReadLineByLine`` where the builder's reading could differ from ours: a ``.jsonl`` line that is not
     one JSON object (a JSON array file, two objects on a line), a missing, null or non-string field, bytes that are
     not UTF-8, a ``.txt`` file with a carriage return that does not end a line (the builder would split lines
-    there); ``CorpusError`` for a ``.parquet`` file without a string `column` or with null rows in it."""
+    there); ``CorpusError`` for a ``.parquet`` file without a string `column`, with null rows in it or with a
+    ``title`` column of another type."""
     fmt = sources[0][1]
     paths = [source[0] for source in sources]
     options: dict = {}
@@ -107,9 +108,11 @@ def _no_builder_errors(record: logging.LogRecord) -> bool:
 
 
 def check_parquet_column(paths: list[str], column: str) -> None:
-    """``check_text_column`` on each ``.parquet`` file's schema, before any row is read."""
+    """``check_text_column`` and ``check_title_column`` on each ``.parquet`` file's schema, before any row is read."""
     for path in paths:
-        check_text_column(datasets.Features.from_arrow_schema(pq.read_schema(path)), path, column)
+        schema = pq.read_schema(path)
+        check_text_column(datasets.Features.from_arrow_schema(schema), path, column)
+        check_title_column(schema, path, column)
 
 
 class FormsPassages:
@@ -153,9 +156,11 @@ class FormsPassages:
                 or (nulls and not isinstance(self, Parquet))):  # a Parquet file's null rows are named at the end
             raise ReadLineByLine(f"a row without a string {column!r}")
         self.null_rows += nulls
-        # a title of another type is no title (our reader's rule)
-        title = ("title" in pa_table.column_names and column != "title"
-                 and is_string_type(pa_table.schema.field("title").type))
+        title = "title" in pa_table.column_names and column != "title"
+        kind = pa_table.schema.field("title").type if title else None
+        if title and not (is_string_type(kind) or pa.types.is_null(kind)):  # our reader names the line at fault
+            raise ReadLineByLine("a 'title' that is not a string")
+        title = title and is_string_type(kind)  # a column of nulls: no title
         if not isinstance(self, Text) and not all(is_valid_utf8(pa_table.column(name))
                                                   for name in ([column, "title"] if title else [column])):
             raise ReadLineByLine(f"bytes that are not UTF-8 in column {column!r} or 'title'")

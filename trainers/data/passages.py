@@ -205,6 +205,7 @@ def iter_parquet_passages(path: str, column: str = "text") -> Iterator[tuple[int
     if column not in names:
         raise CorpusError(f"dataset {path!r} has no {column!r} column (columns: {names}); name the passage column "
                         "with --text-column")
+    check_title_column(parquet.schema_arrow, path, column)
     title = "title" in names and column != "title"
     row = 0
     for batch in parquet.iter_batches(columns=[column, "title"] if title else [column]):
@@ -260,12 +261,33 @@ def check_jsonl_record(record: dict[str, Any], where: str, column: str = "text")
             f"{title}{other}"
         )
     if not isinstance(record[column], str):
-        found = json.dumps(record[column])
-        found = found if len(found) <= 40 else found[:37] + "..."
         raise CorpusError(
-            f'{where}: the "{column}" field must be a string, found {found} (JSON {json_type(record[column])}); '
-            f'write the passage in quotes, e.g. {{"{column}": "..."}}'
+            f'{where}: the "{column}" field must be a string, found {_shown(record[column])} (JSON '
+            f'{json_type(record[column])}); write the passage in quotes, e.g. {{"{column}": "..."}}'
         )
+    title = record.get("title") if column != "title" else None
+    if title is not None and not isinstance(title, str):  # prepended only when a string: else dropped silently
+        raise CorpusError(
+            f'{where}: the "title" field must be a string or null, found {_shown(title)} (JSON {json_type(title)}); '
+            f'write the title in quotes, e.g. {{"title": "...", "{column}": "..."}}, or drop it'
+        )
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as a message shows it: at most 40 characters."""
+    found = json.dumps(value)
+    return found if len(found) <= 40 else found[:37] + "..."
+
+
+def check_title_column(schema: pa.Schema, path: str, column: str = "text") -> None:
+    """Raises ``CorpusError`` when a ``.parquet`` file's ``title`` column (prepended to ``column``) holds neither
+    strings nor only nulls: its titles would be dropped silently."""
+    if "title" not in schema.names or column == "title":
+        return
+    kind = schema.field("title").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise CorpusError(f"dataset {path!r}: the 'title' column holds {kind}, not strings; save each title as a "
+                          "string (or null), or drop the column")
 
 
 TextFormat = Literal["auto", "lines", "blocks"]

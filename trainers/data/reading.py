@@ -175,9 +175,9 @@ def _read_directory(
     """Reads a BEIR folder, a ``save_to_disk`` folder, or a folder of ``.txt``/``.jsonl`` files (and nothing else).
     A ``corpus.jsonl`` without BEIR's queries or qrels beside it is one file of a folder corpus: reading it alone
     would leave out the others."""
-    saved = any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+    saved = _is_saved_dataset(path)
     _refuse_hub_options(str(path), hub, split_allowed=saved)
-    if (path / "corpus.jsonl").is_file() and ((path / "queries.jsonl").is_file() or (path / "qrels").is_dir()):
+    if _is_beir_folder(path):
         return _read_files([path / "corpus.jsonl"], text_format, streaming, text_column)
     if saved:
         return _load_saved_dataset(path, streaming, text_column, hub.split)
@@ -198,6 +198,15 @@ def _read_directory(
         )
     logger.info("Reading %d corpus file(s) in %s: %s", len(files), path, _some_names(files, path))
     return _read_files(files, text_format, streaming, text_column)
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
+def _is_beir_folder(path: Path) -> bool:
+    """A folder read as its corpus.jsonl alone: queries or qrels beside it make it a BEIR folder."""
+    return (path / "corpus.jsonl").is_file() and ((path / "queries.jsonl").is_file() or (path / "qrels").is_dir())
 
 
 def _is_corpus_file(path: Path) -> bool:
@@ -449,19 +458,26 @@ def _generate_passages(
         raise ValueError(f"the corpus is empty: every passage in {names} is blank; add passages with text")
 
 
-def check_text_format_applies(text_format: str, corpus: str | None) -> None:
-    """Refuse a ``text_format`` other than auto for a corpus with no .txt file (it would be ignored): a file of
-    another kind, a folder without one, a Hub dataset or the built-in corpus."""
-    if text_format == "auto":
-        return
-    path = Path(corpus).expanduser() if corpus else None
-    if path is not None and path.is_file() and split_name(path)[0] == ".txt":
-        return
-    if path is not None and path.is_dir() and any(split_name(p)[0] == ".txt" for p in path.rglob("*") if p.is_file()):
+def check_text_format_applies(text_format: str, corpus: str | None, *, any_corpus_jsonl_is_beir: bool = False) -> None:
+    """Refuse a ``text_format`` other than auto for a corpus of which no .txt file is read (it would be ignored): a
+    file of another kind, a BEIR or saved-dataset folder, a folder without one (hidden files are not read), a Hub
+    dataset or the built-in corpus. ``any_corpus_jsonl_is_beir``: a folder with a corpus.jsonl is read as BEIR
+    without queries or qrels too (`retromae index`)."""
+    if text_format == "auto" or (corpus and _reads_text_files(Path(corpus).expanduser(), any_corpus_jsonl_is_beir)):
         return
     what = f"--corpus {corpus}" if corpus else "the built-in corpus"
     raise CorpusError(f"--text-format {text_format} splits .txt files into passages, and {what} holds none; drop "
                       "--text-format")
+
+
+def _reads_text_files(path: Path, any_corpus_jsonl_is_beir: bool) -> bool:
+    """Whether reading the corpus at ``path`` reads a .txt file (``_read_source``'s rules)."""
+    if path.is_file():
+        return split_name(path)[0] == ".txt"
+    beir = (path / "corpus.jsonl").is_file() if any_corpus_jsonl_is_beir else _is_beir_folder(path)
+    if not path.is_dir() or beir or _is_saved_dataset(path):
+        return False
+    return any(split_name(file)[0] == ".txt" for file in _files_below(path))  # through folder links, hidden skipped
 
 
 __all__ = ["check_text_format_applies", "code_fingerprint", "read_corpus"]

@@ -458,7 +458,8 @@ def _check_options_read(given: dict[str, Any], data: DataArguments, run: RunArgu
     if given.get("overwrite_export") and not run.export_dir:
         raise UserError("--overwrite-export applies to an --export-dir of your own: the default (OUTPUT_DIR/encoder) "
                         "is the run's and each run there replaces it; drop the flag, or name the --export-dir")
-    check_text_format_applies(data.text_format, data.corpus)
+    if "text_format" in given:  # not a resumed run's recorded value, which the user cannot drop
+        check_text_format_applies(data.text_format, data.corpus)
 
 
 def check_export_target(target: Path, overwrite: bool, run: PretrainRun) -> None:
