@@ -19,7 +19,7 @@ from datasets.packaged_modules.json.json import Json
 from datasets.packaged_modules.parquet.parquet import Parquet
 from datasets.packaged_modules.text.text import Text
 
-from .passages import ENCODING_PROBE_BYTES, CorpusError, check_title_column, open_binary
+from .passages import ENCODING_PROBE_BYTES, CorpusError, check_title_column, is_string_type, open_binary
 
 
 def select_text_column(
@@ -183,10 +183,6 @@ def passage_builder(base: type) -> type:
 
 PASSAGE_BUILDERS = {"jsonl": passage_builder(Json), "lines": passage_builder(Text), "blocks": passage_builder(Text),
                     "parquet": passage_builder(Parquet)}
-
-
-def is_string_type(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def is_valid_utf8(texts: pa.ChunkedArray) -> bool:

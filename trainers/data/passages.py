@@ -279,13 +279,17 @@ def _shown(value: Any) -> str:
     return found if len(found) <= 40 else found[:37] + "..."
 
 
+def is_string_type(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
 def check_title_column(schema: pa.Schema, path: str, column: str = "text") -> None:
     """Raises ``CorpusError`` when a ``.parquet`` file's ``title`` column (prepended to ``column``) holds neither
     strings nor only nulls: its titles would be dropped silently."""
     if "title" not in schema.names or column == "title":
         return
     kind = schema.field("title").type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+    if not (is_string_type(kind) or pa.types.is_null(kind)):
         raise CorpusError(f"dataset {path!r}: the 'title' column holds {kind}, not strings; save each title as a "
                           "string (or null), or drop the column")
 
