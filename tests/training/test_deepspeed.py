@@ -69,12 +69,22 @@ def max_difference(ours: Path, reference: Path) -> float:
     return max(float((tensor - theirs[name]).abs().max()) for name, tensor in mine.items())
 
 
+def deepspeed_on_gloo():
+    """DeepSpeed with its CPU accelerator and plain gloo collectives. Left alone, the CPU accelerator JIT-compiles a
+    shared-memory allreduce (a C++ build of a minute or more on a fresh machine) whose waits spin: under the test
+    suite's load one test took 113 s instead of 14."""
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    import deepspeed
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # read by deepspeed.comm when it starts
+    return deepspeed
+
+
 def zero3_gather_and_divergence(rank: int, folder: Path) -> dict:
     """A tiny RetroMAE partitioned by `deepspeed.initialize` (ZeRO-3): what each process holds, the gathered state
     dict and the export from it against the unpartitioned weights, then a NaN in rank 1's slice of the word
     embeddings only."""
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    import deepspeed
+    deepspeed = deepspeed_on_gloo()
     from retromae.trainers.export.sentence_transformer import export_from_model
     from retromae.trainers.training.divergence import divergence_on_any_process
     from retromae.trainers.training.sharding import full_state_dict, is_sharded
@@ -134,10 +144,8 @@ def built_under_zero3_and_unsharded(rank: int, folder: Path) -> dict:
     """Each way `pretrain` builds a model that edits weights after building, from the same seed with a ZeRO-3 config
     live (transformers builds inside `deepspeed.zero.Init`, partitioned) and without: the largest difference of the
     gathered weights, on rank 0."""
-    os.environ["DS_ACCELERATOR"] = "cpu"
     from types import SimpleNamespace
 
-    import deepspeed
     from retromae.modeling.modeling_retromae import RetroMAEForPretraining
     from retromae.trainers.methods import get_method
     from retromae.trainers.training.pretraining import scratch_model
@@ -145,6 +153,7 @@ def built_under_zero3_and_unsharded(rank: int, folder: Path) -> dict:
     from transformers import set_seed
     from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
 
+    deepspeed = deepspeed_on_gloo()
     deepspeed.init_distributed(dist_backend="gloo")
     bases = json.loads((folder / "bases.json").read_text())
     ways = {
@@ -184,8 +193,7 @@ def methods_train_under_zero3(rank: int, folder: Path) -> dict:
     """Three SGD steps of each method's tiny model on one batch, unsharded and partitioned by
     `deepspeed.initialize` (ZeRO-3; both processes see the batch, so the averaged gradient is that batch's): the
     per-step losses and the largest difference of the gathered weights after the steps, on rank 0."""
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    import deepspeed
+    deepspeed = deepspeed_on_gloo()
     from retromae.trainers.training.sharding import full_state_dict
 
     from ..builders import masked_batch
