@@ -50,13 +50,13 @@ def _fused_cross_entropy(
         if not any_grad:
             continue
         if grad_hidden is not None:
-            grad_hidden[start : start + chunk_size] = (grad_logits @ w).to(hidden.dtype)  # (n, H)
+            grad_hidden[start : start + chunk_size] = grad_logits @ w  # (n, H), cast by the copy
         if grad_weight is not None and compute_dtype == acc_dtype:
             grad_weight.addmm_(grad_logits.t(), h)  # (V, H)
-        elif grad_weight is not None:
-            grad_weight += (grad_logits.t() @ h).to(acc_dtype)
-        if grad_bias is not None:
-            grad_bias += grad_logits.to(acc_dtype).sum(0)
+        elif grad_weight is not None:  # cast inside the add: no fp32 copy of the (V, H) product
+            grad_weight.add_(grad_logits.t() @ h)
+        if grad_bias is not None:  # summed in acc_dtype without an fp32 copy of the (n, V') logits
+            grad_bias += grad_logits.sum(0, dtype=acc_dtype)
     if grad_weight is not None:  # leading rows of a contiguous buffer: a contiguous view, no copy
         grad_weight = grad_weight[:vocab_size]
     if grad_bias is not None:
