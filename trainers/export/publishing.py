@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import transformers
 import yaml
 from huggingface_hub import HfApi, ModelCard, constants
@@ -423,6 +422,8 @@ def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
     """Turn what the Hub call raises when offline, not logged in, without write access, for a missing repository or
     on a timeout into one `ValueError` line saying what failed and the fix (raised from the Hub's error, which
     RETROMAE_DEBUG=1 shows); other errors pass unchanged."""
+    import httpx2  # here, not at the top: export and the other users of this module run without it (hub 1.x)
+
     failed = f"could not {action} {repo_id}"
     try:
         yield
