@@ -38,6 +38,11 @@ from typing import Any
 
 import transformers
 import yaml
+
+try:  # the HTTP client of huggingface_hub 2; hub 1.x, which transformers 5 accepts (GPU images have it), uses httpx
+    from httpx2 import TimeoutException, TransportError
+except ImportError:
+    from httpx import TimeoutException, TransportError
 from huggingface_hub import HfApi, ModelCard, constants
 from huggingface_hub.errors import (
     HfHubHTTPError,
@@ -422,8 +427,6 @@ def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
     """Turn what the Hub call raises when offline, not logged in, without write access, for a missing repository or
     on a timeout into one `ValueError` line saying what failed and the fix (raised from the Hub's error, which
     RETROMAE_DEBUG=1 shows); other errors pass unchanged."""
-    import httpx2  # here, not at the top: export and the other users of this module run without it (hub 1.x)
-
     failed = f"could not {action} {repo_id}"
     try:
         yield
@@ -441,12 +444,12 @@ def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
         ) from error
     except LocalTokenNotFoundError as error:
         raise ValueError(f"{failed}: you are not logged in; run `hf auth login` (or set HF_TOKEN)") from error
-    except httpx2.TimeoutException as error:
+    except TimeoutException as error:
         raise ValueError(
             f"{failed}: the Hub ({constants.ENDPOINT}) did not answer in time ({type(error).__name__}); check the "
             "network connection, then run the command again"
         ) from error
-    except httpx2.TransportError as error:  # connection refused, DNS failure, proxy error
+    except TransportError as error:  # connection refused, DNS failure, proxy error
         raise ValueError(
             f"{failed}: cannot reach the Hub ({constants.ENDPOINT}): {one_line_message(error)}; check the network "
             "connection (and HTTPS_PROXY / HF_ENDPOINT if set), then run the command again"
