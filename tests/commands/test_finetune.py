@@ -730,6 +730,10 @@ def test_a_run_killed_in_its_first_stage_resumes_only_with_its_own_settings(spre
     out = tmp_path / "out"
     with pytest.raises(_Killed):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args])
+    # the same command again keeps the stage's checkpoint (HEAD deleted it without a word and started over)
+    with pytest.raises(ValueError, match=r"holds the checkpoints of stage-in-batch .*resume-from-checkpoint"):
+        finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args])
+    assert (tmp_path / "out.work" / "stage-in-batch" / "checkpoint-2").is_dir()
     with pytest.raises(ValueError, match=r"used other settings \(--learning-rate 2e-05 -> 0\.001\)"):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
                           "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
@@ -863,6 +867,12 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
                           "--work-dir", str(out.parent / "killed.work"), *args, "--learning-rate", "1e-3",
                           "--resume-from-checkpoint", "last"])
     monkeypatch.undo()
+    # without either flag the finished stages are kept, and the run is refused before anything loads (HEAD: warned,
+    # then deleted them)
+    with pytest.raises(ValueError, match=r"holds 2 finished stage\(s\).*--resume-from-checkpoint last.*--overwrite"):
+        finetune_command([str(start), str(tiny_beir), "--output-dir", str(tmp_path / "killed3"),
+                          "--work-dir", str(out.parent / "killed.work"), *args])
+    assert (out.parent / "killed.work" / "stage-hard-negatives" / "model").is_dir()
     with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.finetuning"):
         assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), "--overwrite",
                                  *args]) == 0

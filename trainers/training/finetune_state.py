@@ -66,6 +66,21 @@ def _settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_earlier_progress_kept(work_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse a run without --resume-from-checkpoint or --overwrite over a work folder that holds an earlier run's
+    finished stages or stage checkpoints: starting over would delete them."""
+    if resume or overwrite:
+        return
+    finished = len(read_json_or_empty(work_dir / STATE_FILE).get("stages") or [])
+    checkpoints = list(work_dir.glob(f"stage-*/{PREFIX_CHECKPOINT_DIR}-*"))
+    if not (finished or checkpoints):
+        return
+    stages = ", ".join(sorted({checkpoint.parent.name for checkpoint in checkpoints}))
+    held = f"{finished} finished stage(s)" if finished else f"the checkpoints of {stages}"
+    raise ValueError(f"{work_dir} holds {held} of an earlier run, which starting over would delete; continue it with "
+                     "--resume-from-checkpoint last, or start over with --overwrite")
+
+
 def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
                 main_process: bool) -> tuple[dict[str, Any], bool]:
     """The run's state (`{"settings_key": ..., "settings": ..., "stages": [...], "negatives": ...}`) and whether it
@@ -84,14 +99,14 @@ def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
                 f"--resume-from-checkpoint: the run in {work_dir} used other settings "
                 f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
                 "(output, logging and evaluation options may change), or start over in another --output-dir "
-                "(without the flag, this one starts over and clears its stages)"
+                "(--overwrite instead of the flag starts this one over and clears its stages)"
             )
         return state, True
     if resume:
         logger.info("--resume-from-checkpoint: nothing to resume in %s; starting from the first stage", work_dir)
     elif state.get("stages"):
-        logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (continue a run with "
-                       "--resume-from-checkpoint last)", work_dir, len(state["stages"]))
+        logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (--overwrite)", work_dir,
+                       len(state["stages"]))
     fresh = {"settings_key": key, "settings": settings, "stages": [], "negatives": None}
     if main_process:  # before a stage folder of an earlier run is cleared
         write_json_atomic(work_dir / STATE_FILE, fresh)

@@ -64,6 +64,7 @@ from .finetune_state import (
     NEGATIVES_FILE,
     STATE_FILE,
     FinetuneResult,
+    check_earlier_progress_kept,
     finetune_run_info,
     finetune_run_settings,
     finish_stage,
@@ -304,6 +305,7 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
     if resume is not None and resume not in RESUME_LAST:
         raise ValueError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
                          "stage from its newest checkpoint in the work folder; pass `last`")
+    check_earlier_progress_kept(work_dir, resume in RESUME_LAST, training_args.overwrite)
     for flag, path in files.items():
         if path and Path(path).is_dir():
             hint = f" (a BEIR folder's corpus is {Path(path) / 'corpus.jsonl'})" if flag == "--corpus" else ""
