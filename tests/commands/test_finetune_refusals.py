@@ -76,6 +76,20 @@ def test_eval_split_without_eval_data_is_refused(spread_cls_bert, tiny_beir, tmp
         "error: --eval-split names a qrels split of --eval-data: pass --eval-data FOLDER, or drop --eval-split")
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--label-smoothing-factor", "0.2"], "--label-smoothing-factor 0.2: retromae's losses"),  # HEAD: ignored
+    (["--push-to-hub", "true"], "--push-to-hub: retromae does not upload from inside training"),  # HEAD: uploaded
+    (["--neftune-noise-alpha", "5"], "--neftune-noise-alpha 5.0: NEFTune"),  # HEAD: an AttributeError traceback
+    (["--eval-strategy", "steps"], "--eval-strategy steps: retromae finetune evaluates once"),  # HEAD: a traceback
+])
+def test_trainer_options_the_stages_cannot_honour_are_refused(flags, message, spread_cls_bert, tiny_beir, tmp_path,
+                                                               monkeypatch, capsys):
+    _no_training(monkeypatch)
+    assert _finetune(spread_cls_bert, tiny_beir, tmp_path / "out", *flags) == 2
+    assert message in one_line_error(capsys, "finetune")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.work").exists()
+
+
 GOOD = [{"query": f"q{i}", "positive": f"p{i}"} for i in range(10)]
 
 

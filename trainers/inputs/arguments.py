@@ -312,6 +312,19 @@ def check_training_arguments(args: Any) -> None:
         if value is not None and not 0 <= value < bound:
             raise UserError(f"--{name.replace('_', '-')} {value}: give {fix}")
     _check_bf16(args)
+    _check_unused_trainer_options(args)
+
+
+def _check_unused_trainer_options(args: Any) -> None:
+    """Refuse the Trainer options that our runs would ignore (label smoothing: every method and fine-tuning loss is
+    our own) or that bypass our own step (an upload from inside the Trainer skips `publish`'s checks)."""
+    smoothing = getattr(args, "label_smoothing_factor", 0.0)
+    if smoothing:
+        raise UserError(f"--label-smoothing-factor {smoothing}: retromae's losses (the methods' and fine-tuning's) "
+                        "do not smooth labels, so the flag would be ignored; drop it")
+    if getattr(args, "push_to_hub", False):
+        raise UserError("--push-to-hub: retromae does not upload from inside training; when the run has finished, "
+                        "upload its result with `retromae publish --folder FOLDER --repo-id OWNER/NAME`, which checks it first")
 
 
 # (field, exclusive upper bound, what to give): options that transformers passes on unchecked, to fail or misbehave
