@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.retrieval import engine_qdrant, index_files
 from retromae.trainers.retrieval.engine_qdrant import QdrantHybridIndex, load_index
 from retromae.trainers.retrieval.hybrid_index import HybridIndex
@@ -109,6 +110,33 @@ def test_cli_index_and_search_round_trip(st_models, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="already exists"):  # the owned-output policy, as for the default engine
         index_command(["--model", str(tmp_path / "model"), "--corpus", str(corpus), "--output-dir",
                        str(tmp_path / "index-qdrant"), "--engine", "qdrant"])
+
+
+def test_search_prints_every_result_asked_for_and_checks_its_queries_first(st_models, tmp_path, capsys,  # noqa: F811
+                                                                           monkeypatch):
+    """Without --output the terminal is the result: each query's --top-n hits (HEAD: 5 at most, of 20 queries, without
+    a word). A bad query is refused before the index and the model load."""
+    from retromae.trainers.commands import index as index_module
+    from retromae.trainers.export.dupmae import save_dupmae_sentence_transformer
+
+    model, _ = st_models
+    save_dupmae_sentence_transformer(model, tmp_path / "model")
+    corpus = tmp_path / "corpus.jsonl"
+    texts = [t for t in DOCS if t] + ["Apples are red.", "Queries meet documents.", "Indexes hold vectors."]
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    folder = tmp_path / "index"
+    assert index_module.index_command(["--model", str(tmp_path / "model"), "--corpus", str(corpus), "--output-dir",
+                                       str(folder), "--batch-size", "4"]) == 0
+    capsys.readouterr()
+    top_n = 7
+    assert index_module.search_command(["--index", str(folder), "--model", str(tmp_path / "model"), "--top-n",
+                                        str(top_n), "--query", "dense vectors"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].count(" (") == top_n, printed
+    monkeypatch.setattr(index_module, "load_index", lambda *a: pytest.fail("loaded the index before the queries"))
+    with pytest.raises(UserError, match="--queries .* not found"):
+        index_module.search_command(["--index", str(folder), "--model", str(tmp_path / "model"), "--queries",
+                                     str(tmp_path / "missing.jsonl")])
 
 
 @needs_qdrant

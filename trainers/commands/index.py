@@ -156,6 +156,9 @@ def index_command(argv: list[str]) -> int:
     return 0
 
 
+PREVIEW_QUERIES, PREVIEW_RESULTS = 20, 5  # what `search --output` also prints
+
+
 def search_command(argv: list[str]) -> int:
     """`retromae search`: top-n documents by the exact hybrid score for one or more queries."""
     (args,) = start_command(argv, SearchArguments, prog="retromae search", description=search_command.__doc__,
@@ -163,12 +166,12 @@ def search_command(argv: list[str]) -> int:
     if args.output:
         claim_output(Path(args.output), "--output", args.overwrite, kind="file",
                      inputs={"--queries": args.queries, "--index": args.index, "--model": args.model})
+    queries = _queries(args)  # a bad query is refused before seconds of loading
     try:
         index = load_index(args.index)  # with the engine that built it
     except (FileNotFoundError, ImportError) as error:  # a missing file (named), a qdrant index without qdrant-client
         raise UserError(f"--index: {error}") from None
     model = _load_hybrid_model(args.model, "search")
-    queries = _queries(args)
     try:
         hits = index.search_texts(model, [text for _, text in queries], top_n=args.top_n)
     finally:
@@ -176,12 +179,14 @@ def search_command(argv: list[str]) -> int:
             index.close()  # the embedded storage's lock
     records = [{"query_id": qid, "query": text, "results": [{"id": d, "score": round(float(s), 4)} for d, s in found]}
                for (qid, text), found in zip(queries, hits, strict=True)]
-    for record in records[:20]:
-        shown = ", ".join(f"{r['id']} ({r['score']})" for r in record["results"][:5])
-        print(f"{record['query'][:60]!r}: {shown}")
+    preview = bool(args.output)  # every result goes to the file; the terminal gets a glance at them
+    for record in records[:PREVIEW_QUERIES] if preview else records:
+        results = record["results"][:PREVIEW_RESULTS] if preview else record["results"]
+        print(f"{record['query'][:60]!r}: " + ", ".join(f"{r['id']} ({r['score']})" for r in results))
     if args.output:
         out = Path(args.output)
         with atomic_file(out) as handle:
             handle.writelines(json.dumps(r) + "\n" for r in records)
-        print(f"retromae: wrote {len(records)} result lists to {out}", flush=True)
+        print(f"retromae: wrote {len(records)} result lists of up to {args.top_n} to {out} (above: the first "
+              f"{PREVIEW_RESULTS} of the first {PREVIEW_QUERIES} queries)", flush=True)
     return 0
