@@ -32,8 +32,7 @@ logger = logging.getLogger(__name__)
 
 # base weights no model here uses: the pooler (our sentence embedding is the [CLS] state) and BERT's NSP head
 UNUSED_BERT_KEYS = (r"(^|\.)pooler\.", r"^cls\.seq_relationship\.")
-# tokenizer ids only some models read (RetroMAE's basic decoding), with why the others need none: a config without
-# the field drops them with a warning, not an error (the README's RetroMAE call passes them)
+# tokenizer ids only RetroMAE's basic decoding reads; a config without the field drops them with this warning
 COLLATOR_OPTIONS = {
     "mask_token_id": "its model reads no mask token (the collator masks the encoder input with the tokenizer's)",
 }
@@ -50,8 +49,7 @@ class PretrainingOutput(ModelOutput):
         bow_loss: bag-of-words loss (DupMAE's OT decoding, BoW prediction).
         contrastive_loss: in-batch contrastive loss (SentMAE).
         sentence_embedding: `(batch_size, hidden_size)` last-layer [CLS] state of the masked encoder input.
-        encoder_mlm_accuracy / decoder_accuracy: top-1 accuracy of the MLM head on the encoder's masked tokens / the
-            decoder's targets, while `measure_accuracy` is set (no gradient).
+        encoder_mlm_accuracy / decoder_accuracy: top-1 accuracies, while `measure_accuracy` is set (no gradient).
     """
 
     loss: torch.Tensor | None = None
@@ -65,10 +63,8 @@ class PretrainingOutput(ModelOutput):
 
 
 class BaseLayoutMixin:
-    """`from_pretrained` / `_from_config` of a method's encoder class that build the class for the config's base
-    instead (`encoder_class` on BERT, `any_encoder_class` on the others): transformers names a local folder's remote
-    code after the folder's name and the code's hash, so `checkpoint-3` of a BERT and of a RoBERTa run share one
-    config class, which AutoModel maps to the encoder class of whichever was loaded first."""
+    """`from_pretrained` / `_from_config` that build the encoder class of the config's base: two same-named local
+    folders (`checkpoint-3` of a BERT and of a RoBERTa run) share one remote-code config class in transformers."""
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -152,6 +148,21 @@ class AnyEncoderModel(BaseLayoutMixin, BaseInitMixin, QuietLoadReportMixin, Bert
         )
 
 
+def _check_inputs(input_ids: torch.Tensor, **aligned: torch.Tensor | None) -> None:
+    """Refuse `input_ids` other than a 2-D integer tensor (`TypeError`), `aligned` tensors of another shape and one label tensor without
+    the other (`ValueError`). Not the ids' range: that needs a host sync every step."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+        got = f"{input_ids.dim()}-D {input_ids.dtype}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise TypeError(f"input_ids must be a (batch_size, seq_len) integer tensor, got {got}; tokenize a batch with "
+                        "return_tensors='pt'")
+    for name, tensor in aligned.items():
+        if tensor is not None and getattr(tensor, "shape", None) != input_ids.shape:
+            raise ValueError(f"{name} must have input_ids' shape {tuple(input_ids.shape)}, got "
+                             f"{tuple(getattr(tensor, 'shape', ())) or type(tensor).__name__}")
+    if (aligned["encoder_labels"] is None) != (aligned["decoder_labels"] is None):
+        raise ValueError("pass both encoder_labels and decoder_labels (PretrainingCollator makes them) or neither")
+
+
 class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     """Encoder + MLM head named as in the base's `*ForMaskedLM` (BERT: `bert` + `cls`; see `backbones`), so the base's
     checkpoints load unchanged, and the forward pass every method shares.
@@ -176,11 +187,9 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     method_input_names: tuple[str, ...] = ()
     # set for the forwards whose accuracies are wanted (the steps the Trainer logs): one more projection per term
     measure_accuracy: bool = False
-    # the vocabulary losses' softmax in one compiled kernel per chunk (a runtime choice, never saved)
+    # the vocabulary losses' runtime options, never saved (`linear_cross_entropy`'s compiled, vocab_multiple, kernel)
     compile_loss: bool = False
-    # the vocabulary losses' vocabulary dimension padded to a multiple of this for aligned GEMMs (runtime, never saved)
     loss_vocab_multiple: int = 1
-    # the vocabulary losses' kernel, one of `LOSS_KERNELS` (runtime, never saved)
     loss_kernel: str = "chunked"
 
     def __init__(self, config: BertConfig):
@@ -211,12 +220,8 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.backbone.set_output_embeddings(self.mlm_head, new_embeddings)
 
-    def encode(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Last-layer hidden states `(batch_size, seq_len, hidden_size)`."""
         return self.backbone.encode(self.base_model, input_ids, attention_mask, token_type_ids)
 
@@ -226,16 +231,9 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
         keep = labels.reshape(-1) != IGNORE_INDEX  # (B*L,)
         rows = hidden.reshape(-1, hidden.shape[-1])[keep]  # (n_labels, H)
         transform, weight, bias = self.head_parts()
-        return linear_cross_entropy(
-            transform(rows),
-            weight,
-            bias,
-            labels.reshape(-1)[keep],
-            chunk_size=self.config.loss_chunk_size,
-            compiled=self.compile_loss,
-            vocab_multiple=self.loss_vocab_multiple,
-            kernel=self.loss_kernel,
-        )
+        return linear_cross_entropy(transform(rows), weight, bias, labels.reshape(-1)[keep],
+                                    chunk_size=self.config.loss_chunk_size, compiled=self.compile_loss,
+                                    vocab_multiple=self.loss_vocab_multiple, kernel=self.loss_kernel)
 
     def mlm_accuracy(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The top-1 accuracy of the tied MLM head where `labels != -100` (shapes as `mlm_loss`'s); NaN when no
@@ -274,7 +272,7 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
             attention_mask: `(batch_size, seq_len)`, 1 for real tokens (right padding).
             encoder_labels: `(batch_size, seq_len)` original ids at the encoder's masked positions, -100 elsewhere.
             decoder_labels: `(batch_size, seq_len)` original ids at every real non-special position, -100 elsewhere.
-                Without both label tensors only `sentence_embedding` is returned.
+                Both label tensors, or neither: then only `sentence_embedding` is returned.
             token_type_ids: `(batch_size, seq_len)`, optional.
             **method_inputs: the method's own inputs (`method_input_names`); any other name raises `TypeError`.
 
@@ -288,6 +286,8 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
                 f"{type(self).__name__}.forward() got unexpected inputs {unknown}; besides input_ids, attention_mask, "
                 f"encoder_labels, decoder_labels and token_type_ids it takes {list(self.method_input_names)}"
             )
+        _check_inputs(input_ids, attention_mask=attention_mask, encoder_labels=encoder_labels,
+                      decoder_labels=decoder_labels, token_type_ids=token_type_ids)
         batch = self.method_batch(
             PretrainingBatch(input_ids, attention_mask, encoder_labels, decoder_labels, token_type_ids, method_inputs)
         )

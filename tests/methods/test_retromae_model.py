@@ -125,6 +125,25 @@ def test_shared_forward_runs_a_methods_hook_and_weights_its_losses():
         model(**batch, word_starts=batch["input_ids"])
 
 
+def test_forward_refuses_inputs_that_would_fail_deep_inside():
+    """Bad inputs get one message naming the argument (HEAD: an unpacking error in transformers, an IndexError in the
+    MLM loss; one label tensor alone returned loss=None without a word)."""
+    model = RetroMAEForPretraining(tiny_config()).eval()
+    batch = masked_batch()
+    ids = batch["input_ids"]
+    with pytest.raises(TypeError, match="input_ids must be a \\(batch_size, seq_len\\) integer tensor, got 1-D"):
+        model(input_ids=ids[0])
+    with pytest.raises(TypeError, match="got list"):
+        model(input_ids=ids.tolist())
+    with pytest.raises(ValueError, match=r"attention_mask must have input_ids' shape \(3, \d+\), got \(2, \d+\)"):
+        model(input_ids=ids, attention_mask=batch["attention_mask"][:2])
+    with pytest.raises(ValueError, match="encoder_labels must have input_ids' shape"):
+        model(**{**batch, "encoder_labels": batch["encoder_labels"][:, 1:]})
+    with pytest.raises(ValueError, match="pass both encoder_labels and decoder_labels"):
+        model(input_ids=ids, attention_mask=batch["attention_mask"], encoder_labels=batch["encoder_labels"])
+    assert model(**batch).loss is not None
+
+
 def test_config_round_trip(tmp_path):
     config = tiny_config(decoding="basic", num_decoder_layers=3, decoder_mask_ratio=0.7, query_stream="embeddings")
     config.save_pretrained(tmp_path)
