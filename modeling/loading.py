@@ -59,6 +59,10 @@ class ShapeMismatchError(ValueError):
     """A checkpoint's weights have other shapes than its config.json gives."""
 
 
+def _drop_tp_plan_warnings(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(("The following layers were not sharded", "The following TP rules"))
+
+
 @contextmanager
 def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
     """Hold transformers' load report during the `from_pretrained` calls in the block, and show it on leaving unless
@@ -67,6 +71,9 @@ def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
     report_logger = logging.getLogger("transformers.modeling_utils")
     level, shown = report_logger.level, report_logger.isEnabledFor(logging.WARNING)
     report_logger.setLevel(logging.WARNING)  # the report names the mismatch, whatever transformers' verbosity
+    # that level also makes transformers check the (empty) tensor-parallel plan: it lists every weight as "not sharded"
+    tp_logger = logging.getLogger("transformers.distributed.tensor_parallel")
+    tp_logger.addFilter(_drop_tp_plan_warnings)
     hold = _HoldLoadReport()
     report_logger.filters.insert(0, hold)  # first: a nested block's hold decides on its own loads
     try:
@@ -83,6 +90,7 @@ def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
         raise ShapeMismatchError(f"{where}: its weights have other shapes than its config.json gives{example}; fix "
                                  "config.json, or save the model again") from None
     finally:
+        tp_logger.removeFilter(_drop_tp_plan_warnings)
         report_logger.removeFilter(hold)
         report_logger.setLevel(level)
         if hold.show and shown:

@@ -153,6 +153,28 @@ def test_config_round_trip(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "retromae"
 
 
+def test_loading_says_nothing_about_tensor_parallel_sharding(tmp_path):
+    """HEAD printed "The following layers were not sharded: <every weight>" on every load of a checkpoint (the
+    load-report hold raised transformers' log level, which turns on its check of the empty tensor-parallel plan)."""
+    from retromae.modeling.modeling_retromae import RetroMAEModel
+
+    RetroMAEForPretraining(tiny_config()).save_pretrained(tmp_path)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    tp_logger = logging.getLogger("transformers.distributed.tensor_parallel")
+    level = tp_logger.level
+    tp_logger.addHandler(handler)
+    tp_logger.setLevel(logging.WARNING)  # transformers' default verbosity, whatever other tests left
+    try:
+        RetroMAEForPretraining.from_pretrained(tmp_path)
+        RetroMAEModel.from_pretrained(tmp_path)
+    finally:
+        tp_logger.removeHandler(handler)
+        tp_logger.setLevel(level)
+    assert not [message for message in seen if "not sharded" in message]
+
+
 # ---- building blocks ----------------------------------------------------------------------------------------------
 
 
