@@ -879,6 +879,21 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
     assert "finished stage(s) of an earlier run; starting over" in caplog.text
 
 
+def test_a_negatives_file_short_of_the_training_queries_is_said(tmp_path, caplog):
+    """Lines for queries the training data lacks, and training queries the file lacks, are warned about (HEAD: the
+    first unsaid, the second at INFO, which the command line does not show)."""
+    groups = [TrainingGroup(f"q{i}", f"query {i}", [(f"d{i}", f"doc {i}")], []) for i in range(3)]
+    negatives = write_jsonl(tmp_path / "neg.jsonl", [
+        {"query_id": "q0", "query": "query 0", "positive": "doc 0", "negatives": ["n1"]},
+        {"query_id": "q9", "query": "query 9", "positive": "doc 9", "negatives": ["n2"]},
+    ])
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.finetuning"):
+        result = finetune_module._negatives_from_file(str(negatives), groups)
+    assert [len(g.negatives) for g in result] == [1, 0, 0]
+    assert "1 of its queries are not in the training data (e.g. q9)" in caplog.text
+    assert "negatives for 1 of 3 training queries read from neg.jsonl" in caplog.text
+
+
 @pytest.mark.parametrize("hybrid", [False, True], ids=["cls", "dupmae-hybrid"])
 def test_dataloader_workers_and_mini_batches_through_the_cli(hybrid, spread_cls_bert, tokenizer, tiny_beir, tmp_path):
     """DataLoader workers (they tokenise; benchmarks/from_scratch.py uses them on a GPU) change no bit of the weights.

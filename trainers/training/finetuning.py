@@ -107,7 +107,12 @@ def _negatives_from_file(path: str, groups: list[TrainingGroup]) -> list[Trainin
             f"--negatives-file {Path(path).name} has no negatives for any training query (query ids do not match; "
             "was it mined from this training data?)"
         )
-    logger.info("negatives for %d of %d queries read from %s", found, len(groups), Path(path).name)
+    unknown = sorted(set(mined) - {g.query_id for g in groups})
+    if unknown:
+        logger.warning("--negatives-file %s: %d of its queries are not in the training data (e.g. %s); their lines "
+                       "are not used", Path(path).name, len(unknown), unknown[0])
+    log = logger.info if found == len(groups) else logger.warning  # short of every query: said, not just logged
+    log("negatives for %d of %d training queries read from %s", found, len(groups), Path(path).name)
     return result
 
 
