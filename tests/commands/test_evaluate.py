@@ -558,7 +558,9 @@ def test_python_api_names_a_missing_beir_folder(spread_cls_bert, tmp_path):
 
 @pytest.mark.parametrize(("arguments", "message"), [
     ({"batch_size": 0}, "batch_size=0; give a whole number >= 1"),
-    ({"bogus_opt": 1}, "unknown option bogus_opt; the options are pooling"),
+    ({"bogus_opt": 1}, "unknown option bogus_opt; the options are output_dir, split, batch_size, search, "
+                       "update_card, pooling"),
+    ({"bach_size": 8}, "unknown option bach_size; did you mean batch_size\\? the options"),  # HEAD: not listed
 ])
 def test_python_api_refuses_bad_arguments_before_loading(tmp_path, arguments, message):
     """HEAD: batch_size 0 failed inside torch's DataLoader after the model and data were loaded; an unknown option

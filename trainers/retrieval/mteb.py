@@ -30,6 +30,7 @@ BEIR copy with ``--beir-folder`` (and ``--language`` when it is not English, `en
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import logging
 import os
@@ -433,8 +434,11 @@ def evaluate(
     """
     unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
     if unknown:
-        raise ValueError(f"retromae.evaluate: unknown option {', '.join(unknown)}; the options are "
-                         f"{', '.join(EVALUATE_OPTIONS)}")
+        named = ("output_dir", "split", "batch_size", "search", "update_card", *EVALUATE_OPTIONS)
+        close = difflib.get_close_matches(unknown[0], named, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ValueError(f"retromae.evaluate: unknown option {', '.join(unknown)}; {hint}the options are "
+                         f"{', '.join(named)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
     sources = [data] if isinstance(data, str | os.PathLike) else list(data)
