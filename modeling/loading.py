@@ -73,7 +73,9 @@ def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
     report_logger.setLevel(logging.WARNING)  # the report names the mismatch, whatever transformers' verbosity
     # that level also makes transformers check the (empty) tensor-parallel plan: it lists every weight as "not sharded"
     tp_logger = logging.getLogger("transformers.distributed.tensor_parallel")
-    tp_logger.addFilter(_drop_tp_plan_warnings)
+    drops_tp_warnings = _drop_tp_plan_warnings not in tp_logger.filters  # the outermost block adds and removes it
+    if drops_tp_warnings:
+        tp_logger.addFilter(_drop_tp_plan_warnings)
     hold = _HoldLoadReport()
     report_logger.filters.insert(0, hold)  # first: a nested block's hold decides on its own loads
     try:
@@ -90,7 +92,8 @@ def held_load_report(where: str | os.PathLike) -> Iterator[_HoldLoadReport]:
         raise ShapeMismatchError(f"{where}: its weights have other shapes than its config.json gives{example}; fix "
                                  "config.json, or save the model again") from None
     finally:
-        tp_logger.removeFilter(_drop_tp_plan_warnings)
+        if drops_tp_warnings:
+            tp_logger.removeFilter(_drop_tp_plan_warnings)
         report_logger.removeFilter(hold)
         report_logger.setLevel(level)
         if hold.show and shown:

@@ -149,10 +149,11 @@ class AnyEncoderModel(BaseLayoutMixin, BaseInitMixin, QuietLoadReportMixin, Bert
 
 
 def _check_inputs(input_ids: torch.Tensor, **aligned: torch.Tensor | None) -> None:
-    """Refuse `input_ids` other than a 2-D integer tensor (`TypeError`), `aligned` tensors of another shape and one label tensor without
-    the other (`ValueError`). Not the ids' range: that needs a host sync every step."""
+    """Refuse `input_ids` other than a 2-D integer tensor (`TypeError`), `aligned` tensors of another shape and one
+    label tensor without the other (`ValueError`). Not the ids' range: that needs a host sync every step."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-        got = f"{input_ids.dim()}-D {input_ids.dtype}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        is_tensor = isinstance(input_ids, torch.Tensor)
+        got = f"{input_ids.dim()}-D {input_ids.dtype}" if is_tensor else type(input_ids).__name__
         raise TypeError(f"input_ids must be a (batch_size, seq_len) integer tensor, got {got}; tokenize a batch with "
                         "return_tensors='pt'")
     for name, tensor in aligned.items():
@@ -169,8 +170,7 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
 
     Subclasses set `config_class` and `encoder_class`, build their heads in `__init__` before `self.post_init()` and
     implement `method_losses` and `loss_weights`; their own batch keys go in `method_input_names`, extra rows through
-    `method_batch`. `accepts_loss_kwargs = False`: the Trainer divides by gradient accumulation itself.
-    """
+    `method_batch`. `accepts_loss_kwargs = False`: the Trainer divides by gradient accumulation itself."""
 
     base_model_prefix = BertBackbone.prefix  # BERT's; another base sets its own on the instance (`__init__`)
     accepts_loss_kwargs = False

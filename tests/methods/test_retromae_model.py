@@ -156,9 +156,11 @@ def test_config_round_trip(tmp_path):
 def test_loading_says_nothing_about_tensor_parallel_sharding(tmp_path):
     """HEAD printed "The following layers were not sharded: <every weight>" on every load of a checkpoint (the
     load-report hold raised transformers' log level, which turns on its check of the empty tensor-parallel plan)."""
+    from retromae.modeling.loading import held_load_report
     from retromae.modeling.modeling_retromae import RetroMAEModel
 
     RetroMAEForPretraining(tiny_config()).save_pretrained(tmp_path)
+    BertModel(BertConfig(**tiny_bert_kwargs())).save_pretrained(tmp_path / "bert")
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
@@ -169,6 +171,9 @@ def test_loading_says_nothing_about_tensor_parallel_sharding(tmp_path):
     try:
         RetroMAEForPretraining.from_pretrained(tmp_path)
         RetroMAEModel.from_pretrained(tmp_path)
+        with held_load_report(tmp_path):  # as sentence_models holds a folder's load: our class inside, then BERT's
+            RetroMAEModel.from_pretrained(tmp_path)
+            BertModel.from_pretrained(tmp_path / "bert")
     finally:
         tp_logger.removeHandler(handler)
         tp_logger.setLevel(level)

@@ -27,9 +27,10 @@ def check_trainer_options(training_args) -> None:
         raise UserError(f"--neftune-noise-alpha {training_args.neftune_noise_alpha}: NEFTune adds noise to a "
                         "language model's input embeddings; retromae finetune trains a sentence encoder and does not "
                         "support it; drop the flag")
-    if training_args.eval_strategy != "no":
-        raise UserError(f"--eval-strategy {getattr(training_args.eval_strategy, 'value', training_args.eval_strategy)}: retromae finetune evaluates once, after "
-                        "training, on --eval-data (a BEIR folder); drop --eval-strategy")
+    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)  # an IntervalStrategy
+    if strategy != "no":
+        raise UserError(f"--eval-strategy {strategy}: retromae finetune evaluates once, after training, on "
+                        "--eval-data (a BEIR folder); drop --eval-strategy")
 
 
 def given_option_names(argv: list[str]) -> set[str]:

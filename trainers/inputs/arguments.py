@@ -324,7 +324,8 @@ def _check_unused_trainer_options(args: Any) -> None:
                         "do not smooth labels, so the flag would be ignored; drop it")
     if getattr(args, "push_to_hub", False):
         raise UserError("--push-to-hub: retromae does not upload from inside training; when the run has finished, "
-                        "upload its result with `retromae publish --folder FOLDER --repo-id OWNER/NAME`, which checks it first")
+                        "upload its result with `retromae publish --folder FOLDER --repo-id OWNER/NAME`, which checks "
+                        "it first")
 
 
 # (field, exclusive upper bound, what to give): options that transformers passes on unchecked, to fail or misbehave
