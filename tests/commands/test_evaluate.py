@@ -545,9 +545,14 @@ def test_update_card_on_a_foreign_folder_is_refused_before_evaluating(spread_cls
     assert not (tmp_path / "eval").exists()
 
 
-def test_python_api_names_a_missing_beir_folder(spread_cls_bert, tmp_path):
-    """HEAD took a path that does not exist for an MTEB task name: `unknown MTEB task '/...'`."""
+def test_python_api_names_a_missing_beir_folder(spread_cls_bert, tmp_path, monkeypatch):
+    """HEAD took a path that does not exist for an MTEB task name: `unknown MTEB task '/...'`; a plain name that is
+    neither says both (HEAD: an unknown task only)."""
     import retromae
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=rf"'beri' is no folder in {tmp_path} and unknown MTEB task 'beri'"):
+        retromae.evaluate(spread_cls_bert, "beri", tmp_path / "eval", split="dev")
 
     with pytest.raises(ValueError, match=r"BEIR folder .*no-such-beir does not exist"):
         retromae.evaluate(spread_cls_bert, str(tmp_path / "no-such-beir"), tmp_path / "eval", split="dev")

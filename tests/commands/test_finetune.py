@@ -32,8 +32,8 @@ from retromae.trainers.retrieval.beir import RetrievalDataError
 from retromae.trainers.retrieval.mining import mine_negatives
 from retromae.trainers.training import finetuning as finetune_module
 from retromae.trainers.training.finetune_losses import DistillationLoss, contrastive_loss
-from retromae.trainers.training.finetuning import finetune
-from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+from retromae.trainers.training.finetuning import StageTrainer, finetune
+from sentence_transformers import SentenceTransformer
 
 from ..builders import SENTENCES, tiny_bert_kwargs, write_beir, write_jsonl
 
@@ -380,7 +380,7 @@ def test_sharding_flags_are_refused_before_training(spread_cls_bert, tiny_beir, 
 
     if named == "--deepspeed" and importlib.util.find_spec("deepspeed") is None:
         pytest.skip("transformers refuses --deepspeed itself without the deepspeed package")
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", None)  # nothing may train
+    monkeypatch.setattr(finetune_module, "StageTrainer", None)  # nothing may train
     with pytest.raises(UserError) as refused:
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), *FAST, *flags])
     message = str(refused.value)
@@ -410,19 +410,20 @@ def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, t
 def test_resuming_a_finished_finetune_says_so_and_trains_nothing(spread_cls_bert, tiny_beir, tmp_path, monkeypatch,
                                                                   capsys):
     """HEAD told the same command plus `--resume-from-checkpoint last` to pass --overwrite, which trains again;
-    `pretrain` says its run finished. Other settings are still another run, which --overwrite starts."""
+    `pretrain` says its run finished. Other settings are named (HEAD: "pass --overwrite", which discards the model)."""
     out = tmp_path / "out"
     args = [str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), "--stages", "in-batch", *FAST]
     assert finetune_command(args) == 0
     written = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     capsys.readouterr()
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", None)  # nothing may train
+    monkeypatch.setattr(finetune_module, "StageTrainer", None)  # nothing may train
     assert finetune_command([*args, "--resume-from-checkpoint", "last"]) == 0
     assert capsys.readouterr().out == (f"retromae: this fine-tuning had already finished (stages: in-batch); its "
                                        f"model is {out}; nothing was trained\n")
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == written
-    with pytest.raises(ValueError, match="already exists and is not empty.*--overwrite"):
+    with pytest.raises(ValueError, match=r"used other settings \(--learning-rate 2e-05 -> 0.001\)"):
         finetune_command([*args, "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == written
 
 def test_a_second_run_into_a_work_folder_in_use_is_refused_before_it_trains(spread_cls_bert, tiny_beir, tmp_path):
     """HEAD trained both runs into the same checkpoints, and refused the second only at its end."""
@@ -597,7 +598,7 @@ def _no_training(monkeypatch):
         def __init__(self, *args, **kwargs):
             pytest.fail("trained before the input was checked")
 
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", Refuse)
+    monkeypatch.setattr(finetune_module, "StageTrainer", Refuse)
 
 
 def test_inputs_of_later_stages_are_checked_before_anything_trains(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
@@ -726,7 +727,7 @@ def test_a_run_killed_in_its_first_stage_resumes_only_with_its_own_settings(spre
     args = ["--stages", "in-batch", "--max-steps", "4", "--save-strategy", "steps", "--save-steps", "1",
             "--per-device-train-batch-size", "4", "--max-seq-length", "32", "--disable-tqdm", "true"]
     killing, _ = _kill_at("in-batch", 2)
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", killing)
+    monkeypatch.setattr(finetune_module, "StageTrainer", killing)
     out = tmp_path / "out"
     with pytest.raises(_Killed):
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args])
@@ -738,7 +739,7 @@ def test_a_run_killed_in_its_first_stage_resumes_only_with_its_own_settings(spre
         finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), *args,
                           "--learning-rate", "1e-3", "--resume-from-checkpoint", "last"])
     resuming, trained = _kill_at("none", -1)
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", resuming)
+    monkeypatch.setattr(finetune_module, "StageTrainer", resuming)
     monkeypatch.chdir(tmp_path)  # the same folders, spelt relative to it (HEAD refused that as other settings)
     assert finetune_command([str(spread_cls_bert), os.path.relpath(tiny_beir), "--output-dir", "out", *args,
                              "--resume-from-checkpoint", "last"]) == 0
@@ -797,11 +798,11 @@ class _Killed(Exception):
 
 
 def _kill_at(stage: str, step: int):
-    """A SentenceTransformerTrainer that stops when `stage` is about to train step `step + 1` (its checkpoint-`step`
+    """A stage trainer that stops when `stage` is about to train step `step + 1` (its checkpoint-`step`
     saved), and records which stages trained."""
     trained = []
 
-    class Trainer(SentenceTransformerTrainer):
+    class Trainer(StageTrainer):
         def train(self, *args, **kwargs):
             trained.append((Path(self.args.output_dir).name, kwargs.get("resume_from_checkpoint")))
             return super().train(*args, **kwargs)
@@ -836,7 +837,7 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
 
     out = tmp_path / "killed"
     killing, trained = _kill_at("hard-negatives", 2)
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", killing)
+    monkeypatch.setattr(finetune_module, "StageTrainer", killing)
     with pytest.raises(_Killed):
         finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), *args])
     assert not out.exists() and [name for name, _ in trained] == ["stage-in-batch", "stage-hard-negatives"]
@@ -845,7 +846,7 @@ def test_a_killed_finetune_resumes_after_its_finished_stages_and_from_its_checkp
     assert (work / "stage-hard-negatives" / "checkpoint-2").is_dir()
 
     resuming, trained = _kill_at("none", -1)
-    monkeypatch.setattr(finetune_module, "SentenceTransformerTrainer", resuming)
+    monkeypatch.setattr(finetune_module, "StageTrainer", resuming)
     monkeypatch.setattr(finetune_module, "mine_negatives", lambda *a, **k: pytest.fail("mined again"))
     assert finetune_command([str(start), str(tiny_beir), "--output-dir", str(out), *args,
                              "--resume-from-checkpoint", "last"]) == 0
@@ -893,6 +894,21 @@ def test_a_negatives_file_short_of_the_training_queries_is_said(tmp_path, caplog
     assert "1 of its queries are not in the training data (e.g. q9)" in caplog.text
     assert "negatives for 1 of 3 training queries read from neg.jsonl" in caplog.text
 
+
+
+def test_negative_ids_the_corpus_lacks_are_said(tmp_path, caplog):
+    """A file mined from another corpus names ids this corpus lacks (HEAD: not a word); negatives given as text only
+    (their ids derived from it) and ids of this corpus are not counted."""
+    groups = [TrainingGroup(f"q{i}", f"query {i}", [(f"d{i}", f"doc {i}")], []) for i in range(2)]
+    negatives = write_jsonl(tmp_path / "neg.jsonl", [
+        {"query_id": "q0", "query": "query 0", "positive": "doc 0", "negatives": ["doc 1", "other"],
+         "negative_ids": ["d1", "nope"]},
+        {"query_id": "q1", "query": "query 1", "positive": "doc 1", "negatives": ["text only"]},
+    ])
+    corpus = {"d0": {}, "d1": {}}
+    with caplog.at_level(logging.WARNING, logger="retromae.trainers.training.finetuning"):
+        finetune_module._negatives_from_file(str(negatives), groups, corpus)
+    assert "1 of its negative ids are not in the training data's corpus (e.g. nope)" in caplog.text
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["cls", "dupmae-hybrid"])
 def test_dataloader_workers_and_mini_batches_through_the_cli(hybrid, spread_cls_bert, tokenizer, tiny_beir, tmp_path):
@@ -959,3 +975,37 @@ def _safetensors_in(folder: Path) -> dict[str, torch.Tensor]:
 
     return {f"{f.relative_to(folder).parent}/{k}": v for f in sorted(folder.rglob("*.safetensors"))
             for k, v in load_file(f).items()}
+
+
+def test_a_checkpoint_save_cut_short_leaves_no_checkpoint_and_a_kill_leftover_is_cleaned(
+    spread_cls_bert, tiny_beir, tmp_path, monkeypatch
+):
+    """Ctrl-C while a stage writes checkpoint-2 leaves checkpoint-1 only (HEAD: a checkpoint-2 without its trainer
+    state); the build folder a SIGKILL would leave is removed when the run resumes."""
+    from transformers import Trainer
+
+    out, saves = tmp_path / "ft", []
+    save_rng_state = Trainer._save_rng_state
+
+    def interrupted_at_second_save(self, output_dir):
+        saves.append(output_dir)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        save_rng_state(self, output_dir)
+
+    args = [str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), "--max-steps", "3", "--save-strategy",
+            "steps", "--save-steps", "1", *FAST[2:]]
+    monkeypatch.setattr(Trainer, "_save_rng_state", interrupted_at_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_command(args)
+    monkeypatch.undo()
+    stage = tmp_path / "ft.work" / "stage-in-batch"
+    assert sorted(p.name for p in stage.iterdir()) == ["checkpoint-1"]
+    assert (stage / "checkpoint-1" / "trainer_state.json").is_file()
+
+    killed_build = stage / ".checkpoint-2.tmp-999999-0123abcd"  # what a SIGKILL mid-save leaves (pid long gone)
+    killed_build.mkdir()
+    (killed_build / "model.safetensors").write_bytes(b"half")
+    assert finetune_command([*args, "--resume-from-checkpoint", "last"]) == 0
+    assert not killed_build.exists()
+    assert json.loads((out / "retromae_finetune.json").read_text())["stages"][0]["train_loss_from_step"] == 2

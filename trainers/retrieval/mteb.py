@@ -143,6 +143,14 @@ def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
     return names
 
 
+class UnknownTaskError(ValueError):
+    """A task name mteb does not know (`registered_tasks`); `name` is the name given."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
 def registered_tasks(names: list[str]):
     """mteb's registered retrieval tasks by name; their data is loaded (downloaded) here so that failures are clear."""
     import mteb
@@ -152,7 +160,7 @@ def registered_tasks(names: list[str]):
         try:
             (task,) = mteb.get_tasks(tasks=[name])
         except (KeyError, ValueError) as error:
-            raise ValueError(f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
+            raise UnknownTaskError(name, f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
         if task.metadata.type not in RETRIEVAL_TASK_TYPES:
             raise ValueError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
         load_task_data(task, f"MTEB task {name}")
@@ -446,8 +454,11 @@ def evaluate(
     beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]
     tasks = [os.fspath(source) for source, folder in zip(sources, is_folder, strict=True) if not folder]
     output_dir = output_dir or default_output_dir(model)
-    return evaluate_folder(model, beir_folders=beir_folders, tasks=tasks, split=split, output_dir=output_dir,
-                           batch_size=batch_size, search=search, update_card=update_card, **options)
+    try:
+        return evaluate_folder(model, beir_folders=beir_folders, tasks=tasks, split=split, output_dir=output_dir,
+                               batch_size=batch_size, search=search, update_card=update_card, **options)
+    except UnknownTaskError as error:  # a name here is a folder or a task: a typo of either is neither
+        raise ValueError(f"retromae.evaluate: {error.name!r} is no folder in {Path.cwd()} and {error}") from None
 
 
 def default_output_dir(model: str | os.PathLike) -> Path:

@@ -90,17 +90,7 @@ def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
     key = _settings_key(settings)
     if resume and state:
         if state.get("settings_key") != key:
-            recorded = state.get("settings") or {}
-            changed = sorted(name for name in recorded.keys() | settings.keys()
-                             if recorded.get(name) != settings.get(name))
-            shown = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {settings.get(name)!r}"
-                              for name in changed[:3]) + (", ..." if len(changed) > 3 else "")
-            raise ValueError(
-                f"--resume-from-checkpoint: the run in {work_dir} used other settings "
-                f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
-                "(output, logging and evaluation options may change), or start over in another --output-dir "
-                "(--overwrite instead of the flag starts this one over and clears its stages)"
-            )
+            raise _other_settings_error(work_dir, state, settings)
         return state, True
     if resume:
         logger.info("--resume-from-checkpoint: nothing to resume in %s; starting from the first stage", work_dir)
@@ -111,6 +101,20 @@ def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
     if main_process:  # before a stage folder of an earlier run is cleared
         write_json_atomic(work_dir / STATE_FILE, fresh)
     return fresh, False
+
+
+def _other_settings_error(work_dir: Path, state: dict[str, Any], settings: dict[str, Any]) -> ValueError:
+    """The refusal of `--resume-from-checkpoint` for a run recorded with other settings, naming up to three."""
+    recorded = state.get("settings") or {}
+    changed = sorted(name for name in recorded.keys() | settings.keys() if recorded.get(name) != settings.get(name))
+    shown = ", ".join(f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {settings.get(name)!r}"
+                      for name in changed[:3]) + (", ..." if len(changed) > 3 else "")
+    return ValueError(
+        f"--resume-from-checkpoint: the run in {work_dir} used other settings "
+        f"({shown or 'not recorded by the older retromae that ran it'}); give the same options as that run "
+        "(output, logging and evaluation options may change), or start over in another --output-dir "
+        "(--overwrite instead of the flag starts this one over and clears its stages)"
+    )
 
 
 def finish_stage(state: dict[str, Any], work_dir: Path, model: SentenceTransformer, record: dict[str, Any],
@@ -153,13 +157,19 @@ def finished_work_dir_run(model_args: FinetuneModelArguments, data_args: Finetun
                           stages: list[str]) -> FinetuneResult | None:
     """The result of this very run when `--resume-from-checkpoint last` finds it finished: its work folder records
     every stage under the same settings and its output folder holds the model those stages wrote. None otherwise
-    (the output folder is then judged as any other, `claim_output`)."""
+    (the output folder is then judged as any other, `claim_output`).
+
+    Raises:
+        ValueError: the work folder records a run with other settings (`read_state`'s refusal, before the output
+            folder's, whose --overwrite would discard a finished model).
+    """
     if training_args.resume_from_checkpoint not in RESUME_LAST:
         return None
-    state = read_json_or_empty(work_dir_of(training_args) / STATE_FILE)
+    work_dir = work_dir_of(training_args)
+    state = read_json_or_empty(work_dir / STATE_FILE)
     settings = finetune_run_settings(model_args, data_args, loss_args, training_args)
-    if state.get("settings_key") != _settings_key(settings):
-        return None
+    if state and state.get("settings_key") != _settings_key(settings):  # finished or not: name what changed
+        raise _other_settings_error(work_dir, state, settings)
     output_dir = Path(training_args.output_dir)
     info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
     done = [record.get("stage") for record in state.get("stages") or []]

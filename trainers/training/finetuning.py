@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from ..inputs.sentence_models import save_without_pooler
 from ..methods import hybrid_method_of
 from ..retrieval.beir import (
     RetrievalData,
+    content_id,
     doc_text,
     read_beir,
     read_beir_corpus,
@@ -58,6 +59,7 @@ from ..retrieval.beir import (
 )
 from ..retrieval.mining import mine_negatives
 from ..retrieval.mteb import evaluate_folder
+from .atomic_checkpoints import AtomicCheckpoints
 from .divergence import divergence
 from .finetune_losses import DistillationLoss, contrastive_loss
 from .finetune_state import (
@@ -77,7 +79,7 @@ from .finetune_state import (
     work_dir_of,
 )
 from .lock import folder_lock
-from .run_folder import RESUME_LAST, last_complete_checkpoint
+from .run_folder import RESUME_LAST, clean_killed_saves, last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +100,10 @@ def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
     return pool
 
 
-def _negatives_from_file(path: str, groups: list[TrainingGroup]) -> list[TrainingGroup]:
+def _negatives_from_file(path: str, groups: list[TrainingGroup],
+                         corpus: Mapping[str, Any] | None = None) -> list[TrainingGroup]:
+    """`groups` with the negatives that `path` lists for their queries; what does not match the training data (query
+    ids, or negative ids absent from `corpus` when given) is warned about, no match at all refused."""
     mined = {g.query_id: g.negatives for g in read_training_jsonl(path)}
     result = [TrainingGroup(g.query_id, g.query, g.positives, mined.get(g.query_id, [])) for g in groups]
     found = sum(1 for g in result if g.negatives)
@@ -111,6 +116,13 @@ def _negatives_from_file(path: str, groups: list[TrainingGroup]) -> list[Trainin
     if unknown:
         logger.warning("--negatives-file %s: %d of its queries are not in the training data (e.g. %s); their lines "
                        "are not used", Path(path).name, len(unknown), unknown[0])
+    if corpus is not None:  # ids the file's lines gave (not derived from a text) that name no document here
+        foreign = sorted({doc_id for g in result for doc_id, text in g.negatives
+                          if doc_id not in corpus and doc_id != content_id("d:", text)})
+        if foreign:
+            logger.warning("--negatives-file %s: %d of its negative ids are not in the training data's corpus (e.g. "
+                           "%s): was it mined from another corpus? The file's texts are used", Path(path).name,
+                           len(foreign), foreign[0])
     log = logger.info if found == len(groups) else logger.warning  # short of every query: said, not just logged
     log("negatives for %d of %d training queries read from %s", found, len(groups), Path(path).name)
     return result
@@ -143,6 +155,10 @@ def _prepare_checkpoint(model: SentenceTransformer, checkpoint: Path) -> None:
     save_without_pooler(model, checkpoint)
 
 
+class StageTrainer(AtomicCheckpoints, SentenceTransformerTrainer):
+    """The trainer of a fine-tuning stage: sentence-transformers' own, with checkpoints that appear only complete."""
+
+
 def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[str, Any]:
     """Train one stage; resuming, from the newest complete trainer checkpoint in its folder (if any), else afresh."""
     started = time.time()
@@ -151,8 +167,9 @@ def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[s
         shutil.rmtree(args.output_dir, ignore_errors=True)  # this run's own stage folder: checkpoints of an older run
     else:
         logger.info("stage %s: continuing from %s", stage, checkpoint)
+        clean_killed_saves(args.output_dir)
         _prepare_checkpoint(model, checkpoint)
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
+    trainer = StageTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
     output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     _check_finite(model, trainer.state.log_history, stage, output.global_step)
     logger.info("stage %s: %d steps, training loss %.4f", stage, output.global_step, output.training_loss)
@@ -197,7 +214,7 @@ def _read_negatives_before_training(stages: list[str], groups: list[TrainingGrou
             _check_positives_scored(groups, teacher_scores or {}, data_args)
         return CheckedNegatives(pool=pool)
     if data_args.negatives_file:
-        groups = _negatives_from_file(data_args.negatives_file, groups)
+        groups = _negatives_from_file(data_args.negatives_file, groups, beir.corpus if beir is not None else None)
     checked = CheckedNegatives()
     checked.groups, checked.dropped = clean_groups(groups)
     if "hard-negatives" in stages:

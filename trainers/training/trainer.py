@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +28,16 @@ from accelerate.utils import broadcast_object_list
 from retromae.modeling.configuration_retromae import hides_whole_words
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase, Trainer
-from transformers.trainer_callback import ExportableState, TrainerState
+from transformers.trainer_callback import TrainerState
 from transformers.trainer_optimizer import is_optimizer_factory
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy, TrainOutput
+from transformers.trainer_utils import SaveStrategy, TrainOutput
 
 from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
 from ..data.dataset_checks import check_same_tokenizer, check_tokenized, longest_sequence
 from ..data.token_rows import array_rows
 from ..inputs.arguments import check_training_arguments
 from ..inputs.io import write_json_atomic
-from ..inputs.outputs import atomic_folder
+from .atomic_checkpoints import AtomicCheckpoints
 from .divergence import divergence_on_any_process
 from .positions import check_model_and_tokenizer
 from .recipe import (
@@ -73,7 +72,7 @@ _RUN_INFO_TRAINING_KEYS = (
 )
 
 
-class RetroMAETrainer(Trainer):
+class RetroMAETrainer(AtomicCheckpoints, Trainer):
     """Trainer for `*ForPretraining` models.
 
     Args:
@@ -336,42 +335,24 @@ class RetroMAETrainer(Trainer):
         self._refuse_divergence()
         root = Path(output_dir)
         with self._atomic_save(root / FINAL_BUILD_NAME) as build:
-            self._save_whole_model(build)
+            self._save_model_files(build)
             self._save_run_files(build)
         if self.args.should_save:
             install_files(root / FINAL_BUILD_NAME, root)
         self.accelerator.wait_for_everyone()
 
     def _save_checkpoint(self, model, trial) -> None:
-        """The Trainer's checkpoint and our files, renamed to `checkpoint-N` only when complete, then this run's
-        rotation; as the Trainer's, it records the best checkpoint so far, which rotation keeps."""
         self._refuse_divergence()
-        if self.hp_search_backend is None and trial is None:
-            self.store_flos()
-        run_dir = Path(self._get_output_dir(trial=trial))
-        target = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        if self.state.best_global_step:
-            best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
-            if best == target or best.is_dir():  # recorded before the trainer state is written, as the Trainer does
-                self.state.best_model_checkpoint = str(best)
-        with self._atomic_save(target) as build:
-            self._save_whole_model(build)
-            self._save_run_files(build)
-            if not self.args.save_only_model:
-                self._save_optimizer_and_scheduler(str(build))
-                self._save_scaler(str(build))
-                self._save_rng_state(str(build))
-                if self._keeps_stream_position:
-                    save_stream_position(self.callback_handler.train_dataloader, build, self.args.process_index)
-            if self.args.should_save:
-                write_json_atomic(build / RESUME_FILE, self.run_settings)
-                self._save_trainer_state(build)
-        if self.args.push_to_hub:
-            self._push_from_checkpoint(str(target))
-        if self.args.should_save:
-            self._rotate_own_checkpoints(run_dir)
+        super()._save_checkpoint(model, trial)
 
-    def _save_whole_model(self, folder: Path) -> None:
+    def _save_checkpoint_files(self, folder: Path) -> None:
+        self._save_run_files(folder)
+        if self._keeps_stream_position and not self.args.save_only_model:
+            save_stream_position(self.callback_handler.train_dataloader, folder, self.args.process_index)
+        if self.args.should_save:
+            write_json_atomic(folder / RESUME_FILE, self.run_settings)
+
+    def _save_model_files(self, folder: Path) -> None:
         """The model and tokenizer in `folder`, as `save_model` writes them. Sharded weights (FSDP, ZeRO-3) are
         gathered whole on every process (a collective) and written by the main one; the Trainer's own sharded saves
         write shards or nothing. ZeRO-1/2 weights are whole (its DeepSpeed save would write tied weights twice)."""
@@ -382,37 +363,7 @@ class RetroMAETrainer(Trainer):
         else:
             self.save_model(str(folder), _internal_call=True)
 
-    def _save_trainer_state(self, folder: Path) -> None:
-        """`trainer_state.json` with the state of the callbacks that export one (as `Trainer._save_checkpoint`)."""
-        for callback in [*self.callback_handler.callbacks, self.control]:
-            if isinstance(callback, ExportableState):
-                name, state = type(callback).__name__, callback.state()
-                if isinstance(self.state.stateful_callbacks.get(name), list):
-                    self.state.stateful_callbacks[name].append(state)
-                else:
-                    self.state.stateful_callbacks[name] = state
-        self.state.save_to_json(str(folder / TRAINER_STATE_NAME))
-
-    @contextmanager
-    def _atomic_save(self, target: Path):
-        """Yield one temporary folder that every process writes into; the main process renames it to `target`
-        (`inputs.outputs.atomic_folder`) once all processes are done, and nobody goes on before that."""
-        if self.args.should_save:
-            with atomic_folder(target, overwrite=True) as build:
-                yield self._shared_path(build)
-                self.accelerator.wait_for_everyone()  # every process's files are in
-        else:
-            yield self._shared_path(None)
-            self.accelerator.wait_for_everyone()
-        self.accelerator.wait_for_everyone()  # the folder has its final name
-
-    def _shared_path(self, path: Path | None) -> Path:
-        """The main process's `path`, on every process."""
-        if self.args.world_size > 1:
-            path = Path(broadcast_object_list([str(path) if path else None], from_process=0)[0])
-        return path
-
-    def _rotate_own_checkpoints(self, run_dir: Path) -> None:
+    def _rotate_checkpoints_in(self, run_dir: Path) -> None:
         """Keep at most `save_total_limit` checkpoints of this run (same `run_id`), the newest and the best
         (`state.best_model_checkpoint`) always, as the Trainer does; checkpoints that another run left in the folder
         are never deleted."""
@@ -444,6 +395,12 @@ class RetroMAETrainer(Trainer):
         """The Trainer's; the run record then names the step whose weights these are (`weights_step`)."""
         super()._load_best_model()
         self._best_loaded = True
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """The Trainer's, without the tied weights a checkpoint does not store (they are not missing)."""
+        tied = getattr(self.accelerator.unwrap_model(self.model), "all_tied_weights_keys", None) or {}
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _load_rng_state(self, checkpoint):
         if self._rng_checkpoint is None:  # else loaded by the first training step
