@@ -388,6 +388,19 @@ def test_sharding_flags_are_refused_before_training(spread_cls_bert, tiny_beir, 
     assert not (tmp_path / "out").exists()
 
 
+
+@pytest.mark.parametrize("option, named", [
+    ({"fsdp": "full_shard auto_wrap"}, "--fsdp"), ({"neftune_noise_alpha": 5.0}, "--neftune-noise-alpha"),
+    ({"eval_strategy": "steps"}, "--eval-strategy steps"),
+])
+def test_the_python_api_refuses_the_trainer_options_the_command_line_refuses(spread_cls_bert, tiny_beir, tmp_path,
+                                                                             monkeypatch, option, named):
+    """HEAD checked them on the command line only: `finetune(..., neftune_noise_alpha=5)` stopped in a traceback."""
+    monkeypatch.setattr(finetune_module, "StageTrainer", None)  # nothing may train
+    with pytest.raises(ValueError, match=named):
+        finetune(spread_cls_bert, tiny_beir, tmp_path / "out", max_steps=2, **option)
+    assert not (tmp_path / "out").exists()
+
 def test_refuses_to_overwrite_and_validates_stages(spread_cls_bert, tiny_beir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -13,26 +13,6 @@ from ..training.resume import given_options
 POSITIONAL = ["model", "train_data"]
 
 
-def check_trainer_options(training_args) -> None:
-    """Refuse, before anything is read, the options sentence-transformers' TrainingArguments accept that our stages
-    cannot honour: `--fsdp` / `--deepspeed` (mining between stages, the resume record and the final save assume
-    whole weights in every process; no sharded fine-tuning has been run or tested), `--neftune-noise-alpha` (it
-    needs a language model's input embeddings) and evaluation during training (`--eval-data` is scored after it)."""
-    given = [flag for flag, value in (("--fsdp", training_args.fsdp), ("--deepspeed", training_args.deepspeed)) if value]
-    if given:
-        raise UserError(f"{' and '.join(given)}: retromae finetune does not shard the model (untested with its "
-                        "stages, mining and saves); for several GPUs run it under DDP: torchrun --nproc_per_node N "
-                        "-m retromae.trainers.cli finetune ...")
-    if training_args.neftune_noise_alpha is not None:
-        raise UserError(f"--neftune-noise-alpha {training_args.neftune_noise_alpha}: NEFTune adds noise to a "
-                        "language model's input embeddings; retromae finetune trains a sentence encoder and does not "
-                        "support it; drop the flag")
-    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)  # an IntervalStrategy
-    if strategy != "no":
-        raise UserError(f"--eval-strategy {strategy}: retromae finetune evaluates once, after training, on "
-                        "--eval-data (a BEIR folder); drop --eval-strategy")
-
-
 def given_option_names(argv: list[str]) -> set[str]:
     """The options `argv` sets itself, by flag or in its --config file; defaults excluded (call after parsing)."""
     flags, file_values = split_config(positional_to_flags(argv, POSITIONAL))
@@ -49,7 +29,6 @@ def finetune_command(argv: list[str]) -> int:
         description="Fine-tune an encoder for retrieval (in-batch negatives -> mined hard negatives -> distillation) "
         "with sentence-transformers. Usage: retromae finetune MODEL TRAIN_DATA --output-dir OUT",
     )
-    check_trainer_options(training_args)
     check_options_read(given_option_names(argv), data_args)
     if data_args.on_missing not in ON_MISSING:  # Literal choices are enforced by argparse; config files too
         raise UserError(f"--on-missing must be one of {ON_MISSING}")
@@ -74,4 +53,4 @@ def finetune_command(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["check_trainer_options", "finetune_command", "given_option_names"]
+__all__ = ["finetune_command", "given_option_names"]

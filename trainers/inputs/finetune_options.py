@@ -160,6 +160,26 @@ def parse_stages(text: str, teacher_scores: str | None) -> list[str]:
     return stages
 
 
+def check_trainer_options(training_args: FinetuneTrainingArguments) -> None:
+    """Refuse, before anything is read, the options sentence-transformers' TrainingArguments accept that our stages
+    cannot honour: `--fsdp` / `--deepspeed` (mining between stages, the resume record and the final save assume
+    whole weights in every process; no sharded fine-tuning has been run or tested), `--neftune-noise-alpha` (it
+    needs a language model's input embeddings) and evaluation during training (`--eval-data` is scored after it)."""
+    given = [flag for flag, value in (("--fsdp", training_args.fsdp), ("--deepspeed", training_args.deepspeed)) if value]
+    if given:
+        raise UserError(f"{' and '.join(given)}: retromae finetune does not shard the model (untested with its "
+                        "stages, mining and saves); for several GPUs run it under DDP: torchrun --nproc_per_node N "
+                        "-m retromae.trainers.cli finetune ...")
+    if training_args.neftune_noise_alpha is not None:
+        raise UserError(f"--neftune-noise-alpha {training_args.neftune_noise_alpha}: NEFTune adds noise to a "
+                        "language model's input embeddings; retromae finetune trains a sentence encoder and does not "
+                        "support it; drop the flag")
+    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)  # an IntervalStrategy
+    if strategy != "no":
+        raise UserError(f"--eval-strategy {strategy}: retromae finetune evaluates once, after training, on "
+                        "--eval-data (a BEIR folder); drop --eval-strategy")
+
+
 def check_options_read(given: Collection[str], data_args: FinetuneDataArguments) -> None:
     """Refuse a given option (a flag or a --config setting, not a default) that no stage of the run reads: it would
     be accepted and silently ignored."""
@@ -181,4 +201,4 @@ def _flag(name: str) -> str:
 
 
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
-__all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_mining_range", "check_options_read"]
+__all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_mining_range", "check_options_read", "check_trainer_options"]

@@ -42,6 +42,7 @@ from ..inputs.finetune_options import (
     FinetuneModelArguments,
     FinetuneTrainingArguments,
     check_mining_range,
+    check_trainer_options,
     parse_stages,
 )
 from ..inputs.folders import is_hub_id
@@ -357,6 +358,7 @@ def run_finetune(
     training_args: FinetuneTrainingArguments,
 ) -> FinetuneResult:
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
+    check_trainer_options(training_args)
     stages = parse_stages(data_args.stages, data_args.teacher_scores)
     if loss_args.mini_batch_size is not None and "distill" in stages:
         raise ValueError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
