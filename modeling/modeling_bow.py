@@ -7,6 +7,7 @@ import torch
 from transformers import initialization as init
 
 from .configuration_bow import BoWConfig
+from .masked_lm import MaskedLMBase
 from .pretraining_base import AnyEncoderModel, ClsEncoderModel, PretrainingBase, PretrainingBatch
 from .vocab_losses import bag_of_words_loss, bag_of_words_targets
 
@@ -34,6 +35,12 @@ class BoWAnyEncoderModel(AnyEncoderModel):
     config_class = BoWConfig
 
 
+class BoWForMaskedLM(MaskedLMBase):
+    """The BoW-prediction encoder and its trained MLM head (`AutoModelForMaskedLM`, fill-mask) on any base."""
+
+    config_class = BoWConfig
+
+
 class BoWForPretraining(PretrainingBase):
     """BoW-prediction pre-training model (`AutoModelForPreTraining`): encoder MLM + Bag-of-Word prediction.
 
@@ -46,6 +53,7 @@ class BoWForPretraining(PretrainingBase):
     config_class = BoWConfig
     encoder_class = BoWModel
     any_encoder_class = BoWAnyEncoderModel
+    masked_lm_class = BoWForMaskedLM
     head_prefixes = ()
 
     def __init__(self, config: BoWConfig):
@@ -84,5 +92,14 @@ BoWConfig.register_for_auto_class()
 BoWModel.register_for_auto_class("AutoModel")
 BoWAnyEncoderModel.register_for_auto_class("AutoModel")
 BoWForPretraining.register_for_auto_class("AutoModelForPreTraining")
+BoWForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
-__all__ = ["BoWAnyEncoderModel", "BoWForPretraining", "BoWModel", "bag_of_words_loss", "bag_of_words_targets", "bow_weight_factor"]
+__all__ = [
+    "BoWAnyEncoderModel",
+    "BoWForMaskedLM",
+    "BoWForPretraining",
+    "BoWModel",
+    "bag_of_words_loss",
+    "bag_of_words_targets",
+    "bow_weight_factor",
+]

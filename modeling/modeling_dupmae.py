@@ -20,6 +20,7 @@ from .layers_dupmae import (
     sparse_top_k,
     sparsify_top_k,
 )
+from .masked_lm import MaskedLMBase
 from .modeling_retromae import RetroMAEDecoder, RetroMAEForPretraining
 from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBatch
 from .vocab_losses import bag_of_words_loss, bag_of_words_targets
@@ -184,6 +185,12 @@ class DupMAEAnyEncoderModel(DupMAERepresentationMixin, AnyEncoderModel):
         return None if head is None else self.backbone.output_embeddings(head)
 
 
+class DupMAEForMaskedLM(MaskedLMBase):
+    """The DupMAE encoder and its trained MLM head (`AutoModelForMaskedLM`, fill-mask) on any base."""
+
+    config_class = DupMAEConfig
+
+
 class DupMAEForPretraining(RetroMAEForPretraining):
     """DupMAE pre-training model (`AutoModelForPreTraining`): encoder MLM + [CLS] decoding (RetroMAE's decoder) +
     OT decoding (§3.3): the masked input's states at its unmasked ordinary tokens go through the tied MLM head (as in
@@ -194,6 +201,7 @@ class DupMAEForPretraining(RetroMAEForPretraining):
     config_class = DupMAEConfig
     encoder_class = DupMAEModel
     any_encoder_class = DupMAEAnyEncoderModel
+    masked_lm_class = DupMAEForMaskedLM
     head_prefixes = ("decoder.",)
 
     def build_decoder(self, config: DupMAEConfig) -> RetroMAEDecoder | None:
@@ -225,9 +233,11 @@ DupMAEConfig.register_for_auto_class()
 DupMAEModel.register_for_auto_class("AutoModel")
 DupMAEAnyEncoderModel.register_for_auto_class("AutoModel")
 DupMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
+DupMAEForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
 __all__ = [
     "DupMAEAnyEncoderModel",
+    "DupMAEForMaskedLM",
     "DupMAEForPretraining",
     "DupMAEModel",
     "DupMAEModelOutput",

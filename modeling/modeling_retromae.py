@@ -5,6 +5,7 @@ from torch import nn
 
 from .backbones import DecoderEmbeddings, decoder_position_table
 from .configuration_retromae import RetroMAEConfig
+from .masked_lm import MaskedLMBase
 from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBase, PretrainingBatch
 from .two_stream import TwoStreamBertLayer
 from .visibility import enhanced_visibility_mask, random_row_mask, reference_target_positions, reference_visibility_mask
@@ -18,6 +19,12 @@ class RetroMAEModel(ClsEncoderModel):
 
 class RetroMAEAnyEncoderModel(AnyEncoderModel):
     """The RetroMAE encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
+
+    config_class = RetroMAEConfig
+
+
+class RetroMAEForMaskedLM(MaskedLMBase):
+    """The RetroMAE encoder and its trained MLM head (`AutoModelForMaskedLM`, fill-mask) on any base."""
 
     config_class = RetroMAEConfig
 
@@ -99,6 +106,7 @@ class RetroMAEForPretraining(PretrainingBase):
     config_class = RetroMAEConfig
     encoder_class = RetroMAEModel
     any_encoder_class = RetroMAEAnyEncoderModel
+    masked_lm_class = RetroMAEForMaskedLM
     head_prefixes = ("decoder.",)
     method_input_names = ("decoder_word_starts",)
 
@@ -130,5 +138,6 @@ RetroMAEConfig.register_for_auto_class()
 RetroMAEModel.register_for_auto_class("AutoModel")
 RetroMAEAnyEncoderModel.register_for_auto_class("AutoModel")
 RetroMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
+RetroMAEForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
-__all__ = ["RetroMAEAnyEncoderModel", "RetroMAEDecoder", "RetroMAEForPretraining", "RetroMAEModel"]
+__all__ = ["RetroMAEAnyEncoderModel", "RetroMAEDecoder", "RetroMAEForMaskedLM", "RetroMAEForPretraining", "RetroMAEModel"]

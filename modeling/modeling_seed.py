@@ -6,6 +6,7 @@ from torch import nn
 
 from .backbones import DecoderEmbeddings, decoder_position_table
 from .configuration_seed import SEEDConfig
+from .masked_lm import MaskedLMBase
 from .pretraining_base import IGNORE_INDEX, AnyEncoderModel, ClsEncoderModel, PretrainingBase, PretrainingBatch
 from .two_stream import TwoStreamBertLayer
 
@@ -53,6 +54,12 @@ class SEEDEncoderModel(ClsEncoderModel):
 
 class SEEDAnyEncoderModel(AnyEncoderModel):
     """The SEED-Encoder encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
+
+    config_class = SEEDConfig
+
+
+class SEEDEncoderForMaskedLM(MaskedLMBase):
+    """The SEED-Encoder encoder and its trained MLM head (`AutoModelForMaskedLM`, fill-mask) on any base."""
 
     config_class = SEEDConfig
 
@@ -112,6 +119,7 @@ class SEEDEncoderForPretraining(PretrainingBase):
     config_class = SEEDConfig
     encoder_class = SEEDEncoderModel
     any_encoder_class = SEEDAnyEncoderModel
+    masked_lm_class = SEEDEncoderForMaskedLM
     head_prefixes = ("decoder.",)
 
     def __init__(self, config: SEEDConfig):
@@ -136,10 +144,12 @@ SEEDConfig.register_for_auto_class()
 SEEDEncoderModel.register_for_auto_class("AutoModel")
 SEEDAnyEncoderModel.register_for_auto_class("AutoModel")
 SEEDEncoderForPretraining.register_for_auto_class("AutoModelForPreTraining")
+SEEDEncoderForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
 __all__ = [
     "SEEDAnyEncoderModel",
     "SEEDDecoder",
+    "SEEDEncoderForMaskedLM",
     "SEEDEncoderForPretraining",
     "SEEDEncoderModel",
     "next_token_targets",

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import distributed as dist
 
 from .configuration_sentmae import SentMAEConfig
+from .masked_lm import MaskedLMBase
 from .modeling_retromae import RetroMAEForPretraining
 from .pretraining_base import AnyEncoderModel, ClsEncoderModel, PretrainingBatch
 
@@ -27,6 +28,12 @@ class SentMAEModel(ClsEncoderModel):
 
 class SentMAEAnyEncoderModel(AnyEncoderModel):
     """The SentMAE encoder (`AutoModel`) on a RoBERTa, XLM-R or ModernBERT base."""
+
+    config_class = SentMAEConfig
+
+
+class SentMAEForMaskedLM(MaskedLMBase):
+    """The SentMAE encoder and its trained MLM head (`AutoModelForMaskedLM`, fill-mask) on any base."""
 
     config_class = SentMAEConfig
 
@@ -125,6 +132,7 @@ class SentMAEForPretraining(RetroMAEForPretraining):
     config_class = SentMAEConfig
     encoder_class = SentMAEModel
     any_encoder_class = SentMAEAnyEncoderModel
+    masked_lm_class = SentMAEForMaskedLM
     # model types of checkpoints whose weights continue into this model (stage 1 -> stage 2)
     continues_from = ("retromae",)
     method_input_names = tuple(POSITIVE_PREFIX + name for name in PAIRED_INPUTS)
@@ -197,9 +205,11 @@ SentMAEConfig.register_for_auto_class()
 SentMAEModel.register_for_auto_class("AutoModel")
 SentMAEAnyEncoderModel.register_for_auto_class("AutoModel")
 SentMAEForPretraining.register_for_auto_class("AutoModelForPreTraining")
+SentMAEForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
 __all__ = [
     "SentMAEAnyEncoderModel",
+    "SentMAEForMaskedLM",
     "SentMAEForPretraining",
     "SentMAEModel",
     "gather_across_processes",

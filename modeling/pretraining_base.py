@@ -1,5 +1,5 @@
 """What every pre-training model shares: an encoder of a supported family (`backbones`), its tied MLM head, the
-masked-position MLM loss, the forward pass, and the checkpoint format (`auto_map` for the three Auto classes)."""
+masked-position MLM loss, the forward pass, and the checkpoint format (`auto_map` for the four Auto classes)."""
 
 import dataclasses
 import logging
@@ -16,16 +16,9 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelO
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 from transformers.utils import ModelOutput
 
-from .backbones import (
-    BACKBONES,
-    BertBackbone,
-    DecoderEmbeddings,
-    HeadParts,
-    backbone_of,
-    encoder_type_of,
-    whole_for_editing,
-)
+from .backbones import BACKBONES, BertBackbone, DecoderEmbeddings, backbone_of, encoder_type_of, whole_for_editing
 from .loading import QuietLoadReportMixin, base_config_fields, checked_types
+from .masked_lm import BaseInitMixin, EncoderHeadMixin, MaskedLMBase
 from .vocab_losses import IGNORE_INDEX, linear_argmax_accuracy, linear_cross_entropy
 
 logger = logging.getLogger(__name__)
@@ -98,19 +91,6 @@ class ClsEncoderModel(BaseLayoutMixin, QuietLoadReportMixin, BertModel):
         return output
 
 
-class BaseInitMixin:
-    """`_init_weights` of the model's base family: on a base other than BERT the encoder's own (`self.backbone`);
-    BERT's is the inherited one."""
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        encoder = getattr(self, self.backbone.prefix, None) if hasattr(self, "backbone") else None
-        if encoder is None or self.backbone is BertBackbone:
-            super()._init_weights(module)
-        else:
-            encoder._init_weights(module)
-
-
 class AnyEncoderModel(BaseLayoutMixin, BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     """The `AutoModel` of a checkpoint on a RoBERTa, XLM-R or ModernBERT base: the base's model under its
     pre-training name (`roberta`, `model`), so the checkpoint's keys load as they are; `pooler_output` is the
@@ -164,7 +144,7 @@ def _check_inputs(input_ids: torch.Tensor, **aligned: torch.Tensor | None) -> No
         raise ValueError("pass both encoder_labels and decoder_labels (PretrainingCollator makes them) or neither")
 
 
-class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
+class PretrainingBase(EncoderHeadMixin, BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     """Encoder + MLM head named as in the base's `*ForMaskedLM` (BERT: `bert` + `cls`; see `backbones`), so the base's
     checkpoints load unchanged, and the forward pass every method shares.
 
@@ -172,12 +152,11 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
     implement `method_losses` and `loss_weights`; their own batch keys go in `method_input_names`, extra rows through
     `method_batch`. `accepts_loss_kwargs = False`: the Trainer divides by gradient accumulation itself."""
 
-    base_model_prefix = BertBackbone.prefix  # BERT's; another base sets its own on the instance (`__init__`)
     accepts_loss_kwargs = False
     supports_gradient_checkpointing = True
-    _tied_weights_keys = BertBackbone.tied_weights_keys(f"{BertBackbone.prefix}.")
     encoder_class: type = ClsEncoderModel  # the `AutoModel` on a BERT base
     any_encoder_class: type = AnyEncoderModel  # the `AutoModel` on any other base
+    masked_lm_class: type = MaskedLMBase  # the `AutoModelForMaskedLM` on any base
     # state-dict prefixes of the method's own new modules (reported as missing when starting from plain BERT)
     head_prefixes: tuple[str, ...] = ()
     # new when starting from BERT: the decoders and a bare BertModel's MLM head (`from_encoder_checkpoint` logs them)
@@ -194,31 +173,12 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.backbone = backbone_of(config)
-        if self.backbone is not BertBackbone:  # instance attributes: transformers reads them from the model
-            self.base_model_prefix = self.backbone.prefix
-            self._tied_weights_keys = self.backbone.tied_weights_keys(f"{self.backbone.prefix}.")
-        setattr(self, self.backbone.prefix, self.backbone.build_encoder(config))
-        setattr(self, self.backbone.head_name, self.backbone.build_head(config))
-
-    @property
-    def mlm_head(self) -> torch.nn.Module:
-        return getattr(self, self.backbone.head_name)
-
-    def head_parts(self) -> HeadParts:
-        """The tied MLM head as (transform, output weight, output bias)."""
-        return self.backbone.head_parts(self.mlm_head)
+        self.build_encoder_and_head(config)
 
     def decoder_embeddings(self) -> DecoderEmbeddings:
         """The encoder's embeddings as the decoders take them (`DecoderEmbeddings`)."""
         own_positions = getattr(getattr(self, "decoder", None), "position_embeddings", None)
         return DecoderEmbeddings(self.backbone, self.base_model, own_positions)
-
-    def get_output_embeddings(self):
-        return self.backbone.output_embeddings(self.mlm_head)
-
-    def set_output_embeddings(self, new_embeddings):
-        self.backbone.set_output_embeddings(self.mlm_head, new_embeddings)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -340,12 +300,13 @@ class PretrainingBase(BaseInitMixin, QuietLoadReportMixin, BertPreTrainedModel):
         return f"{klass.__module__.rsplit('.', 1)[-1]}.{klass.__name__}"
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
-        """Save weights (safetensors), config with `auto_map` for the three Auto classes, and the modeling files."""
+        """Save weights (safetensors), config with `auto_map` for the four Auto classes, and the modeling files."""
         cls = type(self)
         self.config.auto_map = {
             "AutoConfig": cls._class_ref(cls.config_class),
             "AutoModel": cls._class_ref(cls.encoder_class if self.backbone is BertBackbone else cls.any_encoder_class),
             "AutoModelForPreTraining": cls._class_ref(cls),
+            "AutoModelForMaskedLM": cls._class_ref(cls.masked_lm_class),
         }
         self.config.architectures = [cls.__name__]
         kwargs.pop("safe_serialization", None)  # safetensors only

@@ -251,6 +251,7 @@ def assert_loads_as_remote_code(run_without_retromae, model, tmp_path: Path, mod
         "AutoConfig": f"configuration_{module}.{config_class}",
         "AutoModel": f"modeling_{module}.{model_class}",
         "AutoModelForPreTraining": f"modeling_{module}.{pretraining_class}",
+        "AutoModelForMaskedLM": f"modeling_{module}.{type(model).masked_lm_class.__name__}",
     }
     assert report["classes"] == list(classes)
     assert_fresh_process_matches(model, batch, report)
