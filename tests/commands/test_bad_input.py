@@ -122,7 +122,20 @@ def test_no_export_with_an_export_option_is_refused(tmp_path, capsys):
 def test_what_transformers_accepts_passes(tmp_path):
     check_training_arguments(TrainingArguments(output_dir=str(tmp_path), max_steps=-1))  # -1: not set, train epochs
     check_training_arguments(argparse.Namespace(bf16=True, use_cpu=True))  # torch runs bf16 on any CPU
-    check_training_arguments(argparse.Namespace(fp16=True, bf16_full_eval=True, use_cpu=True))
+    check_training_arguments(argparse.Namespace(bf16_full_eval=True, use_cpu=True))
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+@pytest.mark.parametrize("flags", [["--fp16", "true"], ["--fp16", "true", "--use-cpu", "true"],
+                                   ["--fp16-full-eval", "true", "--use-cpu", "true"]])
+def test_fp16_on_the_cpu_is_one_line(command, flags, tmp_path, capsys, monkeypatch):
+    """HEAD trained in fp32 without a word (losses equal to an fp32 run bit for bit), also from the paper presets."""
+    if not flags.count("--use-cpu"):
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    first = ["--corpus", str(tmp_path / "missing.txt")] if command == "pretrain" else ["model", "data"]
+    assert cli.main([command, *first, "--output-dir", str(tmp_path / "out"), *flags]) == 2
+    err = one_line_error(capsys, command)
+    assert f"{flags[0]} true needs a GPU: on the CPU the Trainer would train in fp32" in err, err
 
 
 def test_finetune_python_api_checks_the_training_options(tmp_path):
@@ -449,10 +462,28 @@ def test_a_config_that_does_not_fit_the_weights_names_the_folder_for_finetune_an
         load_sentence_transformer(model, device="cpu")
 
 
-def test_a_corpus_smaller_than_one_batch_is_warned_of(tiny_bert, tmp_path, caplog):
+def test_a_corpus_smaller_than_one_batch_is_warned_of(tiny_bert, tmp_path, caplog, capsys):
     """HEAD: --per-device-train-batch-size 100 on 8 passages trained batches of 8 without a word."""
     corpus = write_lines(tmp_path / "c.txt", [f"passage {i} of a short corpus" for i in range(8)])
     with caplog.at_level(logging.WARNING, logger="retromae"):
         assert cli.main(pretrain_args(tiny_bert, corpus, tmp_path / "out", "--per-device-train-batch-size", "100",
                                       "--max-steps", "1", "--no-export", "true")) == 0
     assert "the corpus holds 8 sequences, fewer than a global batch of 100" in caplog.text
+    # with --dataloader-drop-last no step would train (HEAD: exit 0 after 0 steps, the untrained model saved)
+    out = tmp_path / "dropped"
+    assert cli.main(pretrain_args(tiny_bert, corpus, out, "--per-device-train-batch-size", "100", "--max-steps", "1",
+                                  "--no-export", "true", "--dataloader-drop-last", "true")) == 2
+    assert "--dataloader-drop-last drops every batch of 100" in capsys.readouterr().err
+    assert not (out / "config.json").exists()
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_torchrun_on_a_cpu_machine_without_use_cpu_is_one_line(command, tmp_path, capsys, monkeypatch):
+    """HEAD: each process trained alone, the second stopped at the first one's folder lock, torchrun printed a
+    traceback."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    first = ["--corpus", str(tmp_path / "missing.txt")] if command == "pretrain" else ["model", "data"]
+    assert cli.main([command, *first, "--output-dir", str(tmp_path / "out")]) == 2
+    assert "started with 2 processes (torchrun) on a machine without a GPU; add --use-cpu true" in one_line_error(
+        capsys, command)

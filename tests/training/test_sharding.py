@@ -368,8 +368,11 @@ def gpu_args(**fields) -> SimpleNamespace:
     ({"fsdp": True, "fsdp_config": {"version": 1}}, {}, "--fsdp_config version 1 (FSDP1) is not supported"),
     ({"fsdp": True, "save_on_each_node": True}, {}, "--save-on-each-node with --fsdp"),
     ({"fsdp": True, "deepspeed": "ds.json"}, {}, "--fsdp and --deepspeed cannot be combined"),
+    ({"fsdp_config": {"version": 2}}, {}, "--fsdp-config configures --fsdp, which this run does not set"),  # HEAD: ignored
     ({"fsdp": True}, {"head_warmup": True}, None),  # the freeze follows FSDP2's parameters (tested above)
     ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {}, None),
+    ({"deepspeed": {"zero_optimization": {"stage": 2}}, "parallel_mode": ParallelMode.NOT_DISTRIBUTED}, {},
+     "--deepspeed needs a run started by torchrun"),  # HEAD: DeepSpeed looked for mpi4py after the model was built
     ({"deepspeed": {"zero_optimization": {"stage": 3}}}, {}, None),  # gathered for every save (test_deepspeed)
     ({"deepspeed": '{"zero_optimization": {"stage": 3}}'}, {"head_warmup": True}, "--head-warmup-steps with"),
     ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {"validation": True}, "--eval-beir-folder with --deepspeed"),

@@ -259,6 +259,7 @@ class DataInputs:
         streaming: stream the corpus instead of reading it into memory.
         pairs: a JSONL file of {"anchor", "positive"} pairs, for a method with an in-batch contrastive loss.
         global_batch_size: sequences per optimizer micro-step over all processes (in-batch negatives need >= 2).
+        drop_last: the DataLoader drops a short last batch (`--dataloader-drop-last`).
         contrastive_anchor: the continued-pre-training recipe adds an in-batch contrastive loss with span positives
             (`training.recipe.RecipeArguments.contrastive_anchor_weight`).
         tokenize_workers: processes that tokenize a corpus of more than 10,000 passages (None: `tokenize_corpus`'s
@@ -274,6 +275,7 @@ class DataInputs:
     streaming: bool = False
     pairs: str | None = None
     global_batch_size: int = 8
+    drop_last: bool = False
     contrastive_anchor: bool = False
     tokenize_workers: int | None = None
     text_column: str = "text"

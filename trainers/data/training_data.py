@@ -48,6 +48,10 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
     collator = PretrainingCollator(tokenizer, mask_ratio=config.encoder_mask_ratio, whole_word_mask=config.whole_word_mask,
                                    max_length=inputs.max_seq_length)
     if isinstance(dataset, datasets.Dataset) and len(dataset) < inputs.global_batch_size:
+        if inputs.drop_last:  # the one batch is short, so dropped: no step would train
+            raise ValueError(f"the corpus holds {len(dataset)} sequences and --dataloader-drop-last drops every batch "
+                             f"of {inputs.global_batch_size}: lower --per-device-train-batch-size or drop "
+                             "--dataloader-drop-last")
         logger.warning("the corpus holds %d sequences, fewer than a global batch of %d: each step trains on all of "
                        "them, a smaller batch than asked for", len(dataset), inputs.global_batch_size)
     return TrainingData(dataset, collator)

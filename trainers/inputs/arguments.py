@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import datasets
+import torch
 import transformers
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
@@ -312,6 +313,8 @@ def check_training_arguments(args: Any) -> None:
         if value is not None and not 0 <= value < bound:
             raise UserError(f"--{name.replace('_', '-')} {value}: give {fix}")
     _check_bf16(args)
+    _check_fp16(args)
+    _check_cpu_launch(args)
     _check_unused_trainer_options(args)
 
 
@@ -361,6 +364,27 @@ def _check_bf16(args: Any) -> None:
     raise UserError(f"{flag} true needs a GPU with bf16 support and this machine has none; drop {flag} (or add "
                     "--use-cpu true to train in bf16 on the CPU, where torch supports it), or use --fp16 true on a GPU "
                     "without bf16")
+
+
+def _check_cpu_launch(args: Any) -> None:
+    """Refuse a torchrun launch of several processes on a machine without a GPU unless --use-cpu: the Trainer would
+    not join the process group, and each process would train alone into the same folder."""
+    processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if processes > 1 and not getattr(args, "use_cpu", True) and not torch.accelerator.is_available():
+        raise UserError(f"this run was started with {processes} processes (torchrun) on a machine without a GPU; add "
+                        "--use-cpu true to train them as one DDP run on the CPU (gloo)")
+
+
+def _check_fp16(args: Any) -> None:
+    """Refuse --fp16 / --fp16-full-eval on the CPU (no accelerator, or --use-cpu): the Trainer would run fp32 there
+    without a word."""
+    flags = [name for name in ("fp16", "fp16_full_eval") if getattr(args, name, False)]
+    if not flags or (not getattr(args, "use_cpu", False) and (torch.accelerator.is_available()
+                                                                or is_torch_xla_available())):
+        return
+    flag = "--" + flags[0].replace("_", "-")
+    raise UserError(f"{flag} true needs a GPU: on the CPU the Trainer would train in fp32 without saying so; pass "
+                    f"{flag} false (a preset may set it), or --bf16 true --use-cpu true for mixed precision on the CPU")
 
 
 def start_command(argv: list[str], arguments, *, prog: str, description: str | None, positional: Sequence[str] = (),

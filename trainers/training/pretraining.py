@@ -288,7 +288,7 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
     inputs = DataInputs(
         corpus=run.data.corpus, text_format=run.data.text_format, max_seq_length=run.data.max_seq_length,
         packing=run.data.packing, streaming=run.data.streaming, pairs=run.data.pairs,
-        global_batch_size=args.per_device_train_batch_size * args.world_size,
+        global_batch_size=args.per_device_train_batch_size * args.world_size, drop_last=args.dataloader_drop_last,
         text_column=run.data.text_column, corpus_config=run.data.corpus_config, corpus_split=run.data.corpus_split,
         corpus_revision=run.data.corpus_revision,
         contrastive_anchor=run.recipe.contrastive_anchor_weight > 0, tokenize_workers=run.data.tokenize_workers,

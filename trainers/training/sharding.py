@@ -182,6 +182,9 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
     fsdp, deepspeed = bool(getattr(args, "fsdp", None)), bool(getattr(args, "deepspeed", None))
     if fsdp and deepspeed:
         raise ValueError("--fsdp and --deepspeed cannot be combined: each shards the model its own way; choose one")
+    if getattr(args, "fsdp_config", None) and not fsdp:
+        raise ValueError("--fsdp-config configures --fsdp, which this run does not set; add --fsdp full_shard "
+                         "(FSDP2, under torchrun on GPUs), or drop --fsdp-config")
     if fsdp or deepspeed:
         engine = "--fsdp" if fsdp else "--deepspeed"
         if validation:
@@ -204,6 +207,9 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
             raise ValueError("--save-on-each-node with --fsdp is not supported: the whole weights are gathered on the "
                              "main process only; drop --save-on-each-node")
     if deepspeed:
+        if args.parallel_mode != ParallelMode.DISTRIBUTED:  # DeepSpeed would look for MPI, after the model is built
+            raise ValueError("--deepspeed needs a run started by torchrun (or the deepspeed launcher); launch with "
+                             "torchrun --nproc_per_node N -m retromae.trainers.cli pretrain ...")
         config = deepspeed_config(args)
         stage = zero_stage(config)
         if head_warmup:
