@@ -20,6 +20,8 @@ from retromae.modeling.visibility import (
     random_row_mask,
 )
 from retromae.modeling.vocab_losses import linear_cross_entropy
+from retromae.trainers.methods import get_method
+from retromae.trainers.training.pretraining import load_pretraining_model
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from ..builders import (
@@ -506,6 +508,24 @@ def test_copy_last_layer_fills_only_the_decoder_layers_a_checkpoint_lacks(tmp_pa
     assert all(torch.equal(value, trained[k]) for k, value in more.decoder.layers[0].state_dict().items())
     assert all(torch.equal(value, last[k]) for k, value in more.decoder.layers[1].state_dict().items())
 
+
+
+def test_continuing_with_fewer_decoder_layers_or_a_decoder_init_says_what_happens(tmp_path, caplog):
+    """`retromae pretrain --model CHECKPOINT`: HEAD dropped trained decoder layers, and ignored --decoder-init on a
+    trained decoder, without a word."""
+    bert = BertForMaskedLM(BertConfig(**tiny_bert_kwargs(vocab_size=TINY_VOCAB, max_position_embeddings=64)))
+    bert.save_pretrained(tmp_path / "mlm")
+    RetroMAEForPretraining.from_encoder_checkpoint(tmp_path / "mlm", decoding="basic", num_decoder_layers=2
+                                                   ).save_pretrained(tmp_path / "two")
+    method = get_method("retromae")
+    with caplog.at_level(logging.WARNING):
+        load_pretraining_model(str(tmp_path / "two"), method, {"num_decoder_layers": 1})
+    assert "holds trained decoder parts that this run's decoder lacks (fewer --num-decoder-layers?); they are " \
+           "dropped: ['decoder.layers.1']" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        load_pretraining_model(str(tmp_path / "two"), method, {"decoder_init": "copy_last_layer"})
+    assert "--decoder-init copy_last_layer starts new decoder layers only" in caplog.text
 
 def test_encoder_checkpoint_that_is_not_bert_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", **tiny_bert_kwargs(vocab_size=TINY_VOCAB)}))

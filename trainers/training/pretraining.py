@@ -63,6 +63,19 @@ def attn_implementation_for(choice: str, device_type: str) -> str | None:
     return choice
 
 
+def _report_decoder_continued(model_ref: str, info: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Warn when continuing a checkpoint drops trained decoder parts (fewer decoder layers), and when
+    `--decoder-init copy_last_layer` has no new layer to start (the checkpoint's decoder continues)."""
+    dropped = sorted({".".join(k.split(".")[:3]) for k in info["unexpected_keys"] if k.startswith("decoder.")})
+    if dropped:
+        logger.warning("%s holds trained decoder parts that this run's decoder lacks (fewer --num-decoder-layers?); "
+                       "they are dropped: %s", model_ref, dropped)
+    new_layers = any(k.startswith("decoder.layers.") for k in info["missing_keys"])
+    if settings.get("decoder_init") == "copy_last_layer" and not new_layers:
+        logger.warning("--decoder-init copy_last_layer starts new decoder layers only; %s has a trained decoder, "
+                       "which continues as it is", model_ref)
+
+
 def load_pretraining_model(
     model_ref: str, method: Method, settings: dict[str, Any], attn_implementation: str | None = None
 ):
@@ -86,6 +99,7 @@ def load_pretraining_model(
         model, info = method.model_class.from_pretrained(model_ref, config=config, output_loading_info=True,
                                                          attn_implementation=attn_implementation)
         model.after_encoder_checkpoint_loaded(set(info["missing_keys"]))  # e.g. a decoder grown by a layer
+        _report_decoder_continued(model_ref, info, settings)
         return model
     if (model_type or DEFAULT_ENCODER_TYPE) not in SUPPORTED_ENCODER_TYPES:
         raise ValueError(unsupported_model_message(model_ref, model_type))
