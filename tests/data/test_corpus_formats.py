@@ -9,6 +9,7 @@ import bz2
 import gzip
 import logging
 import lzma
+import os
 import sys
 from pathlib import Path
 
@@ -529,3 +530,14 @@ def test_a_bad_jsonl_line_is_one_error_without_the_builders_log(tmp_path, caplog
         read_corpus(path)
     assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
     assert "Reading" in caplog.text and "line by line" in caplog.text  # the fallback did run
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_read_again(tmp_path):
+    """HEAD keyed the cache by size and mtime only: a same-size edit copied with its mtime (`cp -p`) read the old text."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("apple banana cherry\ndog elephant fish\n")
+    os.utime(corpus, ns=(1_577_836_800_000_000_000,) * 2)
+    assert texts_of(read_corpus(str(corpus))) == ["apple banana cherry", "dog elephant fish"]
+    corpus.write_text("grape horses cherry\ndog elephant bird\n")
+    os.utime(corpus, ns=(1_577_836_800_000_000_000,) * 2)
+    assert texts_of(read_corpus(str(corpus))) == ["grape horses cherry", "dog elephant bird"]

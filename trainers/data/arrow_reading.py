@@ -62,7 +62,7 @@ class ReadLineByLine(Exception):
     """A builder's reading of a file cannot be trusted to match ours: read it line by line instead."""
 
 
-def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, code: str) -> datasets.Dataset:
+def read_with_builder(sources: list[tuple[str, str, int, str]], column: str, code: str) -> datasets.Dataset:
     """Files of one format through ``datasets``' own json, text or parquet builder, each table formed into passages
     as our reader forms them (title joined, whitespace collapsed, blank ones dropped) before the builder writes it:
     the cache holds one copy of the corpus. `code` (the readers' fingerprint) and `column` key that cache.
@@ -88,7 +88,8 @@ def read_with_builder(sources: list[tuple[str, str, int, int]], column: str, cod
         options = {"batch_size": PARQUET_BATCH_ROWS}  # not a whole row group (up to 1M rows by default) at once
     kind = PASSAGE_BUILDERS[fmt]
     builder = kind(data_files=paths, features=PASSAGE_FEATURES, dataset_name=f"retromae_passages_{kind.packaged}",
-                   passage_column=column, passage_code=code, **options)
+                   passage_column=column, passage_code=":".join([code, *(str(source[3]) for source in sources)]),
+                   **options)  # the files' stamps (`describe_file`): datasets keys its cache by path and mtime only
     json_logger = logging.getLogger("datasets.packaged_modules.json.json")
     json_logger.addFilter(_no_builder_errors)  # a failed read goes line by line, which names the line at fault
     try:

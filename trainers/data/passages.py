@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import codecs
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -300,8 +301,9 @@ TextFormat = Literal["auto", "lines", "blocks"]
 TEXT_FORMATS = ("auto", "lines", "blocks")
 
 
-def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, int]:
-    """``(path, format, size, mtime_ns)``: the format resolved, size and mtime so edits invalidate the cache."""
+def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, str]:
+    """``(path, format, size, stamp)``: the format resolved; size and stamp (mtime and a digest of the file's first and
+    last 64 KiB) so that edits invalidate the cache, also those that keep size and mtime (``cp -p`` of an edited copy)."""
     stat = path.stat()
     suffix, compression = split_name(path)
     if suffix == ".jsonl":
@@ -316,7 +318,18 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, i
     else:
         raise CorpusError(f"{str(path)!r}: unsupported file type {suffix + compression!r}; use a .txt, .jsonl or "
                         f".parquet file (.txt and .jsonl may be compressed: {', '.join(COMPRESSED_SUFFIXES)})")
-    return str(path.resolve()), fmt, stat.st_size, stat.st_mtime_ns
+    return str(path.resolve()), fmt, stat.st_size, f"{stat.st_mtime_ns}:{_ends_digest(path, stat.st_size)}"
+
+
+def _ends_digest(path: Path, size: int, span: int = 1 << 16) -> str:
+    """sha256 of the first and last `span` bytes: a cheap content check (128 KiB read) for a file of any size."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        digest.update(file.read(span))
+        if size > span:
+            file.seek(max(size - span, span))
+            digest.update(file.read(span))
+    return digest.hexdigest()[:16]
 
 
 def _has_blank_separator(path: Path) -> bool:

@@ -329,7 +329,7 @@ def _read_files(
             _generate_passages, features=PASSAGE_FEATURES,
             gen_kwargs={"sources": sources, "code": _reader_fingerprint(), "column": text_column},
         )
-    runs: list[list[tuple[str, str, int, int]]] = []  # consecutive files of one format: one builder call each
+    runs: list[list[tuple[str, str, int, str]]] = []  # consecutive files of one format: one builder call each
     for source in sources:
         if runs and runs[-1][0][1] == source[1]:
             runs[-1].append(source)
@@ -344,7 +344,7 @@ def _read_files(
     return corpus
 
 
-def _read_run(sources: list[tuple[str, str, int, int]], column: str) -> datasets.Dataset:
+def _read_run(sources: list[tuple[str, str, int, str]], column: str) -> datasets.Dataset:
     """The passages of files of one format, read by ``datasets``' builder (``read_with_builder``); where it fails,
     or could differ from our reader, by our own line-by-line generator, which names the file and line of an error
     (``.parquet`` has no lines: its errors are the builder's)."""
@@ -437,7 +437,7 @@ def _reader_fingerprint() -> str:
 
 
 def _generate_passages(
-    sources: list[tuple[str, str, int, int]] | tuple[tuple[str, str, int, int], ...],
+    sources: list[tuple[str, str, int, str]] | tuple[tuple[str, str, int, str], ...],
     code: str = "",
     require_passages: bool = False,
     column: str = "text",
@@ -449,7 +449,7 @@ def _generate_passages(
     may legitimately be empty).
     """
     count = 0
-    for path, fmt, _size, _mtime in sources:
+    for path, fmt, _size, _stamp in sources:
         for _line_no, text in file_passages(path, fmt, column):
             count += 1
             yield {"text": text}
