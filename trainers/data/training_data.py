@@ -38,6 +38,10 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
         return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")
     dataset = load_tokenized_corpus(inputs.corpus, tokenizer, max_seq_length=inputs.max_seq_length,
                                     streaming=inputs.streaming)  # a saved, pre-tokenised corpus; None for text
+    if dataset is not None and inputs.packing:  # packing happens while tokenizing, which this corpus is past
+        raise ValueError(f"--packing applies while a corpus is tokenized, and {inputs.corpus} is already tokenized "
+                         "(its rows train as saved): drop --packing, or tokenize the text again with --packing "
+                         "--save-tokenized FOLDER")
     if dataset is None:
         texts = read_corpus(inputs.corpus, text_format=inputs.text_format, streaming=inputs.streaming,
                             text_column=inputs.text_column, config=inputs.corpus_config, split=inputs.corpus_split,
