@@ -122,6 +122,12 @@ def test_sharding_presets_load_by_name_and_by_readme_path_outside_the_source_tre
     (tmp_path / "run.yaml").write_text("deepspeed: deepspeed-zero2\n")
     run = pretrain_arguments([*common, "--output-dir", "c", "--config", "run.yaml"])
     assert Path(run.training.deepspeed) == CONFIGS / "deepspeed-zero2.json"
-    with pytest.raises(UserError, match=r"--deepspeed zero5: no such file and no bundled preset of that name; give a "
-                                        r"JSON file, or one of deepspeed-zero2, deepspeed-zero3, fsdp-bert"):
+    with pytest.raises(UserError, match=r"--deepspeed zero5: no such file and no deepspeed preset of that name; give "
+                                        r"a JSON file, or one of deepspeed-zero2, deepspeed-zero3$"):
         pretrain_arguments([*common, "--output-dir", "d", "--deepspeed", "zero5"])
+    # another flag's preset, and a file that is not a JSON object (HEAD: DeepSpeed's or json's message, no file)
+    with pytest.raises(UserError, match=r"--deepspeed fsdp-bert: .*\(fsdp-bert is a preset of the other flag\)"):
+        pretrain_arguments([*common, "--output-dir", "e", "--deepspeed", "fsdp-bert"])
+    (tmp_path / "lines.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    with pytest.raises(UserError, match=r"--deepspeed .*lines.jsonl: not a JSON file \(Extra data"):
+        pretrain_arguments([*common, "--output-dir", "f", "--deepspeed", str(tmp_path / "lines.jsonl")])

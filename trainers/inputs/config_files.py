@@ -126,14 +126,31 @@ JSON_PRESET_OPTIONS = ("deepspeed", "fsdp_config")
 def json_preset_path(value: Any, flag: str) -> Any:
     """`value` of a JSON-file option (`JSON_PRESET_OPTIONS`) with a bundled preset's name (`deepspeed-zero3`) or
     README path (`configs/deepspeed-zero3.json`) replaced by the installed file; a file, JSON text or a mapping as
-    given. A name that is none of these is refused (`UserError`), listing the presets."""
-    if not isinstance(value, str) or not value or value.lstrip().startswith("{") or Path(value).expanduser().is_file():
+    given. Refused (`UserError`): a name that is none of these (listing the presets of the flag's kind), another
+    flag's preset, a file that is not one JSON object."""
+    if not isinstance(value, str) or not value or value.lstrip().startswith("{"):
+        return value
+    kind = "fsdp" if "fsdp" in flag else "deepspeed"  # a preset's name starts with its flag's kind
+    if Path(value).expanduser().is_file():
+        _check_json_object(Path(value).expanduser(), flag)
         return value
     preset = bundled_preset(value, ".json")
-    if preset is not None:
+    if preset is not None and preset.stem.startswith(kind):
         return str(preset)
-    raise UserError(f"{flag} {value}: no such file and no bundled preset of that name; give a JSON file, or one of "
-                    f"{', '.join(preset_names('.json'))}")
+    other = f" ({value} is a preset of the other flag)" if preset is not None else ""
+    names = [name for name in preset_names(".json") if name.startswith(kind)]
+    raise UserError(f"{flag} {value}: no such file and no {kind} preset of that name{other}; give a JSON "
+                    f"file, or one of {', '.join(names)}")
+
+
+def _check_json_object(path: Path, flag: str) -> None:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UserError(f"{flag} {path}: not a JSON file ({' '.join(str(error).split())}); give a JSON config "
+                        "such as the bundled presets") from None
+    if not isinstance(loaded, dict):
+        raise UserError(f"{flag} {path}: holds a JSON {type(loaded).__name__}, not an object of config keys")
 
 
 def with_json_presets(parser: argparse.ArgumentParser, argv: list[str], file_values: dict[str, Any]
