@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
+from retromae.trainers.commands import pretrain as pretrain_command
 from retromae.trainers.inputs.pretrain_options import pretrain_arguments
 from retromae.trainers.training import lock as lock_module
 from retromae.trainers.training.lock import LOCK_NAME, folder_lock
@@ -414,6 +415,20 @@ def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tiny
         f"retromae pretrain: interrupted before the first checkpoint of {out}; nothing to resume: run the command "
         "again")
 
+
+
+def test_ctrl_c_while_saving_a_tokenized_corpus_names_that_folder(tiny_bert, corpus, tmp_path, monkeypatch, capsys):
+    """HEAD named the default --output-dir (out/retromae), which --save-tokenized never uses."""
+    def interrupted(run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pretrain_command, "save_tokenized", interrupted)
+    folder = tmp_path / "ids"
+    assert _main_interrupted(pretrain_args(tiny_bert, corpus, tmp_path / "unused", "--save-tokenized",
+                                           str(folder))) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"retromae pretrain: interrupted while tokenizing into {folder}, which is left as it was: run the command "
+        "again")
 
 def test_the_summary_names_what_the_checkpoint_holds_besides_the_encoder(tiny_bert, corpus, tmp_path, capsys):
     """HEAD said `decoder included` for BoW, which has none (its heads: the MLM and bag-of-words predictions)."""

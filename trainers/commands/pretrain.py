@@ -75,6 +75,8 @@ def pretrain(argv: list[str]) -> int:
     if args.dataloader_pin_memory and args.device.type == "cpu":
         args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader
     if run.data.save_tokenized:
+        INTERRUPTED_HINT.set(lambda: f"interrupted while tokenizing into {run.data.save_tokenized}, which is left as "
+                                     "it was: run the command again")
         return save_tokenized(run)
     if run.data.streaming and args.max_steps <= 0:
         raise UserError("--streaming needs --max-steps (a streamed corpus has no length)")
