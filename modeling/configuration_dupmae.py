@@ -75,10 +75,8 @@ class DupMAEConfig(RetroMAEConfig):
             self.query_top_k,
             self.ot_activation,
             self.sparse_weight,
-            dense_dim_hint=(
-                f""": set it with --method-options '{{"dense_dim": {self.hidden_size}}}' """
-                "(or method_options: dense_dim in a config)"
-            ),
+            set_hint=lambda name, value: (f""": set it with --method-options '{{"{name}": {value}}}' (or """
+                                          f"method_options: {name} in a config)"),
         )
         if self.special_token_ids is not None:
             bad = [i for i in self.special_token_ids if not 0 <= i < self.vocab_size]

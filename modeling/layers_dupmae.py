@@ -3,6 +3,7 @@ mu, the vocabulary logits max-pooled over the ordinary tokens (eq. 6-7), its top
 [W h ; top-k(mu)] embedding. Imports torch only, none of our files: it ships alone beside `st_dupmae.py`.
 """
 
+from collections.abc import Callable
 from typing import Literal, get_args
 
 import torch
@@ -207,10 +208,11 @@ def check_representation(
     query_top_k: int | None,
     ot_activation: str,
     sparse_weight: float,
-    dense_dim_hint: str = "",
+    set_hint: Callable[[str, int], str] | None = None,
 ) -> None:
-    """`ValueError` naming the setting when the representation's settings do not fit the model; `dense_dim_hint` is
-    appended to the `dense_dim` message."""
+    """`ValueError` naming the setting when the representation's settings do not fit the model; `set_hint(name,
+    value)` (how a user sets it) ends the `dense_dim` and `doc_top_k` messages."""
+    hint = set_hint or (lambda name, value: "")
     if representation not in REPRESENTATIONS:
         raise ValueError(f"representation={representation!r} is not supported; choose one of {REPRESENTATIONS}")
     if ot_activation not in OT_ACTIVATIONS:
@@ -218,7 +220,7 @@ def check_representation(
     if not 1 <= dense_dim <= hidden_size:
         raise ValueError(
             f"dense_dim={dense_dim} must lie in [1, hidden_size={hidden_size}] (d' is a reduction of the [CLS] "
-            f"embedding; a larger d' adds cost but no information){dense_dim_hint}"
+            f"embedding; a larger d' adds cost but no information){hint('dense_dim', hidden_size)}"
         )
     if representation == "cls" and dense_dim != hidden_size:
         raise ValueError(
@@ -226,7 +228,8 @@ def check_representation(
             f"hidden_size={hidden_size}"
         )
     if not 1 <= doc_top_k <= vocab_size:
-        raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}]")
+        raise ValueError(f"doc_top_k={doc_top_k} must lie in [1, vocab_size={vocab_size}]"
+                         f"{hint('doc_top_k', min(max(doc_top_k, 1), vocab_size))}")
     if query_top_k is not None and not 1 <= query_top_k <= vocab_size:
         raise ValueError(f"query_top_k={query_top_k} must be None (full mu) or lie in [1, vocab_size={vocab_size}]")
     if not sparse_weight > 0:

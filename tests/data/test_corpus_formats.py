@@ -107,9 +107,10 @@ def test_hub_options_are_refused_for_a_local_file(tmp_path):
     path = write_file(tmp_path / "c.txt", "a\n")
     with pytest.raises(ValueError, match="--corpus-config and --corpus-revision apply to a Hub dataset"):
         read_corpus(path, config="en", revision="main")
-    with pytest.raises(ValueError, match="--corpus-split apply to a Hub dataset, not to corpus .*c.txt', a local file"):
+    with pytest.raises(ValueError, match=r"--corpus-split applies to a Hub dataset \(--corpus-split also a saved "
+                                         r"DatasetDict\), not to corpus .*c.txt', a local file"):
         read_corpus(path, split="test")
-    with pytest.raises(ValueError, match=r"--corpus-config apply to a Hub dataset, not to the built-in corpus"):
+    with pytest.raises(ValueError, match=r"--corpus-config applies to a Hub dataset, not to the built-in corpus"):
         read_corpus(None, config="en")
 
 

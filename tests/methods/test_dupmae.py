@@ -81,6 +81,9 @@ def test_dense_dim_error_names_the_flag_that_sets_it():
     with pytest.raises((ValueError, StrictDataclassError)) as error:
         tiny_config(dense_dim=384)  # DupMAE's default d' on a model with hidden_size 32
     assert """--method-options '{"dense_dim": 32}'""" in str(error.value)
+    with pytest.raises((ValueError, StrictDataclassError)) as error:  # HEAD: no hint for doc_top_k
+        tiny_config(doc_top_k=40000)  # on a vocabulary of 30,522
+    assert """--method-options '{"doc_top_k": 30522}'""" in str(error.value)
 
 
 def test_config_defaults_and_table4_presets():

@@ -136,7 +136,9 @@ def _refuse_hub_options(source: str | None, hub: HubOptions, split_allowed: bool
     if given:
         what = "the built-in corpus (no --corpus)" if source is None else (
             f"corpus {source!r}, a local {'folder' if Path(source).expanduser().is_dir() else 'file'}")
-        raise ValueError(f"{' and '.join(given)} apply to a Hub dataset, not to {what}; drop {' and '.join(given)}")
+        target = "a Hub dataset (--corpus-split also a saved DatasetDict)" if "--corpus-split" in given else "a Hub dataset"
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(f"{' and '.join(given)} {verb} to {target}, not to {what}; drop {' and '.join(given)}")
 
 
 def _read_source(
