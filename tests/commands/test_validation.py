@@ -225,8 +225,9 @@ def test_best_model_needs_the_validation_folder(tiny_bert, corpus, tmp_path, cap
 
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--eval-strategy", "steps", "--eval-steps", "1"], "--eval-strategy, --eval-steps configure the validation"),
-    (["--eval-on-start", "true"], "--eval-on-start configure the validation"),
+    (["--eval-on-start", "true"], "--eval-on-start configures the validation"),
     (["--eval-split", "test", "--eval-coverage", "true"], "--eval-split, --eval-coverage configure the validation"),
+    (["--eval-split", "dev"], "--eval-split configures the validation"),  # the default, given: HEAD accepted it
     (["--eval-beir-folder", "FOLDER", "--eval-steps", "0"], "--eval-steps 0.0: give a positive number"),
     (["--eval-beir-folder", "FOLDER", "--eval-steps", "-2"], "--eval-steps -2.0: give a positive number"),
     (["--eval-beir-folder", "FOLDER", "--per-device-eval-batch-size", "0"],  # HEAD: every evaluation failed

@@ -335,7 +335,7 @@ def pretrain_arguments(argv: list[str]) -> PretrainRun:
                             "FOLDER and --metric-for-best-model ndcg@10") from None
         raise UserError(" ".join(str(error).replace("_", "-").split())) from None
     _check_options_read(given, data, run)
-    _check_validation_options(training, validation, model.method)
+    _check_validation_options(training, validation, model.method, set(given))
     _check_from_scratch_options(model)
     _check_loss_kernel(training)
     check_extension_length(model.extend_position_embeddings, data.max_seq_length)
@@ -369,7 +369,8 @@ def _check_from_scratch_options(model: ModelArguments) -> None:
                         "--config-overrides max_position_embeddings=N")
 
 
-def _check_validation_options(training: PretrainingArguments, validation: ValidationArguments, method: str) -> None:
+def _check_validation_options(training: PretrainingArguments, validation: ValidationArguments, method: str,
+                              given: set[str]) -> None:
     """Refuse, in one line, validation options the run cannot honour: any without `--eval-beir-folder` (the
     Trainer would stop with a traceback, or they would be ignored), an `--eval-steps` below one, and best-model
     options: `--metric-for-best-model` (which `--load-best-model-at-end` defaults to `loss`) must name a retrieval
@@ -383,10 +384,11 @@ def _check_validation_options(training: PretrainingArguments, validation: Valida
         stray = [flag for flag, used in (
             ("--eval-strategy", training.eval_strategy != "no"), ("--eval-on-start", training.eval_on_start),
             ("--eval-steps", training.eval_steps is not None),
-            *((f"--{name.replace('_', '-')}", getattr(validation, name) != getattr(defaults, name))
+            *((f"--{name.replace('_', '-')}", name in given or getattr(validation, name) != getattr(defaults, name))
               for name in ("eval_split", "eval_max_queries", "eval_coverage"))) if used]
         if stray:
-            raise UserError(f"{', '.join(stray)} configure the validation, which needs --eval-beir-folder FOLDER (a "
+            verb = "configures" if len(stray) == 1 else "configure"
+            raise UserError(f"{', '.join(stray)} {verb} the validation, which needs --eval-beir-folder FOLDER (a "
                             "BEIR folder); add it, or drop them")
     metric = training.metric_for_best_model
     if metric is None:
