@@ -166,7 +166,7 @@ def print_summary(trainer: RetroMAETrainer, output_dir: str, export_dir: str | N
         *([f"  top-1 accuracies ({window}): {accuracies}"] if accuracies else []),
         f"  pre-training checkpoint ({checkpoint_extras(info['method'])} included): {output_dir}",
     ]
-    validated = [line for line in (validation_summary(trainer.state.log_history), best_summary(trainer)) if line]
+    validated = [line for line in (validation_summary(trainer.state.log_history), best_summary(trainer, bool(export_dir))) if line]
     lines[-1:-1] = validated
     if export_dir:
         # our own export, just written; DupMAE's carries its hybrid module as remote code

@@ -376,8 +376,9 @@ def final_save_done(output_dir: str, step: int) -> bool:
     return (Path(output_dir) / "config.json").is_file() and info.get("global_step") == step
 
 
-def best_summary(trainer: RetroMAETrainer) -> str | None:
-    """The summary line of the best checkpoint (`--metric-for-best-model`), or None without that option."""
+def best_summary(trainer: RetroMAETrainer, exported: bool) -> str | None:
+    """The summary line of the best checkpoint (`--metric-for-best-model`), or None without that option; `exported`:
+    the run wrote an export."""
     state, args = trainer.state, trainer.args
     if args.metric_for_best_model is None:
         return None
@@ -385,7 +386,7 @@ def best_summary(trainer: RetroMAETrainer) -> str | None:
         return ("  best checkpoint: none (no evaluation at a saved step succeeded); the final save is the last "
                 "step's")
     name = args.metric_for_best_model.removeprefix("eval_")
-    where = ("; the final save and export are its weights" if args.load_best_model_at_end
+    where = (f"; the final save{' and export are' if exported else ' is'} its weights" if args.load_best_model_at_end
              else "; the final save is the last step's (--load-best-model-at-end loads the best)")
     return (f"  best checkpoint: step {state.best_global_step}, {name} {state.best_metric:.4f} "
             f"({state.best_model_checkpoint}){where}")
