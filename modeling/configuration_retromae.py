@@ -117,6 +117,10 @@ class RetroMAEConfig(BertConfig):
             )
         if not 1 <= self.num_decoder_layers <= 3:
             raise ValueError(f"num_decoder_layers={self.num_decoder_layers} must be 1, 2 or 3")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id={self.mask_token_id} is no id of the vocabulary (0 to "
+                             f"{self.vocab_size - 1}, vocab_size={self.vocab_size}); set it from the tokenizer: "
+                             "mask_token_id=tokenizer.mask_token_id")
         check_loss_settings(self)
 
 

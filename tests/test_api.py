@@ -159,3 +159,80 @@ def test_only_the_rows_of_a_selected_view_count_for_the_position_limit(tmp_path,
     make_trainer(tmp_path, tokenizer, short)
     with pytest.raises(ValueError, match="longest sequence: 200 tokens"):
         make_trainer(tmp_path, tokenizer, rows)
+
+
+# ---- the Python API refuses values of the wrong type, naming the parameter ----------------------------------------
+
+
+@pytest.mark.parametrize(("option", "value"), [("overwrite", "no"), ("use_cpu", "no"), ("gather_across_devices", 1)])
+def test_finetune_refuses_bool_options_that_are_no_bools(tmp_path, option, value):
+    """HEAD read the string "no" as true: `overwrite="no"` replaced an existing fine-tuned model."""
+    with pytest.raises(TypeError, match=rf"^retromae.finetune: {option}={re.escape(repr(value))} is not a bool; give "
+                                        r"True or False$"):
+        retromae.finetune(tmp_path / "model", tmp_path / "data", tmp_path / "out", **{option: value})
+
+
+def test_the_trainer_refuses_training_arguments_whose_bools_are_no_bools(tmp_path, tokenizer, bert_rows):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(str(tmp_path), report_to="none", use_cpu=True)
+    args.disable_tqdm = "no"
+    with pytest.raises(TypeError, match=r"^TrainingArguments: disable_tqdm='no' is not a bool; give True or False$"):
+        retromae.RetroMAETrainer(model=tiny_model(), args=args, train_dataset=bert_rows,
+                                 data_collator=retromae.PretrainingCollator(tokenizer))
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: retromae.read_corpus(123), r"^read_corpus: source=123 \(int\) is not a path; give one path or Hub dataset"),
+    (lambda: retromae.read_corpus(["a.jsonl", "b.txt"]), r"^read_corpus: source=\['a.jsonl', 'b.txt'\] \(list\) "
+                                                         r"is not a path; .*put them in one folder"),
+    (lambda: retromae.read_corpus(None, streaming="no"), r"^read_corpus: streaming='no' is not a bool"),
+    (lambda: retromae.export_sentence_transformer(5, "out"), r"^export_sentence_transformer: checkpoint=5 \(int\) "
+                                                             r"is not a path; .*export_from_model"),
+    (lambda: retromae.export_sentence_transformer("ckpt", "out", overwrite="no"),
+     r"^export_sentence_transformer: overwrite='no' is not a bool"),
+    (lambda: retromae.finetune(123, "data", "out"), r"^retromae.finetune: model=123 \(int\) is not a path"),
+    (lambda: retromae.finetune("model", None, "out"), r"^retromae.finetune: train_data=None \(NoneType\) is not a path"),
+    (lambda: retromae.finetune("model", "data", None), r"^retromae.finetune: output_dir=None \(NoneType\) is not a "
+                                                       r"path; give a str or os.PathLike$"),
+    (lambda: retromae.PretrainingCollator(None), r"^PretrainingCollator: tokenizer=None is not a tokenizer"),
+    (lambda: retromae.PretrainingCollator("models/bert"), r"^PretrainingCollator: tokenizer='models/bert' is not a "
+                                                          r"tokenizer; .*AutoTokenizer.from_pretrained\('models/bert'\)$"),
+])
+def test_wrong_types_name_the_parameter(call, match):
+    """HEAD: pathlib's "expected str, bytes or os.PathLike object, not int", or the collator's misleading "the
+    tokenizer has no pad_token_id"."""
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(("option", "value", "kind"), [("mask_ratio", "0.3", "a number"),
+                                                       ("whole_word_mask", "no", "a bool"),
+                                                       ("max_length", 32.0, "a whole number")])
+def test_the_collator_refuses_options_of_the_wrong_type(tokenizer, option, value, kind):
+    """HEAD: mask_ratio="0.3" failed on `'<' not supported between instances of 'float' and 'str'`."""
+    with pytest.raises(TypeError, match=rf"^PretrainingCollator: {option}={re.escape(repr(value))} is not {kind}"):
+        retromae.PretrainingCollator(tokenizer, **{option: value})
+
+
+def test_the_trainer_refuses_a_model_that_is_no_pretraining_model(tmp_path, tokenizer, bert_rows):
+    """HEAD failed inside transformers: `unsupported operand type(s) for /: 'NoneType' and 'int'` for a
+    BertForMaskedLM, `'str' object has no attribute 'to'` for a path."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from .builders import tiny_bert_kwargs
+
+    for model, got in ((BertForMaskedLM(BertConfig(**tiny_bert_kwargs())), "BertForMaskedLM"),
+                       ("models/bert", "str 'models/bert'")):
+        with pytest.raises(TypeError, match=r"^RetroMAETrainer needs a retromae \*ForPretraining model \(e.g. "
+                                            rf"RetroMAEForPretraining.from_encoder_checkpoint\(path\)\); got {got}$"):
+            make_trainer(tmp_path, tokenizer, bert_rows, model=model)
+
+
+def test_basic_decoding_with_another_mask_id_than_the_collator_is_refused(tmp_path, tokenizer, bert_rows):
+    """HEAD trained: the decoder input was masked with [unused2] (id 7) instead of [MASK] (103)."""
+    with pytest.raises(ValueError, match=r"^model.config.mask_token_id 7 is not the collator tokenizer's mask id 103 "
+                                         r".*mask_token_id=tokenizer.mask_token_id$"):
+        make_trainer(tmp_path, tokenizer, bert_rows, model=tiny_model(decoding="basic", mask_token_id=7))
+    make_trainer(tmp_path, tokenizer, bert_rows, model=tiny_model(decoding="basic", mask_token_id=103))
+    make_trainer(tmp_path, tokenizer, bert_rows, model=tiny_model(mask_token_id=7))  # enhanced decoding reads no id

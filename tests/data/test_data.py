@@ -382,6 +382,21 @@ def test_tokenize_needs_text_column(tokenizer):
         tokenize_corpus(datasets.Dataset.from_dict({"body": ["a"]}), tokenizer, max_seq_length=16)
 
 
+def test_tokenize_refuses_a_text_column_of_no_strings_as_the_command_line_does(tokenizer):
+    """HEAD: transformers' "text input must be of type `str`"; the command line named the column's type."""
+    with pytest.raises(CorpusError, match=r"^dataset 'the corpus': the 'text' column holds Value\('int64'\), not "
+                                          r"strings; save one passage string per row"):
+        tokenize_corpus(datasets.Dataset.from_dict({"text": [1, 2]}), tokenizer, max_seq_length=32)
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_tokenize_packing_must_be_a_bool(tokenizer, value):
+    """HEAD packed with packing="no" (a non-empty string is true)."""
+    with pytest.raises(TypeError, match=rf"^tokenize_corpus: packing={re.escape(repr(value))} is not a bool; give "
+                                        r"True or False$"):
+        tokenize_corpus(datasets.Dataset.from_dict({"text": ["a b"] * 8}), tokenizer, max_seq_length=32, packing=value)
+
+
 def test_tokenize_max_seq_length_too_small(tokenizer):
     with pytest.raises(ValueError, match="max_seq_length=2"):
         tokenize_corpus(datasets.Dataset.from_dict({"text": ["a"]}), tokenizer, max_seq_length=2)

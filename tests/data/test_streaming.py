@@ -4,10 +4,12 @@ the seeded shuffle buffer of a stream (`--shuffle-buffer`) and the per-rank spli
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
 import retromae.trainers.data.training_data as training_data_module
+import torch
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.trainers.cli import main
 from retromae.trainers.data.collator import DataInputs
@@ -15,6 +17,7 @@ from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.data.tokenize import load_tokenized_corpus, rank_stream, shuffle_stream, tokenize_corpus
 from retromae.trainers.data.training_data import corpus_training_data
 from retromae.trainers.inputs.pretrain_options import pretrain_arguments
+from safetensors.torch import load_file
 
 from ..builders import SENTENCES, pretrain_args, write_lines
 
@@ -162,9 +165,9 @@ def test_a_saved_tokenized_corpus_is_read_as_saved(tokenizer, corpus, saved):
 
 def test_a_run_from_the_saved_folder_trains_as_the_run_from_the_text(tiny_bert, corpus, saved, tmp_path):
     losses = {}
-    for name, source in (("text", corpus), ("folder", saved)):
+    for name, source, packing in (("text", corpus, ["--packing", "true"]), ("folder", saved, [])):  # saved packed
         out = tmp_path / name
-        assert main(pretrain_args(tiny_bert, source, out, "--packing", "true", "--no-export", "true")) == 0
+        assert main(pretrain_args(tiny_bert, source, out, *packing, "--no-export", "true")) == 0
         state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
         losses[name] = [(entry["step"], entry["loss"]) for entry in state["log_history"] if "loss" in entry]
     assert len(losses["text"]) == 4 and losses["folder"] == losses["text"]
@@ -195,8 +198,6 @@ def test_a_saved_corpus_without_word_starts_masks_tokens(tokenizer, tmp_path):
 def resumed_like_unbroken(tiny_bert, corpus, tmp_path, *flags: str) -> tuple[list, list]:
     """Trains 4 steps, and again from the first run's checkpoint-2; returns both runs' losses after step 2, after
     checking that their final weights agree."""
-    from safetensors.torch import load_file
-
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     stream = ("--streaming", "true", "--no-export", "true", *flags)
     assert main(pretrain_args(tiny_bert, corpus, full, *stream)) == 0
@@ -243,6 +244,36 @@ def test_a_resumed_shuffled_stream_continues_without_replay(tiny_bert, corpus, t
     monkeypatch.setattr(transformers.trainer, "skip_first_batches", lambda *a, **k: pytest.fail("replayed"))
     losses, _ = resumed_like_unbroken(tiny_bert, corpus, tmp_path, "--shuffle-buffer", "16")
     assert [step for step, _ in losses[1]] == [3, 4]
+
+
+def logged_losses(run: Path, step: int) -> list[tuple[int, float]]:
+    """(step, loss) of every step logged in `run`'s checkpoint-`step`."""
+    history = json.loads((run / f"checkpoint-{step}" / "trainer_state.json").read_text())["log_history"]
+    return [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
+
+
+@pytest.mark.parametrize("flags", [("--shuffle-buffer", "0"), ("--shuffle-buffer", "8", "--stream-resume", "replay")],
+                         ids=["saved-position", "replay"])
+def test_a_stream_resumed_after_its_first_pass_trains_as_the_unbroken_run(tiny_bert, tmp_path, flags):
+    """10 rows at batch 4 are 3 batches a pass. Resumed at the end of the first pass (checkpoint-3) or inside the
+    second (checkpoint-5), a run trains on the unbroken run's rows: the same loss at every step, the same weights.
+    HEAD resumed the stream in its first pass (`set_epoch(0)`): the saved position, of epoch 1, was ignored and the
+    stream read from its start; a replay skipped the checkpoint's batches in the first pass; a position at the end of
+    a pass broke the DataLoader."""
+    corpus = write_lines(tmp_path / "corpus.txt", numbered(10))
+    stream = ("--streaming", "true", "--no-export", "true", "--max-steps", "7", "--save-steps", "1",
+              "--save-total-limit", "8", *flags)
+    full = tmp_path / "full"
+    assert main(pretrain_args(tiny_bert, corpus, full, *stream)) == 0
+    unbroken = load_file(str(full / "model.safetensors"))
+    for checkpoint in (3, 5):
+        resumed = tmp_path / f"resumed-{checkpoint}"
+        assert main(pretrain_args(tiny_bert, corpus, resumed, *stream, "--resume-from-checkpoint",
+                                  str(full / f"checkpoint-{checkpoint}"))) == 0
+        assert logged_losses(resumed, 7) == logged_losses(full, 7), f"from checkpoint-{checkpoint}"
+        weights = load_file(str(resumed / "model.safetensors"))
+        assert weights.keys() == unbroken.keys()
+        assert all(torch.equal(weights[key], unbroken[key]) for key in unbroken), f"from checkpoint-{checkpoint}"
 
 
 def test_save_tokenized_writes_a_corpus_any_run_trains_from(tiny_bert, corpus, tokenizer, tmp_path, capsys):

@@ -57,6 +57,15 @@ def test_invalid_config_names_the_field(kwargs, field):
         tiny_config(**kwargs)
 
 
+@pytest.mark.parametrize("mask_token_id", [10**6, 30522, -1])
+def test_a_mask_token_id_outside_the_vocabulary_is_refused(tiny_bert, mask_token_id):
+    """HEAD built the model; basic decoding then failed inside torch's embedding ("index out of range in self")."""
+    with pytest.raises((ValueError, StrictDataclassError), match=rf"mask_token_id={mask_token_id} is no id of the "
+                                                                 r"vocabulary \(0 to 30521, vocab_size=30522\)"):
+        RetroMAEForPretraining.from_encoder_checkpoint(str(tiny_bert), mask_token_id=mask_token_id, decoding="basic")
+    assert tiny_config(mask_token_id=TINY_VOCAB - 1).mask_token_id == TINY_VOCAB - 1  # the last id is one
+
+
 def test_whole_numbers_are_accepted_for_weights_and_ratios_of_every_method():
     """HEAD refused `bow_loss_weight=1` ("expected float, got int"), which --method-options and config.json give."""
     from retromae.modeling.configuration_bow import BoWConfig

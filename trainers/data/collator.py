@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from retromae.modeling.configuration_retromae import check_ratio
 
+from ..inputs.parameters import check_bool, check_number
 from .reading import TextFormat
 from .token_rows import RowBatch
 
@@ -90,6 +92,7 @@ class PretrainingCollator:
     )
 
     def __post_init__(self) -> None:
+        self._check_types()
         check_ratio("mask_ratio", self.mask_ratio)
         for name in ("replace_with_mask", "replace_with_random"):
             if not 0.0 <= getattr(self, name) <= 1.0:
@@ -107,6 +110,19 @@ class PretrainingCollator:
         self._special_ids = torch.tensor(sorted(set(self.tokenizer.all_special_ids)), dtype=torch.long)
         vocab = torch.arange(len(self.tokenizer))
         self._random_ids = vocab[~torch.isin(vocab, self._special_ids)]
+
+    def _check_types(self) -> None:
+        """Refuse a tokenizer that is none (None, its path) and options of the wrong type, naming the parameter."""
+        if not hasattr(self.tokenizer, "all_special_ids"):
+            fix = (f"load it first: AutoTokenizer.from_pretrained({os.fspath(self.tokenizer)!r})"
+                   if isinstance(self.tokenizer, str | os.PathLike) else "e.g. AutoTokenizer.from_pretrained(model)")
+            raise TypeError(f"PretrainingCollator: tokenizer={self.tokenizer!r} is not a tokenizer; pass the one that "
+                            f"tokenized the rows, {fix}")
+        for name in ("mask_ratio", "replace_with_mask", "replace_with_random"):
+            check_number("PretrainingCollator", name, getattr(self, name))
+        for name in ("pad_to_multiple_of", "max_length"):
+            check_number("PretrainingCollator", name, getattr(self, name), integer=True, optional=True)
+        check_bool("PretrainingCollator", "whole_word_mask", self.whole_word_mask)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return self.mask_batch(self.pad(features), self.generator)

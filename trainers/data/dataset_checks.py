@@ -1,12 +1,14 @@
-"""Checks of tokenized training data against the model and tokenizer: ids in range, one tokenizer on both sides,
-the longest sequence."""
+"""Checks of what `RetroMAETrainer` is given: a pre-training model, tokenized training data, ids in range, one
+tokenizer on both sides (the mask id of basic decoding included), the longest sequence."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import datasets
 import pyarrow.compute as pc
+from retromae.modeling.pretraining_base import PretrainingBase
 
 
 def check_tokenized(dataset: Any, name: str) -> None:
@@ -42,6 +44,41 @@ def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
     raise ValueError(f"data_collator's tokenizer {described(collator_tokenizer)} is not processing_class "
                      f"{described(tokenizer)}; build the collator from the same tokenizer: "
                      "PretrainingCollator(processing_class, ...)")
+
+
+def check_pretraining_inputs(model: Any, model_init: Any, data_collator: Any) -> None:
+    """Refuse a model that is not one of the package's pre-training models (a base masked LM, a path: the Trainer
+    would fail deep inside transformers), and one whose mask id does not fit the collator's tokenizer
+    (`check_mask_token`). A `model_init` in place of the model is left to the Trainer.
+
+    Raises:
+        TypeError: naming the model's type and the class to build.
+        ValueError: from `check_mask_token`.
+    """
+    if model is None and model_init is not None:
+        return
+    if not isinstance(model, PretrainingBase):
+        path = f" {model!r}" if isinstance(model, str | os.PathLike) else ""
+        raise TypeError(f"RetroMAETrainer needs a retromae *ForPretraining model (e.g. "
+                        f"RetroMAEForPretraining.from_encoder_checkpoint(path)); got {type(model).__name__}{path}")
+    tokenizer = getattr(data_collator, "tokenizer", None)
+    if tokenizer is not None:
+        check_mask_token(model.config, tokenizer)
+
+
+def check_mask_token(config: Any, tokenizer: Any) -> None:
+    """Refuse a model whose basic decoding masks the decoder input with another id (`config.mask_token_id`) than the
+    collator's tokenizer uses: it would train on another token in its place without a word.
+
+    Raises:
+        ValueError: naming both ids and the fix.
+    """
+    mask_id = getattr(config, "mask_token_id", None)
+    if getattr(config, "decoding", None) != "basic" or mask_id is None or mask_id == tokenizer.mask_token_id:
+        return
+    raise ValueError(f"model.config.mask_token_id {mask_id} is not the collator tokenizer's mask id "
+                     f"{tokenizer.mask_token_id} (basic decoding masks its input with it); build the model with "
+                     "mask_token_id=tokenizer.mask_token_id")
 
 
 def longest_sequence(dataset: Any) -> int | None:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
 from ..inputs.io import iter_jsonl, json_type
+from ..inputs.parameters import check_bool, check_path
 from .arrow_reading import PASSAGE_FEATURES, FormsPassages, passages_batch, read_with_builder, select_text_column
 from .builtin import builtin_corpus
 from .passages import (
@@ -111,7 +112,12 @@ def read_corpus(
             is not JSON or has no string ``"text"``; the message gives the file and 1-based line), a folder holds
             files of other types (which would be left out) or a looping link, or the corpus holds no passage at all.
         ValueError: ``text_format`` is not one of ``"auto"``, ``"lines"``, ``"blocks"``.
+        TypeError: ``source`` is not a str, ``os.PathLike`` or None, or ``streaming`` not a bool.
     """
+    if source is not None:
+        check_path("read_corpus", "source", source, "give one path or Hub dataset name (several files: put them in "
+                   "one folder, which is read whole), or None for the built-in corpus")
+    check_bool("read_corpus", "streaming", streaming)
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"text_format={text_format!r} is not one of {TEXT_FORMATS}")
     hub = HubOptions(config, split, revision)

@@ -16,6 +16,8 @@ import datasets
 import pyarrow.compute as pc
 from datasets.distributed import split_dataset_by_node
 
+from ..inputs.parameters import check_bool
+from .arrow_reading import check_text_column
 from .dataset_checks import longest_sequence
 from .reading import code_fingerprint
 
@@ -75,13 +77,16 @@ def tokenize_corpus(
         0 for the continuation pieces of a word). All input columns are removed.
 
     Raises:
-        TypeError: ``dataset`` is none of the accepted types, or ``max_seq_length`` is not an integer.
+        TypeError: ``dataset`` is none of the accepted types, ``max_seq_length`` is not an integer or ``packing``
+            not a bool.
         ValueError: The tokenizer is not fast, ``max_seq_length`` leaves no room for an ordinary token, or
             ``num_proc`` is below 1.
+        ValueError: The ``"text"`` column does not hold strings.
         ValueError: No sequence is left (every passage is empty; not checked for an ``IterableDataset``), or the
             text is mostly ``[UNK]``. The message names the corpus (``info.dataset_name``, see :func:`read_corpus`).
     """
     dataset = _as_dataset(dataset)
+    check_bool("tokenize_corpus", "packing", packing)
     if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, numbers.Integral):
         raise TypeError(f"tokenize_corpus: max_seq_length={max_seq_length!r} is not a whole number of tokens; pass an "
                         "int, e.g. max_seq_length=256")
@@ -122,6 +127,8 @@ def tokenize_corpus(
     # read_corpus names its datasets; another one may carry only its builder's name ("generator", "json")
     source = dataset.info.dataset_name if dataset.info.dataset_name != dataset.info.builder_name else None
     source = source or "the corpus"
+    if dataset.features is not None:  # the command line's check: a list of two strings would be a sentence pair
+        check_text_column(dataset.features, source, "text")
     if isinstance(dataset, datasets.IterableDataset):
         tokenized = dataset.map(
             _tokenize_batch, batched=True, fn_kwargs=fn_kwargs, remove_columns=dataset.column_names, features=features

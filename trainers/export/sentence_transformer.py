@@ -43,6 +43,7 @@ from ..inputs.checkpoints import (
 from ..inputs.folders import check_model_folder, is_trainer_checkpoint, public_name
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import atomic_folder, claim_output, model_holding
+from ..inputs.parameters import check_bool, check_path
 from ..inputs.sentence_models import check_pooling, load_sentence_transformer
 from ..methods import METHODS, Method, get_method, method_of_config, method_of_folder
 from ..training.sharding import is_sharded
@@ -90,7 +91,12 @@ def export_sentence_transformer(
     Raises:
         ValueError: the folder is not a complete checkpoint of one of our methods, or
             `output_dir` exists and `overwrite` is False.
+        TypeError: a path that is no str or `os.PathLike`, or an `overwrite` that is not a bool.
     """
+    check_path("export_sentence_transformer", "checkpoint", checkpoint, "give the checkpoint folder (a str or "
+               "os.PathLike); for a model in memory use export_from_model(model, tokenizer, output_dir)")
+    check_path("export_sentence_transformer", "output_dir", output_dir)
+    check_bool("export_sentence_transformer", "overwrite", overwrite)
     check_pooling(pooling, similarity)
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)

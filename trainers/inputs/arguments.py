@@ -35,6 +35,7 @@ from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_availab
 from .config_files import add_config_option, config_argument, merge_file_mappings, split_config, with_json_presets
 from .errors import UserError
 from .folders import COMMAND_INPUTS
+from .parameters import check_bool_options
 
 logger = logging.getLogger(__name__)
 
@@ -283,14 +284,15 @@ def check_training_arguments(args: Any) -> None:
         args: a `TrainingArguments`, or the namespace its flags parse into (read before the dataclass is built).
 
     Raises:
-        TypeError: a number field of a `TrainingArguments` that holds something else (`_check_number_fields`; the
-            command line's namespace holds what argparse converted).
+        TypeError: a number or bool field of a `TrainingArguments` that holds something else (`_check_number_fields`,
+            `parameters.check_bool_options`; the command line's namespace holds what argparse converted).
         UserError: one line naming the flag, its value and the fix. `--max-steps` takes a positive number or -1
             (transformers' "not set": train for --num-train-epochs); 0 would train one step and other negative
             values every epoch.
     """
     if isinstance(args, TrainingArguments):
         _check_number_fields(args)
+        check_bool_options("TrainingArguments", type(args), vars(args))
     max_steps = getattr(args, "max_steps", -1)
     if max_steps == 0 or max_steps < -1:
         raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "

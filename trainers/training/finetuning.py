@@ -48,6 +48,7 @@ from ..inputs.finetune_options import (
 from ..inputs.folders import is_hub_id
 from ..inputs.io import read_json_or_empty, write_json_atomic
 from ..inputs.outputs import claim_output, model_holding
+from ..inputs.parameters import check_bool_options, check_path
 from ..inputs.sentence_models import save_without_pooler
 from ..methods import hybrid_method_of
 from ..retrieval.beir import (
@@ -465,8 +466,12 @@ def finetune(
         The output folder and the run record (`FinetuneResult`).
 
     Raises:
+        TypeError: a path that is no str or `os.PathLike`, a bool option that is not True or False, a number option
+            that is no number.
         ValueError: an unknown option; any `ValueError` of the data or the model.
     """
+    for name, path in (("model", model), ("train_data", train_data), ("output_dir", output_dir)):
+        check_path("retromae.finetune", name, path)
     options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.legacy_keys))
     values: dict[str, Any] = {
         **options, "model": os.fspath(model), "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir),
@@ -474,6 +479,7 @@ def finetune(
     }
     arguments = []
     for argument_class in ARGUMENT_CLASSES:
+        check_bool_options("retromae.finetune", argument_class, values)  # before TrainingArguments reads its own
         names = {f.name for f in dataclasses.fields(argument_class) if f.init}
         arguments.append(argument_class(**{name: values.pop(name) for name in list(values) if name in names}))
     if values:

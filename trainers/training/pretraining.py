@@ -141,6 +141,11 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
         overrides += [f"{key}={value}" for key, value in (("vocab_size", len(tokenizer)),
                                                           ("pad_token_id", tokenizer.pad_token_id))
                       if key not in given and value is not None]
+    sizes = dict(item.split("=", 1) for item in ",".join(overrides).split(",") if "=" in item)
+    vocab = sizes.get("vocab_size", "").strip()
+    if vocab.isdigit() and int(vocab) < len(tokenizer):  # before the config, which would refuse the mask id first
+        raise ValueError(f"--config-overrides vocab_size={vocab} is smaller than the tokenizer ({len(tokenizer)} "
+                         "tokens); raise vocab_size in --config-overrides (or drop it)")
     model_type = config_model_type(model_ref) or DEFAULT_ENCODER_TYPE
     if model_type not in SUPPORTED_ENCODER_TYPES:
         families = ", ".join(backbone.display_name for backbone in BACKBONES)

@@ -64,6 +64,20 @@ def keep_stream_position(args: Any, dataset: Any) -> bool:
     return True
 
 
+def stream_pass_position(epoch: float, max_steps: int, accumulation_steps: int) -> tuple[int, int]:
+    """Where the checkpoint of a streamed run stands, from its Trainer state's `epoch` and `max_steps`: the passes over
+    the stream it completed and the batches it read of the current one. The Trainer counts a stream's epochs by
+    passes (each ends when the stream does; its `epoch` is the pass plus batches / (max_steps * accumulation_steps)),
+    but resumes it from epoch `global_step // max_steps`, always 0: the stream's first pass, not the checkpoint's."""
+    passes = int(epoch)
+    return passes, round((epoch - passes) * max_steps * accumulation_steps)
+
+
+def pass_ended(position: dict[str, Any] | None) -> bool:
+    """Whether a saved stream `position` is the end of its pass: the unbroken run went on with the next pass."""
+    return bool(position and position.get("_iterator_finished"))
+
+
 def save_stream_position(loader: Any, folder: Path, rank: int) -> None:
     """Writes `loader`'s position in the stream (its state_dict) into checkpoint `folder`."""
     torch.save(loader.state_dict(), folder / STREAM_STATE_FILE.format(rank=rank))
@@ -77,5 +91,5 @@ def saved_stream_position(checkpoint: str | Path, rank: int) -> dict[str, Any] |
     return torch.load(path, weights_only=True)
 
 
-__all__ = ["STREAM_STATE_FILE", "keep_stream_position", "rank_stream_loader", "save_stream_position",
-           "saved_stream_position"]
+__all__ = ["STREAM_STATE_FILE", "keep_stream_position", "pass_ended", "rank_stream_loader", "save_stream_position",
+           "saved_stream_position", "stream_pass_position"]

@@ -9,8 +9,9 @@
   rotation deletes this run's checkpoints only (`run_folder`); under sharding the weights are gathered first;
 - registers the callbacks a method needs, always logs the last step, applies the recipe's parameter groups and
   head warm-up (`recipe.py`);
-- refuses on construction, in one line, what does not fit together: bad training arguments, an untokenized
-  dataset, a collator of another tokenizer, a tokenizer or rows the model cannot embed.
+- refuses on construction, in one line, what does not fit together: a model that is no pre-training model, bad
+  training arguments, an untokenized dataset, a collator of another tokenizer (or mask id), a tokenizer or rows the
+  model cannot embed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from transformers.trainer_optimizer import is_optimizer_factory
 from transformers.trainer_utils import SaveStrategy, TrainOutput
 
 from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
-from ..data.dataset_checks import check_same_tokenizer, check_tokenized, longest_sequence
+from ..data.dataset_checks import check_pretraining_inputs, check_same_tokenizer, check_tokenized, longest_sequence
 from ..data.token_rows import array_rows
 from ..inputs.arguments import check_training_arguments
 from ..inputs.io import write_json_atomic
@@ -61,7 +62,14 @@ from .run_folder import (
 )
 from .schedules import LogLastStepCallback, logs_at_step, schedule_callbacks
 from .sharding import full_state_dict, is_sharded
-from .stream_loader import keep_stream_position, rank_stream_loader, save_stream_position, saved_stream_position
+from .stream_loader import (
+    keep_stream_position,
+    pass_ended,
+    rank_stream_loader,
+    save_stream_position,
+    saved_stream_position,
+    stream_pass_position,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +97,8 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
 
     def __init__(self, *args, run_info: dict[str, Any] | None = None, run_settings: dict[str, Any] | None = None,
                  recipe: RecipeArguments | None = None, **kwargs):
+        check_pretraining_inputs(kwargs.get("model", args[0] if args else None), kwargs.get("model_init"),
+                                 kwargs.get("data_collator", args[2] if len(args) > 2 else None))
         # a callback that can score the model (`retrieval_validation.RetrievalValidationCallback`; not imported: it
         # sits a layer above the trainer, beside the coverage diagnostic it reuses)
         if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
@@ -430,9 +440,12 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
             return self._load_finished_run(resume_from_checkpoint)
         self._train_masking = masking_generator(self.args.seed, self.args.process_index)
         if resume_from_checkpoint and self._keeps_stream_position:  # no replay: the Trainer skips no batch
-            self._stream_position = saved_stream_position(resume_from_checkpoint, self.args.process_index)
-            self.args.ignore_data_skip |= self._stream_position is not None
-            self._rng_checkpoint = resume_from_checkpoint if self._stream_position is not None else None
+            position = saved_stream_position(resume_from_checkpoint, self.args.process_index)
+            self.args.ignore_data_skip |= position is not None
+            if pass_ended(position):  # the next pass opens after the RNG states load, as in the unbroken run: {} drops
+                position = {}  # the iterator that accelerate's stateful loader opened (drawing from the RNG) when built
+            self._stream_position = position
+            self._rng_checkpoint = resume_from_checkpoint if position else None
         if resume_from_checkpoint and self.masking_collator is not None:
             state_file = self._collator_state_file(resume_from_checkpoint)
             if state_file.is_file():
@@ -440,6 +453,26 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
             else:
                 logger.warning("%s has no %s; masks after resuming will differ", resume_from_checkpoint, state_file.name)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        """As the Trainer's; a resumed stream starts in its checkpoint's pass over the stream (`stream_pass_position`),
+        so that `set_epoch` gives it the unbroken run's epoch (its shuffle, and the epoch its saved position is of)
+        and a replay skips the batches read of that pass."""
+        epochs_trained, steps_trained = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial)
+        if resume_from_checkpoint is None or not isinstance(self.train_dataset, datasets.IterableDataset):
+            return epochs_trained, steps_trained
+        state_file = Path(resume_from_checkpoint) / TRAINER_STATE_NAME
+        saved = TrainerState.load_from_json(str(state_file)) if state_file.is_file() else None
+        if saved is None or saved.epoch is None:
+            return epochs_trained, steps_trained
+        # the checkpoint's max_steps, the one its epoch was counted in
+        passes, batches = stream_pass_position(saved.epoch, saved.max_steps, self.args.gradient_accumulation_steps)
+        if self._keeps_stream_position and pass_ended(saved_stream_position(resume_from_checkpoint,
+                                                                          self.args.process_index)):
+            passes += 1  # saved at the end of its pass: the run goes on with the next
+        return passes, 0 if self.args.ignore_data_skip else batches
 
     def _load_finished_run(self, checkpoint: str) -> TrainOutput:
         """Load a finished run's checkpoint (weights and trainer state) instead of training past its last step."""
