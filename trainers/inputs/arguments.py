@@ -17,7 +17,6 @@ import functools
 import json
 import logging
 import math
-import numbers
 import os
 import re
 import types
@@ -35,7 +34,7 @@ from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_availab
 from .config_files import add_config_option, config_argument, merge_file_mappings, split_config, with_json_presets
 from .errors import UserError
 from .folders import COMMAND_INPUTS
-from .parameters import check_bool_options
+from .parameters import check_bool_options, is_number
 
 logger = logging.getLogger(__name__)
 
@@ -269,8 +268,7 @@ def _check_number_fields(args: Any) -> None:
     defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
     for name, (integer, optional) in _number_fields().items():
         value = getattr(args, name, None)
-        if (value is None and optional) or (not isinstance(value, bool) and isinstance(
-                value, numbers.Integral if integer else numbers.Real)):
+        if is_number(value, integer=integer, optional=optional):
             continue
         kind, example = ("a whole number", "an int") if integer else ("a number", "a float")
         raise TypeError(f"TrainingArguments {name}={value!r} is not {kind}; pass {example}, e.g. "

@@ -27,12 +27,17 @@ def check_path(where: str, name: str, value: Any, fix: str = "give a str or os.P
         raise TypeError(f"{where}: {name}={value!r} ({type(value).__name__}) is not a path; {fix}")
 
 
+def is_number(value: Any, *, integer: bool = False, optional: bool = False) -> bool:
+    """Whether `value` is a number (a whole one if `integer`; None too if `optional`); a bool is none."""
+    if value is None:
+        return optional
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral if integer else numbers.Real)
+
+
 def check_number(where: str, name: str, value: Any, *, integer: bool = False, optional: bool = False) -> None:
     """Refuse a `value` of parameter `name` that is not a number (a whole one if `integer`; None if `optional`).
     A bool is no number here."""
-    if value is None and optional:
-        return
-    if not isinstance(value, bool) and isinstance(value, numbers.Integral if integer else numbers.Real):
+    if is_number(value, integer=integer, optional=optional):
         return
     kind = "a whole number; give an int" if integer else "a number; give a float"
     raise TypeError(f"{where}: {name}={value!r} is not {kind}{' or None' if optional else ''}")
@@ -58,4 +63,4 @@ def check_bool_options(where: str, options_class: type, values: Mapping[str, Any
             check_bool(where, name, values[name])
 
 
-__all__ = ["bool_fields", "check_bool", "check_bool_options", "check_number", "check_path"]
+__all__ = ["bool_fields", "check_bool", "check_bool_options", "check_number", "check_path", "is_number"]
