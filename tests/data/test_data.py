@@ -4,6 +4,7 @@ encoder MLM collator."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
@@ -58,6 +59,14 @@ def test_txt_blocks_whitespace_only_line_does_not_split(tmp_path):
 )
 def test_txt_auto_detection(tmp_path, content, expected):
     assert texts_of(read_corpus(write_file(tmp_path / "c.txt", content))) == expected
+
+
+def test_auto_detected_blocks_name_the_empty_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    path = write_file(tmp_path / "c.txt", "one\ntwo\nthree\n\nfour\n")
+    assert texts_of(read_corpus(path)) == ["one two three", "four"]
+    assert f"{path}: one passage per block of lines between empty lines (--text-format auto: line 4 is empty " \
+        "between text lines); --text-format lines reads one passage per line" in caplog.text
 
 
 def test_jsonl_with_and_without_title(tmp_path):
@@ -310,6 +319,24 @@ def test_truncation(tokenizer, passages):
         ids = row["input_ids"]
         assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
         assert row["word_starts"] == expected_word_starts(tokenizer, ids)
+
+
+def test_the_share_of_text_truncation_drops_is_reported(tokenizer, caplog):
+    """HEAD: silent, also when a stray empty line made a one-passage-per-line .txt two blocks of thousands of tokens."""
+    caplog.set_level(logging.INFO)
+    long_passages = [" ".join(["word"] * 400)] * 2  # 400 text tokens each, 30 kept
+    tokenize_corpus(long_passages, tokenizer, max_seq_length=32)
+    (record,) = [r for r in caplog.records if "truncation" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "drops 92.5% of the text tokens" in record.getMessage()
+    assert "--packing" in record.getMessage() and "--text-format lines" in record.getMessage()
+    caplog.clear()
+    tokenize_corpus([" ".join(["word"] * 60), "word"], tokenizer, max_seq_length=32)
+    (record,) = [r for r in caplog.records if "truncation" in r.getMessage()]
+    assert record.levelno == logging.INFO and "drops 49.2% of the text tokens" in record.getMessage()  # 30 of 61
+    caplog.clear()
+    tokenize_corpus(long_passages, tokenizer, max_seq_length=32, packing=True)
+    tokenize_corpus(["word"] * 4, tokenizer, max_seq_length=32)
+    assert not [r for r in caplog.records if "truncation" in r.getMessage()]
 
 
 def test_word_starts_of_multi_piece_word(tokenizer):

@@ -291,6 +291,9 @@ def test_save_tokenized_writes_a_corpus_any_run_trains_from(tiny_bert, corpus, t
     assert main(pretrain_args(tiny_bert, folder, tmp_path / "run2", "--no-export", "true", "--max-steps", "2",
                               "--packing", "true")) == 2
     assert "--packing applies while a corpus is tokenized" in capsys.readouterr().err
+    # HEAD: "dataset ... has no 'text' column (columns: ['input_ids', 'word_starts'])"
+    assert main(pretrain_args(tiny_bert, folder, tmp_path / "unused", "--save-tokenized", str(tmp_path / "ids2"))) == 2
+    assert f"--corpus {folder} is already tokenized: train from it as it is" in capsys.readouterr().err
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save)) == 2
     assert "--overwrite-output-dir" in capsys.readouterr().err
     assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", *save, "--overwrite-output-dir", "true")) == 0

@@ -20,7 +20,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from retromae.trainers.cli import main
+from retromae.trainers.inputs.arguments import CommandParser, parse
 from retromae.trainers.training.sharding import check_sharding, deepspeed_config
+from transformers import TrainingArguments
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 from transformers.training_args import ParallelMode
 
 from ..builders import SENTENCES, masked_batch, pretrain_args, tiny_bert_kwargs, write_beir
@@ -334,13 +337,31 @@ def one_error_line(capsys) -> str:
     return lines[0]
 
 
-def test_fsdp_on_the_cpu_is_refused(tiny_bert, corpus, tmp_path, capsys):
+@pytest.mark.parametrize("value", ["full_shard auto_wrap", "true"])  # true: HEAD's "Unknown `fsdp` option"
+def test_fsdp_on_the_cpu_is_refused(value, tiny_bert, corpus, tmp_path, capsys):
     """accelerate shards only on GPUs: on the CPU it trained plain DDP under torchrun (exit 0) and the Trainer
     stopped a single process with a traceback."""
-    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--fsdp", "full_shard auto_wrap")) == 2
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "run", "--fsdp", value)) == 2
     line = one_error_line(capsys)
     assert "--fsdp" in line and "CPU" in line and "DDP" in line, line
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize("given, expected", [
+    (["--fsdp", "true"], True), (["--fsdp=Yes"], True), (["--fsdp"], True),  # HEAD: "Unknown `fsdp` option: true"
+    (["--fsdp", "false"], None), (["--fsdp", "0"], None), ([], None),
+    (["--fsdp", "full_shard"], True),  # transformers' legacy option list: FSDP on, its options in fsdp_config
+])
+def test_fsdp_takes_true_and_false(given, expected, tmp_path):
+    (args,) = parse(CommandParser([TrainingArguments]), ["--output-dir", str(tmp_path), *given])
+    assert args.fsdp is expected
+
+
+def test_fsdp_true_in_a_config_file(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("fsdp: true\n")
+    (args,) = parse(CommandParser([TrainingArguments]), ["--config", str(config), "--output-dir", str(tmp_path)])
+    assert args.fsdp is True
 
 
 def test_retrieval_validation_with_fsdp_is_refused(tiny_bert, corpus, tmp_path, capsys):
@@ -362,6 +383,10 @@ def gpu_args(**fields) -> SimpleNamespace:
     return SimpleNamespace(**{**defaults, **fields})
 
 
+ZERO2 = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}
+ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
+
+
 @pytest.mark.parametrize("fields, flags, expected", [
     ({"fsdp": True}, {}, None),  # FSDP2 on GPUs under torchrun: accepted
     ({"fsdp": True, "parallel_mode": ParallelMode.NOT_DISTRIBUTED}, {}, "--fsdp needs a run started by torchrun"),
@@ -370,24 +395,26 @@ def gpu_args(**fields) -> SimpleNamespace:
     ({"fsdp": True, "deepspeed": "ds.json"}, {}, "--fsdp and --deepspeed cannot be combined"),
     ({"fsdp_config": {"version": 2}}, {}, "--fsdp-config configures --fsdp, which this run does not set"),  # HEAD: ignored
     ({"fsdp": True}, {"head_warmup": True}, None),  # the freeze follows FSDP2's parameters (tested above)
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {}, None),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}, "parallel_mode": ParallelMode.NOT_DISTRIBUTED}, {},
+    ({"deepspeed": ZERO2}, {}, None),
+    ({"deepspeed": ZERO2, "parallel_mode": ParallelMode.NOT_DISTRIBUTED}, {},
      "--deepspeed needs a run started by torchrun"),  # HEAD: DeepSpeed looked for mpi4py after the model was built
-    ({"deepspeed": {"zero_optimization": {"stage": 3}}}, {}, None),  # gathered for every save (test_deepspeed)
-    ({"deepspeed": '{"zero_optimization": {"stage": 3}}'}, {"head_warmup": True}, "--head-warmup-steps with"),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {"validation": True}, "--eval-beir-folder with --deepspeed"),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {"head_warmup": True},
+    ({"deepspeed": ZERO3}, {}, None),  # gathered for every save (test_deepspeed)
+    ({"deepspeed": json.dumps(ZERO3)}, {"head_warmup": True}, "--head-warmup-steps with"),
+    ({"deepspeed": ZERO2}, {"validation": True}, "--eval-beir-folder with --deepspeed"),
+    ({"deepspeed": ZERO2}, {"head_warmup": True},
      "--head-warmup-steps with --deepspeed is not supported: ZeRO partitions the gradients"),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW"}}}, {"recipe_groups": True},
-     "ignores the recipe's groups"),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {"recipe_groups": True}, None),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, {"grow_positions": True}, None),
-    ({"deepspeed": {"zero_optimization": {"stage": 3}}, "save_on_each_node": True}, {}, "--save-on-each-node with ZeRO"),
-    ({"deepspeed": {"zero_optimization": {"stage": 3}}}, {"grow_positions": True},
-     "--extend-position-embeddings with ZeRO stage 3 is not supported"),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}, "max_grad_norm": 0.5}, {},
+    ({"deepspeed": {**ZERO2, "optimizer": {"type": "AdamW"}}}, {"recipe_groups": True}, "ignores the recipe's groups"),
+    ({"deepspeed": ZERO2}, {"recipe_groups": True}, None),
+    ({"deepspeed": ZERO2}, {"grow_positions": True}, None),
+    ({"deepspeed": ZERO3, "save_on_each_node": True}, {}, "--save-on-each-node with ZeRO"),
+    ({"deepspeed": ZERO3}, {"grow_positions": True}, "--extend-position-embeddings with ZeRO stage 3 is not supported"),
+    ({"deepspeed": ZERO2, "max_grad_norm": 0.5}, {},
      '--max-grad-norm 0.5 with a --deepspeed config without "gradient_clipping": DeepSpeed would clip at its default'),
-    ({"deepspeed": {"zero_optimization": {"stage": 2}, "gradient_clipping": "auto"}, "max_grad_norm": 0.5}, {}, None),
+    ({"deepspeed": {**ZERO2, "gradient_clipping": "auto"}, "max_grad_norm": 0.5}, {}, None),
+    # HEAD: DeepSpeed's or accelerate's traceback on every process, after the model was built
+    ({"deepspeed": {"zero_optimization": {"stage": 1}}}, {}, 'names no batch size; add "train_micro_batch_size_per_gpu"'),
+    ({"deepspeed": {"train_batch_size": 8}}, {}, 'has no "zero_optimization" section'),
+    ({"deepspeed": {**ZERO2, "train_batch_size": 8}}, {}, None),
 ])
 def test_sharding_combinations(fields, flags, expected):
     if expected is None:
@@ -401,7 +428,21 @@ def test_sharding_combinations(fields, flags, expected):
 
 def test_a_deepspeed_config_file_is_read(tmp_path):
     config = tmp_path / "ds.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    assert deepspeed_config(gpu_args(deepspeed=str(config))) == {"zero_optimization": {"stage": 3}}
+    config.write_text(json.dumps(ZERO3))
+    assert deepspeed_config(gpu_args(deepspeed=str(config))) == ZERO3
     with pytest.raises(ValueError, match="--head-warmup-steps with --deepspeed"):
         check_sharding(gpu_args(deepspeed=str(config)), head_warmup=True)
+
+
+def test_deepspeed_values_that_disagree_with_the_options_are_refused_before_training(tmp_path):
+    """transformers lists them when it parses the config, and raised them (on every process) only once the model
+    was built."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({**ZERO2, "train_batch_size": 999}))
+    parsed = HfTrainerDeepSpeedConfig(str(config))
+    parsed.trainer_config_process(TrainingArguments(str(tmp_path), per_device_train_batch_size=4, use_cpu=True))
+    with pytest.raises(ValueError) as refused:
+        check_sharding(gpu_args(deepspeed=str(config), hf_deepspeed_config=parsed))
+    message = str(refused.value)
+    assert message.startswith(f"--deepspeed {config} disagrees with the options (ds train_batch_size=999 vs hf "
+                              "train_batch_size (calculated)=4)"), message

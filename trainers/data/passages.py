@@ -310,7 +310,7 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, s
         fmt = "jsonl"
     elif suffix == ".txt":
         try:
-            fmt = text_format if text_format != "auto" else ("blocks" if _has_blank_separator(path) else "lines")
+            fmt = text_format if text_format != "auto" else ("blocks" if first_blank_separator(path) else "lines")
         except READ_FAILURES as exc:  # a truncated or fake .gz fails while the layout is sniffed
             raise unreadable_file(path, exc) from None
     elif suffix == ".parquet" and not compression:
@@ -332,21 +332,24 @@ def _ends_digest(path: Path, size: int, span: int = 1 << 16) -> str:
     return digest.hexdigest()[:16]
 
 
-def _has_blank_separator(path: Path) -> bool:
-    """Whether the file has an empty line between two non-empty lines (the ``"blocks"`` layout)."""
-    seen_text = blank_after_text = False
+def first_blank_separator(path: Path) -> int | None:
+    """The 1-based line of the file's first empty line between two non-empty lines (which makes ``auto`` read the
+    ``"blocks"`` layout); None when there is none."""
+    seen_text = False
+    blank_at = None
     with open_binary(path) as handle:
-        for raw in handle:
+        for line_no, raw in enumerate(handle, start=1):
             line = raw.rstrip(b"\r\n")
             if not line:
-                blank_after_text = seen_text
+                blank_at = blank_at or (line_no if seen_text else None)
             elif not line.strip():
                 continue  # whitespace only: neither text nor a separator
-            elif blank_after_text:
-                return True
+            elif blank_at:
+                return blank_at
             else:
                 seen_text = True
-    return False
+    return None
 
 
-__all__ = ["TEXT_FORMATS", "TextFormat", "check_text_encoding", "iter_decoded_lines", "numbered_passages", "wide_encoding"]
+__all__ = ["TEXT_FORMATS", "TextFormat", "check_text_encoding", "first_blank_separator", "iter_decoded_lines",
+           "numbered_passages", "wide_encoding"]

@@ -40,6 +40,7 @@ def map_processes(num_rows: int, min_rows: int, num_proc: int | None = None) -> 
 MAX_UNK_SHARE = 0.5  # more [UNK] than this among the text tokens: refused
 WARN_UNK_SHARE = 0.05  # more than this: a warning
 UNK_SAMPLE_ROWS = 1000  # sequences the share is measured on (spread over the corpus; the first ones of a stream)
+WARN_TRUNCATED_SHARE = 0.9  # truncation dropping more of the text tokens than this: a warning
 
 
 def tokenize_corpus(
@@ -150,8 +151,32 @@ def tokenize_corpus(
             f"only characters the tokenizer drops); check that the corpus 'text' column holds text"
         )
     logger.info("Tokenized %d passages into %d sequences (packing=%s)", len(dataset), len(tokenized), packing)
+    if not packing:
+        _report_truncation(dataset, tokenizer, max_seq_length - len(prefix) - len(suffix), source)
     _check_unknown_tokens(tokenized, tokenizer, source)
     return tokenized
+
+
+def _report_truncation(passages: datasets.Dataset, tokenizer: Any, room: int, source: str) -> None:
+    """Log the share of the text tokens that truncating each passage to `room` text tokens drops, measured on
+    `UNK_SAMPLE_ROWS` passages spread over the corpus; a warning above `WARN_TRUNCATED_SHARE`."""
+    total = len(passages)
+    rows = [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else range(total)
+    texts = [text or "" for text in passages.select(rows)["text"]]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False, verbose=False,
+                                             return_attention_mask=False, return_token_type_ids=False)["input_ids"]]
+    dropped = sum(max(0, length - room) for length in lengths)
+    if not dropped:
+        return
+    share = dropped / sum(lengths)
+    sample = f"a sample of {len(lengths)} passages" if total > UNK_SAMPLE_ROWS else f"all {total} passages"
+    message = (f"truncation to max_seq_length drops {share:.1%} of the text tokens of {source} ({sample}, up to "
+               f"{max(lengths)} tokens each)")
+    if share <= WARN_TRUNCATED_SHARE:
+        logger.info("%s", message)
+        return
+    logger.warning("%s: pack them into full sequences instead (--packing) or raise --max-seq-length; a .txt with one "
+                   "passage per line needs --text-format lines when an empty line made it blocks", message)
 
 
 def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
@@ -177,6 +202,26 @@ def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 
 
+def saved_token_rows(source: str | os.PathLike | None) -> datasets.Dataset | None:
+    """The rows of a `save_to_disk` folder that hold "input_ids" (of its "train" split or its only one), unchecked;
+    None for anything else. Raises ValueError when such a folder cannot be loaded."""
+    if source is None:
+        return None
+    path = Path(source).expanduser()
+    if not path.is_dir() or not any((path / name).is_file() for name in SAVED_DATASET_FILES):
+        return None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as error:  # a file of the folder missing or damaged (json, arrow)
+        raise ValueError(f"--corpus {source}: this `save_to_disk` folder cannot be loaded ({type(error).__name__}: "
+                         f"{' '.join(str(error).split())[:300]}); save it again") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded and len(loaded) != 1:
+            return None  # read_corpus names the splits
+        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    return loaded if "input_ids" in loaded.column_names else None
+
+
 def load_tokenized_corpus(
     source: str | os.PathLike | None, tokenizer: Any, *, max_seq_length: int, streaming: bool = False
 ) -> datasets.Dataset | datasets.IterableDataset | None:
@@ -192,21 +237,8 @@ def load_tokenized_corpus(
             (``>= len(tokenizer)`` or negative: another tokenizer's ids), a row is longer than ``max_seq_length``, the
             ``input_ids`` are not lists of integers, or the folder holds no rows.
     """
-    if source is None:
-        return None
-    path = Path(source).expanduser()
-    if not path.is_dir() or not any((path / name).is_file() for name in SAVED_DATASET_FILES):
-        return None
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except (OSError, ValueError) as error:  # a file of the folder missing or damaged (json, arrow)
-        raise ValueError(f"--corpus {source}: this `save_to_disk` folder cannot be loaded ({type(error).__name__}: "
-                         f"{' '.join(str(error).split())[:300]}); save it again") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        if "train" not in loaded and len(loaded) != 1:
-            return None  # read_corpus names the splits
-        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
-    if "input_ids" not in loaded.column_names:
+    loaded = saved_token_rows(source)
+    if loaded is None:
         return None
     where = f"--corpus {source}"
     feature = loaded.features["input_ids"]
@@ -368,6 +400,6 @@ def rank_stream(dataset: datasets.IterableDataset, rank: int, world_size: int) -
 
 
 __all__ = [
-    "load_tokenized_corpus", "rank_stream", "shuffle_stream", "special_template", "tokenize_corpus", "unknown_token_share",
-    "word_start_flags",
+    "load_tokenized_corpus", "rank_stream", "saved_token_rows", "shuffle_stream", "special_template", "tokenize_corpus",
+    "unknown_token_share", "word_start_flags",
 ]

@@ -93,6 +93,12 @@ class CommandParser(HfArgumentParser):
 
     _argv: Sequence[str] = ()  # the arguments of the last parse, for `error`
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for action in self._actions:
+            if action.dest == "fsdp":
+                action.type = fsdp_value
+
     def parse_known_args(self, args=None, namespace=None):
         self._argv = list(args) if args is not None else []
         parsed, remaining = super().parse_known_args(args, namespace)
@@ -122,6 +128,16 @@ class CommandParser(HfArgumentParser):
     def _get_option_tuples(self, option_string: str):
         matches = super()._get_option_tuples(option_string)
         return list({id(match[0]): match for match in matches}.values())  # one per action, its dashed spelling
+
+
+def fsdp_value(text: str) -> str | bool | None:
+    """`--fsdp`'s value: true / false (also yes / no, 1 / 0, any case) turn FSDP on (its defaults: FSDP2, full
+    shard) or off, as transformers' bare `--fsdp` and `fsdp=True`; other text is transformers' option list
+    (`full_shard auto_wrap`), which it parses itself."""
+    switch = text.strip().lower()
+    if switch in {"true", "yes", "1"}:
+        return True
+    return None if switch in {"false", "no", "0"} else text
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

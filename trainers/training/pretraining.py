@@ -19,7 +19,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 
 from ..data.collator import DataInputs
 from ..data.reading import read_corpus
-from ..data.tokenize import shuffle_stream, tokenize_corpus
+from ..data.tokenize import saved_token_rows, shuffle_stream, tokenize_corpus
 from ..inputs.checkpoints import default_model_dir, load_tokenizer
 from ..inputs.folders import check_model_folder, public_name
 from ..inputs.io import read_json_or_empty
@@ -256,6 +256,9 @@ def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> in
     for flag, given in (("--streaming", data.streaming), ("--pairs", data.pairs)):
         if given:
             raise ValueError(f"--save-tokenized writes one tokenized corpus from --corpus; drop {flag}")
+    if saved_token_rows(data.corpus) is not None:
+        raise ValueError(f"--corpus {data.corpus} is already tokenized: train from it as it is (drop "
+                         "--save-tokenized), or give the text to tokenize again")
     tokenizer_ref = run.model.tokenizer or run.model.model or default_model_dir()
     tokenizer = load_tokenizer(tokenizer_ref, purpose=tokenizer_flag(run, tokenizer_ref))
     _check_special_tokens(tokenizer, tokenizer_ref)
@@ -278,6 +281,64 @@ def validation_callback(run: PretrainRun) -> RetrievalValidationCallback | None:
         options.eval_beir_folder, split=options.eval_split, max_queries=options.eval_max_queries,
         max_seq_length=run.data.max_seq_length, coverage=options.eval_coverage,
     )
+
+
+class HeldLogs:
+    """Holds back the log records reaching the root logger's handlers inside the `with` block, until `release`
+    replays them in order (never, if the run stops before)."""
+
+    def __init__(self) -> None:
+        self.records: list[logging.LogRecord] = []
+        self.handlers: list[logging.Handler] = []
+
+    def _hold(self, record: logging.LogRecord) -> bool:
+        if not any(record is held for held in self.records):  # once, whichever handler sees it first
+            self.records.append(record)
+        return False
+
+    def __enter__(self) -> HeldLogs:
+        self.handlers = list(logging.getLogger().handlers)
+        for handler in self.handlers:
+            handler.addFilter(self._hold)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for handler in self.handlers:
+            handler.removeFilter(self._hold)
+
+    def release(self) -> None:
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)
+        self.records = []
+
+
+def _build_model(run: PretrainRun, method: Method, settings: dict[str, Any], tokenizer: Any, max_seq_length: int):
+    """The model `run` trains: loaded (or built, `--from-scratch`), its positions grown, checked against the
+    tokenizer, with the fast paths `run`'s TrainingArguments ask for."""
+    args = run.training
+    model_ref = run.model.model or default_model_dir()
+    scratch = run.model.from_scratch and not run.resume
+    attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
+    if scratch:
+        set_seed(args.seed)  # the same initial weights on every process and in every run of the same --seed
+        model = scratch_model(model_ref, method, settings, attention, run.model, tokenizer)
+    else:
+        model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
+    keep_loaded_names(model)  # ZeRO-3 only
+    if not run.resume and not run.model.from_scratch and args.should_log:  # the main process only
+        suggest_recipe(model_ref, run.recipe)
+    if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
+        extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
+    check_model_and_tokenizer(model, tokenizer, max_seq_length, run.resume or model_ref, scratch)
+    if fast_path_wanted(args.compile_layers, args.device):
+        compile_layers(model)
+    set_loss_kernel(model, args.loss_kernel)
+    chunked = args.loss_kernel == "chunked"  # the kernel the next two paths tune
+    if chunked and fast_path_wanted(args.compile_loss, args.device):
+        compile_loss(model)
+    if chunked and fast_path_wanted(args.pad_loss_vocab, args.device):
+        pad_loss_vocab(model)
+    return model
 
 
 def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None = None
@@ -322,28 +383,11 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
                          f"{args.device.type}, use --loss-kernel cce (exact) or chunked")
     settings = method.config_settings(run.method_settings, inputs, tokenizer)
     scale_loss_chunk(settings, method, run.resume or model_ref)
-    attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
-    if scratch:
-        set_seed(args.seed)  # the same initial weights on every process and in every run of the same --seed
-        model = scratch_model(model_ref, method, settings, attention, run.model, tokenizer)
-    else:
-        model = load_pretraining_model(run.resume or model_ref, method, settings, attention)
-    keep_loaded_names(model)  # ZeRO-3 only
-    if not run.resume and not run.model.from_scratch and args.should_log:  # the main process only
-        suggest_recipe(model_ref, run.recipe)
-    if run.model.extend_position_embeddings and not run.resume:  # a resumed run's checkpoint has the grown table
-        extend_position_embeddings(model, tokenizer, run.model.extend_position_embeddings)
-    check_model_and_tokenizer(model, tokenizer, inputs.max_seq_length, run.resume or model_ref, scratch)
-    if fast_path_wanted(args.compile_layers, args.device):
-        compile_layers(model)
-    set_loss_kernel(model, args.loss_kernel)
-    chunked = args.loss_kernel == "chunked"  # the kernel the next two paths tune
-    if chunked and fast_path_wanted(args.compile_loss, args.device):
-        compile_loss(model)
-    if chunked and fast_path_wanted(args.pad_loss_vocab, args.device):
-        pad_loss_vocab(model)
+    with HeldLogs() as model_advice:  # printed once the data checks below pass: a refusal comes alone
+        model = _build_model(run, method, settings, tokenizer, inputs.max_seq_length)
     with args.main_process_first(desc="reading and tokenizing the training data"):
         data = method.training_data(model.config, tokenizer, inputs)
+    model_advice.release()
     # a stream is read through a seeded shuffle buffer (a Dataset is shuffled by the Trainer's sampler)
     data = dataclasses.replace(data, dataset=shuffle_stream(
         data.dataset, run.data.shuffle_buffer, args.data_seed if args.data_seed is not None else args.seed))

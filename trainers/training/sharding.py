@@ -16,7 +16,9 @@ them, on the CPU). What retromae has not made work under sharding is refused bef
 - `--deepspeed` with the head warm-up (ZeRO reduces and partitions each gradient during the backward pass, so
   dropping the encoder's gradients afterwards would not freeze it), the recipe's learning-rate groups with a
   DeepSpeed config that names its own optimizer (built with one rate, ignoring the groups), and, under ZeRO-3,
-  `--extend-position-embeddings` (it would grow the table from partitioned placeholders).
+  `--extend-position-embeddings` (it would grow the table from partitioned placeholders);
+- a DeepSpeed config without a ZeRO section or a batch size, or with values that disagree with the options (DeepSpeed
+  and transformers refuse them on every process, after the model is built).
 
 DeepSpeed ZeRO-3 partitions the weights too: each parameter's `data` is an empty placeholder and `ds_tensor` holds
 this process's flat slice. `full_state_dict` gathers them module by module (`deepspeed.zero.GatheredParameters`, so
@@ -173,6 +175,26 @@ def without_zero3_init():
         hf_deepspeed._hf_deepspeed_config_weak_ref = kept
 
 
+def _check_deepspeed_config(args: Any, config: dict[str, Any]) -> None:
+    """Refuse what DeepSpeed or transformers would refuse on every process after the model is built: no ZeRO
+    section, no batch size, and values that disagree with the TrainingArguments (transformers lists them in
+    `hf_deepspeed_config.mismatches` when it parses the config)."""
+    given = getattr(args, "deepspeed", None)
+    source = (f"--deepspeed {given}" if isinstance(given, str) and not given.lstrip().startswith("{")
+              else "the --deepspeed config")
+    if not isinstance(config.get("zero_optimization"), dict):
+        raise ValueError(f'{source} has no "zero_optimization" section; add "zero_optimization": {{"stage": 2}} '
+                         "(or 3), as the shipped presets deepspeed-zero2 and deepspeed-zero3 do")
+    if "train_micro_batch_size_per_gpu" not in config and "train_batch_size" not in config:
+        raise ValueError(f'{source} names no batch size; add "train_micro_batch_size_per_gpu": "auto" (the Trainer '
+                         "fills it from --per-device-train-batch-size; the shipped presets have it)")
+    mismatches = getattr(getattr(args, "hf_deepspeed_config", None), "mismatches", None)
+    if mismatches:
+        found = "; ".join(" ".join(line.lstrip("- ").split()) for line in mismatches)
+        raise ValueError(f'{source} disagrees with the options ({found}); set those config values to "auto" (the '
+                         "Trainer fills them in from the options) or change the options")
+
+
 def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = False,
                    recipe_groups: bool = False, grow_positions: bool = False) -> None:
     """Refuse, in one line, a sharding option that would be ignored or would break the run (see the module's
@@ -211,6 +233,7 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
             raise ValueError("--deepspeed needs a run started by torchrun (or the deepspeed launcher); launch with "
                              "torchrun --nproc_per_node N -m retromae.trainers.cli pretrain ...")
         config = deepspeed_config(args)
+        _check_deepspeed_config(args, config)
         stage = zero_stage(config)
         if head_warmup:
             raise ValueError("--head-warmup-steps with --deepspeed is not supported: ZeRO partitions the gradients, "
