@@ -246,10 +246,10 @@ def test_a_resumed_shuffled_stream_continues_without_replay(tiny_bert, corpus, t
     assert [step for step, _ in losses[1]] == [3, 4]
 
 
-def logged_losses(run: Path, step: int) -> list[tuple[int, float]]:
-    """(step, loss) of every step logged in `run`'s checkpoint-`step`."""
+def logged_losses(run: Path, step: int, field: str = "loss") -> list[tuple[int, float]]:
+    """(step, `field`) of every step logged in `run`'s checkpoint-`step`."""
     history = json.loads((run / f"checkpoint-{step}" / "trainer_state.json").read_text())["log_history"]
-    return [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
+    return [(entry["step"], entry[field]) for entry in history if "loss" in entry]
 
 
 @pytest.mark.parametrize("flags", [("--shuffle-buffer", "0"), ("--shuffle-buffer", "8", "--stream-resume", "replay")],
@@ -271,6 +271,7 @@ def test_a_stream_resumed_after_its_first_pass_trains_as_the_unbroken_run(tiny_b
         assert main(pretrain_args(tiny_bert, corpus, resumed, *stream, "--resume-from-checkpoint",
                                   str(full / f"checkpoint-{checkpoint}"))) == 0
         assert logged_losses(resumed, 7) == logged_losses(full, 7), f"from checkpoint-{checkpoint}"
+        assert logged_losses(resumed, 7, "epoch") == logged_losses(full, 7, "epoch"), f"from checkpoint-{checkpoint}"
         weights = load_file(str(resumed / "model.safetensors"))
         assert weights.keys() == unbroken.keys()
         assert all(torch.equal(weights[key], unbroken[key]) for key in unbroken), f"from checkpoint-{checkpoint}"

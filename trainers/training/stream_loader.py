@@ -11,6 +11,7 @@ from typing import Any
 import datasets
 import torch
 from accelerate.data_loader import prepare_data_loader
+from transformers import TrainerCallback
 
 from ..data.tokenize import rank_stream
 
@@ -78,6 +79,22 @@ def pass_ended(position: dict[str, Any] | None) -> bool:
     return bool(position and position.get("_iterator_finished"))
 
 
+class ResumedPassEpoch(TrainerCallback):
+    """A stream resumed at its saved position skips no batch, so the Trainer counts the resumed pass's batches from 0:
+    `epoch` (logged, and saved in each checkpoint) adds the `batches` the checkpoint had read of pass `pass_index`,
+    as the unbroken run counts them."""
+
+    def __init__(self, pass_index: int, batches: int) -> None:
+        self.pass_index, self.batches = pass_index, batches
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.epoch is None or int(state.epoch) != self.pass_index:
+            return
+        in_pass = args.gradient_accumulation_steps * state.max_steps  # the Trainer's batches a pass of a stream
+        counted = round((state.epoch - self.pass_index) * in_pass)
+        state.epoch = self.pass_index + (counted + self.batches) / in_pass  # as the Trainer computes it
+
+
 def save_stream_position(loader: Any, folder: Path, rank: int) -> None:
     """Writes `loader`'s position in the stream (its state_dict) into checkpoint `folder`."""
     torch.save(loader.state_dict(), folder / STREAM_STATE_FILE.format(rank=rank))
@@ -91,5 +108,5 @@ def saved_stream_position(checkpoint: str | Path, rank: int) -> dict[str, Any] |
     return torch.load(path, weights_only=True)
 
 
-__all__ = ["STREAM_STATE_FILE", "keep_stream_position", "pass_ended", "rank_stream_loader", "save_stream_position",
+__all__ = ["STREAM_STATE_FILE", "ResumedPassEpoch", "keep_stream_position", "pass_ended", "rank_stream_loader", "save_stream_position",
            "saved_stream_position", "stream_pass_position"]

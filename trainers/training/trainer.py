@@ -63,6 +63,7 @@ from .run_folder import (
 from .schedules import LogLastStepCallback, logs_at_step, schedule_callbacks
 from .sharding import full_state_dict, is_sharded
 from .stream_loader import (
+    ResumedPassEpoch,
     keep_stream_position,
     pass_ended,
     rank_stream_loader,
@@ -471,7 +472,9 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         passes, batches = stream_pass_position(saved.epoch, saved.max_steps, self.args.gradient_accumulation_steps)
         if self._keeps_stream_position and pass_ended(saved_stream_position(resume_from_checkpoint,
                                                                           self.args.process_index)):
-            passes += 1  # saved at the end of its pass: the run goes on with the next
+            return passes + 1, 0  # saved at the end of its pass: the run goes on with the next
+        if self._keeps_stream_position and self.args.ignore_data_skip:  # no batch is skipped, so none counted
+            self.add_callback(ResumedPassEpoch(passes, batches))
         return passes, 0 if self.args.ignore_data_skip else batches
 
     def _load_finished_run(self, checkpoint: str) -> TrainOutput:
