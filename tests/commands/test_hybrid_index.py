@@ -362,6 +362,23 @@ def test_search_cli_answers_every_repeated_query(st_models, tmp_path):
         search_command([*common, "--query", "x", "--top-n", "3"])
 
 
+def test_index_warns_when_truncation_drops_most_of_the_corpus(st_models, tmp_path, caplog):
+    """A one-passage-per-line .txt with one stray empty line reads as two blocks (`--text-format auto`), of which the
+    model encodes only the first 64 tokens. HEAD: an INFO line, and "indexed 2 documents"."""
+    from retromae.trainers.commands.index import index_command
+    from retromae.trainers.export.dupmae import save_dupmae_sentence_transformer
+
+    model, _ = st_models
+    save_dupmae_sentence_transformer(model, tmp_path / "model")
+    lines = [f"passage number {i} about dense and sparse retrieval" for i in range(400)]
+    (tmp_path / "corpus.txt").write_text("\n".join([*lines[:200], "", *lines[200:]]) + "\n")
+    assert index_command(["--model", str(tmp_path / "model"), "--corpus", str(tmp_path / "corpus.txt"),
+                          "--output-dir", str(tmp_path / "index")]) == 0
+    (record,) = [r for r in caplog.records if "truncation" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "the index encodes only the start of each" in record.getMessage()
+    assert "--text-format lines" in record.getMessage()
+
+
 def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_bert, st_models, tmp_path,
                                                                           monkeypatch):
     """A plain encoder, a pre-training run folder and a dense sentence-transformers model each get one line that

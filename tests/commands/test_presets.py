@@ -19,6 +19,7 @@ import pytest
 import yaml
 from retromae.trainers.cli import main
 from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.inputs.pretrain_options import pretrain_arguments
 from retromae.trainers.methods import METHODS, method_of_config
 
 from ..builders import tiny_bert_kwargs
@@ -107,8 +108,6 @@ def test_sharding_presets_load_by_name_and_by_readme_path_outside_the_source_tre
     """The JSON presets as `--config`'s: by name or by the README's `configs/` path, from any folder, on the command
     line and in a `--config` file; a name that is no file and no preset is one line listing them (before: the name
     reached transformers, which read it as JSON text and failed)."""
-    from retromae.trainers.inputs.pretrain_options import pretrain_arguments
-
     monkeypatch.chdir(tmp_path)
     common = ["--model", "m", "--corpus", "c.txt", "--use-cpu", "true"]
     run = pretrain_arguments([*common, "--output-dir", "a", "--deepspeed", "deepspeed-zero3"])
@@ -131,3 +130,21 @@ def test_sharding_presets_load_by_name_and_by_readme_path_outside_the_source_tre
     (tmp_path / "lines.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
     with pytest.raises(UserError, match=r"--deepspeed .*lines.jsonl: not a JSON file \(Extra data"):
         pretrain_arguments([*common, "--output-dir", "f", "--deepspeed", str(tmp_path / "lines.jsonl")])
+
+
+@pytest.mark.parametrize("zero, expected", [
+    (None, 'no "zero_optimization" section; add "zero_optimization": {"stage": 2}'),  # HEAD: accelerate's, no file
+    ('"stage2"', '"zero_optimization" is "stage2", not an object'),  # HEAD: a traceback on every process
+    ('{"stage": "two"}', '"zero_optimization": {"stage": "two"}; the ZeRO stage is 0, 1, 2 or 3'),  # HEAD: int()'s
+    ('{"stage": 4}', '"zero_optimization": {"stage": 4}; the ZeRO stage is 0, 1, 2 or 3'),
+])
+def test_a_deepspeed_config_without_a_well_formed_zero_section_is_refused_naming_it(zero, expected, tmp_path):
+    common = ["--model", "m", "--corpus", "c.txt", "--use-cpu", "true", "--output-dir", str(tmp_path / "run")]
+    text = '{"train_micro_batch_size_per_gpu": "auto"' + (f', "zero_optimization": {zero}' if zero else "") + "}"
+    config = tmp_path / "ds.json"
+    config.write_text(text)
+    for given in (str(config), text):  # a file, and JSON text on the command line
+        with pytest.raises(UserError) as refused:
+            pretrain_arguments([*common, "--deepspeed", given])
+        message = str(refused.value)
+        assert message.startswith(f"--deepspeed {given}: ") and expected in message, message

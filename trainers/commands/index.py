@@ -12,6 +12,7 @@ from retromae.modeling.st_dupmae import is_dupmae_pooling
 
 from ..data.passages import numbered_passages
 from ..data.reading import check_text_format_applies, iter_decoded_lines, read_corpus
+from ..data.tokenize import report_truncation
 from ..export.dupmae import load_dupmae_sentence_transformer
 from ..inputs.arguments import LIST_FLAG, start_command
 from ..inputs.errors import UserError, one_line_message
@@ -143,6 +144,8 @@ def index_command(argv: list[str]) -> int:
                                                                           "--corpus": args.corpus})
     model = _load_hybrid_model(args.model, "index")
     ids, texts = _documents(args.corpus, args.text_format)
+    report_truncation(texts, model.tokenizer, model.max_seq_length - model.tokenizer.num_special_tokens_to_add(),
+                      args.corpus, fix="the index encodes only the start of each")
     if args.engine == "qdrant":
         folder = QdrantHybridIndex.build_folder(model, texts, ids, args.output_dir, batch_size=args.batch_size,
                                                 overwrite=args.overwrite, show_progress_bar=True)

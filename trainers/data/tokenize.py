@@ -152,31 +152,34 @@ def tokenize_corpus(
         )
     logger.info("Tokenized %d passages into %d sequences (packing=%s)", len(dataset), len(tokenized), packing)
     if not packing:
-        _report_truncation(dataset, tokenizer, max_seq_length - len(prefix) - len(suffix), source)
+        report_truncation(dataset, tokenizer, max_seq_length - len(prefix) - len(suffix), source)
     _check_unknown_tokens(tokenized, tokenizer, source)
     return tokenized
 
 
-def _report_truncation(passages: datasets.Dataset, tokenizer: Any, room: int, source: str) -> None:
-    """Log the share of the text tokens that truncating each passage to `room` text tokens drops, measured on
-    `UNK_SAMPLE_ROWS` passages spread over the corpus; a warning above `WARN_TRUNCATED_SHARE`."""
+def report_truncation(passages: datasets.Dataset | Sequence[str], tokenizer: Any, room: int, source: str,
+                      fix: str = "pack them into full sequences (--packing, where the method takes it) or raise "
+                                 "--max-seq-length") -> None:
+    """Log the share of the text tokens that truncating each passage (a "text" Dataset or strings) to `room` text
+    tokens drops, measured on `UNK_SAMPLE_ROWS` passages spread over them; above `WARN_TRUNCATED_SHARE` a warning
+    that adds `fix`, and the text-format hint for a .txt."""
     total = len(passages)
     rows = [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else range(total)
-    texts = [text or "" for text in passages.select(rows)["text"]]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False, verbose=False,
+    texts = passages.select(rows)["text"] if isinstance(passages, datasets.Dataset) else [passages[i] for i in rows]
+    lengths = [len(ids) for ids in tokenizer([text or "" for text in texts], add_special_tokens=False, verbose=False,
                                              return_attention_mask=False, return_token_type_ids=False)["input_ids"]]
     dropped = sum(max(0, length - room) for length in lengths)
     if not dropped:
         return
     share = dropped / sum(lengths)
     sample = f"a sample of {len(lengths)} passages" if total > UNK_SAMPLE_ROWS else f"all {total} passages"
-    message = (f"truncation to max_seq_length drops {share:.1%} of the text tokens of {source} ({sample}, up to "
-               f"{max(lengths)} tokens each)")
+    message = (f"truncation to the sequence length drops {share:.1%} of the text tokens of {source} ({sample}, up "
+               f"to {max(lengths)} tokens each)")
     if share <= WARN_TRUNCATED_SHARE:
         logger.info("%s", message)
         return
-    logger.warning("%s: pack them into full sequences instead (--packing) or raise --max-seq-length; a .txt with one "
-                   "passage per line needs --text-format lines when an empty line made it blocks", message)
+    logger.warning("%s: %s; a .txt with one passage per line needs --text-format lines when an empty line made it "
+                   "blocks", message, fix)
 
 
 def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
@@ -400,6 +403,6 @@ def rank_stream(dataset: datasets.IterableDataset, rank: int, world_size: int) -
 
 
 __all__ = [
-    "load_tokenized_corpus", "rank_stream", "saved_token_rows", "shuffle_stream", "special_template", "tokenize_corpus",
-    "unknown_token_share", "word_start_flags",
+    "load_tokenized_corpus", "rank_stream", "report_truncation", "saved_token_rows", "shuffle_stream",
+    "special_template", "tokenize_corpus", "unknown_token_share", "word_start_flags",
 ]

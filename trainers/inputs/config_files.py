@@ -127,12 +127,19 @@ def json_preset_path(value: Any, flag: str) -> Any:
     """`value` of a JSON-file option (`JSON_PRESET_OPTIONS`) with a bundled preset's name (`deepspeed-zero3`) or
     README path (`configs/deepspeed-zero3.json`) replaced by the installed file; a file, JSON text or a mapping as
     given. Refused (`UserError`): a name that is none of these (listing the presets of the flag's kind), another
-    flag's preset, a file that is not one JSON object."""
-    if not isinstance(value, str) or not value or value.lstrip().startswith("{"):
+    flag's preset, a file that is not one JSON object, a DeepSpeed config without a well-formed ZeRO section
+    (`check_zero_section`)."""
+    if not isinstance(value, str) or not value:
         return value
     kind = "fsdp" if "fsdp" in flag else "deepspeed"  # a preset's name starts with its flag's kind
+    if value.lstrip().startswith("{"):  # JSON text
+        if kind == "deepspeed":
+            check_zero_section(_json_config(value, f"{flag} {value}"), f"{flag} {value}")
+        return value
     if Path(value).expanduser().is_file():
-        _check_json_object(Path(value).expanduser(), flag)
+        loaded = _json_config(Path(value).expanduser(), f"{flag} {Path(value).expanduser()}")
+        if kind == "deepspeed":
+            check_zero_section(loaded, f"{flag} {value}")
         return value
     preset = bundled_preset(value, ".json")
     if preset is not None and preset.stem.startswith(kind):
@@ -143,14 +150,33 @@ def json_preset_path(value: Any, flag: str) -> Any:
                     f"file, or one of {', '.join(names)}")
 
 
-def _check_json_object(path: Path, flag: str) -> None:
+def _json_config(source: Path | str, where: str) -> dict[str, Any]:
+    """The JSON object of a file (a Path) or of JSON text; `where` (the flag and value) starts the refusal."""
     try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
+        loaded = json.loads(source.read_text(encoding="utf-8") if isinstance(source, Path) else source)
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise UserError(f"{flag} {path}: not a JSON file ({' '.join(str(error).split())}); give a JSON config "
-                        "such as the bundled presets") from None
+        raise UserError(f"{where}: not a JSON {'file' if isinstance(source, Path) else 'object'} "
+                        f"({' '.join(str(error).split())}); give a JSON config such as the bundled presets") from None
     if not isinstance(loaded, dict):
-        raise UserError(f"{flag} {path}: holds a JSON {type(loaded).__name__}, not an object of config keys")
+        raise UserError(f"{where}: holds a JSON {type(loaded).__name__}, not an object of config keys")
+    return loaded
+
+
+def check_zero_section(config: dict[str, Any], where: str) -> None:
+    """Refuse a DeepSpeed config without a "zero_optimization" object or with a stage that is not 0-3: transformers
+    and accelerate read it while the TrainingArguments are built, with a message that names no file, or a traceback
+    on every process."""
+    section = config.get("zero_optimization")
+    if section is None:
+        raise UserError(f'{where}: no "zero_optimization" section; add "zero_optimization": {{"stage": 2}} (or 3), '
+                        "as the bundled presets deepspeed-zero2 and deepspeed-zero3 do")
+    if not isinstance(section, dict):
+        raise UserError(f'{where}: "zero_optimization" is {json.dumps(section)}, not an object; write '
+                        '"zero_optimization": {"stage": 2} (or 3)')
+    stage = section.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise UserError(f'{where}: "zero_optimization": {{"stage": {json.dumps(stage)}}}; the ZeRO stage is 0, 1, 2 '
+                        "or 3")
 
 
 def with_json_presets(parser: argparse.ArgumentParser, argv: list[str], file_values: dict[str, Any]

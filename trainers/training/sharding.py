@@ -17,8 +17,8 @@ them, on the CPU). What retromae has not made work under sharding is refused bef
   dropping the encoder's gradients afterwards would not freeze it), the recipe's learning-rate groups with a
   DeepSpeed config that names its own optimizer (built with one rate, ignoring the groups), and, under ZeRO-3,
   `--extend-position-embeddings` (it would grow the table from partitioned placeholders);
-- a DeepSpeed config without a ZeRO section or a batch size, or with values that disagree with the options (DeepSpeed
-  and transformers refuse them on every process, after the model is built).
+- a DeepSpeed config without a batch size, or with values that disagree with the options (DeepSpeed and
+  transformers refuse them on every process, after the model is built).
 
 DeepSpeed ZeRO-3 partitions the weights too: each parameter's `data` is an empty placeholder and `ds_tensor` holds
 this process's flat slice. `full_state_dict` gathers them module by module (`deepspeed.zero.GatheredParameters`, so
@@ -176,15 +176,13 @@ def without_zero3_init():
 
 
 def _check_deepspeed_config(args: Any, config: dict[str, Any]) -> None:
-    """Refuse what DeepSpeed or transformers would refuse on every process after the model is built: no ZeRO
-    section, no batch size, and values that disagree with the TrainingArguments (transformers lists them in
-    `hf_deepspeed_config.mismatches` when it parses the config)."""
+    """Refuse what DeepSpeed or transformers would refuse on every process after the model is built: no batch size,
+    and values that disagree with the TrainingArguments (transformers lists them in `hf_deepspeed_config.mismatches`
+    when it parses the config). The ZeRO section is checked before the TrainingArguments are built
+    (`config_files.check_zero_section`)."""
     given = getattr(args, "deepspeed", None)
     source = (f"--deepspeed {given}" if isinstance(given, str) and not given.lstrip().startswith("{")
               else "the --deepspeed config")
-    if not isinstance(config.get("zero_optimization"), dict):
-        raise ValueError(f'{source} has no "zero_optimization" section; add "zero_optimization": {{"stage": 2}} '
-                         "(or 3), as the shipped presets deepspeed-zero2 and deepspeed-zero3 do")
     if "train_micro_batch_size_per_gpu" not in config and "train_batch_size" not in config:
         raise ValueError(f'{source} names no batch size; add "train_micro_batch_size_per_gpu": "auto" (the Trainer '
                          "fills it from --per-device-train-batch-size; the shipped presets have it)")
@@ -205,7 +203,7 @@ def check_sharding(args: Any, *, validation: bool = False, head_warmup: bool = F
     if fsdp and deepspeed:
         raise ValueError("--fsdp and --deepspeed cannot be combined: each shards the model its own way; choose one")
     if getattr(args, "fsdp_config", None) and not fsdp:
-        raise ValueError("--fsdp-config configures --fsdp, which this run does not set; add --fsdp full_shard "
+        raise ValueError("--fsdp-config configures --fsdp, which this run does not set; add --fsdp true "
                          "(FSDP2, under torchrun on GPUs), or drop --fsdp-config")
     if fsdp or deepspeed:
         engine = "--fsdp" if fsdp else "--deepspeed"
