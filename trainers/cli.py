@@ -8,7 +8,8 @@ that the disk refused (ENOSPC, EDQUOT, EFBIG, torch.save's write failure, a read
 without write permission) are printed as one line with exit status 2; Ctrl-C is one line with exit status 130 (for
 `pretrain`: the command that resumes the run), SIGTERM (a scheduler's preemption, `kill`) the same with 143; any
 other exception is a bug and keeps its traceback
-(`RETROMAE_DEBUG=1` shows it for those too).
+(`RETROMAE_DEBUG=1` shows it for those too). SIGTERM gets its line from the program's first moment (the imports take
+seconds), and once the command has returned it no longer changes the exit status.
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from importlib.metadata import PackageNotFoundError, version
-
-from .inputs.errors import NOT_WRITABLE, is_refusal, one_line_message
-from .inputs.folders import INTERRUPTED_HINT
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers warns when DataLoader workers fork
 
 # name -> ("module:function" under retromae.trainers, one-line summary); imported only when the command runs
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -43,6 +40,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-official": ("commands.import_official:import_official_command", "convert an official RetroMAE (staoxiao) checkpoint to continue it"),
 }
 
+
+def _terminated_while_loading(signum: int, frame: object) -> None:
+    """SIGTERM during this module's own imports, before `main` can take it: the same line and status. Nothing has
+    started, and `os._exit` cannot be swallowed by an import's `except:` as an exception could."""
+    name = f" {sys.argv[1]}" if len(sys.argv) > 1 and sys.argv[1] in COMMANDS else ""
+    print(f"retromae{name}: interrupted", file=sys.stderr, flush=True)
+    os._exit(143)
+
+
+# The imports below take half a second (huggingface_hub) before the `retromae` script reaches `main`: SIGTERM gets
+# its line from the first moment. Only over the default handler (a program importing this module keeps its own),
+# which is back once they are done.
+_LOADING = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+if _LOADING:
+    signal.signal(signal.SIGTERM, _terminated_while_loading)
+try:
+    from .inputs.errors import NOT_WRITABLE, is_refusal, one_line_message
+    from .inputs.folders import INTERRUPTED_HINT
+finally:
+    if _LOADING:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tokenizers warns when DataLoader workers fork
 
 # what a full disk, a used-up quota or a file-size limit raises, as the line names it
 DISK_FULL = {
@@ -74,6 +94,9 @@ def _command(name: str) -> Callable[[list[str]], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `retromae` command. `argv` None: the program's own arguments (the `retromae` script, `python -m`), so the
+    process ends when `main` returns (see `_sigterm_raises`)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in {"-V", "--version"}:
         print(version_line())
@@ -87,27 +110,54 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"{usage}\n\nretromae: error: unknown command {argv[0]!r}", file=sys.stderr)
         return 2
-    command = _command(argv[0])
+    return _run(argv[0], argv[1:], program)
+
+
+def _run(name: str, args: list[str], program: bool) -> int:
+    """Run command `name`, SIGTERM taken from before its imports (seconds: torch, transformers)."""
     context = contextvars.copy_context()  # what the command sets stays in it (INTERRUPTED_HINT: read after a Ctrl-C)
-    in_main_thread = threading.current_thread() is threading.main_thread()  # where Python takes signal handlers
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
-        return context.run(command, argv[1:])
+        with _sigterm_raises(program):
+            return context.run(_command(name), args)
     except KeyboardInterrupt as stop:
         if os.environ.get("RETROMAE_DEBUG"):
             raise
         hint = context.get(INTERRUPTED_HINT)
-        print(f"retromae {argv[0]}: {hint() if hint else interrupted_message(argv[0])}", file=sys.stderr)
+        _print_line(f"retromae {name}: {hint() if hint else interrupted_message(name)}")
         return 143 if isinstance(stop, Terminated) else 130  # 128 + the signal, as a shell reports it
     except Exception as error:
-        message = one_line_message(error) if is_refusal(error) else refused_write_message(error, argv[0])
+        message = one_line_message(error) if is_refusal(error) else refused_write_message(error, name)
         if message is None or os.environ.get("RETROMAE_DEBUG"):
             raise
-        print(f"retromae {argv[0]}: error: {message}", file=sys.stderr)
+        _print_line(f"retromae {name}: error: {message}")
         return 2
+
+
+@contextmanager
+def _sigterm_raises(program: bool) -> Iterator[None]:
+    """SIGTERM raises `Terminated` in the block (in the main thread: where Python takes signal handlers). Then the
+    caller's handler is back, or for the program itself SIGTERM is ignored: the command's result is complete, and a
+    SIGTERM landing while the line is printed or the interpreter shuts down must not make its status 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        restored = signal.SIG_DFL if previous is None else previous  # None: a handler set outside Python
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if program else restored)
+
+
+def _print_line(line: str) -> None:
+    """Print `line` on stderr on a line of its own: tqdm bars the command left open (their line has no newline
+    until they close) are closed first, innermost first, as leaving their `with` blocks would."""
+    std = sys.modules.get("tqdm.std")  # no bar without it; tqdm's subclasses share its registry of open bars
+    bars = sorted(std.tqdm._instances, key=lambda bar: -abs(getattr(bar, "pos", 0))) if std is not None else []
+    for bar in bars:
+        with suppress(OSError, ValueError):  # a bar on a stream closed since writes nothing
+            bar.close()
+    print(line, file=sys.stderr)
 
 
 def version_line() -> str:

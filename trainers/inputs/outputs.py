@@ -4,7 +4,7 @@
   a folder option's shape alone.
 * `atomic_folder(target, overwrite=...)`: build a folder in a hidden temporary sibling and rename it into place only
   when complete, so a reader never sees half a folder. A previous `target` is swapped out and removed only after the
-  new one is in place.
+  new one is in place. Its files get the modes the umask gives (safetensors' `save_file` ignores it).
 * `clean_stale_siblings(target)`: remove (or restore) what a killed `atomic_folder` left beside `target`.
 """
 
@@ -15,9 +15,10 @@ import logging
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
@@ -191,10 +192,34 @@ def atomic_folder(target: str | os.PathLike, *, overwrite: bool = False) -> Iter
     build_dir.mkdir()  # honours the umask (tempfile.mkdtemp would make it 0700)
     try:
         yield build_dir
+        _give_umask_modes(build_dir)
         _move_into_place(build_dir, target, overwrite)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
+
+
+def _give_umask_modes(folder: Path) -> None:
+    """Give each regular file under `folder` the mode a plain `open` gives under the umask (0o666 without it;
+    executables keep their x bits): safetensors' `save_file` makes 0600 files whatever the umask (model.safetensors,
+    collator_rng_*.safetensors), and a copied file keeps its source's mode."""
+    umask = _current_umask()
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            mode = os.lstat(path).st_mode
+            wanted = (0o777 if mode & 0o111 else 0o666) & ~umask
+            if stat.S_ISREG(mode) and stat.S_IMODE(mode) != wanted:
+                with suppress(OSError):  # a file system without Unix modes (a mounted bucket, SMB): a nicety lost
+                    os.chmod(path, wanted)
+
+
+def _current_umask() -> int:
+    """The process's umask. Reading it means setting it: 0o077 meanwhile, so a file another thread creates in that
+    moment is private rather than world-writable (as with 0)."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
 
 
 def _move_into_place(build_dir: Path, target: Path, overwrite: bool) -> None:
