@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": "cpu",
         "threads": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__,
         "model": Path(model_path).name, "documents": len(corpus), "train_queries": len(groups),
-        "queries_with_negatives": sum(1 for g in mined if g.negatives), "dev_queries": row["queries"],
+        "queries_with_negatives": sum(1 for g in mined.groups if g.negatives), "dev_queries": row["queries"],
         "batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "phases": memory.phases,
         "wall_seconds": round(total, 1), "peak_rss_mib_overall": round(max(
             [p["peak_rss_mib"] for p in memory.phases.values()] + [peak / MiB]), 1),

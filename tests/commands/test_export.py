@@ -15,7 +15,7 @@ from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers import cli
 from retromae.trainers.commands.export import export_command
 from retromae.trainers.export import cls as export_cls
-from retromae.trainers.export.cards import read_papers
+from retromae.trainers.export.cards import read_papers, render_pretrained_card
 from retromae.trainers.export.cls import write_cls_encoder
 from retromae.trainers.export.dupmae import write_dupmae_export
 from retromae.trainers.export.sentence_transformer import export_from_model, export_sentence_transformer
@@ -146,6 +146,18 @@ def test_model_card(exported, pretrained):
     assert "| `effective_batch_size` | 16 |" in text  # 8 per device x 2 accumulation x 1 process
     assert "| `decoder_loss` | 7.2000 |" in text and "scifact-corpus" in text
     assert "not recorded" not in text
+
+
+def test_card_claims_num_train_epochs_only_when_no_max_steps_stopped_the_run():
+    config = RetroMAEConfig(**tiny_bert_kwargs()).to_dict()
+
+    def rows(**training) -> str:
+        run_info = {**RUN_INFO, "training": {"learning_rate": 1e-4, **training}}
+        return render_pretrained_card(get_method("retromae"), config, run_info, model_name="m", folder_name="m",
+                                      embedding_dim=32, num_layers=2, max_seq_length=MAX_SEQ_LENGTH)
+
+    assert "num_train_epochs" not in rows(max_steps=300, num_train_epochs=3.0)  # HEAD: `| num_train_epochs | 3 |`
+    assert "| `num_train_epochs` | 3 |" in rows(max_steps=-1, num_train_epochs=3.0)
 
 
 def test_no_local_paths_in_output(exported, pretrained):

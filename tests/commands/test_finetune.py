@@ -343,18 +343,18 @@ def test_mining_ranks_by_the_models_own_similarity():
     group = TrainingGroup("q0", "q", [("d0", "pos")])
     top = dict(num_negatives=2, range_min=0, range_max=3, sampling="top")
     by_dot = mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus, **top)
-    assert by_dot[0].negatives == [("d1", "long"), ("d2", "near")]
+    assert by_dot.groups[0].negatives == [("d1", "long"), ("d2", "near")]
     by_cosine = mine_negatives(_FixedVectors(vectors, "cosine"), [group], corpus, **top)
-    assert by_cosine[0].negatives == [("d2", "near"), ("d1", "long")]
+    assert by_cosine.groups[0].negatives == [("d2", "near"), ("d1", "long")]
     skip_first = mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus, **{**top, "range_min": 1})
-    assert skip_first[0].negatives == [("d2", "near"), ("d3", "far")]
+    assert skip_first.groups[0].negatives == [("d2", "near"), ("d3", "far")]
     drawn = [mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus, num_negatives=2, range_min=0,
-                            range_max=3, seed=seed)[0].negatives for seed in range(20)]
+                            range_max=3, seed=seed).groups[0].negatives for seed in range(20)]
     assert all(d == sorted(d, key=["long", "near", "far"].index) for d in ([t for _, t in n] for n in drawn))
     assert len({tuple(d) for d in drawn}) == 3  # every pair of the three candidates, each in rank order
     too_few = mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus,
                              **{**top, "range_min": 2, "range_max": 4})
-    assert too_few[0].negatives == []
+    assert too_few.groups[0].negatives == []
 
 
 def test_mining_scores_the_corpus_chunk_by_chunk_alike(monkeypatch):
@@ -366,7 +366,29 @@ def test_mining_scores_the_corpus_chunk_by_chunk_alike(monkeypatch):
     whole = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
     monkeypatch.setattr(mining_module, "MINING_CHUNK_BYTES", 4 * 4 * 3)  # 3 documents a chunk, 4 queries a block
     chunked = mine_negatives(_FixedVectors(vectors, "dot"), groups, corpus, num_negatives=4, range_min=2, range_max=9)
-    assert chunked == whole and all(len(g.negatives) == 4 for g in whole)
+    assert chunked.groups == whole.groups and all(len(g.negatives) == 4 for g in whole.groups)
+
+
+def test_mining_reports_the_ranks_it_used_when_the_pool_is_smaller(caplog):
+    vectors = {"q": [1.0, 0.0], "pos": [1.0, 0.0], "a": [0.9, 0.1], "b": [0.5, 0.5], "c": [0.1, 0.9]}
+    corpus = {"d0": "pos", "d1": "a", "d2": "b", "d3": "c", "d4": "a"}  # 4 distinct texts
+    group = TrainingGroup("q0", "q", [("d0", "pos")])
+    with caplog.at_level(logging.INFO, logger=mining_module.__name__):
+        mined = mining_module.mine_negatives(_FixedVectors(vectors, "dot"), [group], corpus,
+                                                       num_negatives=2, range_min=0, range_max=100, sampling="top")
+    assert (mined.range_min, mined.range_max, mined.ranks) == (0, 4, "ranks 0-4, top")
+    assert mined.groups[0].negatives == [("d1", "a"), ("d2", "b")]
+    assert "(ranks 0-4, top)" in caplog.text
+
+
+def test_the_record_and_card_give_the_mining_ranks_used(spread_cls_bert, tiny_beir, tmp_path):
+    """A corpus of 30 documents lowers --mine-range-max 100 to 30; HEAD recorded "ranks 1-100"."""
+    out = tmp_path / "out"
+    assert finetune_command([str(spread_cls_bert), str(tiny_beir), "--output-dir", str(out), "--stages",
+                             "hard-negatives", "--num-negatives", "2", "--mine-range-min", "1", *FAST]) == 0
+    info = json.loads((out / "retromae_finetune.json").read_text())
+    assert info["stages"][0]["negatives"] == "mined with the starting model (ranks 1-30, random)"
+    assert "(ranks 1-30, random)" in (out / "README.md").read_text()
 
 
 @pytest.mark.parametrize("flags, named", [

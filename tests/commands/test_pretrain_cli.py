@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +57,23 @@ def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
         expected = encoder.eval()(**{k: batch[k] for k in ("input_ids", "attention_mask")}).pooler_output
     assert torch.allclose(model.encode(SENTENCES[:2], convert_to_tensor=True), expected, atol=1e-5)
     assert (out / "encoder" / "modules.json").is_file(), "pretrain exports its final encoder"
+
+
+def _training_table(card: Path) -> str:
+    """The card's "Training hyperparameters" table."""
+    return card.read_text().split("### Training hyperparameters")[1].split("###")[0]
+
+
+def test_pretrain_card_and_export_card_show_the_same_plain_training_arguments(tiny_bert, corpus, tmp_path):
+    """HEAD's pretrain card said `SchedulerType.LINEAR` (export's: `linear`), and both claimed num_train_epochs 3
+    for a run that --max-steps stopped."""
+    out = tmp_path / "run"
+    assert main(pretrain_args(tiny_bert, corpus, out)) == 0
+    assert main(["export", str(out / "checkpoint-4"), str(tmp_path / "exported")]) == 0
+    own, exported = _training_table(out / "encoder" / "README.md"), _training_table(tmp_path / "exported" / "README.md")
+    assert own == exported
+    assert "| `lr_scheduler_type` | linear |" in own and "| `max_steps` | 4 |" in own
+    assert "num_train_epochs" not in own
 
 
 def test_resume_continues_exactly(tiny_bert, corpus, tmp_path):

@@ -134,6 +134,12 @@ def _title_and_summary(method: MethodDescription) -> tuple[str, str]:
     return (title, summary) if summary else (method.name, method.summary)
 
 
+def record_value(value: Any) -> Any:
+    """A training argument as a run record holds it: an enum (`SchedulerType.LINEAR`) by its value (`linear`), so a
+    card rendered from the record in memory reads as one rendered from its JSON file."""
+    return getattr(value, "value", value)
+
+
 def format_value(value: Any, *, loss: bool = False) -> str:
     """A value as a card cell: losses with 4 decimals, other floats in their shortest form, None as "-"."""
     if value is None:
@@ -275,7 +281,9 @@ def method_hyperparameters(method: MethodDescription, config: Mapping[str, Any])
 def _training_rows(training: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     if not training:
         return []
-    rows = [(k, format_value(v)) for k, v in training.items()]
+    # a run with max_steps > 0 stops there, not after num_train_epochs: that row would claim epochs it did not train
+    by_steps = isinstance(training.get("max_steps"), int) and training["max_steps"] > 0
+    rows = [(k, format_value(v)) for k, v in training.items() if not (by_steps and k == "num_train_epochs")]
     factors = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size")
     if all(isinstance(training.get(k), int) for k in factors):
         effective = training[factors[0]] * training[factors[1]] * training[factors[2]]
@@ -394,6 +402,7 @@ __all__ = [
     "format_value",
     "method_hyperparameters",
     "read_papers",
+    "record_value",
     "render_finetuned_card",
     "render_pretrained_card",
     "write_finetuned_card",

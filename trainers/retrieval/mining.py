@@ -6,6 +6,7 @@ import logging
 import os
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import (
@@ -25,6 +26,22 @@ logger = logging.getLogger(__name__)
 MINING_CHUNK_BYTES = 2**29  # mining: the float32 embeddings of one chunk of documents, and its score matrix
 
 
+@dataclass(frozen=True)
+class MinedNegatives:
+    """What `mine_negatives` returns: the groups with their negatives and the ranks they were drawn from;
+    `range_max` is the one used, lowered to the pool's size when the pool is smaller than asked."""
+
+    groups: list[TrainingGroup]
+    range_min: int
+    range_max: int
+    sampling: str
+
+    @property
+    def ranks(self) -> str:
+        """The ranks for a log line or a run record: `ranks 10-55, random`."""
+        return f"ranks {self.range_min}-{self.range_max}, {self.sampling}"
+
+
 def mine_negatives(
     model: SentenceTransformer,
     groups: list[TrainingGroup],
@@ -37,7 +54,7 @@ def mine_negatives(
     batch_size: int = 32,
     seed: int = 42,
     output_file: str | os.PathLike | None = None,
-) -> list[TrainingGroup]:
+) -> MinedNegatives:
     """Mine hard negatives for `groups` with `model`, ranking the whole pool by the model's own similarity (dot
     product or cosine, exact search), as the papers retrieve with the model being fine-tuned.
 
@@ -51,8 +68,8 @@ def mine_negatives(
         output_file: where to save the result as JSONL (reusable with `--negatives-file`).
 
     Returns:
-        The groups with `negatives` set; queries for which fewer than `num_negatives` candidates remained are
-        returned without negatives (and counted in the log).
+        The groups with `negatives` set, and the ranks used; queries for which fewer than `num_negatives`
+        candidates remained are returned without negatives (and counted in the log).
     """
     check_mining_range(num_negatives, range_min, range_max)
     text_to_id: dict[str, str] = {}
@@ -79,16 +96,16 @@ def mine_negatives(
             chosen = [candidates[i] for i in sorted(rng.sample(range(len(candidates)), num_negatives))]
         result.append(TrainingGroup(group.query_id, group.query, group.positives,
                                     [(text_to_id[text], text) for text in chosen]))
+    mined = MinedNegatives(result, range_min, range_max, sampling)
     without = sum(1 for g in result if not g.negatives)
     logger.info(
-        "mined %d negatives for %d of %d queries (ranks %d-%d, %s)%s", num_negatives, len(groups) - without,
-        len(groups), range_min, range_max, sampling,
-        f"; {without} queries had too few candidates" if without else "",
+        "mined %d negatives for %d of %d queries (%s)%s", num_negatives, len(groups) - without, len(groups),
+        mined.ranks, f"; {without} queries had too few candidates" if without else "",
     )
     if output_file is not None:
         write_training_jsonl(result, output_file)
         logger.info("hard negatives saved to %s (reuse with --negatives-file)", output_file)
-    return result
+    return mined
 
 
 def _rank_documents(model: SentenceTransformer, groups: list[TrainingGroup], texts: list[str], depth: int,
@@ -111,4 +128,4 @@ def _rank_documents(model: SentenceTransformer, groups: list[TrainingGroup], tex
     return [ranked for top, _ in tops for ranked in top.ranking()]
 
 
-__all__ = ["mine_negatives"]
+__all__ = ["MinedNegatives", "mine_negatives"]

@@ -16,7 +16,7 @@ from sentence_transformers import SentenceTransformer
 from torch import nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..export.cards import FINETUNE_RUN_INFO_FILE, write_finetuned_card
+from ..export.cards import FINETUNE_RUN_INFO_FILE, record_value, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.finetune_options import (
     STAGES,
@@ -231,8 +231,8 @@ def finetune_run_info(model, model_info, model_args, data_args, loss_args, train
         "max_steps": training_args.max_steps,
         "warmup_steps": training_args.warmup_steps,
         "weight_decay": training_args.weight_decay,
-        "lr_scheduler_type": str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)),
-        "batch_sampler": str(getattr(training_args.batch_sampler, "value", training_args.batch_sampler)),
+        "lr_scheduler_type": str(record_value(training_args.lr_scheduler_type)),
+        "batch_sampler": str(record_value(training_args.batch_sampler)),
         "seed": training_args.seed,
         "max_seq_length": model.max_seq_length,
         "num_negatives": data_args.num_negatives,

@@ -268,20 +268,18 @@ def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], s
         return checked.groups, checked.dropped, source
     if state["negatives"]:
         return (*clean_groups(_negatives_from_file(work_dir / NEGATIVES_FILE, groups)), state["negatives"])
-    groups = mine_negatives(
+    mined = mine_negatives(
         model, groups, checked.pool if checked.pool is not None else _corpus_pool(data_args, beir, groups),
         num_negatives=data_args.num_negatives,
         range_min=data_args.mine_range_min, range_max=data_args.mine_range_max,
         sampling=data_args.mine_sampling, batch_size=training_args.per_device_train_batch_size * 4,
         seed=training_args.seed, output_file=work_dir / NEGATIVES_FILE,
     )
-    state["negatives"] = (
-        f"mined with the {'previous-stage' if state['stages'] else 'starting'} model "
-        f"(ranks {data_args.mine_range_min}-{data_args.mine_range_max}, {data_args.mine_sampling})"
-    )
+    # the ranks mining used: a pool smaller than --mine-range-max lowers it
+    state["negatives"] = f"mined with the {'previous-stage' if state['stages'] else 'starting'} model ({mined.ranks})"
     if training_args.process_index == 0:  # a resumed run reads them from NEGATIVES_FILE
         write_json_atomic(work_dir / STATE_FILE, state)
-    return (*clean_groups(groups), state["negatives"])
+    return (*clean_groups(mined.groups), state["negatives"])
 
 
 def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[TrainingGroup],

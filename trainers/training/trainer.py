@@ -36,6 +36,7 @@ from transformers.trainer_utils import SaveStrategy, TrainOutput
 from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
 from ..data.dataset_checks import check_pretraining_inputs, check_same_tokenizer, check_tokenized, longest_sequence
 from ..data.token_rows import array_rows
+from ..export.cards import record_value
 from ..inputs.arguments import check_training_arguments
 from ..inputs.io import write_json_atomic
 from .atomic_checkpoints import AtomicCheckpoints
@@ -389,7 +390,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
             shutil.rmtree(checkpoint, ignore_errors=True)
 
     def current_run_info(self) -> dict[str, Any]:
-        training = {key: getattr(self.args, key) for key in _RUN_INFO_TRAINING_KEYS}
+        training = {key: record_value(getattr(self.args, key)) for key in _RUN_INFO_TRAINING_KEYS}
         training["world_size"] = self.args.world_size
         training["warmup_steps"] = self.args.warmup_steps
         training.update(self.recipe.as_record())
