@@ -28,6 +28,7 @@ from retromae.trainers.export.sentence_transformer import (
     load_as_sentence_transformer,
 )
 from retromae.trainers.inputs.errors import yaml_error_message
+from retromae.trainers.methods import METHODS
 from retromae.trainers.training.finetuning import save_finetuned_model
 
 from ..builders import save_headless_bert, tiny_bert_kwargs
@@ -330,8 +331,6 @@ def test_find_local_paths_gives_lines_and_paths():
 def test_our_card_writers_write_public_names_only():
     """HEAD wrote a local --model-name / --dataset-ids / base model / training-data path into the cards verbatim
     (heading, usage code, model-index)."""
-    from retromae.trainers.methods import METHODS
-
     method = METHODS["retromae"]
     pretrained = render_pretrained_card(
         method, method.model_class.config_class().to_dict(),
@@ -346,6 +345,14 @@ def test_our_card_writers_write_public_names_only():
     finetuned = render_finetuned_card(info, METHODS)
     assert find_local_paths(finetuned) == [], find_local_paths(finetuned)
     assert "# my-model" in finetuned and "`train.jsonl`" in finetuned and "| scifact (local BEIR) |" in finetuned
+
+
+def test_the_finetuned_card_claims_num_train_epochs_only_when_no_max_steps_stopped_the_run():
+    def card(**hyperparameters) -> str:
+        return render_finetuned_card({**INFO, "hyperparameters": {"learning_rate": 2e-5, **hyperparameters}}, METHODS)
+
+    assert "num_train_epochs" not in card(max_steps=50, num_train_epochs=3)  # HEAD: a row of 3 epochs
+    assert "num_train_epochs" in card(max_steps=-1, num_train_epochs=3)
 
 
 @pytest.mark.parametrize(

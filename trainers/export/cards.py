@@ -278,12 +278,17 @@ def method_hyperparameters(method: MethodDescription, config: Mapping[str, Any])
     return [(n, format_value(config[n])) for n in names if n in config and n not in NOT_HYPERPARAMETERS]
 
 
+def trained_settings(training: Mapping[str, Any]) -> dict[str, Any]:
+    """The training arguments a card shows: without `num_train_epochs` where `max_steps` > 0 stopped the run (the
+    row would claim epochs it did not train)."""
+    by_steps = isinstance(training.get("max_steps"), int) and training["max_steps"] > 0
+    return {k: v for k, v in training.items() if not (by_steps and k == "num_train_epochs")}
+
+
 def _training_rows(training: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     if not training:
         return []
-    # a run with max_steps > 0 stops there, not after num_train_epochs: that row would claim epochs it did not train
-    by_steps = isinstance(training.get("max_steps"), int) and training["max_steps"] > 0
-    rows = [(k, format_value(v)) for k, v in training.items() if not (by_steps and k == "num_train_epochs")]
+    rows = [(k, format_value(v)) for k, v in trained_settings(training).items()]
     factors = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size")
     if all(isinstance(training.get(k), int) for k in factors):
         effective = training[factors[0]] * training[factors[1]] * training[factors[2]]
@@ -358,7 +363,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         train_queries=train.get("queries"),
         dropped=[(k.replace("_", " "), v) for k, v in (train.get("dropped") or {}).items() if v],
         stages=info.get("stages") or [],
-        hyperparameters=[(k, format_metric(v)) for k, v in (info.get("hyperparameters") or {}).items()],
+        hyperparameters=[(k, format_metric(v)) for k, v in trained_settings(info.get("hyperparameters") or {}).items()],
         eval_rows=[{**row, "dataset_name": card_name(row.get("dataset_name")),
                     **{k: format_metric(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
         metric_labels=[label for _, label in CARD_METRICS],
