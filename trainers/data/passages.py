@@ -138,9 +138,6 @@ def numbered_passages(
     """``(line, passage)`` for each passage of one ``.txt`` or ``.jsonl`` file, as ``read_corpus`` reads it; ``line``
     is the 1-based line the passage starts on (an id that blank passages, which are skipped, do not shift)."""
     fmt = describe_file(Path(path), text_format)[1]
-    if fmt != "jsonl":
-        logger.info("%s: one passage per %s (text format %s)", Path(path).name,
-                    "line" if fmt == "lines" else "block of lines between blank lines", text_format)
     return file_passages(str(path), fmt, text_column)
 
 
@@ -310,7 +307,7 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, s
         fmt = "jsonl"
     elif suffix == ".txt":
         try:
-            fmt = text_format if text_format != "auto" else ("blocks" if first_blank_separator(path) else "lines")
+            fmt = _text_layout(path, text_format)
         except READ_FAILURES as exc:  # a truncated or fake .gz fails while the layout is sniffed
             raise unreadable_file(path, exc) from None
     elif suffix == ".parquet" and not compression:
@@ -319,6 +316,20 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, s
         raise CorpusError(f"{str(path)!r}: unsupported file type {suffix + compression!r}; use a .txt, .jsonl or "
                         f".parquet file (.txt and .jsonl may be compressed: {', '.join(COMPRESSED_SUFFIXES)})")
     return str(path.resolve()), fmt, stat.st_size, f"{stat.st_mtime_ns}:{_ends_digest(path, stat.st_size)}"
+
+
+def _text_layout(path: Path, text_format: TextFormat) -> str:
+    """The layout a .txt is read in ("lines" or "blocks"), logged: with `auto`, the empty line that made it blocks
+    (one stray empty line makes a whole file a few passages)."""
+    blank = _first_blank_separator(path) if text_format == "auto" else None
+    fmt = text_format if text_format != "auto" else ("blocks" if blank else "lines")
+    if blank:
+        logger.info("%s: one passage per block of lines between empty lines (--text-format auto: line %d is empty "
+                    "between text lines); --text-format lines reads one passage per line", path, blank)
+    else:
+        logger.info("%s: one passage per %s (text format %s)", path,
+                    "line" if fmt == "lines" else "block of lines between empty lines", text_format)
+    return fmt
 
 
 def _ends_digest(path: Path, size: int, span: int = 1 << 16) -> str:
@@ -332,7 +343,7 @@ def _ends_digest(path: Path, size: int, span: int = 1 << 16) -> str:
     return digest.hexdigest()[:16]
 
 
-def first_blank_separator(path: Path) -> int | None:
+def _first_blank_separator(path: Path) -> int | None:
     """The 1-based line of the file's first empty line between two non-empty lines (which makes ``auto`` read the
     ``"blocks"`` layout); None when there is none."""
     seen_text = False
@@ -351,5 +362,4 @@ def first_blank_separator(path: Path) -> int | None:
     return None
 
 
-__all__ = ["TEXT_FORMATS", "TextFormat", "check_text_encoding", "first_blank_separator", "iter_decoded_lines",
-           "numbered_passages", "wide_encoding"]
+__all__ = ["TEXT_FORMATS", "TextFormat", "check_text_encoding", "iter_decoded_lines", "numbered_passages", "wide_encoding"]

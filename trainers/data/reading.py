@@ -32,7 +32,6 @@ from .passages import (
     check_text_encoding,
     describe_file,
     file_passages,
-    first_blank_separator,
     iter_decoded_lines,
     iter_jsonl_passages,
     iter_parquet_passages,
@@ -325,11 +324,6 @@ def _read_files(
     """Materialises the passages of corpus files with ``datasets``' builders (``_read_run``), or streams them
     through our own generator."""
     sources = [describe_file(path, text_format) for path in files]
-    for path, (_, fmt, _, _) in zip(files, sources, strict=True):
-        if fmt == "blocks" and text_format == "auto":  # one stray empty line makes a whole file a few passages
-            logger.info("%s: one passage per block of lines between empty lines (--text-format auto: line %d is empty "
-                        "between text lines); --text-format lines reads one passage per line", path,
-                        first_blank_separator(path))
     if text_column != "text" and all(source[1] in ("lines", "blocks") for source in sources):
         raise ValueError(f"--text-column {text_column} names a field of .jsonl / .parquet / datasets corpora, and "
                          f"{str(files[0])!r}{' and the other files hold' if len(files) > 1 else ' holds'} plain text (a "

@@ -157,6 +157,11 @@ def tokenize_corpus(
     return tokenized
 
 
+def sample_rows(total: int) -> list[int] | range:
+    """The rows a share is measured on: `UNK_SAMPLE_ROWS` spread evenly over `total`, or all of them."""
+    return [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else range(total)
+
+
 def report_truncation(passages: datasets.Dataset | Sequence[str], tokenizer: Any, room: int, source: str,
                       fix: str = "pack them into full sequences (--packing, where the method takes it) or raise "
                                  "--max-seq-length") -> None:
@@ -164,7 +169,7 @@ def report_truncation(passages: datasets.Dataset | Sequence[str], tokenizer: Any
     tokens drops, measured on `UNK_SAMPLE_ROWS` passages spread over them; above `WARN_TRUNCATED_SHARE` a warning
     that adds `fix`, and the text-format hint for a .txt."""
     total = len(passages)
-    rows = [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else range(total)
+    rows = sample_rows(total)
     texts = passages.select(rows)["text"] if isinstance(passages, datasets.Dataset) else [passages[i] for i in rows]
     lengths = [len(ids) for ids in tokenizer([text or "" for text in texts], add_special_tokens=False, verbose=False,
                                              return_attention_mask=False, return_token_type_ids=False)["input_ids"]]
@@ -311,9 +316,8 @@ def _check_unknown_tokens(
         sample = f"the first {len(rows)} sequences of the stream"
     else:
         total = len(tokenized)
-        spread = [i * total // UNK_SAMPLE_ROWS for i in range(UNK_SAMPLE_ROWS)] if total > UNK_SAMPLE_ROWS else None
-        rows = tokenized.select(spread)["input_ids"] if spread else tokenized["input_ids"]
-        sample = f"a sample of {len(rows)} of {total} sequences" if spread else f"all {total} sequences"
+        rows = tokenized.select(sample_rows(total))["input_ids"]
+        sample = f"a sample of {len(rows)} of {total} sequences" if total > UNK_SAMPLE_ROWS else f"all {total} sequences"
     share = unknown_token_share(tokenizer, rows)
     if share is None or share <= WARN_UNK_SHARE:
         return

@@ -117,6 +117,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
             training_args, kwargs.get("train_dataset"))
         self._stream_position: dict[str, Any] | None = None  # to resume from, once the loader exists
         self._rng_checkpoint: str | None = None  # whose RNG states the first step after a stream position loads
+        self._resumed_at_pass_end = False  # the stream position resumed from ends its pass (`_init_training_state`)
         super().__init__(*args, **kwargs)
         self.accelerator.dataloader_config.use_stateful_dataloader |= self._keeps_stream_position
         self.validation = validation
@@ -444,7 +445,8 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         if resume_from_checkpoint and self._keeps_stream_position:  # no replay: the Trainer skips no batch
             position = saved_stream_position(resume_from_checkpoint, self.args.process_index)
             self.args.ignore_data_skip |= position is not None
-            if pass_ended(position):  # the next pass opens after the RNG states load, as in the unbroken run: {} drops
+            self._resumed_at_pass_end = pass_ended(position)
+            if self._resumed_at_pass_end:  # the next pass opens after the RNG states load, as in the unbroken run: {} drops
                 position = {}  # the iterator that accelerate's stateful loader opened (drawing from the RNG) when built
             self._stream_position = position
             self._rng_checkpoint = resume_from_checkpoint if position else None
@@ -471,8 +473,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
             return epochs_trained, steps_trained
         # the checkpoint's max_steps, the one its epoch was counted in
         passes, batches = stream_pass_position(saved.epoch, saved.max_steps, self.args.gradient_accumulation_steps)
-        if self._keeps_stream_position and pass_ended(saved_stream_position(resume_from_checkpoint,
-                                                                          self.args.process_index)):
+        if self._resumed_at_pass_end:
             return passes + 1, 0  # saved at the end of its pass: the run goes on with the next
         if self._keeps_stream_position and self.args.ignore_data_skip:  # no batch is skipped, so none counted
             self.add_callback(ResumedPassEpoch(passes, batches))
