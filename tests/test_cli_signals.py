@@ -1,5 +1,5 @@
-"""SIGTERM at the edges of a command (`cli.main`): during the imports before it runs, after it has returned, and a
-Ctrl-C or SIGTERM line printed while a progress bar is open."""
+"""The edges of a command (`cli.main`): SIGTERM during the imports before it runs and after it has returned, a
+Ctrl-C or SIGTERM line printed while a progress bar is open, and the process group a torchrun command leaves."""
 
 from __future__ import annotations
 
@@ -51,6 +51,23 @@ SIGTERM_AFTER_RETURN = textwrap.dedent("""
     sys.exit(cli.main())
 """)
 
+# A fresh `retromae pretrain` whose command joins a one-process gloo group (as the Trainer does under torchrun) and
+# returns STATUS; at exit it reports whether the group is still alive.
+GROUP_AT_EXIT = textwrap.dedent("""
+    import atexit, os, sys
+    import torch.distributed as dist
+    from retromae.trainers import cli
+
+    def trained(argv):
+        dist.init_process_group("gloo", init_method="file://" + os.path.abspath("group"), rank=0, world_size=1)
+        return STATUS
+
+    atexit.register(lambda: print("group alive at exit:", dist.is_initialized()))
+    cli._command = lambda name: trained
+    sys.argv = ["retromae", "pretrain"]
+    sys.exit(cli.main())
+""")
+
 
 def _run(code: str, tmp_path, **names: object) -> subprocess.CompletedProcess:
     prelude = "".join(f"{name} = {value!r}\n" for name, value in names.items())
@@ -96,3 +113,11 @@ def test_the_interrupted_line_is_not_glued_to_an_open_progress_bar(monkeypatch, 
     assert "3/10" in stderr
     assert [line for line in stderr.splitlines() if "interrupted" in line] == ["retromae index: interrupted"]
     assert stderr.splitlines()[-1] == "retromae index: interrupted"
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_the_program_leaves_no_process_group_to_tear_down_at_exit(status, tmp_path):
+    """HEAD left the Trainer's gloo group alive at exit: under torchrun a rank could then abort in teardown (SIGABRT,
+    'terminate called without an active exception') after its command had succeeded (a ZeRO-3 test, once in CI)."""
+    done = _run(GROUP_AT_EXIT, tmp_path, STATUS=status)
+    assert (done.returncode, done.stdout) == (status, "group alive at exit: False\n"), done.stderr[-2000:]

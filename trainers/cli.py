@@ -118,7 +118,10 @@ def _run(name: str, args: list[str], program: bool) -> int:
     context = contextvars.copy_context()  # what the command sets stays in it (INTERRUPTED_HINT: read after a Ctrl-C)
     try:
         with _sigterm_raises(program):
-            return context.run(_command(name), args)
+            status = context.run(_command(name), args)
+        if program:
+            _leave_process_group()
+        return status
     except KeyboardInterrupt as stop:
         if os.environ.get("RETROMAE_DEBUG"):
             raise
@@ -131,6 +134,14 @@ def _run(name: str, args: list[str], program: bool) -> int:
             raise
         _print_line(f"retromae {name}: error: {message}")
         return 2
+
+
+def _leave_process_group() -> None:
+    """Destroy the torch.distributed group a finished command leaves (torchrun runs): a process that exits with a
+    live gloo group can abort at teardown (SIGABRT, 'terminate called without an active exception')."""
+    dist = sys.modules.get("torch.distributed")  # never imported here: a command that used it has
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @contextmanager
