@@ -34,6 +34,7 @@ from ..training.run_folder import (
     resume_state_problem,
 )
 from .arguments import CommandParser, DefaultsHelpFormatter, expand_home, parse
+from .checkpoints import default_model_dir
 from .config_files import config_argument, merge_file_mappings, split_config
 from .errors import UserError
 from .folders import TRAINER_CHECKPOINT
@@ -266,6 +267,16 @@ class PretrainRun:
     settings: dict[str, Any]
     validation: ValidationArguments = field(default_factory=ValidationArguments)
     config_file: str | None = None
+
+    @property
+    def model_ref(self) -> str:
+        """--model, or the embedded default model's folder."""
+        return self.model.model or default_model_dir()
+
+    @property
+    def builds_from_scratch(self) -> bool:
+        """Whether the weights are initialised here: --from-scratch, not resumed (a checkpoint holds its weights)."""
+        return self.model.from_scratch and not self.resume
 
 
 class RecordingParser(CommandParser):

@@ -20,7 +20,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 from ..data.collator import DataInputs
 from ..data.reading import read_corpus
 from ..data.tokenize import saved_token_rows, shuffle_stream, tokenize_corpus
-from ..inputs.checkpoints import default_model_dir, load_tokenizer
+from ..inputs.checkpoints import load_tokenizer
 from ..inputs.folders import check_model_folder, public_name
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import atomic_folder
@@ -136,13 +136,14 @@ def scratch_model(model_ref: str, method: Method, settings: dict[str, Any], attn
     """`--from-scratch`: the method's model with `model_ref`'s architecture (and `--config-overrides`), every weight
     random. With `--tokenizer`, `vocab_size` and `pad_token_id` are the tokenizer's unless the overrides set them."""
     overrides = [override_text(options.config_overrides)] if options.config_overrides else []
-    given = {item.partition("=")[0].strip() for item in ",".join(overrides).split(",")}
+    given = {key.strip(): value.strip()
+             for key, _, value in (item.partition("=") for item in ",".join(overrides).split(","))}
     if options.tokenizer:
-        overrides += [f"{key}={value}" for key, value in (("vocab_size", len(tokenizer)),
-                                                          ("pad_token_id", tokenizer.pad_token_id))
-                      if key not in given and value is not None]
-    sizes = dict(item.split("=", 1) for item in ",".join(overrides).split(",") if "=" in item)
-    vocab = sizes.get("vocab_size", "").strip()
+        for key, value in (("vocab_size", len(tokenizer)), ("pad_token_id", tokenizer.pad_token_id)):
+            if key not in given and value is not None:
+                overrides.append(f"{key}={value}")
+                given[key] = str(value)
+    vocab = given.get("vocab_size", "")
     if vocab.isdigit() and int(vocab) < len(tokenizer):  # before the config, which would refuse the mask id first
         raise ValueError(f"--config-overrides vocab_size={vocab} is smaller than the tokenizer ({len(tokenizer)} "
                          "tokens); raise vocab_size in --config-overrides (or drop it)")
@@ -259,7 +260,7 @@ def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> in
     if saved_token_rows(data.corpus) is not None:
         raise ValueError(f"--corpus {data.corpus} is already tokenized: train from it as it is (drop "
                          "--save-tokenized), or give the text to tokenize again")
-    tokenizer_ref = run.model.tokenizer or run.model.model or default_model_dir()
+    tokenizer_ref = run.model.tokenizer or run.model_ref
     tokenizer = load_tokenizer(tokenizer_ref, purpose=tokenizer_flag(run, tokenizer_ref))
     _check_special_tokens(tokenizer, tokenizer_ref)
     texts = read_corpus(data.corpus, text_format=data.text_format, text_column=data.text_column,
@@ -315,9 +316,7 @@ class HeldLogs:
 def _build_model(run: PretrainRun, method: Method, settings: dict[str, Any], tokenizer: Any, max_seq_length: int):
     """The model `run` trains: loaded (or built, `--from-scratch`), its positions grown, checked against the
     tokenizer, with the fast paths `run`'s TrainingArguments ask for."""
-    args = run.training
-    model_ref = run.model.model or default_model_dir()
-    scratch = run.model.from_scratch and not run.resume
+    args, model_ref, scratch = run.training, run.model_ref, run.builds_from_scratch
     attention = attn_implementation_for(run.model.attn_implementation, args.device.type)
     if scratch:
         set_seed(args.seed)  # the same initial weights on every process and in every run of the same --seed
@@ -352,10 +351,9 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
                    grow_positions=bool(run.model.extend_position_embeddings) and not run.resume)
     start_deepspeed_comm(args)  # before from_pretrained partitions the model (ZeRO-3)
     method = get_method(run.model.method)
-    model_ref = run.model.model or default_model_dir()
+    model_ref, scratch = run.model_ref, run.builds_from_scratch
     resumed_info = read_json_or_empty(Path(run.resume) / RUN_INFO_NAME) if run.resume else {}
     # A resumed run continues its checkpoint's own model and tokenizer (same shape whatever --model holds now).
-    scratch = run.model.from_scratch and not run.resume  # a resumed run's checkpoint holds its weights
     if not run.resume and not scratch:  # --from-scratch names the architectures it takes itself
         refuse_other_architecture(model_ref)
     check_model_folder(run.resume or model_ref, purpose="--resume-from-checkpoint" if run.resume else "--model",
