@@ -3,6 +3,7 @@ Ctrl-C or SIGTERM line printed while a progress bar is open, and the process gro
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -68,6 +69,21 @@ GROUP_AT_EXIT = textwrap.dedent("""
     sys.exit(cli.main())
 """)
 
+# A fresh `retromae export` whose command imports DeepSpeed, as accelerate does in every model save.
+DEEPSPEED_IMPORTED = textwrap.dedent("""
+    import sys
+    from retromae.trainers import cli
+
+    def saved(argv):
+        import deepspeed
+        print("saved")
+        return 0
+
+    cli._command = lambda name: saved
+    sys.argv = ["retromae", "export"]
+    sys.exit(cli.main())
+""")
+
 
 def _run(code: str, tmp_path, **names: object) -> subprocess.CompletedProcess:
     prelude = "".join(f"{name} = {value!r}\n" for name, value in names.items())
@@ -121,3 +137,12 @@ def test_the_program_leaves_no_process_group_to_tear_down_at_exit(status, tmp_pa
     'terminate called without an active exception') after its command had succeeded (a ZeRO-3 test, once in CI)."""
     done = _run(GROUP_AT_EXIT, tmp_path, STATUS=status)
     assert (done.returncode, done.stdout) == (status, "group alive at exit: False\n"), done.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+def test_a_command_that_saves_a_model_prints_no_deepspeed_accelerator_guess(tmp_path):
+    """HEAD printed DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+    detect it." on stdout in every export, finetune and pretrain on a machine without a GPU."""
+    done = _run(DEEPSPEED_IMPORTED, tmp_path)
+    assert (done.returncode, done.stdout) == (0, "saved\n"), done.stderr[-2000:]
+    assert "accelerator" not in done.stderr

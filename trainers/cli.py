@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import errno
 import importlib
+import logging
 import os
 import re
 import signal
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(name: str, args: list[str], program: bool) -> int:
     """Run command `name`, SIGTERM taken from before its imports (seconds: torch, transformers)."""
     context = contextvars.copy_context()  # what the command sets stays in it (INTERRUPTED_HINT: read after a Ctrl-C)
+    if program:
+        logging.getLogger("DeepSpeed").addFilter(_no_accelerator_guess)
     try:
         with _sigterm_raises(program):
             status = context.run(_command(name), args)
@@ -134,6 +137,12 @@ def _run(name: str, args: list[str], program: bool) -> int:
             raise
         _print_line(f"retromae {name}: error: {message}")
         return 2
+
+
+def _no_accelerator_guess(record: logging.LogRecord) -> bool:
+    """Drop DeepSpeed's "Setting accelerator to CPU ... unable to detect it", printed on stdout wherever the package
+    is installed and a GPU is not: accelerate imports it in every model save, also where DeepSpeed is not used."""
+    return not str(record.msg).startswith("Setting accelerator to CPU")
 
 
 def _leave_process_group() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from retromae.trainers.cli import main
+from retromae.trainers.commands import pretrain as pretrain_command
 from retromae.trainers.training.lock import LOCK_NAME
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -162,3 +163,40 @@ def test_final_save_replaces_the_previous_files_with_config_last(tmp_path, monke
                                                       "retromae_run.json"]
     assert all((root / n).read_text() == "new" for n in ("config.json", "model.safetensors"))
     assert order[-1] == "config.json", "config.json arrives last: a root without it is refused by readers"
+
+
+def test_resume_refuses_another_number_of_processes(tiny_bert, corpus, tmp_path, capsys):
+    """HEAD recorded no process count: a 2-process run's checkpoint resumed in 1 process went on at half the global
+    batch, its other process's random state unread, and its card then said world_size 1 for the whole run."""
+    assert main(run_args(tiny_bert, corpus, tmp_path / "run", "--no-export", "true", steps=8)) == 0
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run" / "checkpoint-4", resumed / "checkpoint-4")
+    record = resumed / "checkpoint-4" / "retromae_resume.json"
+    settings = json.loads(record.read_text())
+    assert settings["world_size"] == 1
+    record.write_text(json.dumps({**settings, "world_size": 2}))  # as a torchrun run with 2 processes writes it
+    capsys.readouterr()
+    assert main(["pretrain", "--output-dir", str(resumed), "--resume-from-checkpoint", "last"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"retromae pretrain: error: {resumed / 'checkpoint-4'} was trained on 2 processes and this run has "
+                   "1: the global batch, data order and random state depend on it; resume as the run was launched "
+                   "(torchrun --nproc_per_node 2 -m retromae.trainers.cli pretrain ...), or start a new run in "
+                   "another --output-dir (--model CHECKPOINT continues its weights)")
+    assert not (resumed / "checkpoint-8").exists()
+
+
+@pytest.mark.parametrize(("world", "local", "launch"), [
+    (None, None, "retromae pretrain"),
+    ("2", "2", "torchrun --nproc_per_node 2 -m retromae.trainers.cli pretrain"),
+    ("8", "4", "torchrun --nnodes 2 --nproc_per_node 4 -m retromae.trainers.cli pretrain"),
+])
+def test_the_interrupted_line_resumes_with_the_launcher_of_the_run(world, local, launch, tmp_path, monkeypatch):
+    """HEAD printed `retromae pretrain ...` on every rank of a torchrun run: run as printed, it went on in 1 process."""
+    for name, value in (("WORLD_SIZE", world), ("LOCAL_WORLD_SIZE", local)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(pretrain_command, "last_complete_checkpoint", lambda folder: Path(folder) / "checkpoint-10")
+    assert pretrain_command.resume_hint(str(tmp_path)) == (
+        f"interrupted after checkpoint-10; resume with: {launch} --output-dir {tmp_path} --resume-from-checkpoint last")

@@ -37,7 +37,9 @@ from ..training.pretraining import (
     validation_callback,
 )
 from ..training.resume import (
+    check_same_processes,
     check_text_unchanged,
+    launch_command,
     read_settings,
 )
 from ..training.retrieval_validation import plot_validation, validation_summary
@@ -59,7 +61,9 @@ def resume_hint(output_dir: str) -> str:
     newest = last_complete_checkpoint(output_dir)
     if newest is None:
         return f"interrupted before the first checkpoint of {output_dir}; nothing to resume: run the command again"
-    return (f"interrupted after {newest.name}; resume with: retromae pretrain --output-dir "
+    launch = launch_command("pretrain", int(os.environ.get("WORLD_SIZE", 1)),
+                            int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None)  # torchrun's
+    return (f"interrupted after {newest.name}; resume with: {launch} --output-dir "
             f"{shlex.quote(os.fspath(output_dir))} --resume-from-checkpoint last")
 
 
@@ -90,8 +94,9 @@ def pretrain(argv: list[str]) -> int:
     if write_export:
         check_export_target(export_dir, overwrite_export, run)
     recorded = read_settings(run.resume) if run.resume and finished is None else None
-    if recorded:  # a finished run reads no text: it only writes what is missing of its save and export
+    if recorded:  # a finished run reads no text and trains nothing: it only writes what is missing
         check_text_unchanged(recorded, run.resume)
+        check_same_processes(recorded, args.world_size, run.resume)
     save_final = finished is None or not final_save_done(args.output_dir, finished)
     validation = validation_callback(run) if finished is None else None  # a bad folder is refused before training
     if finished is not None:  # nothing to train or evaluate: the Trainer would want an evaluation set

@@ -172,6 +172,31 @@ def check_given_options(recorded: dict[str, Any], given: dict[str, Any], checkpo
         )
 
 
+def launch_command(command: str, world_size: int, local_world_size: int | None = None) -> str:
+    """How `retromae COMMAND` is started on `world_size` processes (`local_world_size` per machine, default all on
+    one): the command itself for 1, torchrun's form for more."""
+    if world_size <= 1:
+        return f"retromae {command}"
+    per_node = local_world_size or world_size
+    nodes = f"--nnodes {world_size // per_node} " if per_node != world_size else ""
+    return f"torchrun {nodes}--nproc_per_node {per_node} -m retromae.trainers.cli {command}"
+
+
+def check_same_processes(recorded: dict[str, Any], world_size: int, checkpoint: str) -> None:
+    """Refuse to resume on another number of processes than the checkpoint's run trained on (`world_size` in its
+    record; older records hold none): the global batch, the data each process reads and its random state would
+    change, so the run would no longer be the one resumed."""
+    saved = recorded.get("world_size")
+    if not isinstance(saved, int) or saved == world_size:
+        return
+    raise ValueError(
+        f"{checkpoint} was trained on {saved} process{'es' if saved > 1 else ''} and this run has {world_size}: "
+        "the global batch, data order and random state depend on it; resume as the run was launched "
+        f"({launch_command('pretrain', saved)} ...), or start a new run in another --output-dir "
+        "(--model CHECKPOINT continues its weights)"
+    )
+
+
 def _same(name: str, given: Any, saved: Any) -> bool:
     if given == saved:
         return True
@@ -205,6 +230,6 @@ def _json_safe(value: Any) -> bool:
 
 
 __all__ = [
-    "MAY_CHANGE", "RESUME_FILE", "TEXT_OPTIONS", "check_given_options", "check_text_unchanged",
-    "given_options", "new_run_id", "read_settings", "record_settings", "run_id_of", "text_file_stamps",
+    "MAY_CHANGE", "RESUME_FILE", "TEXT_OPTIONS", "check_given_options", "check_same_processes", "check_text_unchanged",
+    "given_options", "launch_command", "new_run_id", "read_settings", "record_settings", "run_id_of", "text_file_stamps",
 ]

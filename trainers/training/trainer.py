@@ -363,7 +363,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         if self._keeps_stream_position and not self.args.save_only_model:
             save_stream_position(self.callback_handler.train_dataloader, folder, self.args.process_index)
         if self.args.should_save:
-            write_json_atomic(folder / RESUME_FILE, self.run_settings)
+            write_json_atomic(folder / RESUME_FILE, {**self.run_settings, "world_size": self.args.world_size})
 
     def _save_model_files(self, folder: Path) -> None:
         """The model and tokenizer in `folder`, as `save_model` writes them. Sharded weights (FSDP, ZeRO-3) are
