@@ -34,7 +34,7 @@ LAYERS: dict[str, int] = {
     # 3: what the commands run (training, retrieval, export, publishing) and each command's resolved options
     **{f"training.{name}": 3 for name in ("pretraining", "finetuning", "finetune_state", "retrieval_validation")},
     **{f"retrieval.{name}": 3 for name in ("mteb", "benchmarks", "coverage", "hybrid_index", "hybrid_parts", "index_files",
-                                           "mining", "engine_qdrant")},
+                                           "mining", "engine_qdrant", "summaries")},
     "export.sentence_transformer": 3, "export.publishing": 3, "export.parts": 3,
     "inputs.pretrain_options": 3, "inputs.finetune_options": 3, "inputs.official_checkpoints": 3,
     # 4: the drivers, one per command

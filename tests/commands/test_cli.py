@@ -136,10 +136,11 @@ def test_renamed_finetune_loss_weights_still_read_with_a_warning(monkeypatch, ca
     monkeypatch.setattr(finetune_module, "run_finetune", parsed)
     monkeypatch.setattr(finetune_command_module, "run_finetune", parsed)
     with pytest.raises(_Parsed):
-        finetune_module.finetune("model", "data", "out", contrastive_weight=0.3)
+        finetune_module.finetune("model", "data", "out", contrastive_weight=0.3, stages="distill",
+                                 teacher_scores="scores.tsv")  # loss weights without distill are refused
     with pytest.raises(_Parsed):
         finetune_command(["model", "data", "--output-dir", "out", "--contrastive-weight", "0.2",
-                          "--distill_weight=2"])
+                          "--distill_weight=2", "--stages", "distill", "--teacher-scores", "scores.tsv"])
     assert loss_arguments[0].contrastive_loss_weight == 0.3
     assert (loss_arguments[1].contrastive_loss_weight, loss_arguments[1].distill_loss_weight) == (0.2, 2.0)
     warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]

@@ -349,6 +349,19 @@ def test_a_model_name_no_hub_repository_can_have_is_refused(pretrained, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_python_export_refuses_the_model_names_the_command_line_refuses(pretrained, tmp_path):
+    """HEAD: export_sentence_transformer(model_name="/abs/path") wrote a card naming `path`, where
+    `retromae export --model-name /abs/path` is refused (the check lived in the command only)."""
+    _, checkpoint = pretrained
+    with pytest.raises(ValueError, match=r"--model-name '/abs/path' cannot name a Hub repository: it has more than "
+                                         r"one '/'; give NAME or OWNER/NAME"):
+        export_sentence_transformer(checkpoint, tmp_path / "out", model_name="/abs/path")
+    with pytest.raises(TypeError, match=r"export_sentence_transformer: model_name=5 is not a str; give NAME or "
+                                        r"OWNER/NAME, or None"):
+        export_sentence_transformer(checkpoint, tmp_path / "out", model_name=5)
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_command(pretrained, tmp_path, capsys):
     _, checkpoint = pretrained
     assert export_command([str(checkpoint), str(tmp_path / "out"), "--model-name", "my-org/tiny"]) == 0

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..export.parts import export_part
-from ..export.publishing import check_model_name
 from ..export.sentence_transformer import export_sentence_transformer
 from ..inputs.arguments import start_command
 from ..inputs.checkpoints import (
@@ -43,8 +42,6 @@ def export_command(argv: list[str]) -> int:
         "Usage: retromae export CHECKPOINT OUTPUT_DIR",
         positional=["checkpoint", "output_dir"],
     )
-    if args.model_name is not None:
-        check_model_name(args.model_name)
     if args.format == "hybrid":
         out = export_sentence_transformer(args.checkpoint, args.output_dir, overwrite=args.overwrite,
                                           model_name=args.model_name, pooling=args.pooling, similarity=args.similarity)

@@ -7,6 +7,7 @@ from ..inputs.config_files import split_config
 from ..inputs.errors import UserError
 from ..inputs.finetune_options import ARGUMENT_CLASSES, check_options_read
 from ..retrieval.beir import ON_MISSING, RetrievalDataError
+from ..training.finetune_state import FinetuneResult
 from ..training.finetuning import run_finetune
 from ..training.resume import given_options
 
@@ -36,21 +37,30 @@ def finetune_command(argv: list[str]) -> int:
         result = run_finetune(model_args, data_args, loss_args, training_args)
     except RetrievalDataError as error:
         raise UserError(str(error)) from None
-    if training_args.process_index == 0 and result.already_finished:
-        stages = ", ".join(stage["stage"] for stage in result.info["stages"])
-        print(f"retromae: this fine-tuning had already finished (stages: {stages}); its model is {result.output_dir}; "
-              "nothing was trained", flush=True)
-    elif training_args.process_index == 0:
-        lines = [f"retromae: fine-tuned model written to {result.output_dir}"]
-        for stage in result.info["stages"]:
-            resumed = stage.get("train_loss_from_step")
-            lines.append(f"  {stage['stage']}: {stage['examples']} examples, {stage['steps']} steps, "
-                         f"training loss {stage['train_loss']:.4f}"
-                         + (f" (steps {resumed}-{stage['steps']}, after resuming)" if resumed else ""))
-        for row in result.info.get("eval_results") or []:
-            lines.append(f"  {row['dataset_name']} ({row['split']}): NDCG@10 {row['ndcg_at_10']:.4f}")
-        print("\n".join(lines), flush=True)
+    if training_args.process_index == 0:
+        print("\n".join(summary_lines(result)), flush=True)
     return 0
 
 
-__all__ = ["finetune_command", "given_option_names"]
+def summary_lines(result: FinetuneResult) -> list[str]:
+    """What the command prints when it ends: the stages trained and the --eval-data results, or that the run had
+    already finished (and whether the evaluation it had left, stopped before, was run now)."""
+    eval_lines = [f"  {row['dataset_name']} ({row['split']}): NDCG@10 {row['ndcg_at_10']:.4f}"
+                  for row in result.info.get("eval_results") or []]
+    if result.already_finished:
+        stages = ", ".join(stage["stage"] for stage in result.info["stages"])
+        line = (f"retromae: this fine-tuning had already finished (stages: {stages}); its model is "
+                f"{result.output_dir}; nothing was trained")
+        if not result.evaluated_now:
+            return [line]
+        return [f"{line}; the --eval-data evaluation it had left was run, and its card updated:", *eval_lines]
+    lines = [f"retromae: fine-tuned model written to {result.output_dir}"]
+    for stage in result.info["stages"]:
+        resumed = stage.get("train_loss_from_step")
+        lines.append(f"  {stage['stage']}: {stage['examples']} examples, {stage['steps']} steps, "
+                     f"training loss {stage['train_loss']:.4f}"
+                     + (f" (steps {resumed}-{stage['steps']}, after resuming)" if resumed else ""))
+    return lines + eval_lines
+
+
+__all__ = ["finetune_command", "given_option_names", "summary_lines"]

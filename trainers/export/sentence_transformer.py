@@ -48,6 +48,7 @@ from ..inputs.sentence_models import check_pooling, load_sentence_transformer
 from ..methods import METHODS, Method, get_method, method_of_config, method_of_folder
 from ..training.sharding import is_sharded
 from .cls import ExportRequest
+from .publishing import check_model_name
 
 logger = logging.getLogger(__name__)
 RUN_INFO_FILE = "retromae_run.json"
@@ -89,14 +90,20 @@ def export_sentence_transformer(
         `output_dir` as a `Path`.
 
     Raises:
-        ValueError: the folder is not a complete checkpoint of one of our methods, or
-            `output_dir` exists and `overwrite` is False.
-        TypeError: a path that is no str or `os.PathLike`, or an `overwrite` that is not a bool.
+        ValueError: the folder is not a complete checkpoint of one of our methods, `output_dir` exists and
+            `overwrite` is False, or `model_name` cannot name a Hub repository (`publishing.check_model_name`).
+        TypeError: a path that is no str or `os.PathLike`, an `overwrite` that is not a bool, a `model_name` that is
+            no str.
     """
     check_path("export_sentence_transformer", "checkpoint", checkpoint, "give the checkpoint folder (a str or "
                "os.PathLike); for a model in memory use export_from_model(model, tokenizer, output_dir)")
     check_path("export_sentence_transformer", "output_dir", output_dir)
     check_bool("export_sentence_transformer", "overwrite", overwrite)
+    if model_name is not None:
+        if not isinstance(model_name, str):
+            raise TypeError(f"export_sentence_transformer: model_name={model_name!r} is not a str; give NAME or "
+                            "OWNER/NAME, or None")
+        check_model_name(model_name)  # the command line's check: the card's usage lines load OWNER/NAME
     check_pooling(pooling, similarity)
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     method, config = read_checkpoint_config(checkpoint)

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import math
+import os
+import types
+import typing
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal, Union
 
 from sentence_transformers import SentenceTransformerTrainingArguments
 
+from ..data.training_groups import TrainingGroup
 from .errors import UserError
+from .parameters import check_number
 
 STAGES = ("in-batch", "hard-negatives", "distill")
 NEGATIVE_STAGES = ("hard-negatives", "distill")  # the stages after in-batch: negatives from a file, the data or mining
 MINING_OPTIONS = ("corpus", "mine_range_min", "mine_range_max", "mine_sampling")
 NEGATIVE_OPTIONS = ("negatives_file", "num_negatives", *MINING_OPTIONS)  # read by NEGATIVE_STAGES only
+DISTILL_OPTIONS = ("distill_loss_weight", "contrastive_loss_weight", "distill_temperature")  # read by distill only
+PAIRS_FILE_SUFFIXES = (".jsonl", ".json")  # a training file of (query, positive, negatives): no split, no qrels
+MODEL_PROMPTS = ("query", "document")  # the names --prompts takes: those the saved model's `prompts` holds
 
 
 @dataclass
@@ -132,6 +142,17 @@ class FinetuneTrainingArguments(SentenceTransformerTrainingArguments):
     warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a fraction of the stage if < 1"})
     logging_steps: float = field(default=10, metadata={"help": "log the loss every N steps"})
     save_strategy: str = field(default="no", metadata={"help": "trainer checkpoints: no, steps or epoch"})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "`last`: continue this run's stages from its work folder (finished stages "
+                                "kept, the interrupted one from its newest checkpoint, a missing --eval-data "
+                                "evaluation run); a checkpoint path is refused"}
+    )
+    prompts: Union[str, None, dict[str, str], dict[str, dict[str, str]]] = field(  # noqa: UP007 (sentence-transformers' type: HfArgumentParser reads a Union with None second)
+        default=None,
+        metadata={"help": 'text put before every query and document, or JSON {"query": "query: ", "document": '
+                  '"passage: "}: trained with (the query column; positive and negative columns), saved as the '
+                  "model's prompts (config_sentence_transformers.json) and used by mining and --eval-data"},
+    )
     batch_sampler: str = field(
         default="no_duplicates", metadata={"help": "batch sampler (no_duplicates: no repeated text in a batch)"}
     )
@@ -194,6 +215,151 @@ def check_options_read(given: Collection[str], data_args: FinetuneDataArguments)
         raise UserError(f"{flag} configures mining, which --negatives-file replaces: drop {flag} or --negatives-file")
     if "eval_split" in given and not data_args.eval_data:
         raise UserError("--eval-split names a qrels split of --eval-data: pass --eval-data FOLDER, or drop --eval-split")
+    distill = [name for name in given if FinetuneLossArguments.legacy_keys.get(name, name) in DISTILL_OPTIONS]
+    if distill and "distill" not in stages:
+        raise UserError(f"{_flag(sorted(distill)[0])} is read by the distill stage only: add distill to --stages (with "
+                        "--teacher-scores), or drop the flag")
+    if is_pairs_file(data_args.train_data):
+        if "split" in given:
+            raise UserError(f"--split is read for a BEIR folder's qrels or a dataset's splits only; --train-data "
+                            f"{Path(data_args.train_data).name} is a file of (query, positive, negatives) without "
+                            "splits: drop the flag")
+        if "on_missing" in given and not data_args.eval_data and "distill" not in stages:
+            raise UserError("--on-missing is read for a BEIR folder's qrels, --eval-data and the distill stage's "
+                            f"teacher scores only, and this run has none (--train-data "
+                            f"{Path(data_args.train_data).name} is a file of pairs): drop the flag")
+
+
+def is_pairs_file(train_data: str) -> bool:
+    """Whether --train-data names a file of (query, positive, negatives) lines, which has no split."""
+    return Path(train_data).suffix.lower() in PAIRS_FILE_SUFFIXES and not Path(train_data).is_dir()
+
+
+def model_prompts(prompts: str | Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The model's `prompts` (`{"query": ..., "document": ...}`) that `--prompts` gives: one text for both, or a
+    mapping with those two keys (either may be left out: no prompt). None without `--prompts`.
+
+    Raises:
+        UserError: another key (sentence-transformers' column or dataset names: the stages name their columns
+            themselves), or a value that is not a str.
+    """
+    if prompts is None:
+        return None
+    if isinstance(prompts, str):
+        return dict.fromkeys(MODEL_PROMPTS, prompts)
+    if not isinstance(prompts, Mapping):
+        raise UserError(f"--prompts {prompts!r}: give a text, or JSON {{\"query\": ..., \"document\": ...}}")
+    other = sorted(str(key) for key in prompts if key not in MODEL_PROMPTS)
+    if other:
+        raise UserError(f"--prompts names {', '.join(map(repr, other))}; it takes 'query' and 'document' (the model's "
+                        "prompts: the query column and the positive and negative columns of every stage)")
+    wrong = [key for key, value in prompts.items() if not isinstance(value, str)]
+    if wrong:
+        raise UserError(f"--prompts {wrong[0]!r}: {prompts[wrong[0]]!r} is not a text; give a string")
+    return {name: prompts.get(name, "") for name in MODEL_PROMPTS}
+
+
+def stage_prompts(prompts: Mapping[str, str] | None, columns: Sequence[str]) -> dict[str, str] | None:
+    """sentence-transformers' column -> prompt mapping for a stage's columns: the query prompt for `query`, the
+    document prompt for the positive and negative columns (a `label` column holds scores)."""
+    if not prompts:
+        return None
+    mapping = {column: prompts["query" if column == "query" else "document"] for column in columns if column != "label"}
+    return {column: text for column, text in mapping.items() if text} or None
+
+
+def check_full_batches(stage: str, examples: int, batch_size: int, world_size: int, drop_last: bool) -> None:
+    """Refuse a stage whose dataloader gives a process no batch (0 optimisation steps: the starting weights would
+    be written as the result). Incomplete batches are dropped under DDP (all_gather needs equal batches) or with
+    --dataloader-drop-last, and DDP deals whole batches to the processes in turn."""
+    batches = examples // batch_size if drop_last else math.ceil(examples / batch_size)
+    if (batches // world_size if drop_last else batches) >= 1:
+        return
+    largest = examples // world_size
+    fix = (f"lower --per-device-train-batch-size to {largest} or less, or give more training data" if largest >= 1
+           else "give more training data")
+    if world_size > 1:
+        raise UserError(f"stage {stage}: {examples} training examples over {world_size} processes leave no full batch "
+                        f"of {batch_size} per process (DDP drops incomplete batches): {fix}")
+    raise UserError(f"stage {stage}: {examples} training examples leave no full batch of {batch_size} "
+                    f"(--dataloader-drop-last drops incomplete batches): {fix}, or drop --dataloader-drop-last")
+
+
+def check_option_types(where: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` (Python keyword arguments) with a path-like text option as a str, after refusing a value of the
+    wrong type for a field of the model, data and loss options: a number, a text, one of a `Literal`'s choices
+    (`TrainingArguments` fields are checked by `arguments.check_training_arguments`, bools by
+    `parameters.check_bool_options`).
+
+    Raises:
+        TypeError: a value of another type, naming the parameter and the type to pass.
+        ValueError: a text that is none of a `Literal` field's choices.
+    """
+    checked = dict(values)
+    for options_class in ARGUMENT_CLASSES[:3]:
+        for name, hint in typing.get_type_hints(options_class).items():
+            if name not in values:
+                continue
+            value = values[name]
+            kinds = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+            optional = type(None) in kinds
+            if (value is None and optional) or bool in kinds:
+                continue
+            choices = next((typing.get_args(kind) for kind in kinds if typing.get_origin(kind) is Literal), None)
+            if int in kinds or float in kinds:
+                check_number(where, name, value, integer=float not in kinds, optional=optional)
+            elif choices is not None and value not in choices:
+                if not isinstance(value, str):
+                    raise TypeError(f"{where}: {name}={value!r} is not a str; give one of {', '.join(choices)}")
+                raise ValueError(f"{where}: {name}={value!r}; give one of {', '.join(choices)}")
+            elif str in kinds:
+                if not isinstance(value, str | os.PathLike):
+                    raise TypeError(f"{where}: {name}={value!r} ({type(value).__name__}) is not a str; give a str or "
+                                    f"os.PathLike{' (or None)' if optional else ''}")
+                checked[name] = os.fspath(value)
+    return checked
+
+
+def stages_text(where: str, stages: Any) -> str:
+    """`stages` (a comma-separated str or a sequence of stage names) as --stages' text.
+
+    Raises:
+        TypeError: neither a str nor a sequence of str.
+    """
+    if isinstance(stages, str):
+        return stages
+    if not isinstance(stages, Sequence) or not all(isinstance(stage, str) for stage in stages):
+        raise TypeError(f"{where}: stages={stages!r} is not a str or a sequence of str; give stage names from "
+                        f"{', '.join(STAGES)}, e.g. stages=['in-batch', 'hard-negatives']")
+    return ",".join(stages)
+
+
+def check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments) -> None:
+    """Refuse mining that cannot give any query `--num-negatives` negatives: the ranks it takes them from,
+    [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
+    available = min(data_args.mine_range_max, pool_size) - data_args.mine_range_min
+    if available < data_args.num_negatives:
+        raise ValueError(
+            f"mining ranks the {pool_size} documents of the corpus and takes negatives from ranks "
+            f"[{data_args.mine_range_min}, {min(data_args.mine_range_max, pool_size)}): at most {max(available, 0)} "
+            f"per query, fewer than --num-negatives {data_args.num_negatives}; lower --num-negatives or "
+            "--mine-range-min, or give a larger --corpus"
+        )
+
+
+def check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[str, dict[str, float]],
+                            data_args: FinetuneDataArguments) -> None:
+    """Refuse teacher scores that miss every positive of a query (the distill stage needs the positive's score as
+    much as its mined negatives'): any query with `--on-missing error`, all of them otherwise."""
+    unscored = [g for g in groups if not any(doc_id in teacher_scores.get(g.query_id, {}) for doc_id, _ in g.positives)]
+    if not unscored or (data_args.on_missing != "error" and len(unscored) < len(groups)):
+        return
+    example = unscored[0]
+    fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
+           else "check that its query and document ids are those of --train-data")
+    raise ValueError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
+                     f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
+                     f"{example.positives[0][0]!r}); {fix}")
 
 
 def _flag(name: str) -> str:
@@ -201,4 +367,6 @@ def _flag(name: str) -> str:
 
 
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
-__all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_mining_range", "check_options_read", "check_trainer_options"]
+__all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_full_batches", "check_mining_range", "check_option_types",
+           "check_options_read", "check_pool_holds_negatives", "check_positives_scored", "check_trainer_options", "is_pairs_file", "model_prompts", "stage_prompts",
+           "stages_text"]

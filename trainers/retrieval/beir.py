@@ -11,7 +11,7 @@ with counts, never silently: qrels naming a query or document that does not exis
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import hashlib
 import logging
 import math
@@ -152,6 +152,29 @@ def read_beir(folder: str | os.PathLike, split: str = "test", on_missing: OnMiss
     return RetrievalData(corpus, queries, positives, name=folder.resolve().name, split=split, report=dict(report))
 
 
+def drop_blank_queries(data: RetrievalData) -> RetrievalData:
+    """`data` without its queries whose text is blank (there is nothing to encode; scored, each would count as a
+    query that finds nothing), counted in `report["blank_queries"]` and logged as finetune's reader logs them
+    ("dropped 2 blank queries").
+
+    Raises:
+        RetrievalDataError: every query of the split is blank.
+    """
+    blank = {qid for qid, text in data.queries.items() if not text.strip()}
+    if not blank:
+        return data
+    if len(blank) == len(data.queries):
+        raise RetrievalDataError(f"{data.name} ({data.split}): all {len(blank)} queries with a relevant document have "
+                                 "blank text in queries.jsonl; give them their text")
+    logger.warning("%s (%s): dropped %d blank queries (e.g. ids %s): queries.jsonl gives them no text",
+                   data.name, data.split, len(blank), sorted(blank)[:3])
+    keep = [qid for qid in data.queries if qid not in blank]
+    return dataclasses.replace(
+        data, queries={qid: data.queries[qid] for qid in keep}, qrels={qid: data.qrels[qid] for qid in keep},
+        report={**data.report, "blank_queries": len(blank)},
+    )
+
+
 def _known_qrels(raw_qrels: dict[str, dict[str, int]], queries: Mapping[str, Any], corpus: Mapping[str, Any],
                  on_missing: OnMissing, qrels_name: Path) -> tuple[dict[str, dict[str, int]], Counter]:
     """The qrels lines whose query and document exist, and the counts of the others; those others are refused
@@ -189,6 +212,8 @@ def beir_records(path: Path, example: str) -> Iterator[tuple[str, dict[str, Any]
 
 
 def _string_field(record: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
+    """The string at `key` of a JSONL record (a number is taken as text for an id); an id is stripped, as qrels
+    cells are, so that `"d1 "` in corpus.jsonl is the `d1` the qrels name."""
     value = record.get(key)
     if value is None and not required:
         return ""
@@ -196,7 +221,7 @@ def _string_field(record: Mapping[str, Any], key: str, where: str, *, required: 
         return str(value)
     if not isinstance(value, str):
         raise RetrievalDataError(f"{where}: field {key!r} must be a string, got {value!r:.60}")
-    return value
+    return value.strip() if key.endswith("id") else value
 
 
 def read_beir_corpus(path: Path) -> dict[str, dict[str, str]]:
@@ -233,19 +258,15 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dict[str, Any]]:
-    """Read a TSV of `query-id <TAB> corpus-id <TAB> score` (header optional; TREC's 4-column form also accepted).
-
-    Args:
-        path: the file.
-        value_type: `int` for relevance judgements, `float` for teacher scores.
-    """
-    path = Path(path)
-    out: dict[str, dict[str, Any]] = {}
-    lines = (line for _, line in iter_decoded_lines(str(path)))
-    for line_no, row in enumerate(csv.reader(lines, delimiter="\t"), start=1):
-        if not row or not "".join(row).strip():
+def _qrels_rows(path: Path) -> Iterator[tuple[int, str, str, str]]:
+    """`(line, query-id, corpus-id, score text)` per line of a qrels TSV, cells stripped; blank lines and a header
+    (the first non-blank line, when its score is no number) are skipped. Cells are split on tabs only, without csv
+    quoting: an id may start with `"`."""
+    first = True
+    for line_no, line in iter_decoded_lines(str(path)):
+        if not line.strip():
             continue
+        row = line.split("\t")
         if len(row) == 4:  # TREC qrels: qid iteration docid relevance
             row = [row[0], row[2], row[3]]
         if len(row) != 3:
@@ -254,21 +275,56 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
                 f"got {len(row)}"
             )
         qid, doc_id, score = (cell.strip() for cell in row)
+        if first and not _is_number(score):  # the header line
+            first = False
+            continue
+        first = False
+        yield line_no, qid, doc_id, score
+
+
+def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dict[str, Any]]:
+    """Read a TSV of `query-id <TAB> corpus-id <TAB> score` (header optional; TREC's 4-column form also accepted).
+    A (query-id, corpus-id) pair given again with another score keeps the later line's score, with a warning that
+    names both lines.
+
+    Args:
+        path: the file.
+        value_type: `int` for relevance judgements, `float` for teacher scores.
+    """
+    path = Path(path)
+    out: dict[str, dict[str, Any]] = {}
+    conflicts: list[tuple[int, str, str, Any, Any]] = []  # (later line, query, document, earlier, later score)
+    for line_no, qid, doc_id, score in _qrels_rows(path):
         try:
             value = float(score)
         except ValueError:
-            if line_no == 1 and not _is_number(score):  # the header line
-                continue
             raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number") from None
         if not math.isfinite(value):  # an inf teacher score makes every weight NaN
             raise RetrievalDataError(f"{path}:{line_no}: score {score!r} is not a finite number")
         if value_type is int and not value.is_integer():  # int() would make a 0.5 "not relevant"
             raise RetrievalDataError(f"{path}:{line_no}: relevance {score!r} is not a whole number; qrels grade "
                                      "relevance in integers (0 = not relevant)")
-        out.setdefault(qid, {})[doc_id] = value_type(value)
+        docs = out.setdefault(qid, {})
+        if doc_id in docs and docs[doc_id] != value_type(value):
+            conflicts.append((line_no, qid, doc_id, docs[doc_id], value_type(value)))
+        docs[doc_id] = value_type(value)
     if not out:
         raise RetrievalDataError(f"{path} holds no (query-id, corpus-id, score) line")
+    if conflicts:
+        _warn_conflicts(path, conflicts)
     return out
+
+
+def _warn_conflicts(path: Path, conflicts: list[tuple[int, str, str, Any, Any]]) -> None:
+    """One warning for the pairs `read_qrels` found twice with different scores, the first one's two lines named
+    (the earlier line is found by reading the file again up to the later one: only when there is a conflict)."""
+    later, qid, doc_id, before, after = conflicts[0]
+    earlier = max(n for n, q, d, _ in _qrels_rows(path) if n < later and (q, d) == (qid, doc_id))
+    logger.warning(
+        "%s: %d (query-id, corpus-id) pair(s) are given again with another score, e.g. query %r document %r: line %d "
+        "score %s, line %d score %s; the later line's score (%s) is kept: remove the line you do not mean",
+        path, len(conflicts), qid, doc_id, earlier, before, later, after, after,
+    )
 
 
 def read_teacher_scores(path: str | os.PathLike) -> dict[str, dict[str, float]]:
@@ -280,6 +336,6 @@ def read_teacher_scores(path: str | os.PathLike) -> dict[str, dict[str, float]]:
 
 
 __all__ = [
-    "ON_MISSING", "RetrievalData", "RetrievalDataError", "doc_text", "is_beir_folder", "read_beir",
+    "ON_MISSING", "RetrievalData", "RetrievalDataError", "doc_text", "drop_blank_queries", "is_beir_folder", "read_beir",
     "read_qrels", "read_teacher_scores"
 ]

@@ -19,7 +19,8 @@ Outputs under ``--output-dir``::
     mteb/results/<model>/<revision>/<Task>.json   mteb's result JSON (mteb.ResultCache layout)
     summary.json, summary.md                      NDCG@10 (main), MRR@10, Recall@100, Recall@1000 per task and split;
                                                   summary.json names the model (a folder holding another model's
-                                                  summary is refused without --overwrite)
+                                                  summary is refused without --overwrite); a later run of the same
+                                                  model on other tasks adds its rows (`summaries.write_summary`)
 
 ``--update-card`` adds the results to the model folder's card (folders written by `retromae finetune`).
 Registered tasks (``--tasks SciFact,NFCorpus``) and benchmarks (``--benchmark NanoBEIR``: `mteb.get_benchmark`,
@@ -36,7 +37,7 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,18 +48,16 @@ from sentence_transformers import SentenceTransformer
 from ..export.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.folders import check_model_folder, is_local_path, model_location
-from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
-from ..inputs.outputs import Holding, check_folder_option, claim_output
+from ..inputs.io import read_json_or_empty
+from ..inputs.outputs import check_folder_option, claim_output
+from ..inputs.parameters import check_bool_options, check_path
 from ..methods import METHODS, hybrid_method_of
-from .beir import ON_MISSING, RetrievalData, RetrievalDataError, read_beir
+from .beir import ON_MISSING, RetrievalData, RetrievalDataError, drop_blank_queries, read_beir
 from .benchmarks import DEFAULT_LANGUAGE, RETRIEVAL_TASK_TYPES, benchmark_tasks, load_task_data, resolve_language
+from .summaries import results_holding, summary_markdown, write_summary
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
-SUMMARY_JSON = "summary.json"
-SUMMARY_MD = "summary.md"
-
-
 
 
 def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label: str | None = None,
@@ -168,12 +167,6 @@ def registered_tasks(names: list[str]):
     return tasks
 
 
-
-
-
-
-
-
 def _mteb_model(model: SentenceTransformer, search: str):
     hybrid = hybrid_method_of(model) is not None
     if search == "exact" and not hybrid:
@@ -275,36 +268,6 @@ def _query_count(task, subset: str, split: str) -> int | None:
         return None
 
 
-def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
-    header = "| Task | Split | Queries | " + " | ".join(label for _, label in CARD_METRICS) + " |"
-    lines = [f"# Retrieval results: {model_name}", "", header, "|---|---|---|" + "---|" * len(CARD_METRICS)]
-    for row in rows:
-        values = " | ".join("-" if row.get(k) is None else f"{row[k]:.5f}" for k, _ in CARD_METRICS)
-        lines.append(f"| {row['dataset_name']} | {row['split']} | {row.get('queries') or '-'} | {values} |")
-    lines += ["", "NDCG@10 is the main score. Computed by mteb (`retromae evaluate`)."]
-    return "\n".join(lines) + "\n"
-
-
-def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str) -> None:
-    write_json_atomic(output_dir / SUMMARY_JSON,
-                      {"model": model_name, "model_path": model, "search": search, "results": rows})
-    write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
-
-
-def results_holding(model: str | os.PathLike) -> Callable[[Path], Holding]:
-    """`claim_output`'s owner of an evaluation folder: a summary of another model is not ours (every `retromae
-    pretrain` export is named `encoder`, so default folders of two runs coincide); other files are left alone."""
-
-    def holding(output_dir: Path) -> Holding:
-        summary = output_dir / SUMMARY_JSON
-        recorded = read_json_or_empty(summary).get("model_path") if summary.is_file() else model_location(model)
-        if recorded == model_location(model):
-            return None
-        return f"{f'the results of {recorded}' if recorded else 'results of another model'} ({SUMMARY_JSON})", False
-
-    return holding
-
-
 def card_run_info_file(model_dir: str | os.PathLike) -> Path:
     """The run record of a folder written by `retromae finetune` (whose card `--update-card` may rewrite); any other
     folder or a Hub id is refused."""
@@ -357,13 +320,16 @@ def evaluate_folder(
     form); a registered task knows its own.
 
     Returns:
-        The summary rows (also written to `output_dir/summary.{json,md}`).
+        This evaluation's summary rows; `output_dir/summary.{json,md}` holds them after earlier runs' rows of this
+        model on other tasks (`write_summary`). Queries with blank text are dropped with a count
+        (`drop_blank_queries`).
 
     Raises:
         ValueError: among others, `output_dir` holds another model's summary and `overwrite` is False.
     """
-    beir_folders = list(beir_folders or [])
-    tasks = list(tasks or [])
+    beir_folders = list_parameter("evaluate_folder", "beir_folders", beir_folders, paths=True)
+    tasks = list_parameter("evaluate_folder", "tasks", tasks)
+    dataset_ids = list_parameter("evaluate_folder", "dataset_ids", dataset_ids) or None
     if not beir_folders and not tasks and not benchmark:
         raise ValueError("nothing to evaluate on: pass --beir-folder DIR, --tasks NAME[,NAME] and/or --benchmark NAME")
     if beir_folders:
@@ -381,7 +347,7 @@ def evaluate_folder(
     mteb_tasks = []
     for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, local_task_names(beir_folders), strict=True)):
         try:
-            data = read_beir(folder, split=split, on_missing=on_missing)
+            data = drop_blank_queries(read_beir(folder, split=split, on_missing=on_missing))
         except RetrievalDataError as error:
             raise ValueError(str(error)) from None
         logger.info("evaluation data %s", data.summary())
@@ -434,7 +400,11 @@ def evaluate(
         **options: `pooling`, `on_missing`, `dataset_ids`, `model_name`, `show_progress_bar`, `overwrite`,
             `benchmark` (an MTEB benchmark's retrieval tasks, e.g. "NanoBEIR"; `data` may then be `[]`) and
             `language` (the BEIR folders', default "eng-Latn") of `evaluate_folder`; another name, or a batch size
-            below 1, raises `ValueError`.
+            below 1, raises `ValueError`. `data` and `dataset_ids` take one str as one item.
+
+    Raises:
+        TypeError: a path that is no str or `os.PathLike`, a bool option that is not True or False, a list item of
+            another type (each message names the parameter).
 
     Returns:
         One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
@@ -449,7 +419,14 @@ def evaluate(
                          f"{', '.join(named)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"retromae.evaluate: batch_size={batch_size!r}; give a whole number >= 1")
-    sources = [data] if isinstance(data, str | os.PathLike) else list(data)
+    where = "retromae.evaluate"
+    check_path(where, "model", model, "give a model folder or a Hub id (a str or os.PathLike)")
+    if output_dir is not None:
+        check_path(where, "output_dir", output_dir)
+    check_bool_options(where, evaluate_folder, {**options, "update_card": update_card})
+    if "dataset_ids" in options:
+        options["dataset_ids"] = list_parameter(where, "dataset_ids", options["dataset_ids"]) or None
+    sources = list_parameter(where, "data", data, paths=True)
     is_folder = [Path(source).is_dir() or is_local_path(source) for source in sources]  # a missing one is named
     beir_folders = [source for source, folder in zip(sources, is_folder, strict=True) if folder]
     tasks = [os.fspath(source) for source, folder in zip(sources, is_folder, strict=True) if not folder]
@@ -459,6 +436,20 @@ def evaluate(
                                batch_size=batch_size, search=search, update_card=update_card, **options)
     except UnknownTaskError as error:  # a name here is a folder or a task: a typo of either is neither
         raise ValueError(f"retromae.evaluate: {error.name!r} is no folder in {Path.cwd()} and {error}") from None
+
+
+def list_parameter(where: str, name: str, value: Any, *, paths: bool = False) -> list:
+    """The items of list parameter `name` of `where`: one str (or path, if `paths`) is one item, never a list of
+    its characters; None is none. Anything else, or an item of another type, is a `TypeError` naming `name`."""
+    kind, kinds = ("str or os.PathLike", str | os.PathLike) if paths else ("str", str)
+    items = [] if value is None else [value] if isinstance(value, str | os.PathLike) else value
+    if not isinstance(items, list | tuple):
+        raise TypeError(f"{where}: {name}={value!r} ({type(value).__name__}) is neither a {kind} nor a list of "
+                        f"them; give one {kind} or a list")
+    for i, item in enumerate(items):
+        if not isinstance(item, kinds):
+            raise TypeError(f"{where}: {name}[{i}]={item!r} ({type(item).__name__}) is not a {kind}")
+    return list(items)
 
 
 def default_output_dir(model: str | os.PathLike) -> Path:
@@ -478,6 +469,6 @@ def mteb_model_name(model: str | os.PathLike) -> str:
 
 
 __all__ = [
-    "card_run_info_file", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model", "local_task_names", "make_local_task",
-    "results_holding", "summary_markdown", "update_model_card",
+    "card_run_info_file", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model", "list_parameter",
+    "local_task_names", "make_local_task", "results_holding", "summary_markdown", "update_model_card",
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,16 @@ from ..inputs.finetune_options import (
     FinetuneLossArguments,
     FinetuneModelArguments,
     FinetuneTrainingArguments,
+    is_pairs_file,
+    model_prompts,
 )
-from ..inputs.folders import hub_id_of_model, model_location, public_name
+from ..inputs.folders import INTERRUPTED_HINT, hub_id_of_model, model_location, public_name
 from ..inputs.io import read_json_or_empty, write_json_atomic
 from ..inputs.outputs import Holding, atomic_folder
 from ..inputs.sentence_models import save_without_pooler
 from ..inputs.versions import library_versions, package_version
 from ..methods import METHODS, hybrid_method_of
+from ..retrieval.mteb import evaluate_folder
 from .finetune_losses import similarity_functions
 from .run_folder import RESUME_LAST
 
@@ -97,7 +102,7 @@ def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
     elif state.get("stages"):
         logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (--overwrite)", work_dir,
                        len(state["stages"]))
-    fresh = {"settings_key": key, "settings": settings, "stages": [], "negatives": None}
+    fresh = {"settings_key": key, "settings": settings, "stages": [], "negatives": None, "evaluated": None}
     if main_process:  # before a stage folder of an earlier run is cleared
         write_json_atomic(work_dir / STATE_FILE, fresh)
     return fresh, False
@@ -178,6 +183,64 @@ def finished_work_dir_run(model_args: FinetuneModelArguments, data_args: Finetun
     return FinetuneResult(output_dir, info, already_finished=True)
 
 
+def evaluation_record(data_args: FinetuneDataArguments) -> dict[str, str] | None:
+    """How the work folder's state records the run's --eval-data evaluation as done (None without --eval-data)."""
+    if not data_args.eval_data:
+        return None
+    return {"eval_data": model_location(data_args.eval_data), "eval_split": data_args.eval_split}
+
+
+def evaluation_missing(work_dir: Path, data_args: FinetuneDataArguments, info: dict[str, Any]) -> bool:
+    """Whether a finished run still owes the --eval-data evaluation asked for now: its state does not record that
+    one as done (the run was stopped during it, or asked for another). A state written before evaluations were
+    recorded counts as evaluated when the card holds results."""
+    wanted = evaluation_record(data_args)
+    if wanted is None:
+        return False
+    state = read_json_or_empty(work_dir / STATE_FILE)
+    if "evaluated" not in state:
+        return not info.get("eval_results")
+    return state["evaluated"] != wanted
+
+
+def record_evaluation(work_dir: Path, data_args: FinetuneDataArguments) -> None:
+    """Record in the work folder's state that the --eval-data evaluation is done (its results are in the card)."""
+    state = read_json_or_empty(work_dir / STATE_FILE)
+    state["evaluated"] = evaluation_record(data_args)
+    write_json_atomic(work_dir / STATE_FILE, state)
+
+
+@contextlib.contextmanager
+def _interrupted_hint(hint: Callable[[], str]) -> Iterator[None]:
+    """What `cli.main` says after a Ctrl-C or SIGTERM inside the block; any other end of the block drops it."""
+    token = INTERRUPTED_HINT.set(hint)
+    try:
+        yield
+    except KeyboardInterrupt:  # cli.main reads the hint after this
+        raise
+    except BaseException:
+        INTERRUPTED_HINT.reset(token)
+        raise
+    INTERRUPTED_HINT.reset(token)
+
+
+def evaluate_written_model(output_dir: Path, data_args: FinetuneDataArguments, work_dir: Path) -> dict[str, Any]:
+    """Evaluate the written model on --eval-data into its card and run record, and record in the work folder that
+    it was (a resume of a run stopped during it runs it then); the updated run record."""
+    hint = (f"interrupted during the --eval-data evaluation; the fine-tuned model in {output_dir} is complete: to "
+            "evaluate it, run the same command again with --resume-from-checkpoint last")
+    try:
+        with _interrupted_hint(lambda: hint):
+            evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
+                            output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
+                            overwrite=True)  # the run's own folder
+    except ValueError as error:
+        raise ValueError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
+                         "`retromae evaluate` once that is fixed") from None
+    record_evaluation(work_dir, data_args)
+    return read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
+
+
 def work_dir_holding(work_dir: Path) -> Holding:
     """`claim_output`'s owner of a work folder: files no fine-tuning run made are kept (a run writes and clears its
     stage folders and negatives there). A run's own folder holds `STATE_FILE` (written when it starts); before that,
@@ -198,7 +261,8 @@ NEGATIVES_FILE = "hard_negatives.jsonl"
 class FinetuneResult:
     output_dir: Path
     info: dict[str, Any]
-    already_finished: bool = False  # resumed after its end: nothing was trained or written
+    already_finished: bool = False  # resumed after its end: nothing was trained
+    evaluated_now: bool = False  # with already_finished: the --eval-data evaluation it had left was run (card updated)
 
 
 def save_model_folder(model: SentenceTransformer, folder: Path) -> None:
@@ -241,6 +305,9 @@ def finetune_run_info(model, model_info, model_args, data_args, loss_args, train
     }
     if loss_args.mini_batch_size is not None:
         hyper["mini_batch_size"] = loss_args.mini_batch_size
+    prompts = model_prompts(training_args.prompts)
+    if prompts:
+        hyper.update({f"{name}_prompt": text for name, text in prompts.items() if text})
     if "distill" in [r["stage"] for r in stage_records]:
         hyper.update(distill_loss_weight=loss_args.distill_loss_weight, contrastive_loss_weight=loss_args.contrastive_loss_weight,
                      distill_temperature=loss_args.distill_temperature)
@@ -254,8 +321,9 @@ def finetune_run_info(model, model_info, model_args, data_args, loss_args, train
         "embedding_dim": model.get_embedding_dimension(),
         "max_seq_length": model.max_seq_length,
         "trust_remote_code": bool(model_info.get("trust_remote_code") or hybrid_method_of(model) is not None),
-        "train_data": {"name": train_name, "split": data_args.split, "queries": len(groups),
-                       "format": "beir" if beir is not None else "pairs", "dropped": dropped},
+        "train_data": {"name": train_name,
+                       "split": None if is_pairs_file(data_args.train_data) else data_args.split,  # a file has none
+                       "queries": len(groups), "format": "beir" if beir is not None else "pairs", "dropped": dropped},
         "stages": stage_records,
         "hyperparameters": hyper,
         "eval_results": [],

@@ -31,7 +31,6 @@ from ..data.training_groups import (
     load_training_groups,
     read_training_jsonl,
 )
-from ..export.cards import FINETUNE_RUN_INFO_FILE
 from ..export.publishing import check_model_name
 from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.arguments import check_training_arguments
@@ -41,12 +40,20 @@ from ..inputs.finetune_options import (
     FinetuneLossArguments,
     FinetuneModelArguments,
     FinetuneTrainingArguments,
+    check_full_batches,
     check_mining_range,
+    check_option_types,
+    check_options_read,
+    check_pool_holds_negatives,
+    check_positives_scored,
     check_trainer_options,
+    model_prompts,
     parse_stages,
+    stage_prompts,
+    stages_text,
 )
 from ..inputs.folders import is_hub_id
-from ..inputs.io import read_json_or_empty, write_json_atomic
+from ..inputs.io import write_json_atomic
 from ..inputs.outputs import claim_output, model_holding
 from ..inputs.parameters import check_bool_options, check_path
 from ..inputs.sentence_models import save_without_pooler
@@ -60,7 +67,6 @@ from ..retrieval.beir import (
     read_teacher_scores,
 )
 from ..retrieval.mining import mine_negatives
-from ..retrieval.mteb import evaluate_folder
 from .atomic_checkpoints import AtomicCheckpoints
 from .divergence import divergence
 from .finetune_losses import DistillationLoss, contrastive_loss
@@ -69,6 +75,8 @@ from .finetune_state import (
     STATE_FILE,
     FinetuneResult,
     check_earlier_progress_kept,
+    evaluate_written_model,
+    evaluation_missing,
     finetune_run_info,
     finetune_run_settings,
     finish_stage,
@@ -134,6 +142,7 @@ def _stage_args(training_args: FinetuneTrainingArguments, work_dir: Path, stage:
                 hybrid: bool):
     args = copy.copy(training_args)
     args.output_dir = str(work_dir / f"stage-{stage}")
+    args.prompts = stage_prompts(model_prompts(training_args.prompts), columns)  # --prompts names no columns
     if training_args.world_size > 1:
         args.dataloader_drop_last = True  # all_gather needs equal batch sizes on every rank
     if args.device.type == "cpu":
@@ -173,6 +182,10 @@ def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[s
         _prepare_checkpoint(model, checkpoint)
     trainer = StageTrainer(model=model, args=args, train_dataset=dataset, loss=loss)
     output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if output.global_step == 0:  # the dataloader gave no batch: the starting weights are no result
+        raise ValueError(f"stage {stage} trained 0 steps ({len(dataset)} examples, batches of "
+                         f"{args.per_device_train_batch_size}): lower --per-device-train-batch-size or give more "
+                         "training data (nothing was written)")
     _check_finite(model, trainer.state.log_history, stage, output.global_step)
     logger.info("stage %s: %d steps, training loss %.4f", stage, output.global_step, output.training_loss)
     record = {"steps": output.global_step, "train_loss": round(float(output.training_loss), 4),
@@ -211,9 +224,9 @@ def _read_negatives_before_training(stages: list[str], groups: list[TrainingGrou
         return CheckedNegatives()
     if not data_args.negatives_file and not any(g.negatives for g in groups):
         pool = _corpus_pool(data_args, beir, groups)
-        _check_pool_holds_negatives(len(pool), data_args)
+        check_pool_holds_negatives(len(pool), data_args)
         if "distill" in stages:
-            _check_positives_scored(groups, teacher_scores or {}, data_args)
+            check_positives_scored(groups, teacher_scores or {}, data_args)
         return CheckedNegatives(pool=pool)
     if data_args.negatives_file:
         groups = _negatives_from_file(data_args.negatives_file, groups, beir.corpus if beir is not None else None)
@@ -225,34 +238,6 @@ def _read_negatives_before_training(stages: list[str], groups: list[TrainingGrou
         checked.datasets["distill"] = groups_to_distillation_dataset(
             checked.groups, teacher_scores, data_args.num_negatives, on_missing=data_args.on_missing, seed=seed)
     return checked
-
-
-def _check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments) -> None:
-    """Refuse mining that cannot give any query `--num-negatives` negatives: the ranks it takes them from,
-    [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
-    available = min(data_args.mine_range_max, pool_size) - data_args.mine_range_min
-    if available < data_args.num_negatives:
-        raise ValueError(
-            f"mining ranks the {pool_size} documents of the corpus and takes negatives from ranks "
-            f"[{data_args.mine_range_min}, {min(data_args.mine_range_max, pool_size)}): at most {max(available, 0)} "
-            f"per query, fewer than --num-negatives {data_args.num_negatives}; lower --num-negatives or "
-            "--mine-range-min, or give a larger --corpus"
-        )
-
-
-def _check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[str, dict[str, float]],
-                            data_args: FinetuneDataArguments) -> None:
-    """Refuse teacher scores that miss every positive of a query (the distill stage needs the positive's score as
-    much as its mined negatives'): any query with `--on-missing error`, all of them otherwise."""
-    unscored = [g for g in groups if not any(doc_id in teacher_scores.get(g.query_id, {}) for doc_id, _ in g.positives)]
-    if not unscored or (data_args.on_missing != "error" and len(unscored) < len(groups)):
-        return
-    example = unscored[0]
-    fix = ("score them, or pass --on-missing skip to drop those queries" if len(unscored) < len(groups)
-           else "check that its query and document ids are those of --train-data")
-    raise ValueError(f"--teacher-scores {data_args.teacher_scores} scores no positive of {len(unscored)} of the "
-                     f"{len(groups)} training queries (e.g. query {example.query_id!r}, document "
-                     f"{example.positives[0][0]!r}); {fix}")
 
 
 def _attach_negatives(model: SentenceTransformer, groups: list[TrainingGroup], state: dict[str, Any],
@@ -367,8 +352,14 @@ def run_finetune(
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise ValueError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                          "names no local paths: omit the flag to record the starting model as local")
+    model_prompts(training_args.prompts)  # refused before anything is read
     finished = finished_work_dir_run(model_args, data_args, loss_args, training_args, stages)
     if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
+        work_dir = work_dir_of(training_args)
+        if training_args.process_index == 0 and evaluation_missing(work_dir, data_args, finished.info):
+            with folder_lock(work_dir):  # stopped during its --eval-data evaluation: that is what is left
+                finished.info = evaluate_written_model(finished.output_dir, data_args, work_dir)
+            finished.evaluated_now = True
         return finished
     work_dir = _check_run_inputs(model_args, data_args, training_args, stages)
     new_work_dir = not work_dir.exists()
@@ -377,7 +368,8 @@ def run_finetune(
         try:
             return _run_stages(model_args, data_args, loss_args, training_args, stages, work_dir)
         except ValueError:
-            if new_work_dir and not (work_dir / STATE_FILE).is_file():  # refused before training: no folder left
+            main = training_args.process_index == 0  # the process holding the lock: another would remove it
+            if main and new_work_dir and not (work_dir / STATE_FILE).is_file():  # refused before training
                 shutil.rmtree(work_dir, ignore_errors=True)
             raise
 
@@ -393,6 +385,10 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
     groups, dropped = clean_groups(groups)
     checked = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
+    if "in-batch" in stages:  # built once, here: its size is checked before anything trains
+        checked.datasets["in-batch"] = groups_to_dataset(groups, 0, seed=training_args.seed)
+    for stage, (dataset, _) in checked.datasets.items():
+        _check_batches(stage, len(dataset), training_args)
     # a pre-training checkpoint is exported into the work folder first
     model, model_info = load_as_sentence_transformer(
         model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
@@ -401,6 +397,7 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
     state, resume = read_state(work_dir, finetune_run_settings(model_args, data_args, loss_args, training_args),
                                 training_args.resume_from_checkpoint in RESUME_LAST, training_args.process_index == 0)
     model = model_after_finished_stages(model, stages, state, work_dir)
+    model.prompts.update(model_prompts(training_args.prompts) or {})  # mining and --eval-data encode with them
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)
     gather = loss_args.gather_across_devices and training_args.world_size > 1
     negatives_source = None
@@ -414,6 +411,7 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
                                                                   loss_args, training_args.seed, gather,
                                                                   checked.datasets.get(stage))
         logger.info("stage %s: %d examples, columns %s", stage, len(dataset), dataset.column_names)
+        _check_batches(stage, len(dataset), training_args)  # mined negatives: known only now
         args = _stage_args(training_args, work_dir, stage, dataset.column_names, hybrid_method_of(model) is not None)
         record = {"stage": stage, "loss": description, "examples": len(dataset),
                   "negatives_per_query": 0 if stage == "in-batch" else data_args.num_negatives,
@@ -427,15 +425,14 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
     if training_args.process_index == 0:
         save_finetuned_model(model, output_dir, info, overwrite=training_args.overwrite)
         if data_args.eval_data:
-            try:
-                evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
-                                output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
-                                overwrite=True)  # the run's own folder
-            except ValueError as error:
-                raise ValueError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "
-                                 "`retromae evaluate` once that is fixed") from None
-            info = read_json_or_empty(output_dir / FINETUNE_RUN_INFO_FILE)
+            info = evaluate_written_model(output_dir, data_args, work_dir)
     return FinetuneResult(output_dir, info)
+
+
+def _check_batches(stage: str, examples: int, training_args: FinetuneTrainingArguments) -> None:
+    """`check_full_batches` for a stage of this run: DDP drops incomplete batches (`_stage_args`)."""
+    check_full_batches(stage, examples, training_args.per_device_train_batch_size, training_args.world_size,
+                       training_args.dataloader_drop_last or training_args.world_size > 1)
 
 
 def finetune(
@@ -471,9 +468,11 @@ def finetune(
     for name, path in (("model", model), ("train_data", train_data), ("output_dir", output_dir)):
         check_path("retromae.finetune", name, path)
     options.update(rename_legacy_keys("retromae.finetune", options, FinetuneLossArguments.legacy_keys))
+    given = set(options)
     values: dict[str, Any] = {
-        **options, "model": os.fspath(model), "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir),
-        "overwrite": overwrite, "stages": stages if isinstance(stages, str) else ",".join(stages),
+        **check_option_types("retromae.finetune", options), "model": os.fspath(model),
+        "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir), "overwrite": overwrite,
+        "stages": stages_text("retromae.finetune", stages),
     }
     arguments = []
     for argument_class in ARGUMENT_CLASSES:
@@ -483,6 +482,7 @@ def finetune(
     if values:
         raise ValueError(f"unknown fine-tuning option(s) {', '.join(sorted(values))}; see `retromae finetune --help`")
     check_training_arguments(arguments[-1])  # the command line's are checked as they are parsed
+    check_options_read(given, arguments[1])  # as the command line: an option no stage reads is refused
     return run_finetune(*arguments)
 
 

@@ -47,7 +47,7 @@ from transformers import TrainerCallback
 
 from ..inputs.extras import plotting_available
 from ..methods import sentence_vectors_of
-from ..retrieval.beir import RetrievalDataError, read_beir
+from ..retrieval.beir import RetrievalDataError, drop_blank_queries, read_beir
 from ..retrieval.coverage import DEFAULT_KS, input_token_coverage
 from ..retrieval.metrics import METRICS, RunningTopK, retrieval_metrics
 
@@ -85,7 +85,7 @@ def load_validation_set(folder: str | os.PathLike, split: str = "dev", max_queri
     if max_queries < 1:
         raise ValueError(f"--eval-max-queries {max_queries}: give a positive number of queries (e.g. 1000)")
     try:
-        data = read_beir(folder, split=split, on_missing="skip")
+        data = drop_blank_queries(read_beir(folder, split=split, on_missing="skip"))  # as `evaluate` scores
     except RetrievalDataError as error:
         raise ValueError(f"--eval-beir-folder {folder} (--eval-split {split}): {error}") from None
     doc_ids = sorted(data.corpus)

@@ -1,0 +1,225 @@
+"""`retromae finetune` after probe round 68: a run stopped during its --eval-data evaluation is evaluated by its
+resume; a stage that would train 0 steps (DDP drops incomplete batches) is refused before training; options no
+stage reads (distill loss options, --split/--on-missing with a .jsonl) are refused; --prompts is saved into the
+model; --resume-from-checkpoint has finetune's own help; the Python API names a parameter of the wrong type."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from retromae.trainers import cli
+from retromae.trainers.inputs.errors import UserError
+from retromae.trainers.inputs.finetune_options import check_full_batches, model_prompts, stage_prompts
+from retromae.trainers.retrieval import mteb as mteb_module
+from retromae.trainers.training import finetuning as finetune_module
+from retromae.trainers.training.finetuning import finetune
+
+from ..builders import write_jsonl
+from . import test_finetune
+from .test_bad_input import one_line_error
+from .test_finetune import FAST, _no_training
+
+tiny_beir = test_finetune.tiny_beir  # the fixture, for the tests here
+
+
+def _finetune(model, data, out, *flags, batch: int = 4) -> int:
+    fast = [str(batch) if value == "4" and FAST[i - 1] == "--per-device-train-batch-size" else value
+            for i, value in enumerate(FAST)]
+    return cli.main(["finetune", str(model), str(data), "--output-dir", str(out), *fast, *flags])
+
+
+# ---- B-FT-EVAL-LOST -------------------------------------------------------------------------------------------------
+
+
+def test_a_run_stopped_during_its_evaluation_is_evaluated_by_its_resume(spread_cls_bert, tiny_beir, tmp_path,
+                                                                         monkeypatch, capsys):
+    """HEAD: the resume said "already finished" and the card never got the results."""
+    out = tmp_path / "out"
+    flags = ["--stages", "in-batch", "--eval-data", str(tiny_beir), "--eval-split", "dev"]
+    evaluate_model = mteb_module.evaluate_model
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # SIGTERM reaches the command as KeyboardInterrupt's subclass
+
+    monkeypatch.setattr(mteb_module, "evaluate_model", stopped)
+    assert _finetune(spread_cls_bert, tiny_beir, out, *flags) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"retromae finetune: interrupted during the --eval-data evaluation; the fine-tuned model in {out} is "
+        "complete: to evaluate it, run the same command again with --resume-from-checkpoint last")
+    assert json.loads((out / "retromae_finetune.json").read_text())["eval_results"] == []
+
+    monkeypatch.setattr(mteb_module, "evaluate_model", evaluate_model)
+    monkeypatch.setattr(finetune_module, "StageTrainer", None)  # nothing may train
+    assert _finetune(spread_cls_bert, tiny_beir, out, *flags, "--resume-from-checkpoint", "last") == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0].endswith("nothing was trained; the --eval-data evaluation it had left was run, and its card "
+                               "updated:"), printed
+    assert printed[1].startswith("  toy (local BEIR) (dev): NDCG@10 "), printed
+    results = json.loads((out / "retromae_finetune.json").read_text())["eval_results"]
+    assert [row["split"] for row in results] == ["dev"]
+    assert "ndcg_at_10" in (out / "README.md").read_text()
+
+    monkeypatch.setattr(mteb_module, "evaluate_model", stopped)  # evaluated: a further resume evaluates nothing
+    assert _finetune(spread_cls_bert, tiny_beir, out, *flags, "--resume-from-checkpoint", "last") == 0
+    assert capsys.readouterr().out.strip().endswith(f"its model is {out}; nothing was trained")
+
+
+# ---- B-FT-DDP-EMPTY -------------------------------------------------------------------------------------------------
+
+
+def test_full_batches_per_process():
+    # 12 examples, batches of 8 dropped when incomplete: 1 batch, which 2 processes cannot share
+    with pytest.raises(UserError, match=r"^stage in-batch: 12 training examples over 2 processes leave no full batch "
+                                        r"of 8 per process \(DDP drops incomplete batches\): lower "
+                                        r"--per-device-train-batch-size to 6 or less, or give more training data$"):
+        check_full_batches("in-batch", 12, 8, 2, True)
+    check_full_batches("in-batch", 12, 6, 2, True)  # 2 batches of 6, one each
+    check_full_batches("in-batch", 3, 8, 1, False)  # one incomplete batch, kept
+    with pytest.raises(UserError, match=r"12 training examples leave no full batch of 16 \(--dataloader-drop-last "
+                                        r"drops incomplete batches\): lower --per-device-train-batch-size to 12 or "
+                                        r"less, or give more training data, or drop --dataloader-drop-last$"):
+        check_full_batches("in-batch", 12, 16, 1, True)
+
+
+def test_a_stage_without_a_full_batch_is_refused_before_training(spread_cls_bert, tiny_beir, tmp_path, monkeypatch,
+                                                                 capsys):
+    """HEAD trained 0 steps and wrote the starting weights as the fine-tuned model (exit 0)."""
+    _no_training(monkeypatch)
+    assert _finetune(spread_cls_bert, tiny_beir, tmp_path / "out", "--stages", "in-batch",
+                     "--dataloader-drop-last", "true", batch=16) == 2
+    assert one_line_error(capsys, "finetune").endswith("error: stage in-batch: 12 training examples leave no full "
+                                                       "batch of 16 (--dataloader-drop-last drops incomplete batches): "
+                                                       "lower --per-device-train-batch-size to 12 or less, or give "
+                                                       "more training data, or drop --dataloader-drop-last")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_stage_that_trained_0_steps_writes_nothing(spread_cls_bert, tiny_beir, tmp_path, monkeypatch, capsys):
+    """The check after training, for what the dataloader's length did not foresee."""
+    monkeypatch.setattr(finetune_module, "_check_batches", lambda *args: None)
+    assert _finetune(spread_cls_bert, tiny_beir, tmp_path / "out", "--stages", "in-batch",
+                     "--dataloader-drop-last", "true", batch=16) == 2
+    assert one_line_error(capsys, "finetune").endswith(
+        "error: stage in-batch trained 0 steps (12 examples, batches of 16): lower --per-device-train-batch-size or "
+        "give more training data (nothing was written)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ddp_with_fewer_examples_per_process_than_the_batch_is_refused(run_cli_in_two_processes, spread_cls_bert,
+                                                                       tiny_beir, tmp_path):
+    """HEAD: 0 steps and exit 0 with --max-steps, a transformers traceback without (12 examples, 2 x 8)."""
+    result = run_cli_in_two_processes(
+        ["finetune", str(spread_cls_bert), str(tiny_beir), "--output-dir", str(tmp_path / "out"), "--stages",
+         "in-batch", "--per-device-train-batch-size", "8", "--max-seq-length", "32", "--use-cpu", "true"], 29681)
+    assert result.returncode != 0
+    refusal = ("retromae finetune: error: stage in-batch: 12 training examples over 2 processes leave no full batch of "
+               "8 per process (DDP drops incomplete batches): lower --per-device-train-batch-size to 6 or less, or "
+               "give more training data")
+    assert result.stderr.count(refusal) == 2, result.stderr[-3000:]
+    assert "]: Traceback" not in result.stderr  # no rank's traceback (torchrun's own ChildFailedError comes after)
+    assert not (tmp_path / "out").exists()
+
+
+# ---- B-FT-UNREAD-OPTIONS --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--distill-temperature", "3"], "--distill-temperature"),
+    (["--contrastive-loss-weight", "0.5"], "--contrastive-loss-weight"),
+    (["--distill-loss-weight", "2"], "--distill-loss-weight"),
+])
+def test_distill_options_without_the_distill_stage_are_refused(flags, flag, spread_cls_bert, tiny_beir, tmp_path,
+                                                               monkeypatch, capsys):
+    _no_training(monkeypatch)
+    assert _finetune(spread_cls_bert, tiny_beir, tmp_path / "out", "--stages", "in-batch", *flags) == 2
+    assert one_line_error(capsys, "finetune").endswith(
+        f"error: {flag} is read by the distill stage only: add distill to --stages (with --teacher-scores), or drop "
+        "the flag")
+    with pytest.raises(ValueError, match=f"^{flag} is read by the distill stage only"):  # the Python API alike
+        finetune(spread_cls_bert, tiny_beir, tmp_path / "out", stages="in-batch",
+                 **{flag[2:].replace("-", "_"): float(flags[1])})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--split", "dev"], "--split is read for a BEIR folder's qrels or a dataset's splits only; --train-data "
+                         "train.jsonl is a file of (query, positive, negatives) without splits: drop the flag"),
+    (["--on-missing", "skip"], "--on-missing is read for a BEIR folder's qrels, --eval-data and the distill stage's "
+                               "teacher scores only, and this run has none (--train-data train.jsonl is a file of "
+                               "pairs): drop the flag"),
+])
+def test_split_and_on_missing_with_a_jsonl_file_are_refused(flags, message, spread_cls_bert, tmp_path, monkeypatch,
+                                                            capsys):
+    _no_training(monkeypatch)
+    train = write_jsonl(tmp_path / "train.jsonl", [{"query": f"q{i}", "positive": f"p{i}"} for i in range(8)])
+    assert _finetune(spread_cls_bert, train, tmp_path / "out", "--stages", "in-batch", *flags) == 2
+    assert one_line_error(capsys, "finetune").endswith(f"error: {message}")
+
+
+def test_a_jsonl_run_states_no_split_and_saves_its_prompts(spread_cls_bert, tiny_beir, tmp_path, monkeypatch):
+    """HEAD's card said "(dev split)" for a .jsonl run with --split dev; --prompts trained with a prefix the saved
+    model (its encode, mining, --eval-data) left out."""
+    train = write_jsonl(tmp_path / "train.jsonl", [{"query": f"query {i}", "positive": f"passage {i}"}
+                                                   for i in range(8)])
+    seen = []
+
+    class Spy(finetune_module.StageTrainer):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs["args"].prompts)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(finetune_module, "StageTrainer", Spy)
+    prompts = '{"query": "query: ", "document": "passage: "}'
+    assert _finetune(spread_cls_bert, train, tmp_path / "out", "--stages", "in-batch", "--prompts", prompts) == 0
+    assert seen == [{"query": "query: ", "positive": "passage: "}]
+    config = json.loads((tmp_path / "out" / "config_sentence_transformers.json").read_text())
+    assert config["prompts"] == {"query": "query: ", "document": "passage: "}
+    record = json.loads((tmp_path / "out" / "retromae_finetune.json").read_text())
+    assert record["train_data"]["split"] is None
+    assert record["hyperparameters"]["query_prompt"] == "query: "
+    assert "Training data: `train.jsonl`, 8 queries." in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_prompts_map_to_the_columns_of_each_stage():
+    assert model_prompts("q: ") == {"query": "q: ", "document": "q: "}
+    assert model_prompts({"query": "q: "}) == {"query": "q: ", "document": ""}
+    prompts = {"query": "q: ", "document": "d: "}
+    assert stage_prompts(prompts, ["query", "positive", "negative_1", "label"]) == {
+        "query": "q: ", "positive": "d: ", "negative_1": "d: "}
+    assert stage_prompts({"query": "", "document": ""}, ["query", "positive"]) is None
+    with pytest.raises(UserError, match=r"--prompts names 'anchor'; it takes 'query' and 'document'"):
+        model_prompts({"anchor": "q: "})
+
+
+# ---- B-FT-HELP-RESUME -----------------------------------------------------------------------------------------------
+
+
+def test_help_describes_finetunes_own_resume(capsys):
+    """HEAD showed transformers' "Path to a folder with a valid checkpoint for your model"."""
+    with pytest.raises(SystemExit):
+        cli.main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "`last`: continue this run's stages from its work folder" in text
+    assert "valid checkpoint for your model" not in text
+
+
+# ---- B-PY-TYPES-FT-EVAL (finetune) ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"stages": ["in-batch", 5]}, TypeError, r"retromae.finetune: stages=\['in-batch', 5\] is not a str or a sequence "
+                                             r"of str; give stage names from in-batch, hard-negatives, distill"),
+    ({"eval_data": 123}, TypeError, r"retromae.finetune: eval_data=123 \(int\) is not a str; give a str or "
+                                    r"os.PathLike \(or None\)"),
+    ({"scale": "20"}, TypeError, r"retromae.finetune: scale='20' is not a number; give a float or None"),
+    ({"num_negatives": 2.5}, TypeError, r"retromae.finetune: num_negatives=2.5 is not a whole number"),
+    ({"pooling": "max"}, ValueError, r"retromae.finetune: pooling='max'; give one of cls, mean"),
+])
+def test_python_api_names_a_parameter_of_the_wrong_type(options, error, message, spread_cls_bert, tiny_beir, tmp_path,
+                                                        monkeypatch):
+    """HEAD: "sequence item 1: expected str instance", pathlib's TypeError, "'>' not supported between 'str' and
+    'int'" (none naming the parameter); pooling="max" reached the model loader."""
+    _no_training(monkeypatch)
+    with pytest.raises(error, match=f"^{message}"):
+        finetune(spread_cls_bert, tiny_beir, tmp_path / "out", max_steps=2, **options)
+    assert not (tmp_path / "out").exists()
