@@ -1,7 +1,7 @@
-"""`retromae finetune` after probe round 68: a run stopped during its --eval-data evaluation is evaluated by its
-resume; a stage that would train 0 steps (DDP drops incomplete batches) is refused before training; options no
-stage reads (distill loss options, --split/--on-missing with a .jsonl) are refused; --prompts is saved into the
-model; --resume-from-checkpoint has finetune's own help; the Python API names a parameter of the wrong type."""
+"""`retromae finetune` at its edges: a run stopped during its --eval-data evaluation is evaluated by its resume; a
+stage that would train 0 steps (DDP drops incomplete batches) is refused before training; options no stage reads
+(distill loss options, --split/--on-missing with a .jsonl) are refused; --prompts is saved into the model;
+--resume-from-checkpoint has finetune's own help; the Python API names a parameter of the wrong type."""
 
 from __future__ import annotations
 
