@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import types
 import typing
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from sentence_transformers import SentenceTransformerTrainingArguments
 
 from ..data.training_groups import TrainingGroup
 from .errors import UserError
-from .parameters import check_number
+from .parameters import check_number, type_kinds
 
 STAGES = ("in-batch", "hard-negatives", "distill")
 NEGATIVE_STAGES = ("hard-negatives", "distill")  # the stages after in-batch: negatives from a file, the data or mining
@@ -301,7 +300,7 @@ def check_option_types(where: str, values: Mapping[str, Any]) -> dict[str, Any]:
             if name not in values:
                 continue
             value = values[name]
-            kinds = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, types.UnionType) else {hint}
+            kinds = type_kinds(hint)
             optional = type(None) in kinds
             if (value is None and optional) or bool in kinds:
                 continue

@@ -50,7 +50,7 @@ from ..export.sentence_transformer import load_as_sentence_transformer
 from ..inputs.folders import check_model_folder, is_local_path, model_location
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import check_folder_option, claim_output
-from ..inputs.parameters import check_bool_options, check_path
+from ..inputs.parameters import check_bool_options, check_path, list_parameter
 from ..methods import METHODS, hybrid_method_of
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, drop_blank_queries, read_beir
 from .benchmarks import DEFAULT_LANGUAGE, RETRIEVAL_TASK_TYPES, benchmark_tasks, load_task_data, resolve_language
@@ -438,20 +438,6 @@ def evaluate(
         raise ValueError(f"retromae.evaluate: {error.name!r} is no folder in {Path.cwd()} and {error}") from None
 
 
-def list_parameter(where: str, name: str, value: Any, *, paths: bool = False) -> list:
-    """The items of list parameter `name` of `where`: one str (or path, if `paths`) is one item, never a list of
-    its characters; None is none. Anything else, or an item of another type, is a `TypeError` naming `name`."""
-    kind, kinds = ("str or os.PathLike", str | os.PathLike) if paths else ("str", str)
-    items = [] if value is None else [value] if isinstance(value, str | os.PathLike) else value
-    if not isinstance(items, list | tuple):
-        raise TypeError(f"{where}: {name}={value!r} ({type(value).__name__}) is neither a {kind} nor a list of "
-                        f"them; give one {kind} or a list")
-    for i, item in enumerate(items):
-        if not isinstance(item, kinds):
-            raise TypeError(f"{where}: {name}[{i}]={item!r} ({type(item).__name__}) is not a {kind}")
-    return list(items)
-
-
 def default_output_dir(model: str | os.PathLike) -> Path:
     """`eval-results/<model folder name>` (a Hub id's last part): two copies of one fine-tune (same --model-name)
     get a folder each."""
@@ -469,6 +455,6 @@ def mteb_model_name(model: str | os.PathLike) -> str:
 
 
 __all__ = [
-    "card_run_info_file", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model", "list_parameter",
+    "card_run_info_file", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
     "local_task_names", "make_local_task", "results_holding", "summary_markdown", "update_model_card",
 ]
