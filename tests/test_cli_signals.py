@@ -1,5 +1,6 @@
 """The edges of a command (`cli.main`): SIGTERM during the imports before it runs and after it has returned, a
-Ctrl-C or SIGTERM line printed while a progress bar is open, and the process group a torchrun command leaves."""
+Ctrl-C or SIGTERM line printed while a progress bar is open and once per torchrun run, and the process group a
+torchrun command leaves."""
 
 from __future__ import annotations
 
@@ -129,6 +130,21 @@ def test_the_interrupted_line_is_not_glued_to_an_open_progress_bar(monkeypatch, 
     assert "3/10" in stderr
     assert [line for line in stderr.splitlines() if "interrupted" in line] == ["retromae index: interrupted"]
     assert stderr.splitlines()[-1] == "retromae index: interrupted"
+
+
+@pytest.mark.parametrize("rank, lines", [(None, 1), ("0", 1), ("1", 0)])
+def test_a_torchrun_run_prints_the_interrupted_line_once(rank, lines, monkeypatch, capsys):
+    """HEAD printed it on every rank: the same line once per process."""
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_command", lambda name: interrupted)
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    assert cli.main(["index"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["retromae index: interrupted"] * lines
 
 
 @pytest.mark.parametrize("status", [0, 1])

@@ -129,7 +129,8 @@ def _run(name: str, args: list[str], program: bool) -> int:
         if os.environ.get("RETROMAE_DEBUG"):
             raise
         hint = context.get(INTERRUPTED_HINT)
-        _print_line(f"retromae {name}: {hint() if hint else interrupted_message(name)}")
+        if os.environ.get("RANK", "0") == "0":  # torchrun stops every rank: one line, from rank 0
+            _print_line(f"retromae {name}: {hint() if hint else interrupted_message(name)}")
         return 143 if isinstance(stop, Terminated) else 130  # 128 + the signal, as a shell reports it
     except Exception as error:
         message = one_line_message(error) if is_refusal(error) else refused_write_message(error, name)

@@ -1,7 +1,8 @@
 """`retromae finetune` at its edges: a run stopped during its --eval-data evaluation is evaluated by its resume; a
 stage that would train 0 steps (DDP drops incomplete batches) is refused before training; options no stage reads
 (distill loss options, --split/--on-missing with a .jsonl) are refused; --prompts is saved into the model;
---resume-from-checkpoint has finetune's own help; the Python API names a parameter of the wrong type."""
+--resume-from-checkpoint has finetune's own help; --eval-data whose queries are all blank is refused before
+training; the Python API names a parameter of the wrong type."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from retromae.trainers.retrieval import mteb as mteb_module
 from retromae.trainers.training import finetuning as finetune_module
 from retromae.trainers.training.finetuning import finetune
 
-from ..builders import write_jsonl
+from ..builders import write_beir, write_jsonl
 from . import test_finetune
 from .test_bad_input import one_line_error
 from .test_finetune import FAST, _no_training
@@ -118,6 +119,21 @@ def test_ddp_with_fewer_examples_per_process_than_the_batch_is_refused(run_cli_i
                "give more training data")
     assert result.stderr.count(refusal) == 2, result.stderr[-3000:]
     assert "]: Traceback" not in result.stderr  # no rank's traceback (torchrun's own ChildFailedError comes after)
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_data_whose_queries_are_all_blank_is_refused_before_training(spread_cls_bert, tiny_beir, tmp_path,
+                                                                         monkeypatch, capsys):
+    """HEAD trained every stage, then refused the evaluation (the model written, exit 2)."""
+    _no_training(monkeypatch)
+    blank = write_beir(tmp_path / "blank")
+    queries = [json.loads(line) for line in (blank / "queries.jsonl").read_text().splitlines()]
+    write_jsonl(blank / "queries.jsonl", [{**query, "text": " "} for query in queries])
+    assert _finetune(spread_cls_bert, tiny_beir, tmp_path / "out", "--stages", "in-batch", "--eval-data", str(blank),
+                     "--eval-split", "dev") == 2
+    assert one_line_error(capsys, "finetune").endswith(
+        "error: blank (dev): all 6 queries with a relevant document have blank text in queries.jsonl; give them their "
+        "text")
     assert not (tmp_path / "out").exists()
 
 

@@ -62,6 +62,7 @@ from ..retrieval.beir import (
     RetrievalData,
     content_id,
     doc_text,
+    drop_blank_queries,
     read_beir,
     read_beir_corpus,
     read_teacher_scores,
@@ -319,8 +320,8 @@ def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDat
             raise ValueError(f"{flag} {path} is a folder, not a file{hint}")
         if path and not Path(path).is_file():
             raise ValueError(f"{flag} {path}: no such file")
-    if data_args.eval_data:  # read whole now: a bad line would otherwise be found after training
-        read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing)
+    if data_args.eval_data:  # read whole now, as the evaluation will: a bad line would be found after training
+        drop_blank_queries(read_beir(data_args.eval_data, split=data_args.eval_split, on_missing=data_args.on_missing))
     if data_args.teacher_scores and "distill" not in stages:
         raise ValueError("--teacher-scores is read by the distill stage only: add distill to --stages, or drop "
                          "the flag")
