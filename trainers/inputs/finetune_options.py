@@ -319,20 +319,6 @@ def check_option_types(where: str, values: Mapping[str, Any]) -> dict[str, Any]:
     return checked
 
 
-def stages_text(where: str, stages: Any) -> str:
-    """`stages` (a comma-separated str or a sequence of stage names) as --stages' text.
-
-    Raises:
-        TypeError: neither a str nor a sequence of str.
-    """
-    if isinstance(stages, str):
-        return stages
-    if not isinstance(stages, Sequence) or not all(isinstance(stage, str) for stage in stages):
-        raise TypeError(f"{where}: stages={stages!r} is not a str or a sequence of str; give stage names from "
-                        f"{', '.join(STAGES)}, e.g. stages=['in-batch', 'hard-negatives']")
-    return ",".join(stages)
-
-
 def check_pool_holds_negatives(pool_size: int, data_args: FinetuneDataArguments) -> None:
     """Refuse mining that cannot give any query `--num-negatives` negatives: the ranks it takes them from,
     [`--mine-range-min`, `--mine-range-max`), stop at the pool's size."""
@@ -367,5 +353,5 @@ def _flag(name: str) -> str:
 
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
 __all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_full_batches", "check_mining_range", "check_option_types",
-           "check_options_read", "check_pool_holds_negatives", "check_positives_scored", "check_trainer_options", "is_pairs_file", "model_prompts", "stage_prompts",
-           "stages_text"]
+           "check_options_read", "check_pool_holds_negatives", "check_positives_scored", "check_trainer_options",
+           "is_pairs_file", "model_prompts", "stage_prompts"]

@@ -50,12 +50,11 @@ from ..inputs.finetune_options import (
     model_prompts,
     parse_stages,
     stage_prompts,
-    stages_text,
 )
 from ..inputs.folders import is_hub_id
 from ..inputs.io import write_json_atomic
 from ..inputs.outputs import claim_output, model_holding
-from ..inputs.parameters import check_bool_options, check_path
+from ..inputs.parameters import check_bool_options, check_path, list_parameter
 from ..inputs.sentence_models import save_without_pooler
 from ..methods import hybrid_method_of
 from ..retrieval.beir import (
@@ -473,7 +472,7 @@ def finetune(
     values: dict[str, Any] = {
         **check_option_types("retromae.finetune", options), "model": os.fspath(model),
         "train_data": os.fspath(train_data), "output_dir": os.fspath(output_dir), "overwrite": overwrite,
-        "stages": stages_text("retromae.finetune", stages),
+        "stages": ",".join(list_parameter("retromae.finetune", "stages", stages)),
     }
     arguments = []
     for argument_class in ARGUMENT_CLASSES:
