@@ -126,6 +126,20 @@ def test_overwrite_output_dir_refuses_to_delete_an_input_in_the_output_dir(finis
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before, "refused before anything was deleted"
 
 
+@pytest.mark.parametrize("flags", [["--corpus", "missing.jsonl"], ["--corpus", "bad.jsonl"], ["--method", "nosuch"],
+                                   ["--model", "no-model"]])
+def test_overwrite_output_dir_keeps_the_earlier_run_when_the_new_one_is_refused(flags, finished_run, tiny_bert, corpus,
+                                                                                tmp_path, capsys):
+    """HEAD deleted the finished run, then refused the mistyped input: the folder was left empty."""
+    out = copy_of(finished_run, tmp_path)
+    write_lines(tmp_path / "bad.jsonl", ['{"text": "a passage"}', '{"title": "no text"}'])
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    flags = [flags[0], str(tmp_path / flags[1]) if flags[0] != "--method" else flags[1]]
+    assert main(pretrain_args(tiny_bert, corpus, out, *flags, "--overwrite-output-dir", "true")) == 2
+    assert "error:" in capsys.readouterr().err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
 def test_overwrite_output_dir_refuses_to_delete_the_config_file_it_reads(finished_run, tiny_bert, corpus, tmp_path,
                                                                          capsys):
     """HEAD deleted OUTPUT_DIR/config.json given as --config (a JSON config kept beside the run): the user's

@@ -105,9 +105,9 @@ def pretrain(argv: list[str]) -> int:
     # a finished run with nothing missing writes nothing: it may read a read-only folder, without the lock
     writes = finished is None or save_final or write_export
     with folder_lock(args.output_dir, enabled=args.should_save, required=writes) as lock:
-        prepare_output_dir(args.output_dir, run.resume, overwrite=run.run.overwrite_output_dir,
-                           should_save=lock is not None, inputs=run_inputs(run))
-        trainer, tokenizer, seconds = train_model(run, validation)
+        replace = prepare_output_dir(args.output_dir, run.resume, overwrite=run.run.overwrite_output_dir,
+                                     should_save=lock is not None, inputs=run_inputs(run))
+        trainer, tokenizer, seconds = train_model(run, validation, replace_earlier_run=replace)
         if save_final:
             trainer.save_pretraining_model(args.output_dir)
         if write_export:

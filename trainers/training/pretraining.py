@@ -31,9 +31,7 @@ from .fast_paths import compile_layers, compile_loss, fast_path_wanted, pad_loss
 from .positions import check_model_and_tokenizer, extend_position_embeddings
 from .recipe import suggest_recipe
 from .retrieval_validation import RetrievalValidationCallback
-from .run_folder import (
-    RUN_INFO_NAME,
-)
+from .run_folder import RUN_INFO_NAME, remove_previous_run
 from .sharding import check_sharding, keep_loaded_names, start_deepspeed_comm, without_zero3_init
 from .trainer import RetroMAETrainer
 
@@ -340,11 +338,12 @@ def _build_model(run: PretrainRun, method: Method, settings: dict[str, Any], tok
     return model
 
 
-def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None = None
-                ) -> tuple[RetroMAETrainer, Any, float]:
+def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None = None, *,
+                replace_earlier_run: bool = False) -> tuple[RetroMAETrainer, Any, float]:
     """Build the method's model and data and train (a finished run's checkpoint is loaded, not trained further),
     with `validation` among the trainer's callbacks when given; returns the trainer, the tokenizer and the seconds
-    the training took."""
+    the training took. `replace_earlier_run`: delete the earlier run in --output-dir (`remove_previous_run`) once
+    the model and data are built, before training."""
     args = run.training
     check_sharding(args, validation=validation is not None, head_warmup=run.recipe.head_warmup_steps > 0,
                    recipe_groups=run.recipe.changes_optimizer,  # before any weight is read
@@ -412,6 +411,8 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
         processing_class=tokenizer, run_info=run_info, run_settings=run.settings, recipe=run.recipe,
         callbacks=[validation] if validation is not None else None,
     )
+    if replace_earlier_run:
+        remove_previous_run(args.output_dir)
     started = time.time()
     trainer.train(resume_from_checkpoint=run.resume)
     return trainer, tokenizer, time.time() - started

@@ -151,6 +151,8 @@ def remove_previous_run(output_dir: str | os.PathLike) -> list[Path]:
             shutil.rmtree(path)
         else:
             path.unlink()
+    logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed),
+                output_dir)
     return removed
 
 
@@ -209,12 +211,12 @@ def resume_state_problem(checkpoint: Path) -> str | None:
 
 
 def prepare_output_dir(output_dir: str, resume: str | None, *, overwrite: bool, should_save: bool,
-                       inputs: Mapping[str, str | None] | None = None) -> None:
-    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked); with
-    --overwrite-output-dir delete what the earlier run wrote there (`run_output_files`), nothing
-    else, and refuse first when that would delete one of `inputs` (`inputs.pretrain_options.run_inputs`). Build folders of saves a kill
-    interrupted are removed in any case. The main process calls it holding the folder's lock (`lock`),
-    whose file does not count as an earlier run's."""
+                       inputs: Mapping[str, str | None] | None = None) -> bool:
+    """Refuse to write into a folder with an earlier run unless asked (resuming that run is asked), and an
+    --overwrite-output-dir that would delete one of `inputs` (`inputs.pretrain_options.run_inputs`). Build folders
+    of saves a kill interrupted are removed in any case. Returns whether this process is to delete the earlier run
+    (`remove_previous_run`) once the new run's model and data are read: a run refused before then keeps it. The
+    main process calls it holding the folder's lock, whose file does not count as an earlier run's."""
     folder = Path(output_dir)
     if should_save:
         clean_killed_saves(folder)
@@ -223,7 +225,7 @@ def prepare_output_dir(output_dir: str, resume: str | None, *, overwrite: bool, 
         raise ValueError(f"--overwrite-output-dir would delete {resume}, which --resume-from-checkpoint continues; "
                         "drop one of the two")
     if own_folder or not (folder.is_dir() and any(not p.name.startswith(LOCK_NAME) for p in folder.iterdir())):
-        return
+        return False
     if not overwrite and not run_output_files(folder):
         theirs = sorted(p.name for p in folder.iterdir() if not p.name.startswith(LOCK_NAME))
         raise ValueError(f"output folder {folder} holds files no retromae run wrote ({', '.join(theirs[:3])}"
@@ -243,9 +245,7 @@ def prepare_output_dir(output_dir: str, resume: str | None, *, overwrite: bool, 
             "to start over (it deletes what a run writes there: model files, checkpoint-N/, encoder/; nothing else)"
         )
     _check_overwrite_inputs(folder, inputs or {})  # on every process, before any deletes
-    if should_save:
-        removed = remove_previous_run(folder)
-        logger.info("--overwrite-output-dir: removed %d file(s)/folder(s) of the earlier run in %s", len(removed), folder)
+    return should_save
 
 
 def _check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> None:
