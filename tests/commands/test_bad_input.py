@@ -152,8 +152,8 @@ def test_a_corpus_folder_with_unreadable_files_is_refused(tmp_path, caplog):
     write_lines(tmp_path / "sub" / "b.txt", ["another passage"])
     for name in ("notes.csv", "dump.json", "sub/weights.bin"):
         (tmp_path / name).write_bytes(b"x")
-    with pytest.raises(ValueError, match=r"not a corpus format: dump\.json, notes\.csv, sub/weights\.bin; only "
-                                          r"\.txt and \.jsonl files are read: move the others out"):
+    with pytest.raises(ValueError, match=r"not a corpus format: dump\.json, notes\.csv, sub/weights\.bin; the "
+                                          r"files read are \.txt, \.jsonl and \.parquet files .*: move the others out"):
         read_corpus(tmp_path)
     for name in ("notes.csv", "dump.json", "sub/weights.bin"):
         (tmp_path / name).unlink()

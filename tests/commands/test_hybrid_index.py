@@ -376,7 +376,8 @@ def test_index_warns_when_truncation_drops_most_of_the_corpus(st_models, tmp_pat
                           "--output-dir", str(tmp_path / "index")]) == 0
     (record,) = [r for r in caplog.records if "truncation" in r.getMessage()]
     assert record.levelno == logging.WARNING and "the index encodes only the start of each" in record.getMessage()
-    assert "--text-format lines" in record.getMessage()
+    (told,) = [r.getMessage() for r in caplog.records if "--text-format lines" in r.getMessage()]  # by the reader
+    assert told.startswith(f"{tmp_path / 'corpus.txt'}: ") and "line 201 is empty" in told, told
 
 
 def test_index_and_search_refuse_a_model_that_is_not_hybrid_naming_the_fix(tiny_bert, st_models, tmp_path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import functools
 import gzip
 import hashlib
 import io
@@ -138,6 +139,8 @@ def numbered_passages(
     """``(line, passage)`` for each passage of one ``.txt`` or ``.jsonl`` file, as ``read_corpus`` reads it; ``line``
     is the 1-based line the passage starts on (an id that blank passages, which are skipped, do not shift)."""
     fmt = describe_file(Path(path), text_format)[1]
+    if text_format == "auto" and fmt == "blocks":
+        logger.warning("%s", auto_blocks_note([Path(path)]))
     return file_passages(str(path), fmt, text_column)
 
 
@@ -319,17 +322,21 @@ def describe_file(path: Path, text_format: TextFormat) -> tuple[str, str, int, s
 
 
 def _text_layout(path: Path, text_format: TextFormat) -> str:
-    """The layout a .txt is read in ("lines" or "blocks"), logged: with `auto`, the empty line that made it blocks
-    (one stray empty line makes a whole file a few passages)."""
-    blank = _first_blank_separator(path) if text_format == "auto" else None
-    fmt = text_format if text_format != "auto" else ("blocks" if blank else "lines")
-    if blank:
-        logger.info("%s: one passage per block of lines between empty lines (--text-format auto: line %d is empty "
-                    "between text lines); --text-format lines reads one passage per line", path, blank)
-    else:
-        logger.info("%s: one passage per %s (text format %s)", path,
-                    "line" if fmt == "lines" else "block of lines between empty lines", text_format)
+    """The layout a .txt is read in ("lines" or "blocks"), logged; `auto` reads blocks when an empty line stands
+    between text lines (``auto_blocks_note`` names it)."""
+    fmt = text_format if text_format != "auto" else ("blocks" if _blank_separator(path) else "lines")
+    logger.info("%s: one passage per %s (text format %s)", path,
+                "line" if fmt == "lines" else "block of lines between empty lines", text_format)
     return fmt
+
+
+def auto_blocks_note(paths: list[Path]) -> str:
+    """The warning for .txt files that ``--text-format auto`` reads as blocks, naming the empty line of the first: one
+    stray empty line makes a file of a passage per line a few passages of thousands of tokens."""
+    more = f" (and {len(paths) - 1} more .txt file(s) read as blocks)" if len(paths) > 1 else ""
+    return (f"{paths[0]}: one passage per block of lines between empty lines (--text-format auto: line "
+            f"{_blank_separator(paths[0])} is empty between text lines){more}; --text-format lines reads one passage "
+            "per line, --text-format blocks keeps the blocks without this warning")
 
 
 def _ends_digest(path: Path, size: int, span: int = 1 << 16) -> str:
@@ -343,9 +350,16 @@ def _ends_digest(path: Path, size: int, span: int = 1 << 16) -> str:
     return digest.hexdigest()[:16]
 
 
-def _first_blank_separator(path: Path) -> int | None:
+def _blank_separator(path: Path) -> int | None:
+    stat = path.stat()
+    return _first_blank_separator(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_blank_separator(path: str, _size: int, _mtime_ns: int) -> int | None:
     """The 1-based line of the file's first empty line between two non-empty lines (which makes ``auto`` read the
-    ``"blocks"`` layout); None when there is none."""
+    ``"blocks"`` layout); None when there is none. Cached (the note reads it again) by path, size and mtime, which an
+    edit changes."""
     seen_text = False
     blank_at = None
     with open_binary(path) as handle:

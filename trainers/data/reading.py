@@ -22,12 +22,14 @@ from ..inputs.io import iter_jsonl, json_type
 from ..inputs.parameters import check_bool, check_path
 from .arrow_reading import PASSAGE_FEATURES, FormsPassages, passages_batch, read_with_builder, select_text_column
 from .builtin import builtin_corpus
+from .corpus_folders import files_below, identical_files, is_note_file, relative, some_names
 from .passages import (
     COMPRESSED_SUFFIXES,
     READ_FAILURES,
     TEXT_FORMATS,
     CorpusError,
     TextFormat,
+    auto_blocks_note,
     check_jsonl_record,
     check_text_encoding,
     describe_file,
@@ -50,6 +52,9 @@ CORPUS_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 # Suffixes that mark a source as a file path (never a Hub dataset name) when it does not exist.
 PATH_LIKE_SUFFIXES = (*CORPUS_SUFFIXES, *COMPRESSED_SUFFIXES, ".json", ".csv", ".tsv", ".arrow")
+GLOB_OR_LIST = ("*", "?", "[", ",")  # in a source: several files meant, which no Hub dataset name holds
+SEVERAL_FILES = "several files: put them in one folder, which is read whole"
+FILES_READ = f".txt, .jsonl and .parquet files (.txt and .jsonl also compressed as {'/'.join(COMPRESSED_SUFFIXES)})"
 
 
 def read_corpus(
@@ -78,9 +83,10 @@ def read_corpus(
     - A BEIR folder (``corpus.jsonl`` beside ``queries.jsonl`` or ``qrels/``): its ``corpus.jsonl``.
     - A directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``split``,
       by default ``"train"`` or its only split, is used) with a ``text_column`` column.
-    - Any other directory: every ``.txt``, ``.jsonl`` and ``.parquet`` file (compressed too) below it (recursively, through symbolic links to
-      folders too; hidden files skipped), in sorted path order; a file of another type there is refused (it would be
-      left out silently), and so is a link that loops or reaches a folder a second time.
+    - Any other directory: every ``.txt``, ``.jsonl`` and ``.parquet`` file (compressed too) below it (recursively,
+      through symbolic links to folders too; hidden files skipped), in sorted path order; notes (README, LICENSE,
+      ``.md``: ``is_note_file``) are skipped and identical files read with a warning; a file of another type there is
+      refused (it would be left out silently), and so is a link that loops or reaches a folder a second time.
     - Otherwise a Hub dataset name, loaded with ``datasets.load_dataset(name, config, split=split or "train",
       revision=revision)``; its ``text_column`` column is the text (no title added). A source that looks
       like a path (absolute, starting with ``.`` or ``~``, or ending in a file suffix) and does not exist is reported
@@ -115,8 +121,8 @@ def read_corpus(
         TypeError: ``source`` is not a str, ``os.PathLike`` or None, or ``streaming`` not a bool.
     """
     if source is not None:
-        check_path("read_corpus", "source", source, "give one path or Hub dataset name (several files: put them in "
-                   "one folder, which is read whole), or None for the built-in corpus")
+        check_path("read_corpus", "source", source, f"give one path or Hub dataset name ({SEVERAL_FILES}), or None "
+                   "for the built-in corpus")
     check_bool("read_corpus", "streaming", streaming)
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"text_format={text_format!r} is not one of {TEXT_FORMATS}")
@@ -162,6 +168,9 @@ def _read_source(
         return _read_files([path], text_format, streaming, text_column)
     if path.is_dir():
         return _read_directory(path, text_format, streaming, text_column, hub)
+    if any(mark in str(source) for mark in GLOB_OR_LIST):
+        raise ValueError(f"corpus path {str(source)!r} does not exist: the corpus is one file or folder (--corpus "
+                         f"PATH), and globs and lists are not expanded; {SEVERAL_FILES}")
     if _looks_like_path(str(source)):
         raise ValueError(f"corpus path {str(source)!r} does not exist; check the path (relative to {Path.cwd()})")
     return _load_hub_dataset(str(source), streaming, text_column, hub)
@@ -189,22 +198,25 @@ def _read_directory(
         return _read_files([path / "corpus.jsonl"], text_format, streaming, text_column)
     if saved:
         return _load_saved_dataset(path, streaming, text_column, hub.split)
-    found = _files_below(path)
-    files = [p for p in found if _is_corpus_file(p)]
-    others = [p for p in found if not _is_corpus_file(p)]
+    found = files_below(path)
+    notes = [p for p in found if is_note_file(p)]
+    files = [p for p in found if _is_corpus_file(p) and not is_note_file(p)]
+    others = [p for p in found if not _is_corpus_file(p) and not is_note_file(p)]
     if not files:
-        holds = f" (it holds {_some_names(others, path)})" if others else ""
-        raise ValueError(
-            f"directory {str(path)!r} holds no corpus{holds}: expected corpus.jsonl (BEIR), a datasets save_to_disk "
-            f"folder, or .txt/.jsonl/.parquet files; point the source at one of these"
-        )
+        holds = f" (it holds {some_names(found, path)})" if found else ""
+        raise ValueError(f"directory {str(path)!r} holds no corpus{holds}: expected corpus.jsonl (BEIR), a datasets "
+                         f"save_to_disk folder, or {FILES_READ}; point the source at one of these")
     if others:
-        raise ValueError(
-            f"directory {str(path)!r} holds files that are not a corpus format: {_some_names(others, path)}; only .txt "
-            f"and .jsonl files are read: move the others out of the folder (or convert them; .parquet files and "
-            f".txt/.jsonl files compressed as {'/'.join(COMPRESSED_SUFFIXES)} are read too)"
-        )
-    logger.info("Reading %d corpus file(s) in %s: %s", len(files), path, _some_names(files, path))
+        raise ValueError(f"directory {str(path)!r} holds files that are not a corpus format: {some_names(others, path)}; "
+                         f"the files read are {FILES_READ}: move the others out of the folder, or convert them")
+    if notes:
+        logger.warning("directory %r: skipping %s: notes beside the data (README, LICENSE, .md), not passages",
+                       str(path), some_names(notes, path))
+    for group in identical_files(files):
+        logger.warning("directory %r: %s are identical files (same size and content), so their passages are read "
+                       "%d times; remove the copies unless that is meant", str(path), " and ".join(
+                           relative(p, path) for p in group), len(group))
+    logger.info("Reading %d corpus file(s) in %s: %s", len(files), path, some_names(files, path))
     return _read_files(files, text_format, streaming, text_column)
 
 
@@ -220,44 +232,6 @@ def _is_beir_folder(path: Path) -> bool:
 def _is_corpus_file(path: Path) -> bool:
     suffix, compression = split_name(path)
     return suffix in (".txt", ".jsonl") or (suffix == ".parquet" and not compression)
-
-
-def _files_below(folder: Path) -> list[Path]:
-    """The files below ``folder`` (hidden ones and those in hidden folders left out), in sorted path order, through
-    symbolic links to folders too: ``Path.rglob`` does not enter those, and their passages were left out silently.
-
-    Raises:
-        ValueError: a link to a folder that holds it (walking on would never end), or to a folder reached already
-            (its files would be read twice); the message names the link.
-    """
-    found: list[Path] = []
-    reached: dict[str, Path] = {}  # real path -> the path it was first reached by
-    for root, subfolders, names in os.walk(folder, followlinks=True):
-        here = Path(root)
-        real = os.path.realpath(here)
-        if real in reached:
-            raise ValueError(f"directory {str(folder)!r}: {_relative(here, folder)} and "
-                             f"{_relative(reached[real], folder)} are the same folder through a symbolic link, so "
-                             "its files would be read twice; remove the link")
-        reached[real] = here
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-        for link in (here / name for name in subfolders if (here / name).is_symlink()):
-            target = Path(os.path.realpath(link))
-            if Path(real).is_relative_to(target):
-                raise ValueError(f"directory {str(folder)!r}: {_relative(link, folder)} is a symbolic link to "
-                                 f"{target}, a folder that holds it (a loop); remove the link")
-        found += [here / name for name in names if not name.startswith(".") and (here / name).is_file()]
-    return sorted(found)
-
-
-def _relative(path: Path, folder: Path) -> str:
-    return path.relative_to(folder).as_posix()
-
-
-def _some_names(paths: list[Path], folder: Path, shown: int = 5) -> str:
-    """The first ``shown`` paths relative to ``folder``, and how many more."""
-    names = ", ".join(_relative(p, folder) for p in paths[:shown])
-    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
 def _load_saved_dataset(
@@ -279,10 +253,8 @@ def _load_saved_dataset(
         elif len(loaded) == 1:
             loaded = next(iter(loaded.values()))
         else:
-            raise ValueError(
-                f"{str(path)!r} is a DatasetDict without a 'train' split (splits: {sorted(loaded)}); "
-                f"save the split to use with dataset_dict['<split>'].save_to_disk(...)"
-            )
+            raise ValueError(f"{str(path)!r} is a DatasetDict without a 'train' split (splits: {sorted(loaded)}); "
+                             "pick one with --corpus-split <split> (read_corpus(..., split=...))")
     corpus = select_text_column(loaded, str(path), text_column)
     if len(corpus) == 0:
         raise ValueError(f"{str(path)!r} holds no rows: the corpus is empty; save a dataset with passages in 'text'")
@@ -328,6 +300,9 @@ def _read_files(
         raise ValueError(f"--text-column {text_column} names a field of .jsonl / .parquet / datasets corpora, and "
                          f"{str(files[0])!r}{' and the other files hold' if len(files) > 1 else ' holds'} plain text (a "
                          "passage per line or block); drop --text-column")
+    blocks = [path for path, source in zip(files, sources, strict=True) if source[1] == "blocks"]
+    if text_format == "auto" and blocks:
+        logger.warning("%s", auto_blocks_note(blocks))
     if not any(_has_content(path) for path in files):
         names = ", ".join(repr(str(p)) for p in files)
         raise ValueError(f"the corpus is empty: {names} holds no non-blank line; add passages or fix the path")
@@ -485,7 +460,7 @@ def _reads_text_files(path: Path, any_corpus_jsonl_is_beir: bool) -> bool:
     beir = (path / "corpus.jsonl").is_file() if any_corpus_jsonl_is_beir else _is_beir_folder(path)
     if not path.is_dir() or beir or _is_saved_dataset(path):
         return False
-    return any(split_name(file)[0] == ".txt" for file in _files_below(path))  # through folder links, hidden skipped
+    return any(split_name(file)[0] == ".txt" and not is_note_file(file) for file in files_below(path))
 
 
 __all__ = ["check_text_format_applies", "code_fingerprint", "read_corpus"]

@@ -20,6 +20,7 @@ from ..inputs.parameters import check_bool
 from .arrow_reading import check_text_column
 from .dataset_checks import longest_sequence
 from .reading import code_fingerprint
+from .tokenized_record import check_tokenized_record
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def report_truncation(passages: datasets.Dataset | Sequence[str], tokenizer: Any
                                  "--max-seq-length") -> None:
     """Log the share of the text tokens that truncating each passage (a "text" Dataset or strings) to `room` text
     tokens drops, measured on `UNK_SAMPLE_ROWS` passages spread over them; above `WARN_TRUNCATED_SHARE` a warning
-    that adds `fix`, and the text-format hint for a .txt."""
+    that adds `fix` (a .txt read as blocks has had its own warning, naming the empty line: `auto_blocks_note`)."""
     total = len(passages)
     rows = sample_rows(total)
     texts = passages.select(rows)["text"] if isinstance(passages, datasets.Dataset) else [passages[i] for i in rows]
@@ -178,13 +179,18 @@ def report_truncation(passages: datasets.Dataset | Sequence[str], tokenizer: Any
         return
     share = dropped / sum(lengths)
     sample = f"a sample of {len(lengths)} passages" if total > UNK_SAMPLE_ROWS else f"all {total} passages"
-    message = (f"truncation to the sequence length drops {share:.1%} of the text tokens of {source} ({sample}, up "
-               f"to {max(lengths)} tokens each)")
+    message = (f"truncation to the sequence length drops {share_text(share)} of the text tokens of {source} "
+               f"({sample}, up to {max(lengths)} tokens each)")
     if share <= WARN_TRUNCATED_SHARE:
         logger.info("%s", message)
         return
-    logger.warning("%s: %s; a .txt with one passage per line needs --text-format lines when an empty line made it "
-                   "blocks", message, fix)
+    logger.warning("%s: %s", message, fix)
+
+
+def share_text(share: float) -> str:
+    """`share` as a percentage with one decimal that reads 100% only when it is 1 (99.99% is "over 99.9%")."""
+    text = f"{share:.1%}"
+    return "over 99.9%" if text == "100.0%" and share < 1 else text
 
 
 def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
@@ -210,9 +216,10 @@ def _as_dataset(corpus: Any) -> datasets.Dataset | datasets.IterableDataset:
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 
 
-def saved_token_rows(source: str | os.PathLike | None) -> datasets.Dataset | None:
+def saved_token_rows(source: str | os.PathLike | None, text_column: str = "text") -> datasets.Dataset | None:
     """The rows of a `save_to_disk` folder that hold "input_ids" (of its "train" split or its only one), unchecked;
-    None for anything else. Raises ValueError when such a folder cannot be loaded."""
+    None for anything else. Raises ValueError when such a folder cannot be loaded, or also holds the text
+    (`text_column`): which of the two to train is the user's choice."""
     if source is None:
         return None
     path = Path(source).expanduser()
@@ -227,11 +234,19 @@ def saved_token_rows(source: str | os.PathLike | None) -> datasets.Dataset | Non
         if "train" not in loaded and len(loaded) != 1:
             return None  # read_corpus names the splits
         loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
-    return loaded if "input_ids" in loaded.column_names else None
+    if "input_ids" not in loaded.column_names:
+        return None
+    if text_column in loaded.column_names:
+        raise ValueError(f"--corpus {source} holds both a {text_column!r} column and an 'input_ids' column, and "
+                         f"either could be the corpus: to train the text, save it without the ids "
+                         f"(dataset.remove_columns('input_ids').save_to_disk(...)); to train the ids, without the text "
+                         f"(dataset.remove_columns('{text_column}'))")
+    return loaded
 
 
 def load_tokenized_corpus(
-    source: str | os.PathLike | None, tokenizer: Any, *, max_seq_length: int, streaming: bool = False
+    source: str | os.PathLike | None, tokenizer: Any, *, max_seq_length: int, streaming: bool = False,
+    text_column: str = "text",
 ) -> datasets.Dataset | datasets.IterableDataset | None:
     """A pre-tokenised corpus: a ``save_to_disk`` folder whose rows already hold ``"input_ids"`` (e.g.
     ``tokenize_corpus(...).save_to_disk(folder)``: tokenise once, train many times), or None when ``source`` is
@@ -239,13 +254,18 @@ def load_tokenized_corpus(
 
     The rows are used as saved (special tokens included); ``"word_starts"`` is kept when present (without it every
     token is its own word for whole-word masking). A ``DatasetDict`` gives its ``"train"`` split, or its only one.
+    A folder saved by ``pretrain --save-tokenized`` records its tokenizer and length (``TOKENIZED_RECORD``), and
+    trains only with the same ones; without the record, a row longer than ``max_seq_length`` is refused and
+    shorter rows get a warning.
 
     Raises:
-        ValueError: in one line naming the folder and the limit, when a token id is not one of the tokenizer's
-            (``>= len(tokenizer)`` or negative: another tokenizer's ids), a row is longer than ``max_seq_length``, the
-            ``input_ids`` are not lists of integers, or the folder holds no rows.
+        ValueError: in one line naming the folder and the fix, when the recorded tokenizer or ``max_seq_length`` is
+            not the run's, a token id is not one of the tokenizer's (``>= len(tokenizer)`` or negative), a row (of a
+            sample spread over the corpus) does not start and end with the special tokens the tokenizer puts around a
+            text (another tokenizer's ids), a row is longer than ``max_seq_length``, the ``input_ids`` are not lists
+            of integers, the folder holds no rows, or it holds a ``text_column`` too.
     """
-    loaded = saved_token_rows(source)
+    loaded = saved_token_rows(source, text_column)
     if loaded is None:
         return None
     where = f"--corpus {source}"
@@ -256,19 +276,19 @@ def load_tokenized_corpus(
                          "of retromae.tokenize_corpus (or lists of integer ids) there")
     if len(loaded) == 0:
         raise ValueError(f"{where} holds no rows: the pre-tokenised corpus is empty")
+    recorded = check_tokenized_record(Path(source).expanduser(), where, tokenizer, max_seq_length)
     loaded = loaded.select_columns([name for name in ("input_ids", "word_starts") if name in loaded.column_names])
-    flat = pc.list_flatten(loaded.data.column("input_ids"))
-    bounds = pc.min_max(flat).as_py() if len(flat) else {"min": None, "max": None}
-    vocabulary = len(tokenizer)
-    if bounds["max"] is not None and (bounds["max"] >= vocabulary or bounds["min"] < 0):
-        bad = bounds["max"] if bounds["max"] >= vocabulary else bounds["min"]
-        raise ValueError(f"{where} holds token id {bad}, but the tokenizer {tokenizer.name_or_path} has ids 0 to "
-                         f"{vocabulary - 1}: it was tokenised with another tokenizer; tokenise the text again with "
-                         "this one (or pass the tokenizer it was made with, --tokenizer)")
+    _check_token_ids(loaded, tokenizer, where)
+    _check_row_ends(loaded, tokenizer, where)
     longest = longest_sequence(loaded) or 0
     if longest > max_seq_length:
         raise ValueError(f"{where} holds rows of up to {longest} tokens, but --max-seq-length is {max_seq_length}: "
                          f"raise --max-seq-length to {longest} or tokenise the text again with the shorter length")
+    if not recorded and longest < max_seq_length:
+        logger.warning("%s records no tokenized length (it was not saved by --save-tokenized) and its longest row has "
+                       "%d tokens, under --max-seq-length %d: if it was tokenized at %d, longer passages were cut "
+                       "there, and this run trains on sequences of up to %d tokens", where, longest, max_seq_length,
+                       longest, longest)
     if "word_starts" not in loaded.column_names:
         logger.warning("%s has no 'word_starts' column: whole-word masking masks single tokens", where)
     logger.info("Pre-tokenised corpus %s: %d sequences of up to %d tokens", source, len(loaded), longest)
@@ -276,6 +296,41 @@ def load_tokenized_corpus(
     corpus = loaded.to_iterable_dataset(num_shards=min(len(loaded), 64)) if streaming else loaded
     corpus.info.dataset_name = str(source)
     return corpus
+
+
+def _check_token_ids(rows: datasets.Dataset, tokenizer: Any, where: str) -> None:
+    """Refuse an id the tokenizer does not have (``>= len(tokenizer)`` or negative)."""
+    flat = pc.list_flatten(rows.data.column("input_ids"))
+    bounds = pc.min_max(flat).as_py() if len(flat) else {"min": None, "max": None}
+    vocabulary = len(tokenizer)
+    if bounds["max"] is not None and (bounds["max"] >= vocabulary or bounds["min"] < 0):
+        bad = bounds["max"] if bounds["max"] >= vocabulary else bounds["min"]
+        raise ValueError(f"{where} holds token id {bad}, but the tokenizer {tokenizer.name_or_path} has ids 0 to "
+                         f"{vocabulary - 1}: it was tokenised with another tokenizer; tokenise the text again with "
+                         "this one (or pass the tokenizer it was made with, --tokenizer)")
+
+
+def _check_row_ends(rows: datasets.Dataset, tokenizer: Any, where: str) -> None:
+    """Refuse rows (`UNK_SAMPLE_ROWS` spread over them) that do not start with the special tokens the tokenizer puts
+    before a text and end with those it puts after (``[CLS] ... [SEP]``), as every row of `tokenize_corpus` does,
+    packed or not: position 0 is the sentence embedding, and other ids are another tokenizer's (or no token rows)."""
+    prefix, suffix = special_template(tokenizer)
+    indices = sample_rows(len(rows))
+    for index, ids in zip(indices, rows.with_format(None).select(indices)["input_ids"], strict=True):
+        ends = (("starts", ids[:len(prefix)], prefix), ("ends", ids[max(0, len(ids) - len(suffix)):], suffix))
+        for end, found, expected in ends:
+            if found != expected:
+                raise ValueError(
+                    f"{where}: row {index} {end} with {_shown(tokenizer, found)}, not {_shown(tokenizer, expected)}, "
+                    f"which the tokenizer {tokenizer.name_or_path} {end} every text with: the rows were made by "
+                    "another tokenizer (or are not token rows); tokenize the text again with this run's --model (or "
+                    "--tokenizer) and --save-tokenized FOLDER")
+
+
+def _shown(tokenizer: Any, ids: list[int]) -> str:
+    """Token ids as this tokenizer reads them: "[CLS] (101)"."""
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    return " ".join(f"{token} ({token_id})" for token, token_id in zip(tokens, ids, strict=True)) or "nothing"
 
 
 def shuffle_stream(

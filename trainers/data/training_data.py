@@ -13,7 +13,7 @@ from retromae.modeling.configuration_retromae import hides_whole_words
 from .collator import DataInputs, PretrainingCollator, TrainingData
 from .pairs import ContrastiveCollator, read_pairs, tokenize_pairs
 from .reading import read_corpus
-from .tokenize import load_tokenized_corpus, tokenize_corpus
+from .tokenize import load_tokenized_corpus, saved_token_rows, tokenize_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,11 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
         if hides_whole_words(config):
             raise ValueError('--contrastive-anchor-weight does not support decoder_visibility="reference" yet; use '
                              'the default "token"')
-        return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight")
+        return span_pair_training_data(config, tokenizer, inputs, purpose="--contrastive-anchor-weight",
+                                       needs_text="the anchor's positives are two spans of each passage's text: pass "
+                                                  "the text corpus as --corpus, or drop --contrastive-anchor-weight")
     dataset = load_tokenized_corpus(inputs.corpus, tokenizer, max_seq_length=inputs.max_seq_length,
-                                    streaming=inputs.streaming)  # a saved, pre-tokenised corpus; None for text
+                                    streaming=inputs.streaming, text_column=inputs.text_column)  # None for text
     if dataset is not None and inputs.packing:  # packing happens while tokenizing, which this corpus is past
         raise ValueError(f"--packing applies while a corpus is tokenized, and {inputs.corpus} is already tokenized "
                          "(its rows train as saved): drop --packing, or tokenize the text again with --packing "
@@ -61,14 +63,19 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
     return TrainingData(dataset, collator)
 
 
-def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, purpose: str) -> TrainingData:
+def span_pair_training_data(config: Any, tokenizer: Any, inputs: DataInputs, *, purpose: str,
+                            needs_text: str) -> TrainingData:
     """Batches of two disjoint spans of each corpus passage, anchor and positive, masked as usual: the data of an
-    in-batch contrastive loss on a plain corpus. ``purpose`` names what asks for it (a flag) in messages.
+    in-batch contrastive loss on a plain corpus. ``purpose`` names what asks for it (a flag) in messages;
+    ``needs_text`` says, after "--corpus FOLDER is tokenized, and", why it needs the text and the fix.
 
     Raises:
-        ValueError: ``--packing`` (the spans could come from different documents), or fewer than 2 passages per
-            global batch (the other passages' spans are the negatives).
+        ValueError: a tokenized ``--corpus`` folder (the spans are cut from the text), ``--packing`` (the spans could
+            come from different documents), or fewer than 2 passages per global batch (the other passages' spans are
+            the negatives).
     """
+    if saved_token_rows(inputs.corpus, inputs.text_column) is not None:
+        raise ValueError(f"--corpus {inputs.corpus} is tokenized, and {needs_text}")
     if inputs.packing:
         raise ValueError(
             f"{purpose} takes its positives from two spans of one passage, but --packing joins passages into blocks "
@@ -123,7 +130,11 @@ def contrastive_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -
             'or use "positives": "spans" to cut two spans from each --corpus passage'
         )
     else:
-        data = span_pair_training_data(config, tokenizer, inputs, purpose="span positives")
+        data = span_pair_training_data(
+            config, tokenizer, inputs, purpose="span positives",
+            needs_text="SentMAE's span positives are two spans of each passage's text: pass the text corpus as "
+                       "--corpus, or pairs with --pairs FILE.jsonl, or switch the contrastive loss off with "
+                       "--method-options '{\"contrastive_loss_weight\": 0}'")
     logger.info(
         "SentMAE stage 2: RetroMAE + %s x in-batch contrastive loss (tau %s, %s similarity), positives: %s",
         config.contrastive_loss_weight, config.temperature, config.similarity, config.positives,

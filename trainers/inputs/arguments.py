@@ -31,7 +31,14 @@ import transformers
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
-from .config_files import add_config_option, config_argument, merge_file_mappings, split_config, with_json_presets
+from .config_files import (
+    add_config_option,
+    config_argument,
+    merge_file_mappings,
+    refuse_placeholders,
+    split_config,
+    with_json_presets,
+)
 from .errors import UserError
 from .folders import COMMAND_INPUTS
 from .parameters import check_bool_options, is_number
@@ -93,8 +100,10 @@ class CommandParser(HfArgumentParser):
 
     _argv: Sequence[str] = ()  # the arguments of the last parse, for `error`
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, presets: bool = False, **kwargs) -> None:
+        """`presets`: `--config` takes a bundled preset by name, and its --help lists them (`add_config_option`)."""
         super().__init__(*args, **kwargs)
+        self.presets = presets
         for action in self._actions:
             if action.dest == "fsdp":
                 action.type = fsdp_value
@@ -166,16 +175,43 @@ def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
             break
         if not token.startswith("-") or token == "-":
             continue
-        name = token.split("=", 1)[0]
-        matches = [owner[name]] if name in owner else list(
-            {id(a): a for option, a in owner.items() if name.startswith("--") and option.startswith(name)}.values()
-        )
-        if len(matches) == 1:
-            counts[matches[0]] += 1
+        action = _option_action(owner, token.split("=", 1)[0])
+        if action is not None:
+            counts[action] += 1
     for action, count in counts.items():
         if count > 1 and not _takes_many(action) and not isinstance(action, argparse._HelpAction):
             flag = flag_name(action)
             raise UserError(f"{flag} is given {count} times; give it once (only the last value would count)")
+
+
+def _option_action(owner: Mapping[str, argparse.Action], name: str) -> argparse.Action | None:
+    """The action `name` names (`owner`: option string -> action), also as an unambiguous abbreviation of a long
+    option, which argparse accepts; None for no action or several."""
+    matches = [owner[name]] if name in owner else list(
+        {id(a): a for option, a in owner.items() if name.startswith("--") and option.startswith(name)}.values())
+    return matches[0] if len(matches) == 1 else None
+
+
+# a one-value flag given several values: what the value is, and how to give several
+STRAY_VALUE_HINTS = {"corpus": ("path", "several files: put them in one folder, which is read whole"),
+                     "config": ("file", "merge the files into one")}
+
+
+def _unknown_options_message(parser: argparse.ArgumentParser, argv: Sequence[str], unknown: Sequence[str]) -> str:
+    """The refusal of what argparse left over; a value that follows a one-value flag's value (`--corpus a.jsonl
+    b.txt`, `--corpus=a.jsonl b.txt`) is named as one the flag does not take."""
+    owner = {option: action for action in parser._actions for option in action.option_strings}
+    stray = next((token for token in unknown if not token.startswith("-")), None)
+    for at in (i for i, token in enumerate(argv) if token == stray and i):
+        name, equals, value = argv[at - 1].partition("=")
+        if not (equals and name.startswith("--")):
+            name, value = (argv[at - 2], argv[at - 1]) if at >= 2 else ("", "")
+        action = _option_action(owner, name) if name.startswith("-") and not value.startswith("-") else None
+        if action is not None and action.nargs in (None, "?"):
+            noun, hint = STRAY_VALUE_HINTS.get(action.dest, ("value", "quote a value that holds spaces, or drop the "
+                                                                      "others"))
+            return f"{flag_name(action)} takes one {noun}, and {stray} follows its {noun} {value}; {hint}"
+    return f"unknown option(s): {' '.join(unknown)} (see {parser.prog} --help for the options)"
 
 
 def flag_name(action: argparse.Action) -> str:
@@ -210,9 +246,12 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
     for action in parser._actions:  # a required option the file sets (e.g. `model:`) is no longer required
         if action.required and action.dest in file_values:
             action.required = False
+    namespace = parser.parse_known_args(argv)[0]
+    if found:  # first: a preset's other settings (--fp16 true) must not hide that it needs the user's corpus
+        refuse_placeholders(found[2], file_values, vars(namespace))
     if any(issubclass(kind, TrainingArguments) for kind in getattr(parser, "dataclass_types", ())):
         # on the raw values: TrainingArguments.__post_init__ itself refuses some (--bf16) with a long traceback
-        check_training_arguments(parser.parse_known_args(argv)[0])
+        check_training_arguments(namespace)
     try:
         *parsed, unknown_flags = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     except UserError:
@@ -226,7 +265,7 @@ def parse(parser, argv: list[str], defaults: dict[str, Any] | None = None):
         raise UserError(f"--{needed} needs the {needed} package, which is not installed: pip install {needed} "
                         "(or drop the option)") from None
     if unknown_flags:
-        raise UserError(f"unknown option(s): {' '.join(unknown_flags)} (see {parser.prog} --help for the options)")
+        raise UserError(_unknown_options_message(parser, argv_given, unknown_flags))  # `--config` in it too
     return tuple(parsed)
 
 

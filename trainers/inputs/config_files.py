@@ -20,16 +20,35 @@ logger = logging.getLogger(__name__)
 # The presets ship inside the package: `configs/` sits beside `trainers/` both in the source tree and in an
 # installed `retromae` package (pyproject.toml maps it to `retromae.configs`).
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
+# A preset's corpus or pairs path starts with this: the user's own goes there (setting -> what it is, the flag to pass)
+PLACEHOLDER = "./CHANGE-ME/"
+PLACEHOLDER_FIXES = {"corpus": ("corpus", "--corpus PATH"), "pairs": ("pairs file", "--pairs FILE")}
 
 
 def add_config_option(parser) -> None:
-    """List `--config` in --help (it is read by `split_config` before argparse sees the rest)."""
+    """List `--config` in --help (it is read by `split_config` before argparse sees the rest); the bundled presets
+    only for a parser made with `presets=True` (`retromae pretrain`'s: they are pre-training settings)."""
     if not any("--config" in action.option_strings for action in parser._actions):
+        takes_presets = getattr(parser, "presets", False)
+        presets = f" Or a bundled preset by name: {', '.join(preset_names())}" if takes_presets else ""
         parser.add_argument(
-            "--config", metavar="FILE_OR_PRESET", default=argparse.SUPPRESS,
-            help="YAML/JSON file of settings (option names with underscores); flags on the command line win. "
-            f"`retromae pretrain` also takes a bundled preset by name: {', '.join(preset_names())}",
+            "--config", metavar="FILE_OR_PRESET" if presets else "FILE", default=argparse.SUPPRESS,
+            help=f"YAML/JSON file of settings (option names with underscores); flags on the command line win.{presets}",
         )
+
+
+def refuse_placeholders(path: str, file_values: Mapping[str, Any], values: Mapping[str, Any]) -> None:
+    """Refuse a `--config` file's placeholder path (`PLACEHOLDER`: a preset's corpus or pairs) that no flag replaced
+    (`values`: the options as parsed), naming the flag to pass; read as a path it failed as a generic "does not
+    exist"."""
+    for name, value in file_values.items():
+        if not (isinstance(value, str) and value.startswith(PLACEHOLDER) and values.get(name) == value):
+            continue
+        what, fix = PLACEHOLDER_FIXES.get(name, (name, f"--{name.replace('_', '-')} VALUE"))
+        if _config_file(path).resolve().parent == PRESETS_DIR:
+            raise UserError(f"the preset {Path(path).stem} has no real {what} ({name}: {value} is a placeholder): "
+                            f"pass {fix}")
+        raise UserError(f"{path}: {name}: {value} is a placeholder; pass {fix}, or set your own {name} in the file")
 
 
 def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
@@ -248,4 +267,5 @@ def read_config_file(path: str) -> dict[str, Any]:
     return {key: json.dumps(value) if isinstance(value, dict) else value for key, value in values.items()}
 
 
-__all__ = ["PRESETS_DIR", "config_argument", "merge_file_mappings", "preset_names", "read_config_file", "split_config"]
+__all__ = ["PRESETS_DIR", "config_argument", "merge_file_mappings", "preset_names", "read_config_file",
+           "refuse_placeholders", "split_config"]

@@ -6,6 +6,7 @@ complete, so a kill leaves the previous file (or none), never a truncated one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -91,4 +92,14 @@ def iter_jsonl(path: str | os.PathLike, *, error: type[UserError] = UserError,
             yield where, record
 
 
-__all__ = ["atomic_file", "iter_jsonl", "json_type", "read_json_or_empty", "write_json_atomic", "write_text_atomic"]
+def file_sha256(path: Path) -> str:
+    """The sha256 hex digest of a file's bytes, read in blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+__all__ = ["atomic_file", "file_sha256", "iter_jsonl", "json_type", "read_json_or_empty", "write_json_atomic",
+           "write_text_atomic"]

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from retromae.modeling.vocab_losses import LOSS_KERNELS
-from transformers import (
-    TrainingArguments,
-)
+from transformers import TrainingArguments
 
 from ..data.reading import check_text_format_applies
 from ..methods import DEFAULT_METHOD, METHODS, MethodArguments
@@ -111,8 +109,9 @@ class DataArguments:
     corpus: str | None = field(
         default=None,
         metadata={"help": "pre-training text: a .txt file (one passage per line or blank-line-separated blocks), a "
-                  ".jsonl file with a `text` field (+ `title`), a BEIR folder, a `datasets` folder or Hub name, or a "
-                  "folder of such files. Default: a small built-in corpus (Python standard-library docstrings)."},
+                  ".jsonl file with a `text` field (+ `title`) or a .parquet file with a `text` column (.txt and .jsonl "
+                  "also compressed: .gz, .bz2, .xz, .zst), a BEIR folder, a `datasets` folder or Hub name, or a folder "
+                  "of such files. Default: a small built-in corpus (Python standard-library docstrings)."},
     )
     corpus_name: str | None = field(default=None, metadata={"help": "corpus name for the model card (default: file name)"})
     text_format: Literal["auto", "lines", "blocks"] = field(
@@ -299,7 +298,7 @@ def pretrain_parser() -> RecordingParser:
     return RecordingParser(
         (ModelArguments, MethodArguments, DataArguments, RunArguments, PretrainingArguments, RecipeArguments,
          ValidationArguments),
-        prog="retromae pretrain",
+        prog="retromae pretrain", presets=True,
         description="Pre-train an encoder (BERT, RoBERTa, XLM-R, ModernBERT) for retrieval (RetroMAE and friends), then export it for "
         "sentence-transformers. With no arguments: a short demo run of all-MiniLM-L6-v2 on a built-in corpus. "
         "The options you usually need: --model, --corpus, --method, --output-dir, --max-steps, --max-seq-length, "

@@ -13,11 +13,11 @@ manifests) or "qdrant" (`engine_qdrant.QdrantHybridIndex`: a `qdrant/` storage f
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from ..inputs.io import file_sha256
 from ..inputs.outputs import Holding, Inputs, claim_output, clean_stale_siblings
 
 FORMAT = "retromae-hybrid-index"
@@ -30,14 +30,6 @@ SPARSE_FILES = ("sparse_indptr.npy", "sparse_indices.npy", "sparse_data.npy")
 IDS_FILE = "ids.json"
 ENGINES = ("faiss", "qdrant")
 DEFAULT_ENGINE = "faiss"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def claim_index_folder(folder: Path, overwrite: bool, inputs: Inputs | None = None) -> None:
@@ -56,7 +48,7 @@ def index_holding(folder: Path) -> Holding:
 def write_manifest(folder: Path, files: list[str], fields: dict[str, Any]) -> None:
     """`MANIFEST` in `folder`: our format, `fields` and the bytes and sha256 of each of `files` (written already)."""
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields,
-                "files": {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256_of(folder / name)}
+                "files": {name: {"bytes": (folder / name).stat().st_size, "sha256": file_sha256(folder / name)}
                           for name in files}}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
@@ -120,6 +112,6 @@ def read_manifest(folder: Path, verify_checksums: bool = True, engine: str = DEF
                 f"index file {name} in {folder} has {size} bytes, the manifest says {meta['bytes']}: "
                 "truncated or replaced; rebuild or re-copy the index"
             )
-        if verify_checksums and sha256_of(path) != meta["sha256"]:
+        if verify_checksums and file_sha256(path) != meta["sha256"]:
             raise ValueError(f"index file {name} in {folder} does not match its sha256 checksum: corrupted")
     return manifest

@@ -20,6 +20,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 from ..data.collator import DataInputs
 from ..data.reading import read_corpus
 from ..data.tokenize import saved_token_rows, shuffle_stream, tokenize_corpus
+from ..data.tokenized_record import write_tokenized_record
 from ..inputs.checkpoints import load_tokenizer
 from ..inputs.folders import check_model_folder, public_name
 from ..inputs.io import read_json_or_empty
@@ -246,7 +247,8 @@ def _check_special_tokens(tokenizer, tokenizer_ref: str) -> None:
 
 def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> int:
     """Reads and tokenizes `run`'s corpus as its training would (its tokenizer, --max-seq-length, --packing,
-    --tokenize-workers) and saves it as a `datasets` folder at `folder`, atomically; returns its sequences.
+    --tokenize-workers) and saves it as a `datasets` folder at `folder`, atomically, with the record of its tokenizer,
+    length and packing (`write_tokenized_record`) that training from it checks; returns its sequences.
 
     Raises:
         ValueError: --streaming or --pairs (a saved corpus is a whole `Dataset` of one text).
@@ -255,7 +257,7 @@ def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> in
     for flag, given in (("--streaming", data.streaming), ("--pairs", data.pairs)):
         if given:
             raise ValueError(f"--save-tokenized writes one tokenized corpus from --corpus; drop {flag}")
-    if saved_token_rows(data.corpus) is not None:
+    if saved_token_rows(data.corpus, data.text_column) is not None:
         raise ValueError(f"--corpus {data.corpus} is already tokenized: train from it as it is (drop "
                          "--save-tokenized), or give the text to tokenize again")
     tokenizer_ref = run.model.tokenizer or run.model_ref
@@ -267,6 +269,7 @@ def save_tokenized_corpus(run: PretrainRun, folder: Path, overwrite: bool) -> in
                                 num_proc=data.tokenize_workers)
     with atomic_folder(folder, overwrite=overwrite) as build:
         tokenized.save_to_disk(str(build))
+        write_tokenized_record(build, tokenizer, max_seq_length=data.max_seq_length, packing=data.packing)
     return len(tokenized)
 
 
