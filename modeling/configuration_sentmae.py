@@ -33,6 +33,12 @@ class SentMAEConfig(LegacyKeysMixin, RetroMAEConfig):
     # every loss weight is `<term>_loss_weight`
     legacy_keys = {"contrastive_weight": "contrastive_loss_weight"}
 
+    def __post_init__(self, **kwargs):
+        # a stage-1 `retromae` config.json's model_type would otherwise stay on the instance, and the in-memory model
+        # would read as a RetroMAE one (its export's card named RetroMAE); saved configs take the class's anyway
+        kwargs.pop("model_type", None)
+        super().__post_init__(**kwargs)
+
     def validate_sentmae_fields(self) -> None:
         if self.contrastive_loss_weight < 0:
             raise ValueError(

@@ -16,7 +16,16 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling, BaseModelO
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 from transformers.utils import ModelOutput
 
-from .backbones import BACKBONES, BertBackbone, DecoderEmbeddings, backbone_of, encoder_type_of, whole_for_editing
+from .backbones import (
+    BACKBONES,
+    BertBackbone,
+    DecoderEmbeddings,
+    backbone_for,
+    backbone_of,
+    encoder_type_of,
+    encoder_type_of_config,
+    whole_for_editing,
+)
 from .loading import QuietLoadReportMixin, base_config_fields, checked_types
 from .masked_lm import BaseInitMixin, EncoderHeadMixin, MaskedLMBase
 from .vocab_losses import IGNORE_INDEX, linear_argmax_accuracy, linear_cross_entropy
@@ -25,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # base weights no model here uses: the pooler (our sentence embedding is the [CLS] state) and BERT's NSP head
 UNUSED_BERT_KEYS = (r"(^|\.)pooler\.", r"^cls\.seq_relationship\.")
+# where `from_pretrained` finds a config on the Hub (read again to see the checkpoint's base)
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
 # tokenizer ids only RetroMAE's basic decoding reads; a config without the field drops them with this warning
 COLLATOR_OPTIONS = {
     "mask_token_id": "its model reads no mask token (the collator masks the encoder input with the tokenizer's)",
@@ -61,6 +72,8 @@ class BaseLayoutMixin:
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        if issubclass(cls, ClsEncoderModel) and not isinstance(kwargs.get("config"), PreTrainedConfig):
+            _refuse_other_base(cls, args[0] if args else kwargs.get("pretrained_model_name_or_path"), kwargs)
         target = _encoder_class_for(cls, kwargs.get("config"))
         if target is not cls:
             return target.from_pretrained(*args, **kwargs)
@@ -418,6 +431,24 @@ def _pretraining_classes() -> list[type]:
 
 def _method_types() -> set[str]:
     return {c.config_class.model_type for c in _pretraining_classes()}
+
+
+def _refuse_other_base(klass: type, path: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse in one line a checkpoint on another base than BERT for a BERT-only encoder class (`RetroMAEModel`):
+    transformers would load none of its weights and only print a load report."""
+    hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
+    try:
+        config = PreTrainedConfig.get_config_dict(path, **hub_kwargs)[0]
+    except (OSError, TypeError, ValueError):  # no config: from_pretrained says why
+        return
+    encoder_type = encoder_type_of_config(config)
+    if encoder_type not in BertBackbone.model_types:
+        remote = "" if config.get("model_type") == encoder_type else ", trust_remote_code=True"  # ours: auto_map
+        raise ValueError(
+            f"{path} is a {backbone_for(encoder_type).display_name} checkpoint and {klass.__name__} is a BERT "
+            f"encoder that would load none of its weights; load it with AutoModel.from_pretrained({str(path)!r}"
+            f"{remote})"
+        )
 
 
 def _encoder_class_for(klass: type, config: PreTrainedConfig | None) -> type:

@@ -35,7 +35,8 @@ LAYERS: dict[str, int] = {
     **{f"training.{name}": 3 for name in ("pretraining", "finetuning", "finetune_state", "retrieval_validation")},
     **{f"retrieval.{name}": 3 for name in ("mteb", "benchmarks", "coverage", "hybrid_index", "hybrid_parts", "index_files",
                                            "mining", "engine_qdrant", "summaries")},
-    "export.sentence_transformer": 3, "export.publishing": 3, "export.parts": 3,
+    "export.sentence_transformer": 3, "export.publishing": 3, "export.uploading": 3,
+    "export.parts": 3,
     "inputs.pretrain_options": 3, "inputs.finetune_options": 3, "inputs.official_checkpoints": 3,
     # 4: the drivers, one per command
     **{f"commands.{path.stem}": 4 for path in (TRAINERS / "commands").glob("*.py")},

@@ -396,7 +396,8 @@ def _http_error(status: int, url: str, **headers: str) -> Exception:
 @pytest.fixture
 def valid(monkeypatch):
     """Skip the folder validation: these tests are about the Hub calls."""
-    monkeypatch.setattr(publish_module, "validate_model_folder", lambda folder: mock.Mock(modules=[]))
+    monkeypatch.setattr(publish_module, "validate_model_folder",
+                        lambda folder: publish_module.ValidationReport(folder, needs_remote_code=False))
 
 
 @pytest.mark.parametrize(

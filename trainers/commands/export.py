@@ -25,7 +25,8 @@ class ExportArguments:
         "all-MiniLM-L6-v2 whose pre-training you continued (CLS methods only)"})
     similarity: Literal["dot", "cosine"] | None = field(default=None, metadata={
         "help": "dot or cosine (adds Normalize; bge-style bases use cls + cosine); default cosine for mean pooling "
-        "and for SentMAE trained with its cosine loss, else dot"})
+        "and for SentMAE trained with its cosine contrastive loss (contrastive_loss_weight > 0, similarity cos), "
+        "else dot"})
     format: Literal["hybrid", "dense", "sparse"] = field(default="hybrid", metadata={
         "help": "DupMAE only: hybrid (dense + sparse in one model, remote code), dense (its [CLS] part: "
         "SentenceTransformer) or sparse (its ordinary-token part, approximated: SparseEncoder); the last two load "

@@ -230,6 +230,7 @@ def render_pretrained_card(
         model_class=backbone.model_class.__name__,
         model_type=backbone.model_types[0],
         cls_model=representation is None,
+        pooler_kwarg=", add_pooling_layer=False" if backbone.has_pooler else "",  # the export has no pooler weights
         similarity=similarity,
         pooling=pooling,
         representation=representation or (f"{POOLED_REPRESENTATION[pooling]}, {embedding_dim} dimensions, "

@@ -63,8 +63,8 @@ class ExportRequest:
         folder_name: basename of the output folder (the card never shows a full local path).
         pooling: "cls" (the methods' own representation) or "mean" (e.g. to keep the head of a base such as
             all-MiniLM-L6-v2 that continued pre-training started from); CLS methods only.
-        similarity: "dot" or "cosine" (adds a Normalize module); None = cosine for mean pooling or a cosine-trained
-            SentMAE model, else dot. CLS methods only.
+        similarity: "dot" or "cosine" (adds a Normalize module); None = cosine for mean pooling or a SentMAE model
+            trained with its cosine contrastive loss (`trained_with_cosine`), else dot. CLS methods only.
     """
 
     method: MethodDescription
@@ -79,16 +79,25 @@ class ExportRequest:
 
     def similarity_name(self) -> str:
         """The requested similarity, else cosine for a model pre-trained with a cosine contrastive loss (SentMAE's
-        default), else the one the pooling implies (`POOLING_SIMILARITY`)."""
+        default, `trained_with_cosine`), else the one the pooling implies (`POOLING_SIMILARITY`)."""
         if self.similarity:
             return self.similarity
-        return "cosine" if self.config.get("similarity") == "cos" else POOLING_SIMILARITY[self.pooling]
+        weight = self.config.get("contrastive_loss_weight", self.config.get("contrastive_weight"))  # or legacy key
+        if trained_with_cosine(self.config.get("similarity"), weight):
+            return "cosine"
+        return POOLING_SIMILARITY[self.pooling]
 
     def max_seq_length(self) -> int:
         """The recorded training length (default 512), capped by the positions the encoder can use
         (`usable_positions`: RoBERTa / XLM-R `max_position_embeddings - pad_token_id - 1`)."""
         recorded = (self.run_info or {}).get("max_seq_length")
         return min(int(recorded) if recorded else DEFAULT_MAX_SEQ_LENGTH, usable_positions(self.config))
+
+
+def trained_with_cosine(similarity: str | None, contrastive_loss_weight: float | None) -> bool:
+    """Whether a model was pre-trained with a cosine contrastive loss: SentMAE's `similarity="cos"` with the loss on
+    (`contrastive_loss_weight > 0`; at 0 the run is RetroMAE alone, whose vectors are scored by the dot product)."""
+    return similarity == "cos" and contrastive_loss_weight is not None and contrastive_loss_weight > 0
 
 
 Exporter = Callable[[ExportRequest, Path], None]
@@ -101,9 +110,10 @@ SentenceVectors = Callable[[nn.Module, torch.Tensor, Mapping[str, torch.Tensor],
 def cls_sentence_vectors(model: nn.Module, hidden: torch.Tensor, batch: Mapping[str, torch.Tensor],
                          task: str) -> dict[str, torch.Tensor]:
     """What `write_cls_encoder` exports, under "": the last-layer [CLS] state, unit-normalised for a model trained
-    with cosine similarity (SentMAE's default)."""
+    with a cosine contrastive loss (`trained_with_cosine`: SentMAE's default)."""
     cls = hidden[:, 0].float()  # (batch_size, hidden_size)
-    if getattr(model.config, "similarity", None) == "cos":
+    config = model.config
+    if trained_with_cosine(getattr(config, "similarity", None), getattr(config, "contrastive_loss_weight", None)):
         cls = nn.functional.normalize(cls, dim=-1)
     return {"": cls}
 
@@ -185,5 +195,5 @@ def write_cls_encoder(request: ExportRequest, build_dir: Path) -> None:
 
 __all__ = [
     "DEFAULT_MAX_SEQ_LENGTH", "ExportRequest", "Exporter", "PoolingModule", "SentenceVectors",
-    "cls_sentence_vectors", "write_cls_encoder",
+    "cls_sentence_vectors", "trained_with_cosine", "write_cls_encoder",
 ]

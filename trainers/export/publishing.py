@@ -13,12 +13,15 @@ Validation (`validate_model_folder`), each failure a `ValueError` naming the fil
 * the model card `README.md` exists, its YAML front matter parses (`huggingface_hub.ModelCard`; an error names the
   line), its `model-index` (if any) yields evaluation results, and neither its metadata nor its text holds a local
   path of this machine (`/tmp/...`, `~/...`, `C:\\...`), nor does any JSON file of the folder (vocabularies aside);
-* the folder actually loads: `SentenceTransformer(folder, trust_remote_code=<needed>)` and encodes a sentence to a
-  finite vector. A folder that would not load for users is never uploaded.
+* the folder actually loads: `SentenceTransformer(folder, trust_remote_code=<needed>)` (`SparseEncoder` for a
+  folder saved as one) and encodes a sentence to a finite vector. A folder that would not load for users is never
+  uploaded.
 
-Then `HfApi().create_repo(repo_id, exist_ok=True)` and `HfApi().upload_folder(...)`; no network, no login, no write
-access, a misspelt repo id or a timeout is one `ValueError` line with the fix. The equivalent without our
-validation is the Hub CLI (huggingface_hub >= 1.0; `huggingface-cli` no longer exists)::
+Then `prepare_publish` lists the files the upload would send (`uploading.list_upload`) and refuses a file that looks
+like a secret, and files that are no part of a sentence-transformers model unless asked to upload them; then
+`uploading.upload_to_hub` (`HfApi().create_repo(repo_id, exist_ok=True)` and `HfApi().upload_folder(...)`; no
+network, no login, no write access, a misspelt repo id or a timeout is one `ValueError` line with the fix). The
+equivalent without our validation is the Hub CLI (huggingface_hub >= 1.0; `huggingface-cli` no longer exists)::
 
     hf auth login
     hf upload my-org/my-model ./my-model .
@@ -30,38 +33,26 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import transformers
 import yaml
-
-try:  # the HTTP client of huggingface_hub 2; hub 1.x, which transformers 5 accepts (GPU images have it), uses httpx
-    from httpx2 import TimeoutException, TransportError
-except ImportError:
-    from httpx import TimeoutException, TransportError
-from huggingface_hub import HfApi, ModelCard, constants
-from huggingface_hub.errors import (
-    HfHubHTTPError,
-    LocalTokenNotFoundError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-)
+from huggingface_hub import ModelCard
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from huggingface_hub.utils import HFValidationError, validate_repo_id
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import SentenceTransformer, SparseEncoder
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..inputs.errors import one_line_message, yaml_error_message
 from ..inputs.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
 from .cards import find_local_paths
+from .uploading import UploadListing, list_upload, secret_problem, upload_to_hub
 
 logger = logging.getLogger(__name__)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-IGNORE_PATTERNS = [".*", "**/.*", "__pycache__/*", "**/__pycache__/*", "*.tmp"]
 RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import\s", re.MULTILINE)
 CARD_FIX = "fix the metadata block (a YAML mapping between the --- lines) at the top of README.md"
 
@@ -76,6 +67,8 @@ class ValidationReport:
     modules: list[str] = field(default_factory=list)
     embedding_dim: int | None = None
     card_metadata: dict[str, Any] = field(default_factory=dict)
+    module_paths: list[str] = field(default_factory=list)  # modules.json's, "" for the folder root
+    model_class: str = "SentenceTransformer"  # or "SparseEncoder": the class that loads it
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -284,18 +277,30 @@ def _local_path_in(value: Any) -> str | None:
     return None
 
 
-def _check_loads(folder: Path, trust_remote_code: bool) -> int:
-    call = f"SentenceTransformer({folder.name!r}{', trust_remote_code=True' if trust_remote_code else ''})"
+def _model_class(folder: Path) -> type[SentenceTransformer]:
+    """The class that loads `folder`: SparseEncoder for a folder saved as one (config_sentence_transformers.json
+    `model_type`; SentenceTransformer would load it as a dense model, with a warning), else SentenceTransformer."""
+    config_file = folder / "config_sentence_transformers.json"
+    config = _read_json(config_file, config_file.name) if config_file.is_file() else {}
+    is_sparse = isinstance(config, dict) and config.get("model_type") == "SparseEncoder"
+    return SparseEncoder if is_sparse else SentenceTransformer
+
+
+def _check_loads(folder: Path, trust_remote_code: bool) -> tuple[str, int]:
+    """The class that loads `folder` and the dimension of its vectors (a SparseEncoder's: its vocabulary size)."""
+    model_class = _model_class(folder)
+    call = f"{model_class.__name__}({folder.name!r}{', trust_remote_code=True' if trust_remote_code else ''})"
     try:
-        model = SentenceTransformer(str(folder), trust_remote_code=trust_remote_code, device="cpu")
+        model = model_class(str(folder), trust_remote_code=trust_remote_code, device="cpu")
         vector = model.encode_document(["A short test sentence."], convert_to_tensor=True, show_progress_bar=False)[0]
     except Exception as error:  # anything that stops a user from loading it
         message = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise ValueError(f"the folder does not load with {call}: {type(error).__name__}: {message}") from None
+    vector = vector.to_dense() if vector.is_sparse else vector
     if not bool(vector.float().isfinite().all()):
         raise ValueError(f"{call} loads but encodes a test sentence to non-finite values")
     _check_tokenizer_vocabulary(model, call)
-    return int(vector.numel())
+    return model_class.__name__, int(vector.shape[-1])
 
 
 def _check_tokenizer_vocabulary(model: Any, call: str) -> None:
@@ -318,7 +323,8 @@ def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> Va
 
     Args:
         folder: the folder to publish.
-        load: also load it with `SentenceTransformer` and encode a sentence (the final, decisive check).
+        load: also load it (`SentenceTransformer`, or `SparseEncoder` for a folder saved as one) and encode a
+            sentence (the final, decisive check).
 
     Raises:
         ValueError: the first problem found.
@@ -334,10 +340,36 @@ def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> Va
     _check_json_paths(folder)
     if needs_remote and "custom_code" not in (metadata.get("tags") or []):
         logger.warning("README.md: the model needs trust_remote_code=True; consider the 'custom_code' tag")
-    report = ValidationReport(folder, needs_remote, remote_files, [m["type"] for m in modules], None, metadata)
+    report = ValidationReport(folder, needs_remote, remote_files, [m["type"] for m in modules], None, metadata,
+                              [m["path"] for m in modules])
     if load:
-        report.embedding_dim = _check_loads(folder, needs_remote)
+        report.model_class, report.embedding_dim = _check_loads(folder, needs_remote)
     return report
+
+
+def prepare_publish(folder: str | os.PathLike, repo_id: str, *, exclude: Sequence[str] = (),
+                    allow_extra_files: bool = False) -> tuple[ValidationReport, UploadListing]:
+    """Everything `publish` does before uploading: check `repo_id`, validate `folder`, and list what the upload would
+    send (`exclude`: more `upload_folder` ignore patterns, e.g. "eval/").
+
+    Raises:
+        ValueError: a validation problem; a file of the upload that looks like a secret (`*.env`, a key, a token);
+            files that are no part of a sentence-transformers model, unless `allow_extra_files`.
+    """
+    check_repo_id(repo_id)
+    report = validate_model_folder(folder)
+    folder = Path(folder)
+    listing = list_upload(folder, exclude, report.module_paths, report.remote_code_files)
+    secret = secret_problem(folder, list(listing.files))
+    if secret is not None:
+        path, why = secret
+        raise ValueError(f"{folder}/{path} {why} and would be uploaded; move it out of {folder}, or leave it out "
+                         f"with --exclude {path}")
+    if listing.extra and not allow_extra_files:
+        raise ValueError(f"{folder} holds files that are no part of a sentence-transformers model and would be "
+                         f"uploaded: {listing.extras_text()}; remove them, leave them out with --exclude PATTERN (a "
+                         "folder as NAME/), or upload them too with --allow-extra-files true")
+    return report, listing
 
 
 def publish(
@@ -349,30 +381,19 @@ def publish(
     commit_message: str | None = None,
     create_pr: bool = False,
     dry_run: bool = False,
+    exclude: Sequence[str] = (),
+    allow_extra_files: bool = False,
 ) -> tuple[ValidationReport, Any]:
-    """Validate `folder`, then create the repo (if needed) and upload the folder with `HfApi().upload_folder`.
+    """`prepare_publish`, then create the repo (if needed) and upload the folder (`uploading.upload_to_hub`).
 
     Returns:
         `(report, commit_info)`; `commit_info` is None with `dry_run=True`.
     """
-    check_repo_id(repo_id)
-    report = validate_model_folder(folder)
+    report, _ = prepare_publish(folder, repo_id, exclude=exclude, allow_extra_files=allow_extra_files)
     if dry_run:
         return report, None
-    api = HfApi()
-    with _hub_errors(repo_id, "create the repository"):
-        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    with _hub_errors(repo_id, "upload the folder to"):
-        commit = api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(folder),
-            repo_type="model",
-            revision=revision,
-            commit_message=commit_message or f"Upload {Path(folder).name} with retromae publish",
-            create_pr=create_pr,
-            ignore_patterns=IGNORE_PATTERNS,
-        )
-    return report, commit
+    return report, upload_to_hub(Path(folder), repo_id, exclude=exclude, private=private, revision=revision,
+                                 commit_message=commit_message, create_pr=create_pr)
 
 
 def repo_id_problem(repo_id: str) -> str | None:
@@ -422,50 +443,7 @@ def check_model_name(name: str, flag: str = "--model-name") -> None:
         raise ValueError(f"{flag} {name!r} cannot name a Hub repository: {problem}")
 
 
-@contextmanager
-def _hub_errors(repo_id: str, action: str) -> Iterator[None]:
-    """Turn what the Hub call raises when offline, not logged in, without write access, for a missing repository or
-    on a timeout into one `ValueError` line saying what failed and the fix (raised from the Hub's error, which
-    RETROMAE_DEBUG=1 shows); other errors pass unchanged."""
-    failed = f"could not {action} {repo_id}"
-    try:
-        yield
-    except RepositoryNotFoundError as error:  # also the Hub's answer to a missing or invalid token
-        raise ValueError(
-            f"{failed}: the Hub does not know the repository or you may not access it; check the spelling of the "
-            f"repo id (OWNER/NAME, --repo-id) and that you are logged in (`hf auth login`) as {repo_id.split('/')[0]} "
-            "or a member of that organisation"
-        ) from error
-    except HfHubHTTPError as error:
-        raise ValueError(f"{failed}: {_http_failure(error, repo_id)}") from error
-    except OfflineModeIsEnabled as error:
-        raise ValueError(
-            f"{failed}: HF_HUB_OFFLINE is set; unset it to upload (to validate only: --dry-run)"
-        ) from error
-    except LocalTokenNotFoundError as error:
-        raise ValueError(f"{failed}: you are not logged in; run `hf auth login` (or set HF_TOKEN)") from error
-    except TimeoutException as error:
-        raise ValueError(
-            f"{failed}: the Hub ({constants.ENDPOINT}) did not answer in time ({type(error).__name__}); check the "
-            "network connection, then run the command again"
-        ) from error
-    except TransportError as error:  # connection refused, DNS failure, proxy error
-        raise ValueError(
-            f"{failed}: cannot reach the Hub ({constants.ENDPOINT}): {one_line_message(error)}; check the network "
-            "connection (and HTTPS_PROXY / HF_ENDPOINT if set), then run the command again"
-        ) from error
-
-
-def _http_failure(error: HfHubHTTPError, repo_id: str) -> str:
-    """What an HTTP error status means for an upload, and the fix."""
-    status = error.response.status_code
-    server = f" (the Hub says: {' '.join(error.server_message.split())})" if error.server_message else ""
-    if status == 401:
-        return f"you are not logged in or your token is invalid{server}; run `hf auth login`"
-    if status == 403:
-        return (f"your token may not write to {repo_id}{server}; check the owner in the repo id (--repo-id) and log "
-                "in (`hf auth login`) with a token that has write access to it")
-    return f"the Hub answered HTTP {status}{server}; run the command again later (RETROMAE_DEBUG=1 shows the details)"
-
-
-__all__ = ["ValidationReport", "check_model_name", "check_repo_id", "publish", "repo_id_problem", "validate_model_folder"]
+__all__ = [
+    "ValidationReport", "check_model_name", "check_repo_id", "prepare_publish", "publish", "repo_id_problem",
+    "validate_model_folder",
+]

@@ -1,0 +1,76 @@
+"""Loading a checkpoint or an export with transformers: a BERT-only encoder class refuses a checkpoint on another base
+(it would load none of its weights), and the export card's transformers snippet gives the export's vectors (the
+export has no pooler: `pooler_output` would be a random pooler's)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from retromae import RetroMAEModel
+from retromae.modeling.configuration_retromae import RetroMAEConfig
+from retromae.modeling.modeling_retromae import RetroMAEAnyEncoderModel, RetroMAEForPretraining
+from retromae.trainers.export.sentence_transformer import export_sentence_transformer
+from retromae.trainers.inputs.checkpoints import load_tokenizer
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel
+
+from ..builders import tiny_bert_kwargs
+from .test_export import RUN_INFO, _save_checkpoint
+
+SENTENCE = "how do dense retrievers work?"  # the card snippet's sentence
+FAMILY_FIXTURES = {"roberta": "tiny_roberta", "modernbert": "tiny_modernbert"}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(request, tmp_path_factory, tokenizer) -> dict[str, Path]:
+    """family -> a tiny RetroMAE pre-training checkpoint on that base (seed 0)."""
+    root = tmp_path_factory.mktemp("loading")
+    torch.manual_seed(0)
+    folders = {"bert": _save_checkpoint(RetroMAEForPretraining(RetroMAEConfig(**tiny_bert_kwargs())), tokenizer,
+                                        root / "bert", RUN_INFO)}
+    for family, fixture in FAMILY_FIXTURES.items():
+        base = request.getfixturevalue(fixture)
+        torch.manual_seed(0)
+        model = RetroMAEForPretraining.from_encoder_checkpoint(base)
+        folders[family] = _save_checkpoint(model, load_tokenizer(base), root / family, RUN_INFO)
+    return folders
+
+
+def test_the_bert_encoder_class_refuses_a_checkpoint_on_another_base(checkpoints, tmp_path):
+    checkpoint = checkpoints["roberta"]
+    with pytest.raises(ValueError, match=re.escape(
+            f"{checkpoint} is a RoBERTa checkpoint and RetroMAEModel is a BERT encoder that would load none of its "
+            f"weights; load it with AutoModel.from_pretrained('{checkpoint}', trust_remote_code=True)")):
+        RetroMAEModel.from_pretrained(str(checkpoint))
+    remote = AutoModel.from_pretrained(str(checkpoint), trust_remote_code=True)  # the checkpoint's own code
+    assert type(remote).__name__ == RetroMAEAnyEncoderModel.__name__
+    export = export_sentence_transformer(checkpoint, tmp_path / "export")  # a plain RobertaModel folder
+    with pytest.raises(ValueError, match=re.escape(f"load it with AutoModel.from_pretrained('{export}')")):
+        RetroMAEModel.from_pretrained(str(export))
+    assert isinstance(RetroMAEModel.from_pretrained(str(checkpoints["bert"])), RetroMAEModel)
+
+
+def _card_snippet(folder: Path, repo_id: str) -> str:
+    """The card's transformers code block, loading `folder` instead of `repo_id`."""
+    card = (folder / "README.md").read_text()
+    code = re.search(r"With transformers alone.*?```python\n(.*?)```", card, re.DOTALL)
+    assert code is not None, "the card has no transformers snippet"
+    return code.group(1).replace(f'"{repo_id}"', repr(str(folder)))
+
+
+@pytest.mark.parametrize(("family", "flags"), [
+    ("bert", {}), ("bert", {"pooling": "mean"}), ("bert", {"similarity": "cosine"}), ("roberta", {}),
+    ("modernbert", {}),
+], ids=["bert-cls-dot", "bert-mean-cosine", "bert-cls-cosine", "roberta", "modernbert"])
+def test_the_card_transformers_snippet_gives_the_export_vectors(checkpoints, tmp_path, family, flags):
+    export = export_sentence_transformer(checkpoints[family], tmp_path / "export", model_name="me/tiny", **flags)
+    namespace: dict = {}
+    exec(_card_snippet(export, "me/tiny"), namespace)  # noqa: S102 - the card's own code, run as a user would
+    expected = SentenceTransformer(str(export), device="cpu").encode([SENTENCE], convert_to_tensor=True)
+    torch.testing.assert_close(namespace["embeddings"], expected, atol=1e-5, rtol=1e-4)
+    if family != "modernbert":  # the snippet's add_pooling_layer=False: no weight is missing (no random pooler)
+        _, info = AutoModel.from_pretrained(str(export), add_pooling_layer=False, output_loading_info=True)
+        assert not info["missing_keys"]
