@@ -55,6 +55,15 @@ def test_save_tokenized_records_the_tokenizer_length_and_packing(bert_ids, token
     assert datasets.load_from_disk(str(bert_ids)).column_names == ["input_ids", "word_starts"]
 
 
+def test_a_run_from_a_packed_folder_records_packing(tiny_bert, corpus, tmp_path):
+    """HEAD: the run record (and the card) said "packing": false for the packed rows it trained."""
+    folder = tmp_path / "packed"
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", "--save-tokenized", str(folder),
+                              "--packing", "true")) == 0
+    assert main(pretrain_args(tiny_bert, folder, tmp_path / "run", *TRAIN)) == 0
+    assert json.loads((tmp_path / "run" / "retromae_run.json").read_text())["packing"] is True
+
+
 def test_a_folder_saved_with_another_tokenizer_is_refused(tiny_bert, roberta_ids, tmp_path, capsys):
     """HEAD: the RoBERTa ids (all below BERT's 30,522) trained as BERT tokens, [PAD] at the sentence position."""
     assert main(pretrain_args(tiny_bert, roberta_ids, tmp_path / "run", *TRAIN)) == 2

@@ -70,4 +70,11 @@ def check_tokenized_record(folder: Path, where: str, tokenizer: Any, max_seq_len
     return True
 
 
-__all__ = ["TOKENIZED_RECORD", "check_tokenized_record", "tokenizer_identity", "write_tokenized_record"]
+def recorded_packing(corpus: str | os.PathLike | None) -> bool:
+    """Whether `corpus` is a folder whose `TOKENIZED_RECORD` says its rows were packed (a run from it trains packed
+    rows, whatever its own --packing)."""
+    return corpus is not None and read_json_or_empty(Path(corpus).expanduser() / TOKENIZED_RECORD).get("packing") is True
+
+
+__all__ = ["TOKENIZED_RECORD", "check_tokenized_record", "recorded_packing", "tokenizer_identity",
+           "write_tokenized_record"]

@@ -20,7 +20,7 @@ from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_availa
 from ..data.collator import DataInputs
 from ..data.reading import read_corpus
 from ..data.tokenize import saved_token_rows, shuffle_stream, tokenize_corpus
-from ..data.tokenized_record import write_tokenized_record
+from ..data.tokenized_record import recorded_packing, write_tokenized_record
 from ..inputs.checkpoints import load_tokenizer
 from ..inputs.folders import check_model_folder, public_name
 from ..inputs.io import read_json_or_empty
@@ -402,7 +402,8 @@ def train_model(run: PretrainRun, validation: RetrievalValidationCallback | None
                    or public_name(run.data.corpus) or DEFAULT_CORPUS_NAME)
     run_info = {
         "method": method.name, "base_model": base_name, "corpus": corpus_name,
-        "max_seq_length": inputs.max_seq_length, "packing": inputs.packing, "retromae_version": package_version(),
+        "max_seq_length": inputs.max_seq_length, "packing": inputs.packing or recorded_packing(inputs.corpus),
+        "retromae_version": package_version(),
     }
     if run.model.from_scratch:  # no base model, only its architecture
         overrides = run.model.config_overrides
