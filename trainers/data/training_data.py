@@ -14,6 +14,7 @@ from .collator import DataInputs, PretrainingCollator, TrainingData
 from .pairs import ContrastiveCollator, read_pairs, tokenize_pairs
 from .reading import read_corpus
 from .tokenize import load_tokenized_corpus, saved_token_rows, tokenize_corpus
+from .tokenized_record import recorded_packing
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ def corpus_training_data(config: Any, tokenizer: Any, inputs: DataInputs) -> Tra
                                                   "the text corpus as --corpus, or drop --contrastive-anchor-weight")
     dataset = load_tokenized_corpus(inputs.corpus, tokenizer, max_seq_length=inputs.max_seq_length,
                                     streaming=inputs.streaming, text_column=inputs.text_column)  # None for text
-    if dataset is not None and inputs.packing:  # packing happens while tokenizing, which this corpus is past
+    # packing happens while tokenizing, which this corpus is past (a folder saved packed agrees with the flag)
+    if dataset is not None and inputs.packing and not recorded_packing(inputs.corpus):
         raise ValueError(f"--packing applies while a corpus is tokenized, and {inputs.corpus} is already tokenized "
                          "(its rows train as saved): drop --packing, or tokenize the text again with --packing "
                          "--save-tokenized FOLDER")

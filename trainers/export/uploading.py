@@ -42,6 +42,7 @@ MODEL_ROOT_FILES = frozenset({
     "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json", "README.md", "config.json",
     "model.safetensors", "model.safetensors.index.json", "tokenizer_config.json", "special_tokens_map.json",
     "added_tokens.json", "merges.txt", "chat_template.jinja", "generation_config.json", "retromae_finetune.json",
+    "data_config.json",  # the training data list of sentence-transformers' Hub models (all-MiniLM-L6-v2)
     *TOKENIZER_VOCAB_FILES,
 })
 WEIGHT_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
