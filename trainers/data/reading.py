@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
 from ..inputs.io import iter_jsonl, json_type
-from ..inputs.parameters import check_bool, check_path
+from ..inputs.parameters import SEVERAL_FILES, check_bool, check_path
 from .arrow_reading import PASSAGE_FEATURES, FormsPassages, passages_batch, read_with_builder, select_text_column
 from .builtin import builtin_corpus
 from .corpus_folders import files_below, identical_files, is_note_file, relative, some_names
@@ -53,7 +53,6 @@ CORPUS_SUFFIXES = (".txt", ".jsonl", ".parquet")
 # Suffixes that mark a source as a file path (never a Hub dataset name) when it does not exist.
 PATH_LIKE_SUFFIXES = (*CORPUS_SUFFIXES, *COMPRESSED_SUFFIXES, ".json", ".csv", ".tsv", ".arrow")
 GLOB_OR_LIST = ("*", "?", "[", ",")  # in a source: several files meant, which no Hub dataset name holds
-SEVERAL_FILES = "several files: put them in one folder, which is read whole"
 FILES_READ = f".txt, .jsonl and .parquet files (.txt and .jsonl also compressed as {'/'.join(COMPRESSED_SUFFIXES)})"
 
 

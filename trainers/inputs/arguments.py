@@ -41,7 +41,7 @@ from .config_files import (
 )
 from .errors import UserError
 from .folders import COMMAND_INPUTS
-from .parameters import check_bool_options, is_number
+from .parameters import SEVERAL_FILES, check_bool_options, is_number
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def _option_action(owner: Mapping[str, argparse.Action], name: str) -> argparse.
 
 
 # a one-value flag given several values: what the value is, and how to give several
-STRAY_VALUE_HINTS = {"corpus": ("path", "several files: put them in one folder, which is read whole"),
+STRAY_VALUE_HINTS = {"corpus": ("path", SEVERAL_FILES),
                      "config": ("file", "merge the files into one")}
 
 

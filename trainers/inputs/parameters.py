@@ -84,5 +84,9 @@ def check_bool_options(where: str, options_class: type | Callable, values: Mappi
             check_bool(where, name, values[name])
 
 
-__all__ = ["bool_fields", "check_bool", "check_bool_options", "check_number", "check_path", "is_number",
-           "list_parameter", "type_kinds"]
+# how a corpus of several files is given: --corpus and read_corpus take one path
+SEVERAL_FILES = "several files: put them in one folder, which is read whole"
+
+
+__all__ = ["SEVERAL_FILES", "bool_fields", "check_bool", "check_bool_options", "check_number", "check_path",
+           "is_number", "list_parameter", "type_kinds"]
