@@ -1,6 +1,6 @@
 """Loading a checkpoint or an export with transformers: a BERT-only encoder class refuses a checkpoint on another base
 (it would load none of its weights), and the export card's transformers snippet gives the export's vectors (the
-export has no pooler: `pooler_output` would be a random pooler's)."""
+export has no pooler: `pooler_output` would be a random pooler's), and so does a fine-tuned model's card."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEAnyEncoderModel, RetroMAEForPretraining
 from retromae.trainers.export.sentence_transformer import export_sentence_transformer
 from retromae.trainers.inputs.checkpoints import load_tokenizer
+from retromae.trainers.training.finetuning import finetune
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel
 
-from ..builders import tiny_bert_kwargs
+from ..builders import tiny_bert_kwargs, write_beir
 from .test_export import RUN_INFO, _save_checkpoint
 
 SENTENCE = "how do dense retrievers work?"  # the card snippet's sentence
@@ -74,3 +75,22 @@ def test_the_card_transformers_snippet_gives_the_export_vectors(checkpoints, tmp
     if family != "modernbert":  # the snippet's add_pooling_layer=False: no weight is missing (no random pooler)
         _, info = AutoModel.from_pretrained(str(export), add_pooling_layer=False, output_loading_info=True)
         assert not info["missing_keys"]
+
+
+@pytest.mark.parametrize("start", ["spread_cls_bert", "minilm_dir"], ids=["cls-dot-no-pooler", "mean-cosine"])
+def test_the_finetuned_card_transformers_snippet_gives_the_model_vectors(request, start, tmp_path):
+    beir = write_beir(tmp_path / "toy")
+    out = finetune(request.getfixturevalue(start), beir, tmp_path / "tuned", stages=["in-batch"], max_steps=1,
+                   per_device_train_batch_size=4, max_seq_length=32, disable_tqdm=True, model_name="me/tuned").output_dir
+    namespace: dict = {}
+    exec(_card_snippet(out, "me/tuned"), namespace)  # noqa: S102 - the card's own code, run as a user would
+    expected = SentenceTransformer(str(out), device="cpu").encode([SENTENCE], convert_to_tensor=True)
+    torch.testing.assert_close(namespace["embeddings"], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_a_finetuned_card_has_no_transformers_snippet_where_prompts_change_the_input(spread_cls_bert, tmp_path):
+    out = finetune(spread_cls_bert, write_beir(tmp_path / "toy"), tmp_path / "tuned", stages=["in-batch"],
+                   max_steps=1, per_device_train_batch_size=4, max_seq_length=32, disable_tqdm=True,
+                   prompts='{"query": "query: "}').output_dir
+    card = (out / "README.md").read_text()
+    assert "encode_query" in card and "With transformers alone" not in card

@@ -14,6 +14,7 @@ registry's entry (anything with the fields of `MethodDescription`). The papers' 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from retromae.modeling.backbones import DEFAULT_ENCODER_TYPE, backbone_for, encoder_type_of_config
 from transformers import CONFIG_MAPPING, BertConfig
@@ -30,6 +32,7 @@ from ..inputs.folders import FILE_SUFFIXES, is_hub_id, is_local_path, public_nam
 from ..inputs.io import write_json_atomic, write_text_atomic
 
 PRETRAINED_TEMPLATE = "pretrained_encoder.md"
+TRANSFORMERS_USAGE_TEMPLATE = "transformers_usage.md"
 PAPERS_FILE = "papers.bib"
 FINETUNED_TEMPLATE = "finetuned_encoder.md"
 FINETUNE_RUN_INFO_FILE = "retromae_finetune.json"
@@ -128,6 +131,13 @@ def _template(name: str) -> str:
     return resources.files("retromae.model_cards").joinpath(name).read_text(encoding="utf-8")
 
 
+def transformers_usage(repo_id: str, *, pooling: str, normalize: bool, max_seq_length: int, pooler_kwarg: str) -> str:
+    """The card's "With transformers alone" paragraph and code: `pooling` ("cls" or "mean") of `last_hidden_state`,
+    normalised when `normalize`; `pooler_kwarg` is ", add_pooling_layer=False" for a model saved without a pooler."""
+    return jinja2.Template(_template(TRANSFORMERS_USAGE_TEMPLATE)).render(
+        repo_id=repo_id, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length, pooler_kwarg=pooler_kwarg)
+
+
 def _title_and_summary(method: MethodDescription) -> tuple[str, str]:
     """`"RetroMAE: encoder MLM + ..."` -> ("RetroMAE", "encoder MLM + ...")."""
     title, _, summary = method.summary.partition(": ")
@@ -195,6 +205,7 @@ def render_pretrained_card(
     # a corpus read from the Hub (`--corpus owner/name`) is the card's dataset; a local file or folder is not named
     hub_corpus = _hub_id(run_info.get("corpus"))
     title, summary = _title_and_summary(method)
+    repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
     card_data = ModelCardData(
         language="en",
         license="apache-2.0",
@@ -230,7 +241,9 @@ def render_pretrained_card(
         model_class=backbone.model_class.__name__,
         model_type=backbone.model_types[0],
         cls_model=representation is None,
-        pooler_kwarg=", add_pooling_layer=False" if backbone.has_pooler else "",  # the export has no pooler weights
+        transformers_usage=transformers_usage(
+            repo_id, pooling=pooling, normalize=similarity == "cosine", max_seq_length=max_seq_length,
+            pooler_kwarg=", add_pooling_layer=False" if backbone.has_pooler else ""),  # the export has no pooler
         similarity=similarity,
         pooling=pooling,
         representation=representation or (f"{POOLED_REPRESENTATION[pooling]}, {embedding_dim} dimensions, "
@@ -243,7 +256,7 @@ def render_pretrained_card(
         method_hparams=method_hyperparameters(method, config),
         training=_training_rows(run_info.get("training")),
         final_losses=[(k, format_value(v, loss=True)) for k, v in (run_info.get("final_losses") or {}).items()],
-        repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
+        repo_id=repo_id,
         folder_name=folder_name,
         citation=method.paper.bibtex,
     )
@@ -314,7 +327,8 @@ def _eval_results(rows: list[dict[str, Any]]) -> list[EvalResult]:
     return results
 
 
-def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodDescription]) -> str:
+def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodDescription],
+                          model_files: Mapping[str, Any] | None = None) -> str:
     """README.md of a fine-tuned model from its run record (`retromae_finetune.json`); never a local path.
 
     Args:
@@ -322,6 +336,8 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         methods: the method registry, by name: the starting model's pre-training method is described from its entry,
             and the card cites it and the papers of the fine-tuning recipe (`finetuning_recipe`); a `pooling` that
             names a method's own module (`pooling_label`) marks the hybrid model.
+        model_files: `saved_layout` of the model folder; with it, a CLS- or mean-pooled model without prompts or
+            remote code gets the transformers snippet (`transformers_usage`).
     """
     method_name = info.get("pretraining_method")
     method = methods.get(method_name) if method_name else None
@@ -344,11 +360,16 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
     cited = [method, *(m for m in methods.values() if m.finetuning_recipe)]
     citations = list(dict.fromkeys(m.paper.bibtex for m in cited if m is not None))
     trust = info.get("trust_remote_code")
+    repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
+    hyperparameters = info.get("hyperparameters") or {}
+    plain = (model_files is not None and not trust and info.get("pooling") in POOLED_REPRESENTATION
+             and isinstance(info.get("max_seq_length"), int)
+             and not any(name.endswith("_prompt") for name in hyperparameters))
     card = ModelCard.from_template(
         card_data,
         template_str=_template(FINETUNED_TEMPLATE),
         model_name=model_name,
-        repo_id=model_name if "/" in model_name else f"<your-org>/{model_name}",
+        repo_id=repo_id,
         base_model_text=_base_model_text(hub_base, base_model),
         method_text=(f"{_title_and_summary(method)[0]} (`{method.name}`, [paper]({method.paper.url}))"
                      if method else "not a retromae pre-training (or not recorded)"),
@@ -359,12 +380,14 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         hybrid=_names_own_module(str(info.get("pooling", "")), methods),
         trust_remote_code=trust,
         load_args=", trust_remote_code=True" if trust else "",
+        transformers_usage=transformers_usage(repo_id, pooling=info["pooling"], max_seq_length=info["max_seq_length"],
+                                              **model_files) if plain else "",
         train_name=card_name(train.get("name")),
         train_split=train.get("split"),
         train_queries=train.get("queries"),
         dropped=[(k.replace("_", " "), v) for k, v in (train.get("dropped") or {}).items() if v],
         stages=info.get("stages") or [],
-        hyperparameters=[(k, format_metric(v)) for k, v in trained_settings(info.get("hyperparameters") or {}).items()],
+        hyperparameters=[(k, format_metric(v)) for k, v in trained_settings(hyperparameters).items()],
         eval_rows=[{**row, "dataset_name": card_name(row.get("dataset_name")),
                     **{k: format_metric(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
         metric_labels=[label for _, label in CARD_METRICS],
@@ -387,12 +410,22 @@ def _base_model_text(hub_base: str | None, base_model: str | None) -> str:
     return f"`{card_name(base_model)}` (local)" if base_model else "a local model (no Hub id recorded)"
 
 
+def saved_layout(folder: Path) -> dict[str, Any]:
+    """What the transformers snippet needs to know of a saved sentence-transformers folder: whether it normalises
+    (a Normalize module in modules.json) and loads without a pooler (`model_kwargs` in sentence_bert_config.json)."""
+    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    config = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
+    no_pooler = (config.get("model_kwargs") or {}).get("add_pooling_layer") is False
+    return {"normalize": any(str(m.get("type", "")).endswith("Normalize") for m in modules),
+            "pooler_kwarg": ", add_pooling_layer=False" if no_pooler else ""}
+
+
 def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],
                          methods: Mapping[str, MethodDescription]) -> None:
-    """Write the run record (`retromae_finetune.json`) and README.md into `folder`, each atomically."""
+    """Write the run record (`retromae_finetune.json`) and README.md into `folder` (a saved model), each atomically."""
     folder = Path(folder)
     write_json_atomic(folder / FINETUNE_RUN_INFO_FILE, info)
-    write_text_atomic(folder / "README.md", render_finetuned_card(info, methods))
+    write_text_atomic(folder / "README.md", render_finetuned_card(info, methods, saved_layout(folder)))
 
 
 __all__ = [
