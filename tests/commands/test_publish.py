@@ -397,7 +397,8 @@ def _http_error(status: int, url: str, **headers: str) -> Exception:
 def valid(monkeypatch):
     """Skip the folder validation: these tests are about the Hub calls."""
     monkeypatch.setattr(publish_module, "validate_model_folder",
-                        lambda folder: publish_module.ValidationReport(folder, needs_remote_code=False))
+                        lambda folder, exclude=(): publish_module.ValidationReport(
+                            folder, needs_remote_code=False, listing=publish_module.UploadListing({}, [])))
 
 
 @pytest.mark.parametrize(
@@ -453,12 +454,14 @@ def test_no_network_and_offline_mode_are_one_line(valid, monkeypatch, capsys):
 
 
 def test_a_json_file_recording_a_local_path_is_refused(cls_folder, copy_of, tmp_path):
-    """E.g. an evaluation's summary.json written into the folder: every file of it is uploaded."""
+    """E.g. an evaluation's summary.json written into the folder, unless --exclude leaves it out of the upload."""
     folder = copy_of(cls_folder)
     (folder / "eval").mkdir()
     (folder / "eval" / "summary.json").write_text(json.dumps({"rows": [{"model_path": str(tmp_path / "ftok")}]}))
     with pytest.raises(ValueError, match=rf"eval/summary.json records a local path of this machine \({tmp_path}/ftok\)"
-                                         r", and every file of the folder is uploaded; remove that file"):
+                                         r" and would be uploaded; remove that file \(or the field\), or leave it out "
+                                         r"with --exclude eval/summary.json"):
         validate_model_folder(folder, load=False)
+    validate_model_folder(folder, load=False, exclude=["eval/"])  # not uploaded: not scanned
     (folder / "eval" / "summary.json").write_text(json.dumps({"rows": [{"model": "org/name", "ndcg": 0.5}]}))
     validate_model_folder(folder, load=False)

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ class ValidationReport:
     card_metadata: dict[str, Any] = field(default_factory=dict)
     module_paths: list[str] = field(default_factory=list)  # modules.json's, "" for the folder root
     model_class: str = "SentenceTransformer"  # or "SparseEncoder": the class that loads it
+    listing: UploadListing | None = None  # what the upload sends
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -251,18 +252,18 @@ def _check_metadata_paths(metadata: Any, folder: Path, field_name: str = "") -> 
 MAX_SCANNED_JSON_BYTES = 1 << 20  # settings and results files; tokenizer.json and vocabularies are larger or skipped
 
 
-def _check_json_paths(folder: Path) -> None:
-    """Refuse a JSON file that records a local path of this machine (e.g. the `summary.json` of an evaluation written
-    into the folder): it would be uploaded with the model. Vocabularies are not scanned (their tokens are text)."""
-    for path in sorted(folder.rglob("*.json")):
-        relative = path.relative_to(folder)
-        if (any(part.startswith(".") or part == "__pycache__" for part in relative.parts)
-                or path.name in ("tokenizer.json", "vocab.json") or path.stat().st_size > MAX_SCANNED_JSON_BYTES):
+def _check_json_paths(folder: Path, uploaded: Iterable[str]) -> None:
+    """Refuse an uploaded JSON file that records a local path of this machine (e.g. the `summary.json` of an
+    evaluation written into the folder). Vocabularies are not scanned (their tokens are text)."""
+    for relative in uploaded:
+        path = folder / relative
+        if (path.suffix != ".json" or path.name in ("tokenizer.json", "vocab.json")
+                or path.stat().st_size > MAX_SCANNED_JSON_BYTES):
             continue
-        found = _local_path_in(_read_json(path, str(relative)))
+        found = _local_path_in(_read_json(path, relative))
         if found is not None:
-            raise ValueError(f"{relative} records a local path of this machine ({found}), and every file of the "
-                             "folder is uploaded; remove that file (or the field) before publishing")
+            raise ValueError(f"{relative} records a local path of this machine ({found}) and would be uploaded; "
+                             f"remove that file (or the field), or leave it out with --exclude {relative}")
 
 
 def _local_path_in(value: Any) -> str | None:
@@ -318,13 +319,16 @@ def _check_tokenizer_vocabulary(model: Any, call: str) -> None:
         )
 
 
-def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> ValidationReport:
-    """Check that `folder` is a complete, loadable sentence-transformers folder with a valid model card.
+def validate_model_folder(folder: str | os.PathLike, *, load: bool = True,
+                          exclude: Sequence[str] = ()) -> ValidationReport:
+    """Check that `folder` is a complete, loadable sentence-transformers folder with a valid model card, and that no
+    file the upload sends (`exclude`: more `upload_folder` ignore patterns) records a local path.
 
     Args:
         folder: the folder to publish.
         load: also load it (`SentenceTransformer`, or `SparseEncoder` for a folder saved as one) and encode a
             sentence (the final, decisive check).
+        exclude: as `prepare_publish`'s.
 
     Raises:
         ValueError: the first problem found.
@@ -337,11 +341,12 @@ def validate_model_folder(folder: str | os.PathLike, *, load: bool = True) -> Va
     remote_files = _check_remote_code(folder, modules)
     needs_remote = any(not m["type"].startswith("sentence_transformers.") for m in modules)
     metadata = _check_card(folder)
-    _check_json_paths(folder)
+    listing = list_upload(folder, exclude, [m["path"] for m in modules], remote_files)
+    _check_json_paths(folder, listing.files)
     if needs_remote and "custom_code" not in (metadata.get("tags") or []):
         logger.warning("README.md: the model needs trust_remote_code=True; consider the 'custom_code' tag")
     report = ValidationReport(folder, needs_remote, remote_files, [m["type"] for m in modules], None, metadata,
-                              [m["path"] for m in modules])
+                              [m["path"] for m in modules], listing=listing)
     if load:
         report.model_class, report.embedding_dim = _check_loads(folder, needs_remote)
     return report
@@ -357,9 +362,8 @@ def prepare_publish(folder: str | os.PathLike, repo_id: str, *, exclude: Sequenc
             files that are no part of a sentence-transformers model, unless `allow_extra_files`.
     """
     check_repo_id(repo_id)
-    report = validate_model_folder(folder)
-    folder = Path(folder)
-    listing = list_upload(folder, exclude, report.module_paths, report.remote_code_files)
+    report = validate_model_folder(folder, exclude=exclude)
+    folder, listing = Path(folder), report.listing
     secret = secret_problem(folder, list(listing.files))
     if secret is not None:
         path, why = secret
