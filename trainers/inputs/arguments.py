@@ -168,7 +168,7 @@ def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
     Flags are counted per option (`--output-dir` and `--output_dir` are one), in `--flag value` and `--flag=value`
     form and as unambiguous abbreviations, up to a bare `--`.
     """
-    owner = {option: action for action in parser._actions for option in action.option_strings}
+    owner = _option_owners(parser)
     counts: Counter[argparse.Action] = Counter()
     for token in argv:
         if token == "--":
@@ -184,8 +184,13 @@ def reject_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
             raise UserError(f"{flag} is given {count} times; give it once (only the last value would count)")
 
 
+def _option_owners(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Option string -> its action (`--max-steps` and `--max_steps` -> one action)."""
+    return {option: action for action in parser._actions for option in action.option_strings}
+
+
 def _option_action(owner: Mapping[str, argparse.Action], name: str) -> argparse.Action | None:
-    """The action `name` names (`owner`: option string -> action), also as an unambiguous abbreviation of a long
+    """The action `name` names (`owner`: `_option_owners`), also as an unambiguous abbreviation of a long
     option, which argparse accepts; None for no action or several."""
     matches = [owner[name]] if name in owner else list(
         {id(a): a for option, a in owner.items() if name.startswith("--") and option.startswith(name)}.values())
@@ -200,7 +205,7 @@ STRAY_VALUE_HINTS = {"corpus": ("path", SEVERAL_FILES),
 def _unknown_options_message(parser: argparse.ArgumentParser, argv: Sequence[str], unknown: Sequence[str]) -> str:
     """The refusal of what argparse left over; a value that follows a one-value flag's value (`--corpus a.jsonl
     b.txt`, `--corpus=a.jsonl b.txt`) is named as one the flag does not take."""
-    owner = {option: action for action in parser._actions for option in action.option_strings}
+    owner = _option_owners(parser)
     stray = next((token for token in unknown if not token.startswith("-")), None)
     for at in (i for i, token in enumerate(argv) if token == stray and i):
         name, equals, value = argv[at - 1].partition("=")
