@@ -134,15 +134,19 @@ def test_refuses_our_own_checkpoint(tmp_path, capsys):
     assert err.count("\n") == 0 and "already a retromae pre-training checkpoint" in err, err
 
 
-def test_an_existing_output_needs_overwrite(tmp_path, capsys):
+def test_an_existing_output_needs_overwrite_and_only_a_model_folder_is_replaced(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     args = ["import-official", str(CHECKPOINT), str(out), "--decoder", str(DECODER)]
+    for flags in ([], ["--overwrite"]):  # a folder of other files (evaluation results, notes) is never deleted
+        assert main([*args, *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "holds no model (no modules.json or config.json)" in err, err
+        assert (out / "notes.txt").read_text() == "mine"
+    (out / "config.json").write_text("{}")  # a model folder: replaced with --overwrite only
     assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "already exists and is not empty" in err and "--overwrite" in err, err
-    assert (out / "notes.txt").read_text() == "mine"
+    assert "already exists and is not empty" in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 0
     assert not (out / "notes.txt").exists() and (out / "model.safetensors").is_file()
 

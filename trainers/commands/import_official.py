@@ -12,7 +12,7 @@ from ..inputs.official_checkpoints import (
     OFFICIAL_ENCODER_MASK_RATIO,
     import_official_checkpoint,
 )
-from ..inputs.outputs import claim_output
+from ..inputs.outputs import claim_output, model_holding
 
 
 @dataclass
@@ -45,7 +45,8 @@ def import_official_command(argv: list[str]) -> int:
         raise UserError("give the official checkpoint and the output folder: retromae import-official CHECKPOINT OUT")
     out = Path(args.output_dir)
     inputs = {"the official checkpoint": args.checkpoint, "the decoder file": args.decoder}
-    claim_output(out, "OUT", args.overwrite, inputs=inputs)  # before any reading: refuse early, in one line
+    # before any reading: refuse early, in one line; --overwrite replaces a model folder, never a folder of other files
+    claim_output(out, "OUT", args.overwrite, inputs=inputs, owner=model_holding)
     import_official_checkpoint(args.checkpoint, out, decoder_file=args.decoder, overwrite=args.overwrite,
                                encoder_mask_ratio=args.encoder_mask_ratio, decoder_mask_ratio=args.decoder_mask_ratio)
     print(f"retromae: imported {args.checkpoint} -> {out}; continue the run with: retromae pretrain --model {out} "
