@@ -13,6 +13,7 @@ import pytest
 import retromae
 from retromae.trainers.retrieval.beir import RetrievalDataError, drop_blank_queries, read_beir, read_qrels
 from retromae.trainers.retrieval.mteb import evaluate_folder
+from retromae.trainers.retrieval.summaries import weights_digest
 
 from .. import builders
 
@@ -160,3 +161,32 @@ def test_another_models_rows_are_not_kept_with_overwrite(spread_cls_bert, tiny_b
     evaluate_folder(copy, beir_folders=[other], split="dev", output_dir=tmp_path / "eval", overwrite=True)
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert [r["dataset_name"] for r in summary["results"]] == ["other (local BEIR)"]
+
+
+def test_rows_of_a_model_folder_whose_weights_changed_are_not_kept(spread_cls_bert, minilm_dir, tiny_beir, tmp_path):
+    """HEAD kept them: after `finetune --overwrite` into the same folder, the summary mixed two models' rows."""
+    model = shutil.copytree(spread_cls_bert, tmp_path / "model")
+    other = builders.write_beir(tmp_path / "other")
+    out = tmp_path / "eval"
+    evaluate_folder(model, beir_folders=[tiny_beir], split="dev", output_dir=out)
+    (model / "model.safetensors").unlink()
+    shutil.copy(minilm_dir / "model.safetensors", model / "model.safetensors")  # the same path, other weights
+    shutil.copy(minilm_dir / "config.json", model / "config.json")
+    with pytest.raises(ValueError, match=re.escape(f"--output-dir {out} holds the results of {model} as it was before "
+                                                   "its weights changed (summary.json); choose another --output-dir, "
+                                                   "or pass --overwrite")):
+        evaluate_folder(model, beir_folders=[other], split="dev", output_dir=out)
+    evaluate_folder(model, beir_folders=[other], split="dev", output_dir=out, overwrite=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["dataset_name"] for r in summary["results"]] == ["other (local BEIR)"]
+    assert summary["model_weights"] == weights_digest(model)
+
+
+def test_a_summary_md_evaluate_did_not_write_is_kept_without_overwrite(spread_cls_bert, tiny_beir, tmp_path):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "summary.md").write_text("my own notes\n")
+    with pytest.raises(ValueError, match=re.escape(f"--output-dir {out} holds a summary.md that evaluate did not "
+                                                   "write; choose another --output-dir, or pass --overwrite")):
+        evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=out)
+    assert (out / "summary.md").read_text() == "my own notes\n"

@@ -54,7 +54,7 @@ from ..inputs.parameters import check_bool_options, check_path, list_parameter
 from ..methods import METHODS, hybrid_method_of
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, drop_blank_queries, read_beir
 from .benchmarks import DEFAULT_LANGUAGE, RETRIEVAL_TASK_TYPES, benchmark_tasks, load_task_data, resolve_language
-from .summaries import results_holding, summary_markdown, write_summary
+from .summaries import results_holding, summary_markdown, weights_digest, write_summary
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
@@ -339,7 +339,8 @@ def evaluate_folder(
     if on_missing not in ON_MISSING:
         raise ValueError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
-    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model),
+    weights = weights_digest(model)
+    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model, weights),
                  inputs={"the --model folder": model})
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     if update_card:
@@ -364,7 +365,7 @@ def evaluate_folder(
         encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=work_dir)
         rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size,
                               search=search, show_progress_bar=show_progress_bar)
-    write_summary(rows, output_dir, name, search, model_location(model))
+    write_summary(rows, output_dir, name, search, model_location(model), weights)
     if update_card:
         update_model_card(model, rows)
     return rows

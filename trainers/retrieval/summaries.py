@@ -1,10 +1,11 @@
 """The summary files of `retromae evaluate` (`summary.json`, `summary.md` in its `--output-dir`): one row per task,
-split and subset with NDCG@10, MRR@10, Recall@100 and Recall@1000. A folder holds one model's results
-(`results_holding`); a later evaluation of that model on other tasks adds its rows to the earlier ones
+split and subset with NDCG@10, MRR@10, Recall@100 and Recall@1000. A folder holds the results of one model and
+weights (`results_holding`); a later evaluation of the same weights on other tasks adds its rows to the earlier ones
 (`write_summary`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,11 +13,27 @@ from typing import Any
 
 from ..export.cards import CARD_METRICS
 from ..inputs.folders import model_location
-from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
+from ..inputs.io import file_sha256, read_json_or_empty, write_json_atomic, write_text_atomic
 from ..inputs.outputs import Holding
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def weights_digest(model: str | os.PathLike) -> str | None:
+    """sha256 over the weight files of a local model folder, by relative path (Trainer checkpoints, hidden folders
+    and the collator's RNG states left out); None for a Hub id."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if (path.suffix in WEIGHT_SUFFIXES and path.is_file() and not path.name.startswith("collator_rng")
+                and not any(part.startswith((".", "checkpoint-")) for part in relative.parts[:-1])):
+            digest.update(f"{relative.as_posix()}\0{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
@@ -29,18 +46,20 @@ def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str) -> None:
-    """Write summary.{json,md} of `model` (its `model_location`): the rows of earlier runs of the same model into
-    this folder on other tasks, then `rows`; a row replaces the earlier one of its task, split and subset (as mteb
-    replaces that task's result file). Another model's summary (replaced with `--overwrite`) is not kept. Each JSON
-    row names its search."""
+def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str,
+                  weights: str | None) -> None:
+    """Write summary.{json,md} of `model` (its `model_location`) with `weights` (its `weights_digest`): the rows of
+    earlier runs of the same weights into this folder on other tasks, then `rows`; a row replaces the earlier one of
+    its task, split and subset (as mteb replaces that task's result file). Another model's summary, or one of other
+    weights (replaced with `--overwrite`), is not kept. Each JSON row names its search."""
     earlier = read_json_or_empty(output_dir / SUMMARY_JSON)
     new = {_row_key(row) for row in rows}
-    kept = [{"search": earlier.get("search"), **row} for row in earlier.get("results") or []
-            if earlier.get("model_path") == model and isinstance(row, dict) and _row_key(row) not in new]
+    same = earlier.get("model_path") == model and earlier.get("model_weights") in (weights, None)  # None: recorded
+    kept = [{"search": earlier.get("search"), **row} for row in earlier.get("results") or []  # before the digest
+            if same and isinstance(row, dict) and _row_key(row) not in new]
     rows = kept + [{**row, "search": search} for row in rows]
-    write_json_atomic(output_dir / SUMMARY_JSON,
-                      {"model": model_name, "model_path": model, "search": search, "results": rows})
+    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_weights": weights,
+                                                  "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
 
@@ -48,18 +67,25 @@ def _row_key(row: dict[str, Any]) -> tuple:
     return row.get("task"), row.get("split"), row.get("subset")
 
 
-def results_holding(model: str | os.PathLike) -> Callable[[Path], Holding]:
+def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[Path], Holding]:
     """`claim_output`'s owner of an evaluation folder: a summary of another model is not ours (every `retromae
-    pretrain` export is named `encoder`, so default folders of two runs coincide); other files are left alone."""
+    pretrain` export is named `encoder`, so default folders of two runs coincide), nor one of the same folder when
+    its weights (`weights_digest`) have changed since, nor a summary.md without summary.json; other files are left
+    alone."""
 
     def holding(output_dir: Path) -> Holding:
         summary = output_dir / SUMMARY_JSON
-        recorded = read_json_or_empty(summary).get("model_path") if summary.is_file() else model_location(model)
-        if recorded == model_location(model):
-            return None
-        return f"{f'the results of {recorded}' if recorded else 'results of another model'} ({SUMMARY_JSON})", False
+        if not summary.is_file():
+            return (f"a {SUMMARY_MD} that evaluate did not write", False) if (output_dir / SUMMARY_MD).exists() else None
+        earlier = read_json_or_empty(summary)
+        recorded = earlier.get("model_path")
+        if recorded != model_location(model):
+            return f"{f'the results of {recorded}' if recorded else 'results of another model'} ({SUMMARY_JSON})", False
+        if earlier.get("model_weights") not in (weights, None):
+            return f"the results of {recorded} as it was before its weights changed ({SUMMARY_JSON})", False
+        return None
 
     return holding
 
 
-__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "results_holding", "summary_markdown", "write_summary"]
+__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "results_holding", "summary_markdown", "weights_digest", "write_summary"]
