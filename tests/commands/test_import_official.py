@@ -112,6 +112,18 @@ def test_refuses_a_folder_that_is_not_an_official_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_checkpoint_that_is_no_folder_is_named_as_such(kind, tmp_path, capsys):
+    """HEAD took a missing folder for a Hub id and reported that it could not reach the Hub."""
+    checkpoint = tmp_path / "no-such-folder"
+    if kind == "file":
+        checkpoint.write_text("x")
+    assert main(["import-official", str(checkpoint), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    state = "is a file, not a folder" if kind == "file" else "does not exist"
+    assert err.count("\n") == 0 and f"CHECKPOINT {checkpoint} {state}; give the folder the official code" in err, err
+
+
 @pytest.mark.parametrize("damage", ["other keys", "a key short"])
 def test_a_decoder_file_that_is_not_c_head_is_named(damage, tmp_path, capsys):
     """HEAD blamed the checkpoint: "CHECKPOINT is not an official RetroMAE checkpoint: it lacks the weights

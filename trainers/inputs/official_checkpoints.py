@@ -119,6 +119,10 @@ def official_model(checkpoint: str | os.PathLike, decoder_file: str | os.PathLik
             decoder, encoder weights) or what does not fit (model type, shapes, unknown keys).
     """
     checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():  # a local save of the official code, never a Hub id
+        state = "is a file, not a folder" if checkpoint.exists() else "does not exist"
+        raise CheckpointError(f"CHECKPOINT {checkpoint} {state}; give the folder the official code saved (its "
+                              "config.json, weights and tokenizer files)")
     check_model_folder(checkpoint, purpose="import-official")
     tokenizer = load_tokenizer(checkpoint)
     config = official_config(checkpoint, tokenizer, encoder_mask_ratio, decoder_mask_ratio)
