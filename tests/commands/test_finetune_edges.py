@@ -2,18 +2,24 @@
 stage that would train 0 steps (DDP drops incomplete batches) is refused before training; options no stage reads
 (distill loss options, --split/--on-missing with a .jsonl) are refused; --prompts is saved into the model;
 --resume-from-checkpoint has finetune's own help; --eval-data whose queries are all blank is refused before
-training; the Python API names a parameter of the wrong type."""
+training; the Python API names a parameter of the wrong type; a --negatives-file's lines of one query are merged;
+a resume with nothing to resume, and training-data negatives no stage reads, are warned about; an output or work
+folder inside an input folder is refused."""
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 
 import pytest
 from retromae.trainers import cli
+from retromae.trainers.data.training_groups import TrainingGroup, groups_to_dataset
 from retromae.trainers.inputs.errors import UserError
 from retromae.trainers.inputs.finetune_options import check_full_batches, model_prompts, stage_prompts
 from retromae.trainers.retrieval import mteb as mteb_module
 from retromae.trainers.training import finetuning as finetune_module
+from retromae.trainers.training.finetune_state import read_state
 from retromae.trainers.training.finetuning import finetune
 
 from ..builders import write_beir, write_jsonl
@@ -238,3 +244,83 @@ def test_python_api_names_a_parameter_of_the_wrong_type(options, error, message,
     with pytest.raises(error, match=f"^{message}"):
         finetune(spread_cls_bert, tiny_beir, tmp_path / "out", max_steps=2, **options)
     assert not (tmp_path / "out").exists()
+
+
+# ---- B-004: a --negatives-file gives a query's negatives over several lines ----------------------------------------
+
+
+def test_a_negatives_file_merges_the_lines_of_a_query(tmp_path):
+    """HEAD kept the last line of each query: 2 lines x 2 negatives were 2, and --num-negatives 4 was refused with
+    "no training example has 4 negatives"."""
+    groups = [TrainingGroup(f"q{i}", f"query {i}", [(f"d{i}", f"doc {i}")]) for i in range(2)]
+    negatives = write_jsonl(tmp_path / "neg.jsonl", [
+        {"query_id": "q0", "query": "query 0", "positive": "doc 0", "negative_ids": ["n1", "n2"],
+         "negatives": ["neg 1", "neg 2"]},
+        {"query_id": "q1", "query": "query 1", "positive": "doc 1", "negative_ids": ["n5"], "negatives": ["neg 5"]},
+        {"query_id": "q0", "query": "query 0", "positive": "doc 0", "negative_ids": ["n2", "n3", "n4"],
+         "negatives": ["neg 2", "neg 3", "neg 4"]},  # n2 again: kept once
+    ])
+    result = finetune_module._negatives_from_file(str(negatives), groups)
+    assert [[doc_id for doc_id, _ in g.negatives] for g in result] == [["n1", "n2", "n3", "n4"], ["n5"]]
+    dataset, _ = groups_to_dataset(result[:1], 4)
+    assert dataset[0]["negative_4"] in {"neg 1", "neg 2", "neg 3", "neg 4"}
+
+
+# ---- B-006: --resume-from-checkpoint last with nothing to resume ----------------------------------------------------
+
+
+def test_resuming_where_nothing_is_there_to_resume_is_warned(tmp_path, caplog):
+    """HEAD logged it at INFO, which the command line does not show: a typo in --output-dir trained from scratch
+    without a word."""
+    with caplog.at_level(logging.WARNING, logger="retromae"):
+        state, resumed = read_state(tmp_path / "typo.work", {"seed": 1}, resume=True, main_process=False)
+    assert not resumed and state["stages"] == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--resume-from-checkpoint last: nothing to resume in {tmp_path / 'typo.work'} (no earlier run with this "
+        "--output-dir or --work-dir); starting from the first stage: if a run was to be continued, stop this one and "
+        "check --output-dir"]
+
+
+# ---- B-007: an output or work folder inside an input folder ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("where, flag, named", [
+    ("MODEL/sub", "--output-dir", "--model"), ("DATA/sub", "--output-dir", "--train-data"),
+    ("EVAL/sub", "--output-dir", "--eval-data"), ("MODEL/work", "--work-dir", "--model"),
+])
+def test_an_output_folder_inside_an_input_folder_is_refused(where, flag, named, spread_cls_bert, tiny_beir, tmp_path,
+                                                            monkeypatch, capsys):
+    """HEAD wrote sub/ and sub.work/ into the --model folder, which `publish` would upload with it (`evaluate`
+    refused the same layout)."""
+    _no_training(monkeypatch)
+    model = shutil.copytree(spread_cls_bert, tmp_path / "model")
+    data = shutil.copytree(tiny_beir, tmp_path / "data")
+    folders = {"MODEL": model, "DATA": data, "EVAL": write_beir(tmp_path / "eval")}
+    target = folders[where.split("/")[0]] / where.split("/")[1]
+    out = tmp_path / "out" if flag == "--work-dir" else target
+    extra = ["--work-dir", str(target)] if flag == "--work-dir" else []
+    assert _finetune(model, data, out, "--stages", "in-batch", "--eval-data", str(folders["EVAL"]),
+                     "--eval-split", "dev", *extra) == 2
+    assert one_line_error(capsys, "finetune").endswith(
+        f"error: {flag} {target}: writing into it would change {named} ({folders[where.split('/')[0]]}); choose a "
+        "folder outside it")
+    assert not target.exists() and not target.with_name(target.name + ".work").exists()
+
+
+# ---- B-009: negatives of the training data that no stage reads ------------------------------------------------------
+
+
+def test_negatives_of_the_training_data_unread_by_the_in_batch_stage_are_warned(spread_cls_bert, tmp_path, caplog):
+    """HEAD ignored them without a word, yet warned "dropped 12 negatives equal to a positive" as if they were used
+    (the same negatives in a --negatives-file are refused: the flag is read by the later stages only)."""
+    train = write_jsonl(tmp_path / "train.jsonl", [
+        {"query": f"question {i}", "positive": f"doc {i}", "negatives": [f"doc {i + 1}", f"doc {i}"]}
+        for i in range(12)])
+    with caplog.at_level(logging.WARNING, logger="retromae"):
+        assert _finetune(spread_cls_bert, train, tmp_path / "out", "--stages", "in-batch") == 0
+    assert [r.getMessage() for r in caplog.records if "negatives" in r.getMessage()] == [
+        f"--train-data {train} gives negatives (12 of its 12 examples), which the in-batch stage does not use (it "
+        "trains on the other queries' positives): to train on them, add the hard-negatives stage (--stages "
+        "in-batch,hard-negatives, or hard-negatives)"]
+    info = json.loads((tmp_path / "out" / "retromae_finetune.json").read_text())
+    assert sum(info["train_data"]["dropped"].values()) == 0

@@ -234,6 +234,17 @@ def clean_groups(groups: Iterable[TrainingGroup]) -> tuple[list[TrainingGroup], 
     return kept, dict(report)
 
 
+def negatives_by_query(groups: Iterable[TrainingGroup]) -> dict[str, list[tuple[str, str]]]:
+    """Each query's negatives over all its groups (a file may give one query on several lines), in order, each
+    document id once."""
+    merged: dict[str, dict[str, str]] = {}
+    for group in groups:
+        negatives = merged.setdefault(group.query_id, {})
+        for doc_id, text in group.negatives:
+            negatives.setdefault(doc_id, text)
+    return {query_id: list(negatives.items()) for query_id, negatives in merged.items()}
+
+
 def _negative_columns(k: int) -> list[str]:
     return [f"negative_{i}" for i in range(1, k + 1)]
 
@@ -340,5 +351,5 @@ def write_training_jsonl(groups: Iterable[TrainingGroup], path: str | os.PathLik
 
 __all__ = [
     "TrainingGroup", "clean_groups", "groups_from_beir", "groups_to_dataset", "groups_to_distillation_dataset",
-    "load_training_groups", "read_training_jsonl", "write_training_jsonl"
+    "load_training_groups", "negatives_by_query", "read_training_jsonl", "write_training_jsonl"
 ]

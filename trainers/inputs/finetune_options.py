@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import typing
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -15,6 +16,8 @@ from sentence_transformers import SentenceTransformerTrainingArguments
 from ..data.training_groups import TrainingGroup
 from .errors import UserError
 from .parameters import check_number, type_kinds
+
+logger = logging.getLogger(__name__)
 
 STAGES = ("in-batch", "hard-negatives", "distill")
 NEGATIVE_STAGES = ("hard-negatives", "distill")  # the stages after in-batch: negatives from a file, the data or mining
@@ -347,6 +350,19 @@ def check_positives_scored(groups: list[TrainingGroup], teacher_scores: dict[str
                      f"{example.positives[0][0]!r}); {fix}")
 
 
+def negatives_unread_dropped(groups: list[TrainingGroup], stages: Sequence[str],
+                             train_data: str) -> list[TrainingGroup]:
+    """`groups` without their negatives, said in one warning, when no stage of the run reads them (in-batch alone):
+    unsaid, the user would think them trained on (and cleaning them would count drops as if they were used)."""
+    given = sum(1 for group in groups if group.negatives)
+    if not given or set(NEGATIVE_STAGES) & set(stages):
+        return groups
+    logger.warning("--train-data %s gives negatives (%d of its %d examples), which the in-batch stage does not use "
+                   "(it trains on the other queries' positives): to train on them, add the hard-negatives stage "
+                   "(--stages in-batch,hard-negatives, or hard-negatives)", train_data, given, len(groups))
+    return [replace(group, negatives=[]) for group in groups]
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -354,4 +370,4 @@ def _flag(name: str) -> str:
 ARGUMENT_CLASSES = (FinetuneModelArguments, FinetuneDataArguments, FinetuneLossArguments, FinetuneTrainingArguments)
 __all__ = ["NEGATIVE_OPTIONS", "STAGES", "check_full_batches", "check_mining_range", "check_option_types",
            "check_options_read", "check_pool_holds_negatives", "check_positives_scored", "check_trainer_options",
-           "is_pairs_file", "model_prompts", "stage_prompts"]
+           "is_pairs_file", "model_prompts", "negatives_unread_dropped", "stage_prompts"]

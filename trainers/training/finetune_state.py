@@ -89,8 +89,9 @@ def check_earlier_progress_kept(work_dir: Path, resume: bool, overwrite: bool) -
 def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
                 main_process: bool) -> tuple[dict[str, Any], bool]:
     """The run's state (`{"settings_key": ..., "settings": ..., "stages": [...], "negatives": ...}`) and whether it
-    continues an earlier run: the work folder's when resuming a run with the same settings, else a fresh one, saved
-    at once (the main process) so that a run killed in its first stage is resumed only with its own settings."""
+    continues an earlier run: the work folder's when resuming a run with the same settings, else a fresh one (a
+    resume that finds none is warned about), saved at once (the main process) so that a run killed in its first
+    stage is resumed only with its own settings."""
     state = read_json_or_empty(work_dir / STATE_FILE)
     key = _settings_key(settings)
     if resume and state:
@@ -98,7 +99,10 @@ def read_state(work_dir: Path, settings: dict[str, Any], resume: bool,
             raise _other_settings_error(work_dir, state, settings)
         return state, True
     if resume:
-        logger.info("--resume-from-checkpoint: nothing to resume in %s; starting from the first stage", work_dir)
+        # warned, not refused as by pretrain: finetune's line after any Ctrl-C (before this state too) says `last`
+        logger.warning("--resume-from-checkpoint last: nothing to resume in %s (no earlier run with this --output-dir "
+                       "or --work-dir); starting from the first stage: if a run was to be continued, stop this one "
+                       "and check --output-dir", work_dir)
     elif state.get("stages"):
         logger.warning("%s holds %d finished stage(s) of an earlier run; starting over (--overwrite)", work_dir,
                        len(state["stages"]))

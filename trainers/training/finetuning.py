@@ -29,6 +29,7 @@ from ..data.training_groups import (
     groups_to_dataset,
     groups_to_distillation_dataset,
     load_training_groups,
+    negatives_by_query,
     read_training_jsonl,
 )
 from ..export.publishing import check_model_name
@@ -48,6 +49,7 @@ from ..inputs.finetune_options import (
     check_positives_scored,
     check_trainer_options,
     model_prompts,
+    negatives_unread_dropped,
     parse_stages,
     stage_prompts,
 )
@@ -113,8 +115,9 @@ def _corpus_pool(data_args: FinetuneDataArguments, beir: RetrievalData | None,
 def _negatives_from_file(path: str, groups: list[TrainingGroup],
                          corpus: Mapping[str, Any] | None = None) -> list[TrainingGroup]:
     """`groups` with the negatives that `path` lists for their queries; what does not match the training data (query
-    ids, or negative ids absent from `corpus` when given) is warned about, no match at all refused."""
-    mined = {g.query_id: g.negatives for g in read_training_jsonl(path)}
+    ids, or negative ids absent from `corpus` when given) is warned about, no match at all refused. A query's
+    negatives are merged over all its lines."""
+    mined = negatives_by_query(read_training_jsonl(path))
     result = [TrainingGroup(g.query_id, g.query, g.positives, mined.get(g.query_id, [])) for g in groups]
     found = sum(1 for g in result if g.negatives)
     if not found:
@@ -295,19 +298,23 @@ def _stage_data_and_loss(stage: str, model: SentenceTransformer, groups: list[Tr
 def _check_run_inputs(model_args: FinetuneModelArguments, data_args: FinetuneDataArguments,
                       training_args: FinetuneTrainingArguments, stages: list[str]) -> Path:
     """The work folder, after refusing, before anything is loaded or trained, what would fail in a later stage or
-    lose files: an output folder that is or holds an input or the working directory, a work folder inside the
-    output folder, a missing file, a rank range that cannot hold the negatives, a resume value other than `last`,
-    teacher scores without the distill stage, an in-batch stage without in-batch negatives."""
+    lose files: an output folder that is, holds or lies in an input, or is the working directory, a work folder
+    inside the output folder or an input, a missing file, a rank range that cannot hold the negatives, a resume
+    value other than `last`, teacher scores without the distill stage, an in-batch stage without in-batch
+    negatives."""
     output_dir = Path(training_args.output_dir)
     files = {"--corpus": data_args.corpus, "--negatives-file": data_args.negatives_file,
              "--teacher-scores": data_args.teacher_scores}
-    claim_output(output_dir, "--output-dir", training_args.overwrite, owner=model_holding, inputs={
-        "--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data, **files})
+    inputs = {"--model": model_args.model, "--train-data": data_args.train_data, "--eval-data": data_args.eval_data,
+              **files}
+    claim_output(output_dir, "--output-dir", training_args.overwrite, owner=model_holding, inputs=inputs)
+    # and not inside an input folder either: `publish` would upload the run's folders with the model
+    claim_output(output_dir, "--output-dir", training_args.overwrite, kind="into", owner=model_holding, inputs=inputs)
     work_dir = work_dir_of(training_args)
     if output_dir.resolve() in (work_dir.resolve(), *work_dir.resolve().parents):
         raise ValueError(f"--work-dir {work_dir} is inside --output-dir {output_dir}, which the finished model "
                          f"replaces; choose a folder beside it (default: {output_dir.name}.work)")
-    claim_output(work_dir, "--work-dir", False, kind="into", owner=work_dir_holding)
+    claim_output(work_dir, "--work-dir", False, kind="into", owner=work_dir_holding, inputs=inputs)
     resume = training_args.resume_from_checkpoint
     if resume is not None and resume not in RESUME_LAST:
         raise ValueError(f"--resume-from-checkpoint {resume}: `retromae finetune` continues its own run, each "
@@ -383,7 +390,7 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
     set_seed(training_args.seed)
 
     groups, beir = load_training_groups(data_args.train_data, split=data_args.split, on_missing=data_args.on_missing)
-    groups, dropped = clean_groups(groups)
+    groups, dropped = clean_groups(negatives_unread_dropped(groups, stages, data_args.train_data))
     checked = _read_negatives_before_training(stages, groups, beir, teacher_scores, data_args, training_args.seed)
     if "in-batch" in stages:  # built once, here: its size is checked before anything trains
         checked.datasets["in-batch"] = groups_to_dataset(groups, 0, seed=training_args.seed)
