@@ -178,3 +178,12 @@ def test_pretrain_continues_with_the_imported_decoder(tmp_path):
         torch.testing.assert_close(ours, value, atol=2e-3, rtol=0)  # 2 steps at lr 1e-4 move a weight by < 1e-3
     assert (official["c_head.output.LayerNorm.weight"] - 1).abs().max() > 1e-2
     assert json.loads((run / "config.json").read_text())["decoder_visibility"] == "reference"
+
+
+def test_an_output_inside_the_official_checkpoint_is_refused(tmp_path, capsys):
+    checkpoint = shutil.copytree(CHECKPOINT, tmp_path / "official")
+    out = checkpoint / "converted"
+    assert main(["import-official", str(checkpoint), str(out), "--decoder", str(DECODER)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"OUT {out}: writing into it would change the official checkpoint" in err, err
+    assert not out.exists()

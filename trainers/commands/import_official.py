@@ -47,6 +47,7 @@ def import_official_command(argv: list[str]) -> int:
     inputs = {"the official checkpoint": args.checkpoint, "the decoder file": args.decoder}
     # before any reading: refuse early, in one line; --overwrite replaces a model folder, never a folder of other files
     claim_output(out, "OUT", args.overwrite, inputs=inputs, owner=model_holding)
+    claim_output(out, "OUT", args.overwrite, kind="into", inputs=inputs, owner=model_holding)  # nor inside an input
     import_official_checkpoint(args.checkpoint, out, decoder_file=args.decoder, overwrite=args.overwrite,
                                encoder_mask_ratio=args.encoder_mask_ratio, decoder_mask_ratio=args.decoder_mask_ratio)
     print(f"retromae: imported {args.checkpoint} -> {out}; continue the run with: retromae pretrain --model {out} "
