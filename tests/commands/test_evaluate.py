@@ -15,17 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mteb.abstasks.retrieval import AbsTaskRetrieval
 from retromae.trainers.commands.evaluate import evaluate_command
 from retromae.trainers.export.sentence_transformer import (
     build_dupmae_sentence_transformer,
     load_as_sentence_transformer,
 )
 from retromae.trainers.retrieval.beir import RetrievalDataError, read_beir, read_qrels
+from retromae.trainers.retrieval.benchmarks import UnknownTaskError, find_tasks, load_registered
 from retromae.trainers.retrieval.mteb import (
     evaluate,
     evaluate_folder,
     make_local_task,
-    registered_tasks,
     update_model_card,
 )
 from retromae.trainers.training.finetuning import save_finetuned_model
@@ -222,9 +223,25 @@ def test_queries_without_positives_are_dropped_and_counted(tmp_path):
 def test_registered_task_offline_gives_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match=r"cannot load the data of MTEB task SciFact.*--beir-folder"):
-        registered_tasks(["SciFact"])
+        load_registered(["SciFact"], find_tasks(["SciFact"]))
     with pytest.raises(ValueError, match="unknown MTEB task"):
-        registered_tasks(["NoSuchTaskAnywhere"])
+        find_tasks(["NoSuchTaskAnywhere"])
+
+
+def test_every_task_and_benchmark_name_is_checked_before_any_download(spread_cls_bert, tmp_path, monkeypatch):
+    """HEAD downloaded SciFact's data before it reported the typo in `--tasks SciFact,NoSuchTask` (offline: SciFact's
+    Hub error instead of the typo), and checked `--benchmark` only after the `--tasks` downloads."""
+    def no_download(task, *args, **kwargs):
+        raise AssertionError(f"{task.metadata.name} loaded before every name was checked")
+
+    monkeypatch.setattr(AbsTaskRetrieval, "load_data", no_download)
+    with pytest.raises(UnknownTaskError, match="unknown MTEB task 'NoSuchTask'"):
+        evaluate_folder(spread_cls_bert, tasks=["SciFact", "NoSuchTask"], output_dir=tmp_path / "eval")
+    with pytest.raises(ValueError, match="unknown MTEB benchmark 'NoSuchBench'"):
+        evaluate_folder(spread_cls_bert, tasks=["SciFact"], benchmark="NoSuchBench", output_dir=tmp_path / "eval")
+    with pytest.raises(ValueError, match="cannot load the data of MTEB task SciFact .*SciFact loaded before"):
+        evaluate_folder(spread_cls_bert, tasks=["SciFact"], output_dir=tmp_path / "eval")  # the names known: loaded
+    assert not (tmp_path / "eval").exists()
 
 
 def test_cli_needs_something_to_evaluate(spread_cls_bert, tmp_path):
@@ -582,6 +599,20 @@ def test_a_fractional_relevance_is_refused_naming_the_line(tmp_path):
     with pytest.raises(RetrievalDataError, match=r"dev.tsv:10: relevance '0.5' is not a whole number"):
         read_beir(folder, split="dev")
     assert read_qrels(builders.write_lines(tmp_path / "t.tsv", ["q\td\t0.5"]), value_type=float) == {"q": {"d": 0.5}}
+
+
+@pytest.mark.parametrize("score", ["99999999999999999999", "2147483647", "1000001", "-2147483649", "1e12"])
+def test_a_relevance_out_of_range_is_refused_naming_the_line(tmp_path, score):
+    """HEAD took 99999999999999999999 as a whole number: pytrec_eval then failed with a bare `SystemError` (it
+    scored 4294967296 as not relevant, and held 17 GB for a grade of 2147483647)."""
+    qrels = builders.write_lines(tmp_path / "q.tsv", ["q\td\t1", f"q\te\t{score}"])
+    with pytest.raises(RetrievalDataError, match=re.escape(f"q.tsv:2: relevance '{score}' is out of range; qrels "
+                                                           "grade relevance in integers from -2147483648 to "
+                                                           "1000000")):
+        read_qrels(qrels)
+    builders.write_lines(qrels, ["q\td\t1000000", "q\te\t-2147483648"])
+    assert read_qrels(qrels) == {"q": {"d": 1000000, "e": -2147483648}}
+    assert read_qrels(builders.write_lines(tmp_path / "t.tsv", [f"q\td\t{score}"]), value_type=float)  # a score
 
 
 def test_qrels_errors_name_the_path_given(tmp_path):

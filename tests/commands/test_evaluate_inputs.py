@@ -153,6 +153,23 @@ def test_a_second_evaluation_of_the_model_keeps_the_first_ones_rows(spread_cls_b
     assert len(json.loads((out / "summary.json").read_text())["results"]) == 3
 
 
+def test_a_folder_named_like_an_earlier_rows_folder_gets_a_row_of_its_own(spread_cls_bert, tmp_path):
+    """HEAD named both LocalBEIR-toy: evaluating b/toy after a/toy into one folder replaced a/toy's row and mteb
+    result file without a word, and no row said which folder it came from."""
+    first = builders.write_beir(tmp_path / "a" / "toy")
+    second = builders.write_beir(tmp_path / "b" / "toy", splits=(("dev", range(12, 15)),))
+    out = tmp_path / "eval"
+    evaluate_folder(spread_cls_bert, beir_folders=[first], split="dev", output_dir=out)
+    evaluate_folder(spread_cls_bert, beir_folders=[second], split="dev", output_dir=out)
+    rows = json.loads((out / "summary.json").read_text())["results"]
+    assert [(r["dataset_name"], r["queries"]) for r in rows] == [("toy (local BEIR)", 6), ("b/toy (local BEIR)", 3)]
+    assert [r["beir_folder"] for r in rows] == [str(first.resolve()), str(second.resolve())]
+    assert len(list((out / "mteb").rglob("LocalBEIR-toy*.json"))) == 2
+    evaluate_folder(spread_cls_bert, beir_folders=[first], split="dev", output_dir=out)  # scored again: replaced
+    rows = json.loads((out / "summary.json").read_text())["results"]
+    assert [(r["dataset_name"], r["queries"]) for r in rows] == [("b/toy (local BEIR)", 3), ("a/toy (local BEIR)", 6)]
+
+
 def test_another_models_rows_are_not_kept_with_overwrite(spread_cls_bert, tiny_beir, tmp_path):
     """The rows merged are the same model's only: `--overwrite` over another model's summary replaces it."""
     copy = shutil.copytree(spread_cls_bert, tmp_path / "copy")

@@ -31,6 +31,9 @@ ON_MISSING = ("skip", "error")
 BEIR_LAYOUT = "corpus.jsonl, queries.jsonl and qrels/<split>.tsv"
 QUERY_COLUMNS = ("query", "anchor", "question")
 POSITIVE_COLUMNS = ("positive", "positives", "answer", "document")
+# pytrec_eval (mteb's scorer) takes a C int, raises a bare SystemError beyond a C long, and holds about 8 bytes per
+# grade up to the largest (1e6: 8 MB; 2**31 - 1: 17 GB). Real qrels grade 0-4, LLM-judged ones up to 100.
+RELEVANCE_RANGE = (-(2**31), 10**6)
 
 
 # the shape of a line, shown in the message about a bad line
@@ -290,6 +293,10 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
     Args:
         path: the file.
         value_type: `int` for relevance judgements, `float` for teacher scores.
+
+    Raises:
+        RetrievalDataError: naming `file:line`: a score that is no finite number, or with `int` a relevance that is
+            no whole number or lies outside `RELEVANCE_RANGE`; a line without 3 (or TREC's 4) columns; no line.
     """
     path = Path(path)
     out: dict[str, dict[str, Any]] = {}
@@ -304,6 +311,10 @@ def read_qrels(path: str | os.PathLike, value_type: type = int) -> dict[str, dic
         if value_type is int and not value.is_integer():  # int() would make a 0.5 "not relevant"
             raise RetrievalDataError(f"{path}:{line_no}: relevance {score!r} is not a whole number; qrels grade "
                                      "relevance in integers (0 = not relevant)")
+        if value_type is int and not RELEVANCE_RANGE[0] <= value <= RELEVANCE_RANGE[1]:
+            raise RetrievalDataError(f"{path}:{line_no}: relevance {score!r} is out of range; qrels grade relevance "
+                                     f"in integers from {RELEVANCE_RANGE[0]} to {RELEVANCE_RANGE[1]} (0 = not "
+                                     "relevant)")
         docs = out.setdefault(qid, {})
         if doc_id in docs and docs[doc_id] != value_type(value):
             conflicts.append((line_no, qid, doc_id, docs[doc_id], value_type(value)))

@@ -1,5 +1,7 @@
-"""Which tasks `retromae evaluate --benchmark NAME` runs: an MTEB benchmark's retrieval tasks, and the language of
-local BEIR folders."""
+"""Which tasks `retromae evaluate` runs: MTEB's registered retrieval tasks by name (`--tasks`), an MTEB benchmark's
+retrieval tasks (`--benchmark NAME`), and the language of local BEIR folders. Names are resolved without loading any
+data (`find_tasks`, `benchmark_tasks`), so that a typo costs no download; the data is loaded afterwards
+(`load_registered`, `load_benchmark_data`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,40 @@ RETRIEVAL_TASK_TYPES = frozenset({"Retrieval", "Reranking", "InstructionRetrieva
 
 # named first when an unknown benchmark is listed: the BEIR-style ones
 SUGGESTED_BENCHMARKS = ("BEIR", "NanoBEIR")
+
+
+class UnknownTaskError(ValueError):
+    """A task name mteb does not know (`find_tasks`); `name` is the name given."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+def find_tasks(names: list[str]) -> list:
+    """mteb's registered retrieval tasks by name, every name checked and no data loaded (a typo costs no download).
+
+    Raises:
+        UnknownTaskError: a name mteb does not know. ValueError: a task that is no retrieval task.
+    """
+    import mteb
+
+    tasks = []
+    for name in names:
+        try:
+            (task,) = mteb.get_tasks(tasks=[name])
+        except (KeyError, ValueError) as error:
+            raise UnknownTaskError(name, f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
+        if task.metadata.type not in RETRIEVAL_TASK_TYPES:
+            raise ValueError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
+        tasks.append(task)
+    return tasks
+
+
+def load_registered(names: list[str], tasks: list) -> None:
+    """Load (download) the data of `find_tasks(names)`; a failure is one line naming the task and --beir-folder."""
+    for name, task in zip(names, tasks, strict=True):
+        load_task_data(task, f"MTEB task {name}")
 
 
 def resolve_language(language: str) -> str:
@@ -55,11 +91,14 @@ def _find_benchmark(name: str):
                          "mteb.get_benchmarks()])\"") from None
 
 
-def benchmark_tasks(name: str) -> list:
-    """The retrieval tasks (`RETRIEVAL_TASK_TYPES`) of mteb's benchmark `name` (`mteb.get_benchmark`); tasks of
-    other types (classification, clustering, STS, ...) are left out with a log line. Each task's data is loaded (and
-    downloaded) here, then unloaded again, so that a failure is clear before any encoding and the benchmark's data
-    is never all in memory at once; mteb loads each task again (from the local cache) when it runs it."""
+def benchmark_tasks(name: str) -> tuple[str, list]:
+    """mteb's name of the benchmark `name` (`mteb.get_benchmark`) and its retrieval tasks (`RETRIEVAL_TASK_TYPES`),
+    no data loaded (`load_benchmark_data`); tasks of other types (classification, clustering, STS, ...) are left
+    out with a log line.
+
+    Raises:
+        ValueError: an unknown benchmark (one line listing known ones), or one without a retrieval task.
+    """
     benchmark = _find_benchmark(name)
     tasks = [task for task in benchmark.tasks if task.metadata.type in RETRIEVAL_TASK_TYPES]
     skipped = sorted({task.metadata.type for task in benchmark.tasks} - RETRIEVAL_TASK_TYPES)
@@ -69,11 +108,17 @@ def benchmark_tasks(name: str) -> list:
     if skipped:
         logger.info("benchmark %s: %d of its %d tasks are not retrieval tasks (%s) and are left out", benchmark.name,
                     len(benchmark.tasks) - len(tasks), len(benchmark.tasks), ", ".join(skipped))
+    return benchmark.name, tasks
+
+
+def load_benchmark_data(benchmark: str, tasks: list) -> None:
+    """Load (download) the data of the benchmark's `tasks`, then unload it again, so that a failure is clear before
+    any encoding and the benchmark's data is never all in memory at once; mteb loads each task again (from the local
+    cache) when it runs it."""
     for task in tasks:
         for part in task.tasks if task.is_aggregate else [task]:  # an aggregate (CQADupstack) runs its sub-tasks
-            load_task_data(part, f"MTEB task {part.metadata.name} (benchmark {benchmark.name})")
+            load_task_data(part, f"MTEB task {part.metadata.name} (benchmark {benchmark})")
             part.unload_data()
-    return tasks
 
 
 def load_task_data(task, what: str) -> None:
@@ -87,4 +132,7 @@ def load_task_data(task, what: str) -> None:
         ) from None
 
 
-__all__ = ["DEFAULT_LANGUAGE", "RETRIEVAL_TASK_TYPES", "benchmark_tasks", "resolve_language"]
+__all__ = [
+    "DEFAULT_LANGUAGE", "RETRIEVAL_TASK_TYPES", "UnknownTaskError", "benchmark_tasks", "find_tasks", "load_benchmark_data",
+    "load_registered", "resolve_language",
+]

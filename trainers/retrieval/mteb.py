@@ -20,7 +20,8 @@ Outputs under ``--output-dir``::
     summary.json, summary.md                      NDCG@10 (main), MRR@10, Recall@100, Recall@1000 per task and split;
                                                   summary.json names the model (a folder holding another model's
                                                   summary is refused without --overwrite); a later run of the same
-                                                  model on other tasks adds its rows (`summaries.write_summary`)
+                                                  model on other tasks adds its rows (`summaries.write_summary`); a
+                                                  BEIR folder's row records its path (`beir_folder`)
 
 ``--update-card`` adds the results to the model folder's card (folders written by `retromae finetune`).
 Registered tasks (``--tasks SciFact,NFCorpus``) and benchmarks (``--benchmark NanoBEIR``: `mteb.get_benchmark`,
@@ -37,7 +38,7 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,15 +54,24 @@ from ..inputs.outputs import check_folder_option, claim_output
 from ..inputs.parameters import check_bool_options, check_path, list_parameter
 from ..methods import METHODS, hybrid_method_of
 from .beir import ON_MISSING, RetrievalData, RetrievalDataError, drop_blank_queries, read_beir
-from .benchmarks import DEFAULT_LANGUAGE, RETRIEVAL_TASK_TYPES, benchmark_tasks, load_task_data, resolve_language
-from .summaries import results_holding, summary_markdown, weights_digest, write_summary
+from .benchmarks import (
+    DEFAULT_LANGUAGE,
+    UnknownTaskError,
+    benchmark_tasks,
+    find_tasks,
+    load_benchmark_data,
+    load_registered,
+    resolve_language,
+)
+from .summaries import results_holding, summary_folders, summary_markdown, weights_digest, write_summary
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
 
 
 def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label: str | None = None,
-                    task_name: str | None = None, language: str = DEFAULT_LANGUAGE):
+                    task_name: str | None = None, language: str = DEFAULT_LANGUAGE,
+                    folder: str | os.PathLike | None = None):
     """An mteb retrieval task (an `AbsTaskRetrieval` instance) over one split of local BEIR data.
 
     Args:
@@ -72,6 +82,7 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label
             `LocalBEIR-<name>`.
         language: the data's language as mteb writes it (ISO 639-3 language + ISO 15924 script, `eng-Latn`); it is
             recorded in mteb's result JSON (`languages`) and checked by `resolve_language`.
+        folder: the BEIR folder read, recorded (as an absolute path) in the summary row (`beir_folder`).
     """
     from mteb.abstasks.retrieval import AbsTaskRetrieval
     from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
@@ -117,21 +128,30 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label
     task = task_class()
     task.retromae_queries = len(data.queries)
     task.retromae_label = label
+    task.retromae_folder = str(_folder_path(folder)) if folder is not None else None
     return task
 
 
-def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
-    """`(label, task name)` per BEIR folder: its name and `LocalBEIR-<name>`; where folders share a name, the last
-    path parts that tell them apart (`other/beir`) and `LocalBEIR-<name>-<hash of the path>`, since mteb writes
-    `<task name>.json` and results are matched to tasks by name. The same folder twice is refused."""
-    paths = [Path(folder).expanduser().resolve() for folder in folders]
-    parts = {path: path.relative_to(path.anchor).parts for path in paths}
+def _folder_path(folder: str | os.PathLike) -> Path:
+    """A BEIR folder as the summary records it: absolute, links resolved (one folder, one path)."""
+    return Path(folder).expanduser().resolve()
+
+
+def local_task_names(folders: list[str | os.PathLike], known: Iterable[str | os.PathLike] = ()
+                     ) -> list[tuple[str, str]]:
+    """`(label, task name)` per BEIR folder: its name and `LocalBEIR-<name>`; where folders share a name, with each
+    other or with a folder `known` (the summary's earlier rows, `summary_folders`), the last path parts that tell
+    them apart (`other/beir`) and `LocalBEIR-<name>-<hash of the path>`, since mteb writes `<task name>.json` and
+    results are matched to tasks by name. The same folder twice is refused."""
+    paths = [_folder_path(folder) for folder in folders]
+    everyone = list(dict.fromkeys([*paths, *(Path(path) for path in known)]))
+    parts = {path: path.relative_to(path.anchor).parts for path in everyone}
     for folder, path in zip(folders, paths, strict=True):
         if paths.count(path) > 1:
             raise ValueError(f"--beir-folder names {folder} twice ({path}); give each folder once")
     names = []
     for path in paths:
-        twins = [p for p in paths if p.name == path.name]
+        twins = [p for p in everyone if p.name == path.name]
         if len(twins) == 1:
             names.append((path.name, f"LocalBEIR-{path.name}"))
             continue
@@ -140,31 +160,6 @@ def local_task_names(folders: list[str | os.PathLike]) -> list[tuple[str, str]]:
         digest = hashlib.sha1(str(path).encode("utf-8")).hexdigest()[:8]
         names.append(("/".join(parts[path][-depth:]), f"LocalBEIR-{path.name}-{digest}"))
     return names
-
-
-class UnknownTaskError(ValueError):
-    """A task name mteb does not know (`registered_tasks`); `name` is the name given."""
-
-    def __init__(self, name: str, message: str):
-        super().__init__(message)
-        self.name = name
-
-
-def registered_tasks(names: list[str]):
-    """mteb's registered retrieval tasks by name; their data is loaded (downloaded) here so that failures are clear."""
-    import mteb
-
-    tasks = []
-    for name in names:
-        try:
-            (task,) = mteb.get_tasks(tasks=[name])
-        except (KeyError, ValueError) as error:
-            raise UnknownTaskError(name, f"unknown MTEB task {name!r}: {str(error).strip(chr(34))}") from None
-        if task.metadata.type not in RETRIEVAL_TASK_TYPES:
-            raise ValueError(f"MTEB task {name} is a {task.metadata.type} task; retromae evaluates retrieval tasks")
-        load_task_data(task, f"MTEB task {name}")
-        tasks.append(task)
-    return tasks
 
 
 def _mteb_model(model: SentenceTransformer, search: str):
@@ -215,8 +210,9 @@ def evaluate_model(
     """Run mteb on `tasks`, write its result JSON under `output_dir/mteb` and return one summary row per task/split.
 
     Returns:
-        Rows `{"task", "dataset_id", "dataset_name", "split", "queries", "ndcg_at_10", "mrr_at_10",
-        "recall_at_100", "recall_at_1000", "main_score"}`.
+        Rows `{"task", "dataset_id", "dataset_name", "beir_folder", "split", "subset", "queries", "ndcg_at_10",
+        "mrr_at_10", "recall_at_100", "recall_at_1000", "main_score"}`; `beir_folder` is a local task's folder
+        (absolute), None for a registered task.
     """
     import mteb
 
@@ -245,6 +241,7 @@ def evaluate_model(
                     # an aggregate (CQADupstackRetrieval) has no dataset of its own: its name instead
                     "dataset_id": task.metadata.name if task.is_aggregate else task.metadata.dataset["path"],
                     "dataset_name": _dataset_name(task),
+                    "beir_folder": getattr(task, "retromae_folder", None),
                     "split": split,
                     "subset": entry.get("hf_subset", "default"),
                     "queries": _query_count(task, entry.get("hf_subset", "default"), split),
@@ -345,20 +342,21 @@ def evaluate_folder(
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     if update_card:
         card_run_info_file(model)
-    mteb_tasks = []
-    for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, local_task_names(beir_folders), strict=True)):
-        try:
-            data = drop_blank_queries(read_beir(folder, split=split, on_missing=on_missing))
-        except RetrievalDataError as error:
-            raise ValueError(str(error)) from None
-        logger.info("evaluation data %s", data.summary())
-        mteb_tasks.append(make_local_task(data, dataset_ids[i] if dataset_ids else None, label=label,
-                                          task_name=task_name, language=language))
-    mteb_tasks += registered_tasks(tasks)
-    if benchmark:
-        chosen = {task.metadata.name for task in mteb_tasks}  # mteb matches results to tasks by name: each once
-        mteb_tasks += [task for task in benchmark_tasks(benchmark) if task.metadata.name not in chosen]
     output_dir = Path(output_dir)
+    # a folder named like one of the summary's earlier rows gets a row of its own (its path tells them apart)
+    names = local_task_names(beir_folders, summary_folders(output_dir, model_location(model), weights))
+    registered = find_tasks(tasks)  # every name, the benchmark's too, before any download: a typo costs none
+    benchmark_name, from_benchmark = benchmark_tasks(benchmark) if benchmark else ("", [])
+    chosen = {name for _, name in names} | {task.metadata.name for task in registered}
+    from_benchmark = [task for task in from_benchmark if task.metadata.name not in chosen]  # mteb: one task per name
+    mteb_tasks = [
+        _local_task(folder, label, task_name, split=split, on_missing=on_missing, language=language,
+                    dataset_id=dataset_ids[i] if dataset_ids else None)
+        for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, names, strict=True))
+    ]
+    load_registered(tasks, registered)
+    load_benchmark_data(benchmark_name, from_benchmark)
+    mteb_tasks += registered + from_benchmark
     name = model_name or mteb_model_name(model)
     # a pre-training checkpoint is exported first, into a folder of its own that goes afterwards
     with tempfile.TemporaryDirectory(prefix="retromae-evaluate-") as work_dir:
@@ -369,6 +367,17 @@ def evaluate_folder(
     if update_card:
         update_model_card(model, rows)
     return rows
+
+
+def _local_task(folder: str | os.PathLike, label: str, task_name: str, *, split: str, on_missing: str,
+                language: str, dataset_id: str | None):
+    """The mteb task of one BEIR folder (`make_local_task`), its files read here: a bad line is one `ValueError`."""
+    try:
+        data = drop_blank_queries(read_beir(folder, split=split, on_missing=on_missing))
+    except RetrievalDataError as error:
+        raise ValueError(str(error)) from None
+    logger.info("evaluation data %s", data.summary())
+    return make_local_task(data, dataset_id, label=label, task_name=task_name, language=language, folder=folder)
 
 
 EVALUATE_OPTIONS = ("pooling", "on_missing", "dataset_ids", "model_name", "show_progress_bar", "overwrite",
@@ -408,8 +417,9 @@ def evaluate(
             another type (each message names the parameter).
 
     Returns:
-        One row per task and split: `task`, `dataset_id`, `dataset_name`, `split`, `queries`, `ndcg_at_10`,
-        `mrr_at_10`, `recall_at_100`, `recall_at_1000`, `main_score`.
+        One row per task and split: `task`, `dataset_id`, `dataset_name`, `beir_folder` (a BEIR folder's absolute
+        path; None for an MTEB task), `split`, `queries`, `ndcg_at_10`, `mrr_at_10`, `recall_at_100`,
+        `recall_at_1000`, `main_score`.
     """
     unknown = sorted(set(options) - set(EVALUATE_OPTIONS))
     if unknown:

@@ -50,21 +50,40 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
                   weights: str | None) -> None:
     """Write summary.{json,md} of `model` (its `model_location`) with `weights` (its `weights_digest`): the rows of
     earlier runs of the same weights into this folder on other tasks, then `rows`; a row replaces the earlier one of
-    its task, split and subset (as mteb replaces that task's result file). Another model's summary, or one of other
-    weights (replaced with `--overwrite`), is not kept. Each JSON row names its search."""
+    its task, split and subset (as mteb replaces that task's result file), and a local task's row the earlier one of
+    its BEIR folder (`beir_folder`), split and subset. Another model's summary, or one of other weights (replaced
+    with `--overwrite`), is not kept. Each JSON row names its search."""
     earlier = read_json_or_empty(output_dir / SUMMARY_JSON)
-    new = {_row_key(row) for row in rows}
-    same = earlier.get("model_path") == model and earlier.get("model_weights") in (weights, None)  # None: recorded
-    kept = [{"search": earlier.get("search"), **row} for row in earlier.get("results") or []  # before the digest
-            if same and isinstance(row, dict) and _row_key(row) not in new]
+    new = {key for row in rows for key in _row_keys(row)}
+    kept = [{"search": earlier.get("search"), **row} for row in _kept_rows(earlier, model, weights)
+            if not new.intersection(_row_keys(row))]
     rows = kept + [{**row, "search": search} for row in rows]
     write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_weights": weights,
                                                   "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
 
-def _row_key(row: dict[str, Any]) -> tuple:
-    return row.get("task"), row.get("split"), row.get("subset")
+def _row_keys(row: dict[str, Any]) -> list[tuple]:
+    """What a row scores: its task, and a local task's folder (a folder scored again under another task name when a
+    folder of the same name joined it, `local_task_names`)."""
+    keys = [("task", row.get("task"), row.get("split"), row.get("subset"))]
+    if row.get("beir_folder"):
+        keys.append(("folder", row["beir_folder"], row.get("split"), row.get("subset")))
+    return keys
+
+
+def _kept_rows(earlier: dict[str, Any], model: str, weights: str | None) -> list[dict[str, Any]]:
+    """The rows of an earlier summary that a new evaluation of `model` with `weights` keeps: all when the summary is
+    of the same model folder and weights (or recorded before the digest), else none."""
+    same = earlier.get("model_path") == model and earlier.get("model_weights") in (weights, None)
+    return [row for row in earlier.get("results") or [] if same and isinstance(row, dict)]
+
+
+def summary_folders(output_dir: Path, model: str, weights: str | None) -> list[str]:
+    """The BEIR folders (`beir_folder`) of the rows of `output_dir`'s summary that an evaluation of `model` (its
+    `model_location`) with `weights` keeps (`write_summary`)."""
+    rows = _kept_rows(read_json_or_empty(output_dir / SUMMARY_JSON), model, weights)
+    return [row["beir_folder"] for row in rows if isinstance(row.get("beir_folder"), str)]
 
 
 def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[Path], Holding]:
@@ -88,4 +107,5 @@ def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[
     return holding
 
 
-__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "results_holding", "summary_markdown", "weights_digest", "write_summary"]
+__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "results_holding", "summary_folders", "summary_markdown", "weights_digest",
+           "write_summary"]
