@@ -13,7 +13,7 @@ import pytest
 import retromae
 from retromae.trainers.retrieval.beir import RetrievalDataError, drop_blank_queries, read_beir, read_qrels
 from retromae.trainers.retrieval.mteb import evaluate_folder
-from retromae.trainers.retrieval.summaries import weights_digest
+from retromae.trainers.retrieval.summaries import model_digest
 
 from .. import builders
 
@@ -190,13 +190,26 @@ def test_rows_of_a_model_folder_whose_weights_changed_are_not_kept(spread_cls_be
     shutil.copy(minilm_dir / "model.safetensors", model / "model.safetensors")  # the same path, other weights
     shutil.copy(minilm_dir / "config.json", model / "config.json")
     with pytest.raises(ValueError, match=re.escape(f"--output-dir {out} holds the results of {model} as it was before "
-                                                   "its weights changed (summary.json); choose another --output-dir, "
-                                                   "or pass --overwrite")):
+                                                   "its weights or modules changed (summary.json); choose another "
+                                                   "--output-dir, or pass --overwrite")):
         evaluate_folder(model, beir_folders=[other], split="dev", output_dir=out)
     evaluate_folder(model, beir_folders=[other], split="dev", output_dir=out, overwrite=True)
     summary = json.loads((out / "summary.json").read_text())
     assert [r["dataset_name"] for r in summary["results"]] == ["other (local BEIR)"]
-    assert summary["model_weights"] == weights_digest(model)
+    assert summary["model_digest"] == model_digest(model)
+    with pytest.raises(ValueError, match="as it was before its weights or modules changed"):  # another pooling
+        evaluate_folder(model, beir_folders=[other], split="dev", output_dir=out, pooling="mean")
+
+
+def test_a_changed_module_makes_another_model(minilm_dir, tmp_path):
+    """HEAD's digest read the weights only: a folder whose pooling was switched kept the other pooling's rows."""
+    model = shutil.copytree(minilm_dir, tmp_path / "model")
+    before = model_digest(model)
+    (model / "README.md").write_text("an edited card")  # `--update-card` rewrites it: still the same model
+    assert model_digest(model) == before
+    pooling = model / "1_Pooling" / "config.json"
+    pooling.write_text(pooling.read_text().replace('"pooling_mode_mean_tokens": true', '"pooling_mode_mean_tokens": false'))
+    assert model_digest(model) != before
 
 
 def test_a_summary_md_evaluate_did_not_write_is_kept_without_overwrite(spread_cls_bert, tiny_beir, tmp_path):

@@ -12,10 +12,11 @@ import torch
 from retromae import RetroMAEModel
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_retromae import RetroMAEAnyEncoderModel, RetroMAEForPretraining
+from retromae.trainers.export.cards import saved_layout
 from retromae.trainers.export.sentence_transformer import export_sentence_transformer
 from retromae.trainers.inputs.checkpoints import load_tokenizer
 from retromae.trainers.training.finetuning import finetune
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import SentenceTransformer, models
 from transformers import AutoModel
 
 from ..builders import tiny_bert_kwargs, write_beir
@@ -94,3 +95,18 @@ def test_a_finetuned_card_has_no_transformers_snippet_where_prompts_change_the_i
                    prompts='{"query": "query: "}').output_dir
     card = (out / "README.md").read_text()
     assert "encode_query" in card and "With transformers alone" not in card
+
+
+@pytest.mark.parametrize("extra", ["none", "dense", "prompts"])
+def test_the_snippet_is_offered_only_for_a_model_it_reproduces(spread_cls_bert, tmp_path, extra):
+    """A Dense layer after pooling, or prompts the model kept from its starting point (no --prompts of the run),
+    change the vectors: HEAD's card still showed the snippet, which gave other vectors (32 dimensions for 16)."""
+    transformer = models.Transformer(str(spread_cls_bert), model_kwargs={"add_pooling_layer": False})
+    modules = [transformer, models.Pooling(32, "cls")]
+    if extra == "dense":
+        modules.append(models.Dense(32, 16))
+    model = SentenceTransformer(modules=modules, device="cpu",
+                                prompts={"query": "query: "} if extra == "prompts" else None)
+    model.save(str(tmp_path / "model"))
+    layout = saved_layout(tmp_path / "model")
+    assert layout is None if extra != "none" else layout == {"normalize": False, "pooler_kwarg": ""}

@@ -36,6 +36,7 @@ TRANSFORMERS_USAGE_TEMPLATE = "transformers_usage.md"
 PAPERS_FILE = "papers.bib"
 FINETUNED_TEMPLATE = "finetuned_encoder.md"
 FINETUNE_RUN_INFO_FILE = "retromae_finetune.json"
+SNIPPET_MODULES = ["Transformer", "Pooling"]  # a saved model the transformers snippet reproduces (+ Normalize)
 # the sentence embedding of a plain-BERT export, by pooling
 POOLED_REPRESENTATION = {"cls": "last-layer `[CLS]` state",
                          "mean": "mean of the last-layer token states (padding left out)"}
@@ -336,8 +337,8 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         methods: the method registry, by name: the starting model's pre-training method is described from its entry,
             and the card cites it and the papers of the fine-tuning recipe (`finetuning_recipe`); a `pooling` that
             names a method's own module (`pooling_label`) marks the hybrid model.
-        model_files: `saved_layout` of the model folder; with it, a CLS- or mean-pooled model without prompts or
-            remote code gets the transformers snippet (`transformers_usage`).
+        model_files: `saved_layout` of the model folder; with it, a CLS- or mean-pooled model without prompts, extra
+            modules or remote code gets the transformers snippet (`transformers_usage`).
     """
     method_name = info.get("pretraining_method")
     method = methods.get(method_name) if method_name else None
@@ -363,8 +364,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
     repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
     hyperparameters = info.get("hyperparameters") or {}
     plain = (model_files is not None and not trust and info.get("pooling") in POOLED_REPRESENTATION
-             and isinstance(info.get("max_seq_length"), int)
-             and not any(name.endswith("_prompt") for name in hyperparameters))
+             and isinstance(info.get("max_seq_length"), int))
     card = ModelCard.from_template(
         card_data,
         template_str=_template(FINETUNED_TEMPLATE),
@@ -410,14 +410,23 @@ def _base_model_text(hub_base: str | None, base_model: str | None) -> str:
     return f"`{card_name(base_model)}` (local)" if base_model else "a local model (no Hub id recorded)"
 
 
-def saved_layout(folder: Path) -> dict[str, Any]:
+def saved_layout(folder: Path) -> dict[str, Any] | None:
     """What the transformers snippet needs to know of a saved sentence-transformers folder: whether it normalises
-    (a Normalize module in modules.json) and loads without a pooler (`model_kwargs` in sentence_bert_config.json)."""
-    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-    config = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
+    (a Normalize module in modules.json) and loads without a pooler (`model_kwargs` in sentence_bert_config.json);
+    None when the snippet would not give its vectors: a module other than Transformer, Pooling and Normalize (a
+    Dense layer), or prompts (config_sentence_transformers.json, also those kept from the starting model)."""
+    modules = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in _read_json(folder / "modules.json") or []]
+    prompts = (_read_json(folder / "config_sentence_transformers.json") or {}).get("prompts") or {}
+    if modules not in (SNIPPET_MODULES, [*SNIPPET_MODULES, "Normalize"]) or any(prompts.values()):
+        return None
+    config = _read_json(folder / "sentence_bert_config.json") or {}
     no_pooler = (config.get("model_kwargs") or {}).get("add_pooling_layer") is False
-    return {"normalize": any(str(m.get("type", "")).endswith("Normalize") for m in modules),
-            "pooler_kwarg": ", add_pooling_layer=False" if no_pooler else ""}
+    return {"normalize": modules[-1] == "Normalize", "pooler_kwarg": ", add_pooling_layer=False" if no_pooler else ""}
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file of a saved model; None when absent."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],

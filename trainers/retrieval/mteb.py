@@ -63,7 +63,7 @@ from .benchmarks import (
     load_registered,
     resolve_language,
 )
-from .summaries import results_holding, summary_folders, summary_markdown, weights_digest, write_summary
+from .summaries import model_digest, results_holding, summary_folders, summary_markdown, write_summary
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
@@ -336,15 +336,15 @@ def evaluate_folder(
     if on_missing not in ON_MISSING:
         raise ValueError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
-    weights = weights_digest(model)
-    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model, weights),
+    digest = model_digest(model, pooling)  # the same folder with other weights, modules or pooling: another model
+    claim_output(Path(output_dir), "--output-dir", overwrite, kind="into", owner=results_holding(model, digest),
                  inputs={"the --model folder": model})
     check_model_folder(model, purpose="evaluate --model")  # before reading the data: a half-saved folder is refused
     if update_card:
         card_run_info_file(model)
     output_dir = Path(output_dir)
     # a folder named like one of the summary's earlier rows gets a row of its own (its path tells them apart)
-    names = local_task_names(beir_folders, summary_folders(output_dir, model_location(model), weights))
+    names = local_task_names(beir_folders, summary_folders(output_dir, model_location(model), digest))
     registered = find_tasks(tasks)  # every name, the benchmark's too, before any download: a typo costs none
     benchmark_name, from_benchmark = benchmark_tasks(benchmark) if benchmark else ("", [])
     chosen = {name for _, name in names} | {task.metadata.name for task in registered}
@@ -363,7 +363,7 @@ def evaluate_folder(
         encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=work_dir)
         rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size,
                               search=search, show_progress_bar=show_progress_bar)
-    write_summary(rows, output_dir, name, search, model_location(model), weights)
+    write_summary(rows, output_dir, name, search, model_location(model), digest)
     if update_card:
         update_model_card(model, rows)
     return rows

@@ -1,7 +1,7 @@
 """The summary files of `retromae evaluate` (`summary.json`, `summary.md` in its `--output-dir`): one row per task,
-split and subset with NDCG@10, MRR@10, Recall@100 and Recall@1000. A folder holds the results of one model and
-weights (`results_holding`); a later evaluation of the same weights on other tasks adds its rows to the earlier ones
-(`write_summary`)."""
+split and subset with NDCG@10, MRR@10, Recall@100 and Recall@1000. A folder holds the results of one model, its
+weights and modules as they were (`results_holding`, `model_digest`); a later evaluation of the same model on other
+tasks adds its rows to the earlier ones (`write_summary`)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,24 @@ from ..inputs.outputs import Holding
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
+# what, besides the weights, decides a model's vectors: its modules, their settings (pooling, normalisation, a Dense
+# layer) and prompts; not its card or run record, which `--update-card` rewrites
+MODULE_FILES = frozenset({"modules.json", "config.json", "sentence_bert_config.json",
+                          "config_sentence_transformers.json"})
 
 
-def weights_digest(model: str | os.PathLike) -> str | None:
-    """sha256 over the weight files of a local model folder, by relative path (Trainer checkpoints, hidden folders
-    and the collator's RNG states left out); None for a Hub id."""
+def model_digest(model: str | os.PathLike, pooling: str | None = None) -> str | None:
+    """sha256 over the weight files and module settings (`MODULE_FILES`) of a local model folder, by relative path
+    (Trainer checkpoints, hidden folders and the collator's RNG states left out), and the `pooling` a plain folder is
+    read with; None for a Hub id."""
     folder = Path(model).expanduser()
     if not folder.is_dir():
         return None
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"pooling={pooling or ''}\n".encode())
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
-        if (path.suffix in WEIGHT_SUFFIXES and path.is_file() and not path.name.startswith("collator_rng")
+        if ((path.suffix in WEIGHT_SUFFIXES or path.name in MODULE_FILES) and path.is_file()
+                and not path.name.startswith("collator_rng")
                 and not any(part.startswith((".", "checkpoint-")) for part in relative.parts[:-1])):
             digest.update(f"{relative.as_posix()}\0{file_sha256(path)}\n".encode())
     return digest.hexdigest()
@@ -48,7 +54,7 @@ def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
 
 def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str,
                   weights: str | None) -> None:
-    """Write summary.{json,md} of `model` (its `model_location`) with `weights` (its `weights_digest`): the rows of
+    """Write summary.{json,md} of `model` (its `model_location`) with `weights` (its `model_digest`): the rows of
     earlier runs of the same weights into this folder on other tasks, then `rows`; a row replaces the earlier one of
     its task, split and subset (as mteb replaces that task's result file), and a local task's row the earlier one of
     its BEIR folder (`beir_folder`), split and subset. Another model's summary, or one of other weights (replaced
@@ -58,7 +64,7 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     kept = [{"search": earlier.get("search"), **row} for row in _kept_rows(earlier, model, weights)
             if not new.intersection(_row_keys(row))]
     rows = kept + [{**row, "search": search} for row in rows]
-    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_weights": weights,
+    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_digest": weights,
                                                   "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
@@ -75,7 +81,7 @@ def _row_keys(row: dict[str, Any]) -> list[tuple]:
 def _kept_rows(earlier: dict[str, Any], model: str, weights: str | None) -> list[dict[str, Any]]:
     """The rows of an earlier summary that a new evaluation of `model` with `weights` keeps: all when the summary is
     of the same model folder and weights (or recorded before the digest), else none."""
-    same = earlier.get("model_path") == model and earlier.get("model_weights") in (weights, None)
+    same = earlier.get("model_path") == model and earlier.get("model_digest") in (weights, None)
     return [row for row in earlier.get("results") or [] if same and isinstance(row, dict)]
 
 
@@ -89,7 +95,7 @@ def summary_folders(output_dir: Path, model: str, weights: str | None) -> list[s
 def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[Path], Holding]:
     """`claim_output`'s owner of an evaluation folder: a summary of another model is not ours (every `retromae
     pretrain` export is named `encoder`, so default folders of two runs coincide), nor one of the same folder when
-    its weights (`weights_digest`) have changed since, nor a summary.md without summary.json; other files are left
+    its weights or modules (`model_digest`) have changed since, nor a summary.md without summary.json; other files are left
     alone."""
 
     def holding(output_dir: Path) -> Holding:
@@ -100,12 +106,13 @@ def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[
         recorded = earlier.get("model_path")
         if recorded != model_location(model):
             return f"{f'the results of {recorded}' if recorded else 'results of another model'} ({SUMMARY_JSON})", False
-        if earlier.get("model_weights") not in (weights, None):
-            return f"the results of {recorded} as it was before its weights changed ({SUMMARY_JSON})", False
+        if earlier.get("model_digest") not in (weights, None):
+            return (f"the results of {recorded} as it was before its weights or modules changed ({SUMMARY_JSON})",
+                    False)
         return None
 
     return holding
 
 
-__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "results_holding", "summary_folders", "summary_markdown", "weights_digest",
+__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "model_digest", "results_holding", "summary_folders", "summary_markdown",
            "write_summary"]
