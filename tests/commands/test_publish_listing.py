@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -158,3 +159,25 @@ def test_a_sparse_export_is_validated_as_a_sparse_encoder(sparse_export, caplog,
     assert not [r for r in caplog.records if "Converting" in r.getMessage()]
     assert cli.main(["publish", str(sparse_export), "my-org/x", "--dry-run"]) == 0
     assert "is valid (SparseEncoder, 2 modules, embedding dimension 30522)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exclude", [["*.json"], ["modules.json", "config.json"], ["*.safetensors"]])
+def test_an_exclude_that_leaves_out_what_loading_reads_is_refused(cluttered, exclude, capsys):
+    """HEAD validated the folder, not the upload: these patterns passed, and the uploaded model would not load."""
+    assert cli.main(["publish", str(cluttered), "my-org/x", "--dry-run", "--exclude", *exclude,
+                     "--allow-extra-files", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--exclude {' '.join(exclude)} leaves out " in err, err
+    assert "which loading the model reads: the uploaded model would not load" in err
+
+
+def test_the_advised_exclude_pattern_matches_the_file_alone(cluttered, tmp_path):
+    """HEAD advised `--exclude run[1].json` (a pattern that misses the file) and left `my notes.json` unquoted."""
+    for name in ("run[1].json", "my notes.json"):
+        (cluttered / name).write_text(json.dumps({"path": str(tmp_path / "data")}))
+        with pytest.raises(ValueError, match="leave it out with --exclude ") as refusal:
+            publishing.prepare_publish(cluttered, "my-org/x", allow_extra_files=True)
+        advised = shlex.split(str(refusal.value).rsplit("--exclude ", 1)[1])
+        publishing.prepare_publish(cluttered, "my-org/x", exclude=advised, allow_extra_files=True)  # now it passes
+        (cluttered / name).unlink()
+    publishing.prepare_publish(cluttered, "my-org/x", exclude="*.npy", allow_extra_files=True)  # one str: one pattern

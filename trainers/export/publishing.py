@@ -48,8 +48,16 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..inputs.errors import one_line_message, yaml_error_message
 from ..inputs.folders import TOKENIZER_VOCAB_FILES, is_hub_id, is_local_path
+from ..inputs.parameters import list_parameter
 from .cards import find_local_paths
-from .uploading import UploadListing, list_upload, secret_problem, upload_to_hub
+from .uploading import (
+    UploadListing,
+    exclude_pattern,
+    left_out_of_upload,
+    list_upload,
+    secret_problem,
+    upload_to_hub,
+)
 
 logger = logging.getLogger(__name__)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -262,8 +270,8 @@ def _check_json_paths(folder: Path, uploaded: Iterable[str]) -> None:
             continue
         found = _local_path_in(_read_json(path, relative))
         if found is not None:
-            raise ValueError(f"{relative} records a local path of this machine ({found}) and would be uploaded; "
-                             f"remove that file (or the field), or leave it out with --exclude {relative}")
+            raise ValueError(f"{relative} records a local path of this machine ({found}) and would be uploaded; remove "
+                             f"that file (or the field), or leave it out with --exclude {exclude_pattern(relative)}")
 
 
 def _local_path_in(value: Any) -> str | None:
@@ -362,13 +370,19 @@ def prepare_publish(folder: str | os.PathLike, repo_id: str, *, exclude: Sequenc
             files that are no part of a sentence-transformers model, unless `allow_extra_files`.
     """
     check_repo_id(repo_id)
+    exclude = list_parameter("publish", "exclude", exclude)
     report = validate_model_folder(folder, exclude=exclude)
     folder, listing = Path(folder), report.listing
+    left_out = left_out_of_upload(folder, listing, report.module_paths, report.remote_code_files)
+    if left_out:
+        raise ValueError(f"--exclude {' '.join(exclude)} leaves out {', '.join(left_out[:5])}"
+                         f"{' ...' if len(left_out) > 5 else ''}, which loading the model reads: the uploaded model "
+                         "would not load; narrow the patterns to the files that are no part of the model")
     secret = secret_problem(folder, list(listing.files))
     if secret is not None:
         path, why = secret
         raise ValueError(f"{folder}/{path} {why} and would be uploaded; move it out of {folder}, or leave it out "
-                         f"with --exclude {path}")
+                         f"with --exclude {exclude_pattern(path)}")
     if listing.extra and not allow_extra_files:
         raise ValueError(f"{folder} holds files that are no part of a sentence-transformers model and would be "
                          f"uploaded: {listing.extras_text()}; remove them, leave them out with --exclude PATTERN (a "

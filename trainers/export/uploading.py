@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ SECRET_NAMES = ("*.env", "*.pem", "*.key", "id_rsa*", "id_ed25519*")
 HF_TOKEN = re.compile(rb"hf_[A-Za-z0-9]{30,}")
 MAX_SCANNED_BYTES = 1 << 20  # settings, notes and records; weights and large vocabularies are not scanned
 SHOWN_EXTRAS = 5
+# what loading a model folder reads in each module folder (and the root), besides its weights and remote code
+LOADED_FILES = frozenset({"modules.json", "config.json", "sentence_bert_config.json",
+                          "config_sentence_transformers.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "model.safetensors.index.json", *TOKENIZER_VOCAB_FILES})
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,23 @@ def list_upload(folder: Path, exclude: Sequence[str], module_paths: Sequence[str
     module_dirs = tuple(f"{p.strip('/')}/" for p in module_paths if p.strip("/"))
     extra = [path for path in files if not _belongs_to_model(path, module_dirs, set(remote_code_files))]
     return UploadListing(files, extra)
+
+
+def left_out_of_upload(folder: Path, listing: UploadListing, module_paths: Sequence[str],
+                       remote_code_files: Sequence[str]) -> list[str]:
+    """The files of `folder` that loading the model reads (`LOADED_FILES`, `*.safetensors` and the remote code in the
+    root and each module folder of `module_paths`) and that `listing` does not send: what the patterns left out."""
+    needed = set(remote_code_files)
+    for module in {"", *(p.strip("/") for p in module_paths)}:
+        for path in (folder / module).glob("*"):
+            if path.is_file() and (path.name in LOADED_FILES or path.suffix == ".safetensors"):
+                needed.add(path.relative_to(folder).as_posix())
+    return sorted(needed - set(listing.files))
+
+
+def exclude_pattern(path: str) -> str:
+    """`path` as an `--exclude` value that matches it alone, quoted for a shell (fnmatch's `[`, `*`, `?` escaped)."""
+    return shlex.quote(re.sub(r"([[*?])", r"[\1]", path))
 
 
 def _belongs_to_model(path: str, module_dirs: tuple[str, ...], remote_code_files: set[str]) -> bool:
@@ -193,6 +215,6 @@ def _http_failure(error: HfHubHTTPError, repo_id: str) -> str:
 
 
 __all__ = [
-    "IGNORE_PATTERNS", "UploadListing", "ignore_patterns", "list_upload", "secret_problem", "size_text",
-    "upload_to_hub",
+    "IGNORE_PATTERNS", "UploadListing", "exclude_pattern", "ignore_patterns", "left_out_of_upload", "list_upload",
+    "secret_problem", "size_text", "upload_to_hub",
 ]
