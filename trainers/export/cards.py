@@ -29,7 +29,7 @@ from retromae.modeling.backbones import DEFAULT_ENCODER_TYPE, backbone_for, enco
 from transformers import CONFIG_MAPPING, BertConfig
 
 from ..inputs.folders import FILE_SUFFIXES, is_hub_id, is_local_path, public_name
-from ..inputs.io import write_json_atomic, write_text_atomic
+from ..inputs.io import read_json_or_empty, write_json_atomic, write_text_atomic
 
 PRETRAINED_TEMPLATE = "pretrained_encoder.md"
 TRANSFORMERS_USAGE_TEMPLATE = "transformers_usage.md"
@@ -362,7 +362,6 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
     citations = list(dict.fromkeys(m.paper.bibtex for m in cited if m is not None))
     trust = info.get("trust_remote_code")
     repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
-    hyperparameters = info.get("hyperparameters") or {}
     plain = (model_files is not None and not trust and info.get("pooling") in POOLED_REPRESENTATION
              and isinstance(info.get("max_seq_length"), int))
     card = ModelCard.from_template(
@@ -387,7 +386,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         train_queries=train.get("queries"),
         dropped=[(k.replace("_", " "), v) for k, v in (train.get("dropped") or {}).items() if v],
         stages=info.get("stages") or [],
-        hyperparameters=[(k, format_metric(v)) for k, v in trained_settings(hyperparameters).items()],
+        hyperparameters=[(k, format_metric(v)) for k, v in trained_settings(info.get("hyperparameters") or {}).items()],
         eval_rows=[{**row, "dataset_name": card_name(row.get("dataset_name")),
                     **{k: format_metric(row.get(k)) for k, _ in CARD_METRICS}} for row in eval_rows],
         metric_labels=[label for _, label in CARD_METRICS],
@@ -415,18 +414,15 @@ def saved_layout(folder: Path) -> dict[str, Any] | None:
     (a Normalize module in modules.json) and loads without a pooler (`model_kwargs` in sentence_bert_config.json);
     None when the snippet would not give its vectors: a module other than Transformer, Pooling and Normalize (a
     Dense layer), or prompts (config_sentence_transformers.json, also those kept from the starting model)."""
-    modules = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in _read_json(folder / "modules.json") or []]
-    prompts = (_read_json(folder / "config_sentence_transformers.json") or {}).get("prompts") or {}
+    modules_file = folder / "modules.json"  # a list, which read_json_or_empty does not return
+    modules = ([str(m.get("type", "")).rsplit(".", 1)[-1] for m in json.loads(modules_file.read_text(encoding="utf-8"))]
+               if modules_file.is_file() else [])
+    prompts = read_json_or_empty(folder / "config_sentence_transformers.json").get("prompts") or {}
     if modules not in (SNIPPET_MODULES, [*SNIPPET_MODULES, "Normalize"]) or any(prompts.values()):
         return None
-    config = _read_json(folder / "sentence_bert_config.json") or {}
+    config = read_json_or_empty(folder / "sentence_bert_config.json")
     no_pooler = (config.get("model_kwargs") or {}).get("add_pooling_layer") is False
     return {"normalize": modules[-1] == "Normalize", "pooler_kwarg": ", add_pooling_layer=False" if no_pooler else ""}
-
-
-def _read_json(path: Path) -> Any:
-    """A JSON file of a saved model; None when absent."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],

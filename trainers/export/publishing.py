@@ -349,12 +349,13 @@ def validate_model_folder(folder: str | os.PathLike, *, load: bool = True,
     remote_files = _check_remote_code(folder, modules)
     needs_remote = any(not m["type"].startswith("sentence_transformers.") for m in modules)
     metadata = _check_card(folder)
-    listing = list_upload(folder, exclude, [m["path"] for m in modules], remote_files)
+    module_paths = [m["path"] for m in modules]
+    listing = list_upload(folder, exclude, module_paths, remote_files)
     _check_json_paths(folder, listing.files)
     if needs_remote and "custom_code" not in (metadata.get("tags") or []):
         logger.warning("README.md: the model needs trust_remote_code=True; consider the 'custom_code' tag")
     report = ValidationReport(folder, needs_remote, remote_files, [m["type"] for m in modules], None, metadata,
-                              [m["path"] for m in modules], listing=listing)
+                              module_paths, listing=listing)
     if load:
         report.model_class, report.embedding_dim = _check_loads(folder, needs_remote)
     return report

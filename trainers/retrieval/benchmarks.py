@@ -49,10 +49,10 @@ def find_tasks(names: list[str]) -> list:
     return tasks
 
 
-def load_registered(names: list[str], tasks: list) -> None:
-    """Load (download) the data of `find_tasks(names)`; a failure is one line naming the task and --beir-folder."""
-    for name, task in zip(names, tasks, strict=True):
-        load_task_data(task, f"MTEB task {name}")
+def load_registered(tasks: list) -> None:
+    """Load (download) the data of `find_tasks`' tasks; a failure is one line naming the task and --beir-folder."""
+    for task in tasks:
+        load_task_data(task, f"MTEB task {task.metadata.name}")
 
 
 def resolve_language(language: str) -> str:

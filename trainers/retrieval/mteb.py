@@ -354,7 +354,7 @@ def evaluate_folder(
                     dataset_id=dataset_ids[i] if dataset_ids else None)
         for i, (folder, (label, task_name)) in enumerate(zip(beir_folders, names, strict=True))
     ]
-    load_registered(tasks, registered)
+    load_registered(registered)
     load_benchmark_data(benchmark_name, from_benchmark)
     mteb_tasks += registered + from_benchmark
     name = model_name or mteb_model_name(model)

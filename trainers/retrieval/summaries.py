@@ -53,18 +53,18 @@ def summary_markdown(rows: list[dict[str, Any]], model_name: str) -> str:
 
 
 def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str, search: str, model: str,
-                  weights: str | None) -> None:
-    """Write summary.{json,md} of `model` (its `model_location`) with `weights` (its `model_digest`): the rows of
-    earlier runs of the same weights into this folder on other tasks, then `rows`; a row replaces the earlier one of
+                  digest: str | None) -> None:
+    """Write summary.{json,md} of `model` (its `model_location`) with `digest` (its `model_digest`): the rows of
+    earlier runs of the same model into this folder on other tasks, then `rows`; a row replaces the earlier one of
     its task, split and subset (as mteb replaces that task's result file), and a local task's row the earlier one of
-    its BEIR folder (`beir_folder`), split and subset. Another model's summary, or one of other weights (replaced
+    its BEIR folder (`beir_folder`), split and subset. Another model's summary, or one of another digest (replaced
     with `--overwrite`), is not kept. Each JSON row names its search."""
     earlier = read_json_or_empty(output_dir / SUMMARY_JSON)
     new = {key for row in rows for key in _row_keys(row)}
-    kept = [{"search": earlier.get("search"), **row} for row in _kept_rows(earlier, model, weights)
+    kept = [{"search": earlier.get("search"), **row} for row in _kept_rows(earlier, model, digest)
             if not new.intersection(_row_keys(row))]
     rows = kept + [{**row, "search": search} for row in rows]
-    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_digest": weights,
+    write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_digest": digest,
                                                   "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
 
@@ -78,25 +78,25 @@ def _row_keys(row: dict[str, Any]) -> list[tuple]:
     return keys
 
 
-def _kept_rows(earlier: dict[str, Any], model: str, weights: str | None) -> list[dict[str, Any]]:
-    """The rows of an earlier summary that a new evaluation of `model` with `weights` keeps: all when the summary is
-    of the same model folder and weights (or recorded before the digest), else none."""
-    same = earlier.get("model_path") == model and earlier.get("model_digest") in (weights, None)
+def _kept_rows(earlier: dict[str, Any], model: str, digest: str | None) -> list[dict[str, Any]]:
+    """The rows of an earlier summary that a new evaluation of `model` with `digest` keeps: all when the summary is
+    of the same model folder and digest (or recorded before the digest), else none."""
+    same = earlier.get("model_path") == model and earlier.get("model_digest") in (digest, None)
     return [row for row in earlier.get("results") or [] if same and isinstance(row, dict)]
 
 
-def summary_folders(output_dir: Path, model: str, weights: str | None) -> list[str]:
+def summary_folders(output_dir: Path, model: str, digest: str | None) -> list[str]:
     """The BEIR folders (`beir_folder`) of the rows of `output_dir`'s summary that an evaluation of `model` (its
-    `model_location`) with `weights` keeps (`write_summary`)."""
-    rows = _kept_rows(read_json_or_empty(output_dir / SUMMARY_JSON), model, weights)
+    `model_location`) with `digest` keeps (`write_summary`)."""
+    rows = _kept_rows(read_json_or_empty(output_dir / SUMMARY_JSON), model, digest)
     return [row["beir_folder"] for row in rows if isinstance(row.get("beir_folder"), str)]
 
 
-def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[Path], Holding]:
+def results_holding(model: str | os.PathLike, digest: str | None) -> Callable[[Path], Holding]:
     """`claim_output`'s owner of an evaluation folder: a summary of another model is not ours (every `retromae
     pretrain` export is named `encoder`, so default folders of two runs coincide), nor one of the same folder when
-    its weights or modules (`model_digest`) have changed since, nor a summary.md without summary.json; other files are left
-    alone."""
+    its weights or modules (`digest`, its `model_digest`) have changed since, nor a summary.md without summary.json;
+    other files are left alone."""
 
     def holding(output_dir: Path) -> Holding:
         summary = output_dir / SUMMARY_JSON
@@ -106,7 +106,7 @@ def results_holding(model: str | os.PathLike, weights: str | None) -> Callable[[
         recorded = earlier.get("model_path")
         if recorded != model_location(model):
             return f"{f'the results of {recorded}' if recorded else 'results of another model'} ({SUMMARY_JSON})", False
-        if earlier.get("model_digest") not in (weights, None):
+        if earlier.get("model_digest") not in (digest, None):
             return (f"the results of {recorded} as it was before its weights or modules changed ({SUMMARY_JSON})",
                     False)
         return None
