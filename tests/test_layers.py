@@ -21,7 +21,8 @@ MODELING = ROOT / "modeling"
 LAYERS: dict[str, int] = {
     # 0: the input layer's base (errors, I/O, options files, model folders, output targets, checkpoint loading)
     **{f"inputs.{name}": 0 for name in ("errors", "io", "versions", "extras", "arguments", "config_files", "folders",
-                                        "outputs", "checkpoints", "sentence_models", "parameters")},
+                                        "outputs", "checkpoints", "sentence_models", "parameters",
+                                        "training_checks")},
     "export.cards": 0,
     # 1: the parts the methods are made of (data, collators, the Trainer and its run folder, exporters, metrics)
     **{f"data.{path.stem}": 1 for path in (TRAINERS / "data").glob("*.py")},

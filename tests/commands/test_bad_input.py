@@ -16,7 +16,7 @@ import torch
 from retromae.trainers import cli
 from retromae.trainers.data.reading import read_corpus
 from retromae.trainers.data.tokenize import tokenize_corpus
-from retromae.trainers.inputs.arguments import check_training_arguments
+from retromae.trainers.inputs.training_checks import check_training_arguments
 from retromae.trainers.retrieval.coverage import input_token_coverage
 from retromae.trainers.training import finetuning as finetune_module
 from transformers import TrainingArguments

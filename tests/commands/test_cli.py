@@ -20,7 +20,8 @@ import yaml
 from retromae.trainers import cli
 from retromae.trainers.commands import finetune as finetune_command_module
 from retromae.trainers.commands.evaluate import EvaluateArguments
-from retromae.trainers.commands.finetune import finetune_command
+from retromae.trainers.commands.finetune import finetune_command, given_option_names
+from retromae.trainers.commands.import_official import ImportOfficialArguments
 from retromae.trainers.commands.index import IndexArguments, SearchArguments
 from retromae.trainers.inputs.arguments import start_command
 from retromae.trainers.inputs.errors import UserError
@@ -273,6 +274,30 @@ def test_an_abbreviation_of_one_option_is_that_option():
         start_command(["ckpt", "--o", "out"], ExportArguments, prog="retromae export", description=None,
                       positional=["checkpoint"])
 
+
+
+@pytest.mark.parametrize(("argv", "overwrite"), [
+    (["--decoder", "dec.bin", "ckpt", "out"], False),
+    (["ckpt", "--overwrite", "out", "--decoder=dec.bin"], True),
+    (["--overwrite", "ckpt", "--decoder", "dec.bin", "out"], True),
+    (["--overwrite", "false", "ckpt", "out", "--decoder", "dec.bin"], False),
+])
+def test_positional_values_may_follow_options(argv, overwrite):
+    """`import-official --decoder FILE CKPT OUT` was refused: positional values were read only before the first
+    option. A yes/no option takes the next value only when it is yes or no."""
+    (args,) = start_command(argv, ImportOfficialArguments, prog="retromae import-official", description=None,
+                            positional=["checkpoint", "output_dir"])
+    assert (args.checkpoint, args.output_dir, args.decoder, args.overwrite) == ("ckpt", "out", "dec.bin", overwrite)
+
+
+def test_a_value_past_the_positional_ones_is_refused_naming_the_value_before_it():
+    with pytest.raises(UserError, match="^--output-dir takes one value, and extra follows its value out;"):
+        start_command(["--decoder", "dec.bin", "ckpt", "out", "extra"], ImportOfficialArguments,
+                      prog="retromae import-official", description=None, positional=["checkpoint", "output_dir"])
+
+
+def test_finetune_reads_its_positional_values_after_options():
+    assert {"model", "train_data", "output_dir"} <= given_option_names(["--output-dir", "o", "m", "data.jsonl"])
 
 # ---- output paths: `~`, folders that cannot be written, symlink loops, long names (a user probe) --------------------
 

@@ -168,6 +168,12 @@ def test_a_folder_named_like_an_earlier_rows_folder_gets_a_row_of_its_own(spread
     evaluate_folder(spread_cls_bert, beir_folders=[first], split="dev", output_dir=out)  # scored again: replaced
     rows = json.loads((out / "summary.json").read_text())["results"]
     assert [(r["dataset_name"], r["queries"]) for r in rows] == [("b/toy (local BEIR)", 3), ("a/toy (local BEIR)", 6)]
+    assert _result_files(out) == {r["mteb_file"] for r in rows}  # a/toy's file under its old task name is gone
+
+
+def _result_files(out) -> set[str]:
+    """The mteb result JSON files under out/mteb, relative to out."""
+    return {path.relative_to(out).as_posix() for path in (out / "mteb").rglob("*.json") if path.name != "model_meta.json"}
 
 
 def test_another_models_rows_are_not_kept_with_overwrite(spread_cls_bert, tiny_beir, tmp_path):
@@ -178,6 +184,7 @@ def test_another_models_rows_are_not_kept_with_overwrite(spread_cls_bert, tiny_b
     evaluate_folder(copy, beir_folders=[other], split="dev", output_dir=tmp_path / "eval", overwrite=True)
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert [r["dataset_name"] for r in summary["results"]] == ["other (local BEIR)"]
+    assert _result_files(tmp_path / "eval") == {summary["results"][0]["mteb_file"]}  # the first model's file is gone
 
 
 def test_rows_of_a_model_folder_whose_weights_changed_are_not_kept(spread_cls_bert, minilm_dir, tiny_beir, tmp_path):
@@ -197,6 +204,7 @@ def test_rows_of_a_model_folder_whose_weights_changed_are_not_kept(spread_cls_be
     summary = json.loads((out / "summary.json").read_text())
     assert [r["dataset_name"] for r in summary["results"]] == ["other (local BEIR)"]
     assert summary["model_digest"] == model_digest(model)
+    assert _result_files(out) == {summary["results"][0]["mteb_file"]}  # HEAD kept the old weights' result file
     with pytest.raises(ValueError, match="as it was before its weights or modules changed"):  # another pooling
         evaluate_folder(model, beir_folders=[other], split="dev", output_dir=out, pooling="mean")
 

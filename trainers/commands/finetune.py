@@ -16,8 +16,8 @@ POSITIONAL = ["model", "train_data"]
 
 def given_option_names(argv: list[str]) -> set[str]:
     """The options `argv` sets itself, by flag or in its --config file; defaults excluded (call after parsing)."""
-    flags, file_values = split_config(positional_to_flags(argv, POSITIONAL))
     parser = CommandParser(ARGUMENT_CLASSES, prog="retromae finetune")
+    flags, file_values = split_config(positional_to_flags(argv, POSITIONAL, parser))
     for action in parser._actions:  # the --config file may hold the required --model and --train-data
         action.required = False
     return set(file_values) | set(given_options(parser, flags))

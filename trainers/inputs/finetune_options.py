@@ -290,7 +290,7 @@ def check_full_batches(stage: str, examples: int, batch_size: int, world_size: i
 def check_option_types(where: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """`values` (Python keyword arguments) with a path-like text option as a str, after refusing a value of the
     wrong type for a field of the model, data and loss options: a number, a text, one of a `Literal`'s choices
-    (`TrainingArguments` fields are checked by `arguments.check_training_arguments`, bools by
+    (`TrainingArguments` fields are checked by `training_checks.check_training_arguments`, bools by
     `parameters.check_bool_options`).
 
     Raises:

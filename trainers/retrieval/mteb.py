@@ -211,8 +211,8 @@ def evaluate_model(
 
     Returns:
         Rows `{"task", "dataset_id", "dataset_name", "beir_folder", "split", "subset", "queries", "ndcg_at_10",
-        "mrr_at_10", "recall_at_100", "recall_at_1000", "main_score"}`; `beir_folder` is a local task's folder
-        (absolute), None for a registered task.
+        "mrr_at_10", "recall_at_100", "recall_at_1000", "main_score", "mteb_file"}`; `beir_folder` is a local task's
+        folder (absolute), None for a registered task; `mteb_file` the task's result JSON, relative to `output_dir`.
     """
     import mteb
 
@@ -221,11 +221,12 @@ def evaluate_model(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model.model_card_data.model_name = model_name  # mteb's result folder name (else "no_model_name_available")
+    cache = mteb.ResultCache(output_dir / "mteb")
     with _quiet_mteb(show_progress_bar):
         result = mteb.evaluate(
             _mteb_model(model, search),
             tasks,
-            cache=mteb.ResultCache(output_dir / "mteb"),
+            cache=cache,
             encode_kwargs={"batch_size": batch_size, "show_progress_bar": show_progress_bar},
             show_progress_bar=show_progress_bar,
             overwrite_strategy="always",
@@ -234,6 +235,7 @@ def evaluate_model(
     rows = []
     for task_result in result.task_results:
         task = by_name[task_result.task_name]
+        result_file = _result_file(cache, result, task_result.task_name, output_dir)
         for split, entries in task_result.scores.items():
             for entry in entries:
                 rows.append({
@@ -247,8 +249,16 @@ def evaluate_model(
                     "queries": _query_count(task, entry.get("hf_subset", "default"), split),
                     **{key: entry.get(key) for key, _ in CARD_METRICS},
                     "main_score": entry.get("main_score"),
+                    "mteb_file": result_file,
                 })
     return rows
+
+
+def _result_file(cache, result, task_name: str, output_dir: Path) -> str | None:
+    """Where mteb saved a task's result JSON, relative to `output_dir`; None if it is not there."""
+    path = cache.get_task_result_path(task_name, result.model_name, result.model_revision or "no_revision_available",
+                                      experiment_name=result.experiment_name)
+    return path.relative_to(output_dir).as_posix() if path.is_file() else None
 
 
 def _dataset_name(task) -> str:

@@ -58,7 +58,8 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     earlier runs of the same model into this folder on other tasks, then `rows`; a row replaces the earlier one of
     its task, split and subset (as mteb replaces that task's result file), and a local task's row the earlier one of
     its BEIR folder (`beir_folder`), split and subset. Another model's summary, or one of another digest (replaced
-    with `--overwrite`), is not kept. Each JSON row names its search."""
+    with `--overwrite`), is not kept, nor the mteb result files of the rows dropped. Each JSON row names its
+    search."""
     earlier = read_json_or_empty(output_dir / SUMMARY_JSON)
     new = {key for row in rows for key in _row_keys(row)}
     kept = [{"search": earlier.get("search"), **row} for row in _kept_rows(earlier, model, digest)
@@ -67,6 +68,26 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     write_json_atomic(output_dir / SUMMARY_JSON, {"model": model_name, "model_path": model, "model_digest": digest,
                                                   "search": search, "results": rows})
     write_text_atomic(output_dir / SUMMARY_MD, summary_markdown(rows, model_name))
+    _remove_result_files(output_dir, earlier.get("results") or [], rows)
+
+
+def _remove_result_files(output_dir: Path, earlier: list, rows: list[dict[str, Any]]) -> None:
+    """Delete the mteb result JSON (`mteb_file`) of each earlier row the summary no longer holds (another model's, or a
+    task scored again under another name), so that no file under mteb/ outlives its row; a revision folder left with
+    only mteb's model_meta.json goes too, and its model folder when that is left empty."""
+    results = (output_dir / "mteb").resolve()
+    held = {row.get("mteb_file") for row in rows}
+    for name in {row.get("mteb_file") for row in earlier if isinstance(row, dict)} - held:
+        path = (output_dir / name).resolve() if isinstance(name, str) else None
+        if path is None or path.suffix != ".json" or not path.is_relative_to(results) or not path.is_file():
+            continue
+        path.unlink()
+        revision = path.parent
+        if [child.name for child in revision.iterdir()] == ["model_meta.json"]:
+            (revision / "model_meta.json").unlink()
+            revision.rmdir()
+            if not any(revision.parent.iterdir()):
+                revision.parent.rmdir()
 
 
 def _row_keys(row: dict[str, Any]) -> list[tuple]:

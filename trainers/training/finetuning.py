@@ -34,7 +34,6 @@ from ..data.training_groups import (
 )
 from ..export.publishing import check_model_name
 from ..export.sentence_transformer import load_as_sentence_transformer
-from ..inputs.arguments import check_training_arguments
 from ..inputs.finetune_options import (
     ARGUMENT_CLASSES,
     FinetuneDataArguments,
@@ -58,6 +57,7 @@ from ..inputs.io import write_json_atomic
 from ..inputs.outputs import claim_output, model_holding
 from ..inputs.parameters import check_bool_options, check_path, list_parameter
 from ..inputs.sentence_models import save_without_pooler
+from ..inputs.training_checks import check_training_arguments
 from ..methods import hybrid_method_of
 from ..retrieval.beir import (
     RetrievalData,

@@ -37,8 +37,8 @@ from ..data.collator import UNMASKED_KEY, PretrainingCollator, masking_generator
 from ..data.dataset_checks import check_pretraining_inputs, check_same_tokenizer, check_tokenized, longest_sequence
 from ..data.token_rows import array_rows
 from ..export.cards import record_value
-from ..inputs.arguments import check_training_arguments
 from ..inputs.io import write_json_atomic
+from ..inputs.training_checks import check_training_arguments
 from .atomic_checkpoints import AtomicCheckpoints
 from .divergence import divergence_on_any_process
 from .positions import check_model_and_tokenizer
