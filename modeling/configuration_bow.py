@@ -2,14 +2,13 @@
 
 from typing import Literal
 
-from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-from .configuration_retromae import check_loss_settings
+from .configuration_retromae import MethodConfigMixin, check_loss_settings, strict_config
 
 
-@strict
-class BoWConfig(BertConfig):
+@strict_config
+class BoWConfig(MethodConfigMixin, BertConfig):
     r"""BERT encoder pre-trained with encoder MLM plus Bag-of-Word prediction from [CLS] (Ma et al., 2024, "Drop your
     Decoder"). Loss = encoder_loss_weight * L_mlm + bow_loss_weight * s * L_bow, s the schedule factor
     (`BoWForPretraining.set_training_progress`).
@@ -17,7 +16,7 @@ class BoWConfig(BertConfig):
     Args:
         encoder_mask_ratio: share of ordinary tokens masked in the encoder input, in (0, 1) (reference: 0.3).
         whole_word_mask: mask whole words in the encoder input.
-        encoder_loss_weight / bow_loss_weight: >= 0 (paper eq. 13: 1 each).
+        encoder_loss_weight / bow_loss_weight: finite, >= 0 (paper eq. 13: 1 each).
         bow_weight_schedule: ``"constant"`` (the paper) or ``"cosine"`` (the reference: from 1 down to
             `bow_weight_final` over the run's optimizer steps).
         bow_weight_final: >= 0, the cosine schedule's final factor (reference: 0.1).

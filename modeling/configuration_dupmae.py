@@ -2,9 +2,7 @@
 
 from typing import Literal
 
-from huggingface_hub.dataclasses import strict
-
-from .configuration_retromae import RetroMAEConfig
+from .configuration_retromae import RetroMAEConfig, check_weight, strict_config
 from .layers_dupmae import REPRESENTATIONS, OTActivation, Representation, check_representation
 
 # DupMAE Table 4 (lower part, BERT-base) as config keywords: `DupMAEConfig(**TABLE4_REPRESENTATIONS["CLS:768"])`
@@ -16,7 +14,7 @@ TABLE4_REPRESENTATIONS: dict[str, dict] = {
 }
 
 
-@strict
+@strict_config
 class DupMAEConfig(RetroMAEConfig):
     r"""RetroMAE's [CLS] decoding plus DupMAE's ordinary-token (OT) decoding (Liu et al., 2023, "RetroMAE-2 / DupMAE").
 
@@ -25,7 +23,7 @@ class DupMAEConfig(RetroMAEConfig):
     `cls_decoding` / `ot_decoding` switch off.
 
     Args:
-        bow_loss_weight: w >= 0 of the BoW loss (paper eq. 9: 1; official code: 0.1 with ``"all_tokens"``).
+        bow_loss_weight: w >= 0 (finite) of the BoW loss (paper eq. 9: 1; official code: 0.1 with ``"all_tokens"``).
         bow_normalization: the BoW target of a row with n ordinary tokens, unique set S: 1/|S| on each id of S
             (``"unique"``) or 1/n (``"all_tokens"``, the official code's: |S|/n, ~0.39 on packed 512-token text, times
             the "unique" loss, so the official w = 0.1 is ~0.039 under "unique").
@@ -62,8 +60,7 @@ class DupMAEConfig(RetroMAEConfig):
     special_token_ids: list[int] | None = None
 
     def validate_dupmae_fields(self) -> None:
-        if self.bow_loss_weight < 0:
-            raise ValueError(f"bow_loss_weight={self.bow_loss_weight} must be >= 0 (paper: 1.0, official code: 0.1)")
+        check_weight("bow_loss_weight", self.bow_loss_weight, " (paper: 1.0, official code: 0.1)")
         if not (self.cls_decoding or self.ot_decoding):
             raise ValueError("cls_decoding=False and ot_decoding=False: at least one decoding task must be on")
         check_representation(
@@ -75,8 +72,8 @@ class DupMAEConfig(RetroMAEConfig):
             self.query_top_k,
             self.ot_activation,
             self.sparse_weight,
-            set_hint=lambda name, value: (f""": set it with --method-options '{{"{name}": {value}}}' (or """
-                                          f"method_options: {name} in a config)"),
+            set_hint=lambda name, value: (f""": set it with {name}={value} (CLI: --method-options '{{"{name}": """
+                                          f"""{value}}}', or method_options: {name} in a config)"""),
         )
         if self.special_token_ids is not None:
             bad = [i for i in self.special_token_ids if not 0 <= i < self.vocab_size]

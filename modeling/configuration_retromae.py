@@ -1,13 +1,59 @@
 """RetroMAE configuration, and the config helpers every method shares."""
 
+import dataclasses
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from huggingface_hub.dataclasses import strict
-from transformers import BertConfig
+from huggingface_hub.errors import StrictDataclassError
+from transformers import BertConfig, PreTrainedConfig
 
 logger = logging.getLogger(__name__)
+
+
+class ConfigValueError(StrictDataclassError, ValueError):
+    """A config value its validator refused: what `@strict` raises (`StrictDataclassError`, the validator's error as
+    `__cause__`) and a `ValueError`, as the README promises; the message is the validator's one line."""
+
+
+class ConfigTypeError(StrictDataclassError, TypeError):
+    """A config value of the wrong type or choice (as `ConfigValueError`, a `TypeError`)."""
+
+
+@contextmanager
+def plain_config_errors() -> Iterator[None]:
+    """Raise `@strict`'s wrapped refusals as `ConfigValueError` / `ConfigTypeError` with the validator's message."""
+    try:
+        yield
+    except (ConfigValueError, ConfigTypeError):
+        raise
+    except StrictDataclassError as error:
+        cause = error.__cause__
+        if not isinstance(cause, ValueError | TypeError):
+            raise
+        raise (ConfigTypeError if isinstance(cause, TypeError) else ConfigValueError)(str(cause)) from cause
+
+
+def strict_config(cls: type) -> type:
+    """`@strict` for our configs: its refusals (a field on assignment or in the constructor, `validate()`) are
+    `ValueError` / `TypeError` too (`plain_config_errors`)."""
+    cls = strict(cls)
+    validate, set_attribute = cls.validate, cls.__setattr__
+
+    def checked_validate(self) -> None:
+        with plain_config_errors():
+            validate(self)
+
+    def checked_setattr(self, name: str, value: Any) -> None:
+        with plain_config_errors():
+            set_attribute(self, name, value)
+
+    checked_validate.__is_defined_by_strict_decorator__ = True  # @strict on a subclass replaces only its own
+    cls.validate, cls.__setattr__ = checked_validate, checked_setattr
+    return cls
 
 
 def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
@@ -26,26 +72,48 @@ def rename_legacy_keys(config_name: str, settings: dict[str, Any], renames: Mapp
     return renamed
 
 
-class LegacyKeysMixin:
-    """Reads the keys of `legacy_keys` (old key -> field; a class constant) under their old names from config.json or
-    keyword arguments, with a deprecation warning, so configs written before a rename keep loading."""
+class MethodConfigMixin:
+    """What every method's config shares (first among its bases): its own `model_type` whatever config.json it is
+    built from, the keys of `legacy_keys` (old key -> field; a class constant) read under their old names with a
+    deprecation warning, so configs written before a rename keep loading, and `from_pretrained(path, field=value)`
+    overrides validated as constructor arguments."""
 
     legacy_keys = {}
 
     def __post_init__(self, **kwargs):
+        # a base's config.json (BERT's, stage 1's `retromae` for SentMAE) would leave its model_type on the instance, and
+        # the model would read as that type (its export refused or named wrongly); saved configs take the class's anyway
+        kwargs.pop("model_type", None)
         for name, value in rename_legacy_keys(type(self).__name__, kwargs, self.legacy_keys).items():
             setattr(self, name, value)
         super().__post_init__(**kwargs)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        # transformers builds `cls(**config_dict)`, validated, then sets each override of kwargs, which no class
+        # validator sees: merged first, the overrides are validated with the rest and replace the values they override
+        # before those are checked. PreTrainedConfig's own fields (dtype ...) and other kwargs keep transformers' way.
+        fields = {f.name for f in dataclasses.fields(cls)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
+        overrides = {key: kwargs.pop(key) for key in [*kwargs] if key in fields or key in cls.legacy_keys}
+        settings = dict(config_dict)
+        settings.update(rename_legacy_keys(cls.__name__, settings, cls.legacy_keys))  # the file's, before overrides
+        return super().from_dict({**settings, **overrides}, **kwargs)
+
+
+def check_weight(name: str, value: float, note: str = "") -> None:
+    """A loss weight: a finite number >= 0 (`value < 0` lets NaN through, and a NaN or inf weight makes the loss NaN);
+    `note` ends the message."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value} must be a finite number >= 0{note}")
+
 
 def check_loss_settings(config: Any, weights: tuple[str, ...] = ("encoder_loss_weight", "decoder_loss_weight")
                         ) -> None:
-    """The loss fields every method's config has: non-negative term `weights`, a positive chunk size, and its
+    """The loss fields every method's config has: finite non-negative term `weights`, a positive chunk size, and its
     encoder's mask ratio in (0, 1)."""
     check_ratio("encoder_mask_ratio", config.encoder_mask_ratio)
     for name in weights:
-        if getattr(config, name) < 0:
-            raise ValueError(f"{name}={getattr(config, name)} must be >= 0")
+        check_weight(name, getattr(config, name))
     if config.loss_chunk_size < 1:
         raise ValueError(f"loss_chunk_size={config.loss_chunk_size} must be >= 1")
 
@@ -61,8 +129,8 @@ def check_ratio(name: str, value: float) -> None:
         raise ValueError(f"{name}={value} must lie in the open interval (0, 1)")
 
 
-@strict
-class RetroMAEConfig(BertConfig):
+@strict_config
+class RetroMAEConfig(MethodConfigMixin, BertConfig):
     r"""BERT encoder plus a RetroMAE decoder (Xiao et al., 2022, "RetroMAE").
 
     Args:
@@ -124,4 +192,4 @@ class RetroMAEConfig(BertConfig):
         check_loss_settings(self)
 
 
-__all__ = ["RetroMAEConfig"]
+__all__ = ["ConfigTypeError", "ConfigValueError", "RetroMAEConfig"]

@@ -2,14 +2,13 @@
 
 from typing import Literal
 
-from huggingface_hub.dataclasses import strict
 from transformers import BertConfig
 
-from .configuration_retromae import LegacyKeysMixin, check_loss_settings
+from .configuration_retromae import MethodConfigMixin, check_loss_settings, strict_config
 
 
-@strict
-class SEEDConfig(LegacyKeysMixin, BertConfig):
+@strict_config
+class SEEDConfig(MethodConfigMixin, BertConfig):
     r"""BERT encoder plus SEED-Encoder's weak auto-regressive decoder (Lu et al., 2021, "Less is More").
     Loss = encoder_loss_weight * L_mlm + decoder_loss_weight * L_dec (paper eq. 10).
 

@@ -185,6 +185,7 @@ class PretrainingBase(EncoderHeadMixin, BaseInitMixin, QuietLoadReportMixin, Ber
     loss_kernel: str = "chunked"
 
     def __init__(self, config: BertConfig):
+        config.validate()  # fields set one by one after construction (`config.x = ...`) passed no class validator
         super().__init__(config)
         self.build_encoder_and_head(config)
 

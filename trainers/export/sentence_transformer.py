@@ -168,7 +168,8 @@ def export_from_model(
                          "every process with training.sharding.full_state_dict(model) and pass them as state_dict, "
                          "or export the saved checkpoint: retromae export CHECKPOINT OUTPUT")
     output_dir = Path(output_dir)
-    method = method_of(model.config.model_type, type(model).__name__, hint=f"known methods: {', '.join(METHODS)}")
+    # the config class's model_type, as its to_dict() and config.json give it
+    method = method_of(type(model.config).model_type, type(model).__name__, hint=f"known methods: {', '.join(METHODS)}")
     claim_output(output_dir, "output folder", overwrite, owner=model_holding)
     request = ExportRequest(
         method=method,
