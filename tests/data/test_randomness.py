@@ -27,14 +27,7 @@ SENTENCES = [
     "Sparse lexical representations weight vocabulary terms and are stored in inverted indexes.",
 ]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The models are tiny: extra intra-op threads only fight over the CPU (4x slower on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

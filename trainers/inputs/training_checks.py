@@ -134,9 +134,9 @@ def _check_bf16(args: Any) -> None:
     if not flags or getattr(args, "use_cpu", False) or is_torch_bf16_gpu_available() or is_torch_xla_available():
         return
     flag = "--" + flags[0].replace("_", "-")
-    raise UserError(f"{flag} true needs a GPU with bf16 support and this machine has none; drop {flag} (or add "
-                    "--use-cpu true to train in bf16 on the CPU, where torch supports it), or use --fp16 true on a GPU "
-                    "without bf16")
+    raise UserError(f"{flag} true needs a GPU with bf16 support and this machine has none; drop {flag} (Python: "
+                    f"{flags[0]}=False), add --use-cpu true (Python: use_cpu=True) to train in bf16 on the CPU, where "
+                    "torch supports it, or use --fp16 true (Python: fp16=True) on a GPU without bf16")
 
 
 def _check_cpu_launch(args: Any) -> None:
@@ -145,7 +145,7 @@ def _check_cpu_launch(args: Any) -> None:
     processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if processes > 1 and not getattr(args, "use_cpu", True) and not torch.accelerator.is_available():
         raise UserError(f"this run was started with {processes} processes (torchrun) on a machine without a GPU; add "
-                        "--use-cpu true to train them as one DDP run on the CPU (gloo)")
+                        "--use-cpu true (Python: use_cpu=True) to train them as one DDP run on the CPU (gloo)")
 
 
 def _check_fp16(args: Any) -> None:
@@ -157,7 +157,8 @@ def _check_fp16(args: Any) -> None:
         return
     flag = "--" + flags[0].replace("_", "-")
     raise UserError(f"{flag} true needs a GPU: on the CPU the Trainer would train in fp32 without saying so; pass "
-                    f"{flag} false (a preset may set it), or --bf16 true --use-cpu true for mixed precision on the CPU")
+                    f"{flag} false (Python: {flags[0]}=False; a preset may set it), or --bf16 true --use-cpu true "
+                    "(Python: bf16=True, use_cpu=True) for mixed precision on the CPU")
 
 
 __all__ = ["check_positive", "check_training_arguments"]

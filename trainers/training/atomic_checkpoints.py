@@ -19,7 +19,8 @@ class AtomicCheckpoints:
     or Ctrl-C during a save removes the sibling, a kill leaves it to `run_folder.clean_killed_saves`.
 
     Subclasses add their files in `_save_checkpoint_files` and may change how the weights are written
-    (`_save_model_files`) and which checkpoints rotation deletes (`_rotate_checkpoints_in`).
+    (`_save_model_files`), which existing `checkpoint-N` a save may replace (`_check_replaceable`) and which
+    checkpoints rotation deletes (`_rotate_checkpoints_in`).
     """
 
     def _save_checkpoint(self, model, trial) -> None:
@@ -27,6 +28,7 @@ class AtomicCheckpoints:
             self.store_flos()
         run_dir = Path(self._get_output_dir(trial=trial))
         target = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self._check_replaceable(target)  # on every process, before any writes: all refuse alike
         if self.state.best_global_step:
             best = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}"
             if best == target or best.is_dir():  # recorded before the trainer state is written, as the Trainer does
@@ -44,6 +46,9 @@ class AtomicCheckpoints:
             self._push_from_checkpoint(str(target))
         if self.args.should_save:
             self._rotate_checkpoints_in(run_dir)
+
+    def _check_replaceable(self, target: Path) -> None:
+        """Raise if the save must not replace an existing `target` (default: any may be replaced)."""
 
     def _save_model_files(self, folder: Path) -> None:
         self.save_model(str(folder), _internal_call=True)

@@ -22,8 +22,12 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..inputs.io import read_json_or_empty
 
@@ -197,6 +201,19 @@ def check_same_processes(recorded: dict[str, Any], world_size: int, checkpoint: 
     )
 
 
+@contextmanager
+def seeded_rng(seed: int, device: torch.device, n_gpu: int = 1) -> Iterator[None]:
+    """torch's global RNG seeded with `seed` inside, and as it was after (`torch.random.fork_rng`): a draw there
+    (e.g. an evaluation's) repeats, and leaves the random stream of what follows, which a resume restores from the
+    checkpoint, as it was. Forks the CPU's generator and `device`'s (all `n_gpu` of a DataParallel run) where torch
+    has a module with RNG states for its type (cuda, mps, xpu, ...)."""
+    forked = device.type != "cpu" and hasattr(getattr(torch, device.type, None), "get_rng_state")
+    devices = (list(range(n_gpu)) if n_gpu > 1 else [device]) if forked else []
+    with torch.random.fork_rng(devices, device_type=device.type if forked else "cpu"):
+        torch.manual_seed(seed)
+        yield
+
+
 def _same(name: str, given: Any, saved: Any) -> bool:
     if given == saved:
         return True
@@ -231,5 +248,6 @@ def _json_safe(value: Any) -> bool:
 
 __all__ = [
     "MAY_CHANGE", "RESUME_FILE", "TEXT_OPTIONS", "check_given_options", "check_same_processes", "check_text_unchanged",
-    "given_options", "launch_command", "new_run_id", "read_settings", "record_settings", "run_id_of", "text_file_stamps",
+    "given_options", "launch_command", "new_run_id", "read_settings", "record_settings", "run_id_of", "seeded_rng",
+    "text_file_stamps",
 ]

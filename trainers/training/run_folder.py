@@ -9,14 +9,16 @@ import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import retromae.modeling
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers import TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import clean_stale_siblings, sibling_target_name, would_delete
 from .lock import LOCK_NAME
-from .resume import RESUME_FILE, run_id_of
+from .resume import RESUME_FILE, read_settings, run_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 
 
 RESUME_LAST = {"last", "auto", "true", "True"}  # --resume-from-checkpoint values meaning the newest checkpoint
+_RESUME_LAST_FLAG = "--resume-from-checkpoint last (Python: resume_from_checkpoint=True)"
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
@@ -46,7 +49,8 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
-    """What `--resume-from-checkpoint last` continues: the newest complete checkpoint in `output_dir`.
+    """What `--resume-from-checkpoint last` (Python: `train(resume_from_checkpoint=True)`) continues: the newest
+    complete checkpoint in `output_dir`.
 
     Raises:
         ValueError: the complete checkpoints there come from more than one run (`run_id`; none recorded counts as one
@@ -56,33 +60,76 @@ def checkpoint_to_resume(output_dir: str | os.PathLike) -> Path | None:
     for checkpoint in complete:  # a damaged record would read as a checkpoint of another run
         damaged = damaged_record(checkpoint)
         if damaged:
-            raise ValueError(f"--resume-from-checkpoint last: {damaged}")
+            raise ValueError(f"{_RESUME_LAST_FLAG}: {damaged}")
     newest = {run_id_of(p): p for p in complete}  # oldest first: each run's newest wins
     if len(newest) > 1:
         runs = sorted(newest.items(), key=lambda item: complete.index(item[1]), reverse=True)
         listing = "; ".join(f"{path} (run {run_id or 'without a recorded id'})" for run_id, path in runs)
-        raise ValueError(f"--resume-from-checkpoint last: {output_dir} holds checkpoints of {len(newest)} runs, newest "
-                         f"{listing}; pass the checkpoint folder of the run to continue, e.g. --resume-from-checkpoint "
-                         f"{runs[0][1]}")
+        raise ValueError(f"{_RESUME_LAST_FLAG}: {output_dir} holds checkpoints of {len(newest)} runs, newest {listing}; "
+                         f"pass the checkpoint folder of the run to continue, e.g. --resume-from-checkpoint {runs[0][1]} "
+                         f"(Python: resume_from_checkpoint={str(runs[0][1])!r})")
     return last_complete_checkpoint(output_dir)
 
 
-def check_no_checkpoint_collision(output_dir: str | os.PathLike, checkpoint: str | os.PathLike,
-                                  max_steps: int) -> None:
-    """Refuse resuming `checkpoint` into `output_dir` when the folder holds another run's `checkpoint-N` with N
-    after the resumed step (up to `max_steps` when > 0): a save of this run at step N would replace it.
+def resume_target(output_dir: str | os.PathLike, resume: str | bool | None) -> str | None:
+    """The checkpoint `Trainer.train(resume_from_checkpoint=resume)` continues: True means the newest complete one in
+    `output_dir` (`checkpoint_to_resume`), refused when there is none."""
+    if resume is not True:
+        return resume or None
+    found = checkpoint_to_resume(output_dir)
+    if found is None:
+        raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint to resume from in {output_dir}; "
+                         "train without it to start a new run")
+    return str(found)
+
+
+def check_no_checkpoint_collision(output_dir: str | os.PathLike, checkpoint: str | os.PathLike | None,
+                                  max_steps: int, run_id: str | None = None) -> None:
+    """Refuse a run into `output_dir` whose saves could replace another run's `checkpoint-N` there: resuming
+    `checkpoint`, one with N after the resumed step; a new run (`checkpoint` None, from Python: the command line
+    refuses any earlier run first, `prepare_output_dir`), any. Only N up to `max_steps` count when it is > 0.
+
+    Args:
+        run_id: the run's id (`resume.run_id_of`), default `checkpoint`'s.
 
     Raises:
         ValueError: naming those checkpoints and the way out.
     """
-    own = run_id_of(checkpoint)
-    step = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME).get("global_step", 0)
+    own = run_id if run_id is not None else run_id_of(checkpoint) if checkpoint else None
+    step = read_json_or_empty(Path(checkpoint) / TRAINER_STATE_NAME).get("global_step", 0) if checkpoint else 0
     ahead = [p for p in list_checkpoints(output_dir) if run_id_of(p) != own
              and step < int(_CHECKPOINT_RE.match(p.name).group(1)) <= (max_steps if max_steps > 0 else float("inf"))]
-    if ahead:
-        raise ValueError(f"--resume-from-checkpoint {checkpoint}: {output_dir} holds checkpoints of another run after "
-                         f"step {step} ({', '.join(p.name for p in ahead)}), which this run's saves could replace; "
-                         "move them out of the folder, or resume into another --output-dir")
+    if not ahead:
+        return
+    names = ", ".join(p.name for p in ahead)
+    if checkpoint is None:
+        raise ValueError(f"output_dir {output_dir} holds checkpoints of another run ({names}), which this run's saves "
+                         "could replace; continue that run with train(resume_from_checkpoint=True) (--resume-from-"
+                         "checkpoint last), or choose another output_dir, or delete those checkpoints")
+    raise ValueError(f"--resume-from-checkpoint {checkpoint}: {output_dir} holds checkpoints of another run after "
+                     f"step {step} ({names}), which this run's saves could replace; move them out of the folder, or "
+                     "resume into another --output-dir (Python: output_dir)")
+
+
+def check_replaceable(target: Path, run_id: str | None) -> None:
+    """Refuse to save a checkpoint over `target` when it holds another run's (`run_id_of` differs from `run_id`):
+    the guard behind `check_no_checkpoint_collision`, which refuses such a run before it trains."""
+    if target.is_dir() and (theirs := run_id_of(target)) != run_id:
+        raise ValueError(f"{target} holds a checkpoint of another run ({theirs or 'without a recorded id'}), which "
+                         f"this save would replace; nothing was saved: move it out of {target.parent}, or train into "
+                         "another --output-dir (Python: output_dir)")
+
+
+def claim_checkpoints(args: TrainingArguments, resume: str | None, settings: dict[str, Any],
+                      given: bool) -> dict[str, Any]:
+    """The run record (`RESUME_FILE`) a `RetroMAETrainer.train` run writes into its checkpoints: `settings`, or when
+    resuming without `given` ones, the checkpoint's (its run goes on under its id: rotation and `last` see one run);
+    refused when its saves could replace another run's checkpoint (`check_no_checkpoint_collision`)."""
+    if resume and not given:
+        settings = read_settings(resume) or settings
+    if args.save_strategy != SaveStrategy.NO:
+        check_no_checkpoint_collision(args.output_dir, resume, args.max_steps, settings.get("run_id"))
+    return settings
 
 
 def finished_step(checkpoint: str | os.PathLike, max_steps: int) -> int | None:
@@ -260,7 +307,7 @@ def _check_overwrite_inputs(folder: Path, inputs: Mapping[str, str | None]) -> N
 
 
 __all__ = [
-    "RESUME_LAST", "RUN_INFO_NAME", "check_no_checkpoint_collision", "checkpoint_to_resume", "clean_killed_saves",
-    "finished_step", "last_complete_checkpoint", "list_checkpoints", "prepare_output_dir", "remove_previous_run", "resume_state_problem",
-    "run_output_files",
+    "RESUME_LAST", "RUN_INFO_NAME", "check_no_checkpoint_collision", "check_replaceable", "checkpoint_to_resume",
+    "claim_checkpoints", "clean_killed_saves", "finished_step", "last_complete_checkpoint", "list_checkpoints",
+    "prepare_output_dir", "remove_previous_run", "resume_state_problem", "resume_target", "run_output_files",
 ]

@@ -3,10 +3,11 @@
 - logs each loss term (`*_loss`) averaged over the window and processes, and each cross-entropy term's top-1
   accuracy on logged steps; a callback's `pop_logs()` joins the next log entry (retrieval validation);
 - masks in the training process (DataLoader workers only pad), one generator per process seeded from
-  `(seed, process_index)`; evaluation masks from a second generator re-seeded at every evaluation;
+  `(seed, process_index)`; an evaluation's from a second generator and a fork of torch's global RNG, re-seeded;
 - checkpoints are atomic, full `save_pretrained` folders with the run record, the masking generator's state and a
-  stream's position (`stream_loader`), so `--resume-from-checkpoint` continues exactly; resuming reads safetensors, JSON and `weights_only` torch files only;
-  rotation deletes this run's checkpoints only (`run_folder`); under sharding the weights are gathered first;
+  stream's position (`stream_loader`), so a resume continues exactly, as the same run (its run id); resuming reads
+  safetensors, JSON and `weights_only` torch files only; rotation deletes this run's checkpoints only, and a run
+  whose saves could replace another run's is refused (`run_folder`); under sharding the weights are gathered first;
 - registers the callbacks a method needs, always logs the last step, applies the recipe's parameter groups and
   head warm-up (`recipe.py`);
 - refuses on construction, in one line, what does not fit together: a model that is no pre-training model, bad
@@ -50,16 +51,18 @@ from .recipe import (
     merge_pairs,
     parameter_groups,
 )
-from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of
+from .resume import RESUME_FILE, new_run_id, record_settings, run_id_of, seeded_rng
 from .run_folder import (
     FINAL_BUILD_NAME,
     RUN_INFO_NAME,
     TRAINER_STATE_NAME,
-    checkpoint_to_resume,
+    check_replaceable,
+    claim_checkpoints,
     finished_step,
     install_files,
     last_complete_checkpoint,
     list_checkpoints,
+    resume_target,
 )
 from .schedules import LogLastStepCallback, logs_at_step, schedule_callbacks
 from .sharding import full_state_dict, is_sharded
@@ -90,7 +93,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
             `retromae_run.json` and used by the model card. Must not contain local paths.
         run_settings: what resuming restores (`resume.record_settings`), written to every checkpoint as
             `retromae_resume.json`; its `run_id` marks the checkpoints checkpoint rotation may delete (default: a
-            fresh id and no settings).
+            fresh id and no settings; resuming, the checkpoint's, so the run goes on under its id).
         recipe: the continued-pre-training recipe (`recipe.RecipeArguments`); default: off.
         Other arguments as `transformers.Trainer`. A `PretrainingCollator` data collator is split: its `pad` runs
         in the DataLoader (so `trainer.data_collator` is that bound method), its `mask_batch` in `training_step`
@@ -131,6 +134,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         self.run_info = dict(run_info or {})
         self._best_loaded = False  # the best checkpoint's weights replaced the last step's (load_best_model_at_end)
         self.run_settings = dict(run_settings or record_settings({}, new_run_id()))
+        self._settings_given = run_settings is not None
         self.add_callback(LogLastStepCallback())
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._loss_steps = 0
@@ -225,7 +229,8 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
 
     def evaluation_loop(self, *args, **kwargs):
         self._eval_masking = masking_generator(self.args.seed, self.args.process_index, stream="eval")
-        return super().evaluation_loop(*args, **kwargs)
+        with seeded_rng(self._eval_masking.initial_seed(), self.args.device, self.args.n_gpu):  # decoder visibility
+            return super().evaluation_loop(*args, **kwargs)
 
     # ---- retrieval validation as the Trainer's evaluation ----------------------------------------------------
 
@@ -358,6 +363,9 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         self._refuse_divergence()
         super()._save_checkpoint(model, trial)
 
+    def _check_replaceable(self, target: Path) -> None:
+        check_replaceable(target, self.run_settings.get("run_id"))  # another run's checkpoint never
+
     def _save_checkpoint_files(self, folder: Path) -> None:
         self._save_run_files(folder)
         if self._keeps_stream_position and not self.args.save_only_model:
@@ -434,13 +442,11 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """As `Trainer.train`; the masks start from `(args.seed, process_index)`, or from the checkpoint's state. A
         checkpoint whose run is finished (`finished_step`) is loaded (weights and state) and nothing is trained."""
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = checkpoint_to_resume(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"no complete checkpoint to resume from in {self.args.output_dir}")
-            resume_from_checkpoint = str(resume_from_checkpoint)
+        resume_from_checkpoint = resume_target(self.args.output_dir, resume_from_checkpoint)
         if resume_from_checkpoint and finished_step(resume_from_checkpoint, self.args.max_steps) is not None:
             return self._load_finished_run(resume_from_checkpoint)
+        self.accelerator.wait_for_everyone()  # after the command line's --overwrite-output-dir emptied the folder
+        self.run_settings = claim_checkpoints(self.args, resume_from_checkpoint, self.run_settings, self._settings_given)
         self._train_masking = masking_generator(self.args.seed, self.args.process_index)
         if resume_from_checkpoint and self._keeps_stream_position:  # no replay: the Trainer skips no batch
             position = saved_stream_position(resume_from_checkpoint, self.args.process_index)
