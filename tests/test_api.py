@@ -116,7 +116,7 @@ def test_finetune_refuses_training_arguments_that_are_no_numbers(tmp_path):
 
 
 def test_training_arguments_are_checked_as_the_command_line_checks_them(tmp_path, tokenizer, bert_rows):
-    with pytest.raises(ValueError, match=r"--learning-rate nan: give a finite learning rate"):
+    with pytest.raises(ValueError, match=r"^learning_rate=nan: give a finite learning rate"):
         make_trainer(tmp_path, tokenizer, bert_rows, learning_rate=float("nan"))
 
 

@@ -139,7 +139,8 @@ def test_fp16_on_the_cpu_is_one_line(command, flags, tmp_path, capsys, monkeypat
 
 
 def test_finetune_python_api_checks_the_training_options(tmp_path):
-    with pytest.raises(ValueError, match="--max-steps 0: give a positive number"):
+    """A Python caller is told the argument as it gave it (HEAD: the flag, --max-steps 0)."""
+    with pytest.raises(ValueError, match="^max_steps=0: give a positive number"):
         finetune_module.finetune("model", "data", tmp_path / "out", max_steps=0)
 
 

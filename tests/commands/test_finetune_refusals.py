@@ -78,7 +78,7 @@ def test_eval_split_without_eval_data_is_refused(spread_cls_bert, tiny_beir, tmp
 
 @pytest.mark.parametrize("flags, message", [
     (["--label-smoothing-factor", "0.2"], "--label-smoothing-factor 0.2: retromae's losses"),  # HEAD: ignored
-    (["--push-to-hub", "true"], "--push-to-hub: retromae does not upload from inside training"),  # HEAD: uploaded
+    (["--push-to-hub", "true"], "--push-to-hub true: retromae does not upload from inside training"),  # HEAD: uploaded
     (["--neftune-noise-alpha", "5"], "--neftune-noise-alpha 5.0: NEFTune"),  # HEAD: an AttributeError traceback
     (["--eval-strategy", "steps"], "--eval-strategy steps: retromae finetune evaluates once"),  # HEAD: a traceback
 ])

@@ -31,7 +31,7 @@ def error_line(capsys, command: str) -> str:
                                      "(OUTPUT_DIR/encoder) is the run's and each run there replaces it"),
     (["--text-format", "blocks"], "--text-format blocks splits .txt files into passages, and --corpus {jsonl} holds "
                                   "none; drop --text-format"),
-    (["--label-smoothing-factor", "0.1"], "do not smooth labels, so the flag would be ignored; drop it"),
+    (["--label-smoothing-factor", "0.1"], "do not smooth labels, so the option would be ignored; drop it"),
     (["--push-to-hub", "true"], "upload its result with `retromae publish --folder FOLDER --repo-id OWNER/NAME`"),
 ])
 def test_a_flag_the_run_does_not_read_is_refused(tiny_bert, tmp_path, capsys, flags, message):

@@ -66,25 +66,27 @@ def check_training_arguments(args: Any) -> None:
         check_bool_options("TrainingArguments", type(args), vars(args))
     max_steps = getattr(args, "max_steps", -1)
     if max_steps == 0 or max_steps < -1:
-        raise UserError(f"--max-steps {max_steps}: give a positive number of optimizer steps, or leave it unset "
-                        "(-1, the default) to train for --num-train-epochs")
+        raise UserError(f"{_given(args, 'max_steps', max_steps)}: give a positive number of optimizer steps, or leave "
+                        "it unset (-1, the default) to train for --num-train-epochs")
     epochs = getattr(args, "num_train_epochs", 1.0)
     if max_steps == -1 and not 0 < epochs < math.inf:  # also NaN
-        raise UserError(f"--num-train-epochs {epochs}: give a positive number of epochs (or --max-steps N)")
+        raise UserError(f"{_given(args, 'num_train_epochs', epochs)}: give a positive number of epochs (or "
+                        "--max-steps N)")
     check_positive(args, "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
     for kind in ("save", "logging"):  # 0 with the "steps" strategy: never saves (a killed run loses everything)
         steps = getattr(args, f"{kind}_steps", 1)
         if getattr(args, f"{kind}_strategy", "steps") == "steps" and not steps > 0:
-            raise UserError(f"--{kind}-steps {steps:g}: give a positive number of optimizer steps (or a fraction of "
-                            "the run below 1)")
+            shown = steps if isinstance(args, TrainingArguments) else f"{steps:g}"  # the flag as typed: 0, not 0.0
+            raise UserError(f"{_given(args, f'{kind}_steps', shown)}: give a positive number of optimizer steps (or a "
+                            "fraction of the run below 1)")
     limit = getattr(args, "save_total_limit", None)
     if limit is not None and limit < 1:  # transformers keeps every checkpoint then, which nobody asking for 0 means
-        raise UserError(f"--save-total-limit {limit}: give the number of newest checkpoints to keep, at least 1, or "
-                        "leave it unset to keep all (--save-strategy no saves none)")
+        raise UserError(f"{_given(args, 'save_total_limit', limit)}: give the number of newest checkpoints to keep, at "
+                        "least 1, or leave it unset to keep all (--save-strategy no saves none)")
     for name, bound, fix in _RANGES:  # 0 <= value < bound; a NaN fails every comparison
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < bound:
-            raise UserError(f"--{name.replace('_', '-')} {value}: give {fix}")
+            raise UserError(f"{_given(args, name, value)}: give {fix}")
     _check_bf16(args)
     _check_fp16(args)
     _check_cpu_launch(args)
@@ -96,12 +98,12 @@ def _check_unused_trainer_options(args: Any) -> None:
     our own) or that bypass our own step (an upload from inside the Trainer skips `publish`'s checks)."""
     smoothing = getattr(args, "label_smoothing_factor", 0.0)
     if smoothing:
-        raise UserError(f"--label-smoothing-factor {smoothing}: retromae's losses (the methods' and fine-tuning's) "
-                        "do not smooth labels, so the flag would be ignored; drop it")
+        raise UserError(f"{_given(args, 'label_smoothing_factor', smoothing)}: retromae's losses (the methods' and "
+                        "fine-tuning's) do not smooth labels, so the option would be ignored; drop it")
     if getattr(args, "push_to_hub", False):
-        raise UserError("--push-to-hub: retromae does not upload from inside training; when the run has finished, "
-                        "upload its result with `retromae publish --folder FOLDER --repo-id OWNER/NAME`, which checks "
-                        "it first")
+        raise UserError(f"{_given(args, 'push_to_hub', True)}: retromae does not upload from inside training; when the "
+                        "run has finished, upload its result with `retromae publish --folder FOLDER --repo-id "
+                        "OWNER/NAME`, which checks it first")
 
 
 # (field, exclusive upper bound, what to give): options that transformers passes on unchecked, to fail or misbehave
@@ -116,12 +118,20 @@ _RANGES = (
 )
 
 
+def _given(args: Any, name: str, value: Any) -> str:
+    """Option `name` as the caller set it: `max_steps=0` on a `TrainingArguments` (Python), else its flag
+    (`--max-steps 0`)."""
+    if isinstance(args, TrainingArguments):
+        return f"{name}={value!r}"
+    return f"--{name.replace('_', '-')} {str(value).lower() if isinstance(value, bool) else value}"
+
+
 def check_positive(args: Any, *names: str) -> None:
     """Refuse a value below 1 of each named integer option (unset ones pass), naming the flag."""
     for name in names:
         value = getattr(args, name, None)
         if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} {value}: give a positive integer")
+            raise UserError(f"{_given(args, name, value)}: give a positive integer")
 
 
 def _check_bf16(args: Any) -> None:
