@@ -93,6 +93,7 @@ class MethodConfigMixin:
         # transformers builds `cls(**config_dict)`, validated, then sets each override of kwargs, which no class
         # validator sees: merged first, the overrides are validated with the rest and replace the values they override
         # before those are checked. PreTrainedConfig's own fields (dtype ...) and other kwargs keep transformers' way.
+        kwargs.pop("model_type", None)  # the class's own, as `__post_init__` keeps it
         fields = {f.name for f in dataclasses.fields(cls)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
         overrides = {key: kwargs.pop(key) for key in [*kwargs] if key in fields or key in cls.legacy_keys}
         settings = dict(config_dict)

@@ -254,6 +254,7 @@ def test_finetune_loss_settings_that_cannot_train_are_one_line(flag, value, mess
      "the following arguments are required: --train_data/--train-data (see retromae finetune --help)"),
     (["pretrain", "--max-seq-length", "abc"],
      "argument --max_seq_length/--max-seq-length: invalid int value: 'abc' (see retromae pretrain --help)"),
+    (["export", "--conf", "c.yaml", "ckpt", "out"], "--conf: write --config in full"),  # HEAD: too many values to unpack
 ])
 def test_a_usage_error_is_one_line(argv, message, capsys):
     """argparse printed its whole usage text above the error."""
@@ -296,8 +297,38 @@ def test_a_value_past_the_positional_ones_is_refused_naming_the_value_before_it(
                       prog="retromae import-official", description=None, positional=["checkpoint", "output_dir"])
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--encoder-mask-ratio", "-1", "ckpt", "out"], ("ckpt", "out")),  # a negative number is a value (probe 75)
+    (["--", "-ckpt", "out"], ("-ckpt", "out")),  # after --, values even if they start with a dash
+])
+def test_positional_values_after_a_negative_number_or_a_double_dash(argv, expected):
+    (args,) = start_command(argv, ImportOfficialArguments, prog="retromae import-official", description=None,
+                            positional=["checkpoint", "output_dir"])
+    assert (args.checkpoint, args.output_dir) == expected
+
+
+@pytest.mark.parametrize(("argv", "folders", "model"), [
+    (["--beir-folder", "a", "m"], ["a"], "m"),
+    (["--beir-folder", "a", "b", "m", "--split", "dev"], ["a", "b"], "m"),
+    (["--beir-folder", "a", "b", "--split", "dev", "m"], ["a", "b"], "m"),
+    (["--model", "m", "--beir-folder", "a", "b"], ["a", "b"], "m"),
+])
+def test_a_list_option_leaves_its_last_values_to_the_positional_ones(argv, folders, model):
+    """HEAD: `evaluate --beir-folder a MODEL` took MODEL as a folder and said --model was missing (probe 75)."""
+    (args,) = start_command(argv, EvaluateArguments, prog="retromae evaluate", description=None, positional=["model"])
+    assert (args.beir_folder, args.model) == (folders, model)
+
+
+def test_an_unknown_option_before_the_positional_values_is_named():
+    """HEAD: `export --bogus CKPT OUT` said the checkpoint was missing, not that --bogus is unknown (probe 75)."""
+    with pytest.raises(UserError, match=r"^unknown option\(s\): --bogus "):
+        start_command(["--bogus", "ckpt", "out"], ImportOfficialArguments, prog="retromae import-official",
+                      description=None, positional=["checkpoint", "output_dir"])
+
+
 def test_finetune_reads_its_positional_values_after_options():
-    assert {"model", "train_data", "output_dir"} <= given_option_names(["--output-dir", "o", "m", "data.jsonl"])
+    assert {"model", "train_data", "output_dir", "max_steps"} <= given_option_names(
+        ["--output-dir", "o", "--max-steps", "-1", "m", "data.jsonl"])
 
 # ---- output paths: `~`, folders that cannot be written, symlink loops, long names (a user probe) --------------------
 

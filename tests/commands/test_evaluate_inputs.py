@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import retromae
+from retromae.trainers.retrieval import mteb as mteb_module
 from retromae.trainers.retrieval.beir import RetrievalDataError, drop_blank_queries, read_beir, read_qrels
 from retromae.trainers.retrieval.mteb import evaluate_folder
 from retromae.trainers.retrieval.summaries import model_digest
@@ -185,6 +186,30 @@ def test_another_models_rows_are_not_kept_with_overwrite(spread_cls_bert, tiny_b
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert [r["dataset_name"] for r in summary["results"]] == ["other (local BEIR)"]
     assert _result_files(tmp_path / "eval") == {summary["results"][0]["mteb_file"]}  # the first model's file is gone
+    # and its folder: mteb's own records (model_meta.json, run_settings.jsonl) kept it before
+    assert [path.name for path in (tmp_path / "eval" / "mteb" / "results").iterdir()] == ["local__copy"]
+
+
+def test_an_overwrite_that_fails_midway_leaves_no_row_of_the_replaced_model(spread_cls_bert, tiny_beir, tmp_path,
+                                                                             monkeypatch):
+    """HEAD kept the other model's rows until the new summary was written: an evaluation that failed after mteb had
+    rewritten a task's file left a row reporting the old score beside a file holding the new model's."""
+    copy = shutil.copytree(spread_cls_bert, tmp_path / "copy")
+    out = tmp_path / "eval"
+    evaluate_folder(spread_cls_bert, beir_folders=[tiny_beir], split="dev", output_dir=out)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["results"].append({**summary["results"][0], "mteb_file": ["not", "a", "path"]})  # hand-edited: ignored
+    (out / "summary.json").write_text(json.dumps(summary))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("stopped midway")
+
+    monkeypatch.setattr(mteb_module, "evaluate_model", fail)
+    with pytest.raises(RuntimeError, match="stopped midway"):
+        evaluate_folder(copy, beir_folders=[tiny_beir], split="dev", output_dir=out, overwrite=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["model_path"], summary["results"]) == (str(copy.resolve()), [])
+    assert _result_files(out) == set()
 
 
 def test_rows_of_a_model_folder_whose_weights_changed_are_not_kept(spread_cls_bert, minilm_dir, tiny_beir, tmp_path):

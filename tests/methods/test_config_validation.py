@@ -134,6 +134,8 @@ def test_every_config_reports_its_own_model_type(model_class, tiny_bert):
     model = model_class.from_pretrained(tiny_bert, **tiny_fields(config_class))
     assert model.config.model_type == config_class.model_type
     assert config_class(model_type="bert").model_type == config_class.model_type
+    assert config_class.from_pretrained(tiny_bert, model_type="bert", **tiny_fields(config_class)).model_type == (
+        config_class.model_type)  # an override too (probe 75)
 
 
 def test_model_loaded_from_plain_bert_exports(tiny_bert, tokenizer, tmp_path):

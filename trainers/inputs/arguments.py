@@ -46,6 +46,11 @@ TEXT_OPTIONS = frozenset({"query", "commit_message", "model_name", "base_model_n
                           "project", "prompts"})
 HOME_PREFIX = re.compile(r"^~[\w.-]*(?=[/\\]|$)")  # `~`, `~/x`, `~user/x`: what a shell expands
 OPTIONAL_PACKAGES = ("deepspeed",)  # TrainingArguments options that import a package of that name
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # what argparse reads as a value, not an option
+# `_argv_parts`' stand-ins: an option the parser does not know (it takes no value), and `--config FILE`, which
+# `parse` adds to the parser later
+UNKNOWN_OPTION = argparse.Action([], "unknown", nargs=0)
+CONFIG_OPTION = argparse.Action(["--config"], "config")
 EXPECTED_ONE = re.compile(r"^argument (?P<flags>\S+): expected (at least )?one argument$")
 
 
@@ -198,10 +203,11 @@ STRAY_VALUE_HINTS = {"corpus": ("path", SEVERAL_FILES),
 
 
 def _unknown_options_message(parser: argparse.ArgumentParser, argv: Sequence[str], unknown: Sequence[str]) -> str:
-    """The refusal of what argparse left over; a value that follows a one-value flag's value (`--corpus a.jsonl
-    b.txt`, `--corpus=a.jsonl b.txt`) is named as one the flag does not take."""
+    """The refusal of what argparse left over: the unknown options, else a value that follows a one-value flag's value
+    (`--corpus a.jsonl b.txt`, `--corpus=a.jsonl b.txt`), named as one the flag does not take."""
     owner = _option_owners(parser)
-    stray = next((token for token in unknown if not token.startswith("-")), None)
+    options = [token for token in unknown if token.startswith("-") and not NEGATIVE_NUMBER.match(token)]
+    stray = None if options else next((token for token in unknown if not token.startswith("-")), None)
     for at in (i for i, token in enumerate(argv) if token == stray and i):
         name, equals, value = argv[at - 1].partition("=")
         if not (equals and name.startswith("--")):
@@ -211,7 +217,7 @@ def _unknown_options_message(parser: argparse.ArgumentParser, argv: Sequence[str
             noun, hint = STRAY_VALUE_HINTS.get(action.dest, ("value", "quote a value that holds spaces, or drop the "
                                                                       "others"))
             return f"{flag_name(action)} takes one {noun}, and {stray} follows its {noun} {value}; {hint}"
-    return f"unknown option(s): {' '.join(unknown)} (see {parser.prog} --help for the options)"
+    return f"unknown option(s): {' '.join(options or unknown)} (see {parser.prog} --help for the options)"
 
 
 def flag_name(action: argparse.Action) -> str:
@@ -337,34 +343,53 @@ def rename_legacy_flags(argv: list[str], renamed: Mapping[str, str], prog: str) 
 
 
 def positional_to_flags(argv: list[str], names: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """`cmd A --x 1 B` -> `cmd --name1 A --x 1 --name2 B`: the values no option of `parser` takes fill the fields
-    `names` in order, before or after options; values past the last name, and everything after an unknown option,
-    stay as they are for argparse to refuse."""
+    """`cmd A --x 1 B` -> `cmd --name1=A --x 1 --name2=B`: the values no option of `parser` takes fill the fields
+    `names` in order, before or after options, and every value after `--`. A list option (`--beir-folder a b MODEL`)
+    leaves its last values to the names no flag sets that the values after it do not fill. Values past the last
+    name stay as they are, for argparse to refuse."""
     owner = _option_owners(parser)
-    free, converted, at = list(names), [], 0
+    given = {action.dest for arg in argv if (action := _option_action(owner, arg.partition("=")[0]))}
+    free, converted = list(names), []
+    parts = _argv_parts(argv, owner)
+    for index, (option, tokens) in enumerate(parts):
+        if option is not None and option is not UNKNOWN_OPTION and _takes_many(option) and len(tokens) > 1:
+            later = sum(1 for other, _ in parts[index + 1 :] if other is None)
+            wanted = sum(1 for name in free if name not in given) - later
+            keep = max(len(tokens) - 1 - max(wanted, 0), 1 if option.nargs == "+" else 0)
+            converted += tokens[: 1 + keep]
+            tokens = tokens[1 + keep :]
+        elif option is not None:
+            converted += tokens
+            continue
+        for value in tokens:
+            converted.append(f"--{free.pop(0)}={value}" if free else value)
+    return converted
+
+
+def _argv_parts(argv: list[str], owner: Mapping[str, argparse.Action]) -> list[tuple[argparse.Action | None, list[str]]]:
+    """argv cut into options with the values argparse gives them (`(action, [flag, *values])`; None for an unknown
+    option, which takes none) and free values (`(None, [value])`); every token after `--` is a free value."""
+    parts, at = [], 0
     while at < len(argv):
         arg = argv[at]
         at += 1
-        if not arg.startswith("-"):
-            converted += [f"--{free.pop(0)}", arg] if free else [arg]
+        if arg == "--":
+            return parts + [(None, [value]) for value in argv[at:]]
+        if not arg.startswith("-") or NEGATIVE_NUMBER.match(arg):
+            parts.append((None, [arg]))
             continue
-        converted.append(arg)
         flag, equals, _ = arg.partition("=")
-        action = _option_action(owner, flag)
-        if equals:
-            continue
-        if action is None and flag != "--config":  # the --config option is added by `parse`
-            return converted + argv[at:]
-        taken = 1 if action is None else _values_taken(action, argv[at:])
-        converted += argv[at : at + taken]
+        action = _option_action(owner, flag) or (CONFIG_OPTION if flag == "--config" else UNKNOWN_OPTION)
+        taken = 0 if equals else _values_taken(action, argv[at:])
+        parts.append((action, argv[at - 1 : at + taken]))
         at += taken
-    return converted
+    return parts
 
 
 def _values_taken(action: argparse.Action, following: list[str]) -> int:
     """How many of `following` argparse gives `action` as its values: a yes/no option (`--overwrite`) takes the next
-    value only when it is one (`--overwrite true`)."""
-    values = list(itertools.takewhile(lambda arg: not arg.startswith("-"), following))
+    value only when it is one (`--overwrite true`); a negative number is a value."""
+    values = list(itertools.takewhile(lambda arg: not arg.startswith("-") or NEGATIVE_NUMBER.match(arg), following))
     if action.nargs in ("+", "*"):
         return len(values)
     if action.nargs == "?":

@@ -54,7 +54,11 @@ def refuse_placeholders(path: str, file_values: Mapping[str, Any], values: Mappi
 def config_argument(argv: list[str]) -> tuple[int, int, str] | None:
     """Where `--config FILE` (or `--config=FILE`) is in argv: `(index, tokens, FILE)` (`~` expanded: argparse never
     sees it), None without one; `--config` given twice is refused (`UserError`)."""
-    found = [i for i, arg in enumerate(argv) if arg.partition("=")[0] == "--config"]
+    flags = [arg.partition("=")[0] for arg in argv]
+    cut = next((flag for flag in flags if len(flag) >= 5 and "--config".startswith(flag) and flag != "--config"), None)
+    if cut:  # argparse would take it for --config, which this reading would miss
+        raise UserError(f"{cut}: write --config in full")
+    found = [i for i, flag in enumerate(flags) if flag == "--config"]
     if not found:
         return None
     if len(found) > 1:

@@ -63,7 +63,14 @@ from .benchmarks import (
     load_registered,
     resolve_language,
 )
-from .summaries import model_digest, results_holding, summary_folders, summary_markdown, write_summary
+from .summaries import (
+    drop_replaced_results,
+    model_digest,
+    results_holding,
+    summary_folders,
+    summary_markdown,
+    write_summary,
+)
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
@@ -371,6 +378,7 @@ def evaluate_folder(
     # a pre-training checkpoint is exported first, into a folder of its own that goes afterwards
     with tempfile.TemporaryDirectory(prefix="retromae-evaluate-") as work_dir:
         encoder, _ = load_as_sentence_transformer(model, pooling=pooling, work_dir=work_dir)
+        drop_replaced_results(output_dir, name, search, model_location(model), digest)
         rows = evaluate_model(encoder, mteb_tasks, output_dir, model_name=name, batch_size=batch_size,
                               search=search, show_progress_bar=show_progress_bar)
     write_summary(rows, output_dir, name, search, model_location(model), digest)

@@ -21,6 +21,8 @@ SUMMARY_MD = "summary.md"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 # what, besides the weights, decides a model's vectors: its modules, their settings (pooling, normalisation, a Dense
 # layer) and prompts; not its card or run record, which `--update-card` rewrites
+# what mteb writes beside a model revision's result files (`ResultCache.save_to_cache`, `mteb.evaluate`)
+MTEB_RECORDS = frozenset({"model_meta.json", "run_settings.jsonl"})
 MODULE_FILES = frozenset({"modules.json", "config.json", "sentence_bert_config.json",
                           "config_sentence_transformers.json"})
 
@@ -71,23 +73,39 @@ def write_summary(rows: list[dict[str, Any]], output_dir: Path, model_name: str,
     _remove_result_files(output_dir, earlier.get("results") or [], rows)
 
 
+def drop_replaced_results(output_dir: Path, model_name: str, search: str, model: str, digest: str | None) -> None:
+    """Before `model` (its `model_location`) with `digest` is evaluated into `output_dir`: the summary without the
+    rows `write_summary` will not keep (another model's, other weights') and without their result files, so that an
+    evaluation that fails midway leaves no row naming a file mteb has since rewritten for another model."""
+    earlier = read_json_or_empty(output_dir / SUMMARY_JSON)
+    if len(_kept_rows(earlier, model, digest)) < len(earlier.get("results") or []):
+        write_summary([], output_dir, model_name, search, model, digest)
+
+
 def _remove_result_files(output_dir: Path, earlier: list, rows: list[dict[str, Any]]) -> None:
     """Delete the mteb result JSON (`mteb_file`) of each earlier row the summary no longer holds (another model's, or a
     task scored again under another name), so that no file under mteb/ outlives its row; a revision folder left with
-    only mteb's model_meta.json goes too, and its model folder when that is left empty."""
+    only mteb's own records (`MTEB_RECORDS`) goes too, and its model folder when that is left empty."""
     results = (output_dir / "mteb").resolve()
-    held = {row.get("mteb_file") for row in rows}
-    for name in {row.get("mteb_file") for row in earlier if isinstance(row, dict)} - held:
-        path = (output_dir / name).resolve() if isinstance(name, str) else None
-        if path is None or path.suffix != ".json" or not path.is_relative_to(results) or not path.is_file():
+    held = {_result_file(row) for row in rows}
+    for name in {_result_file(row) for row in earlier} - held - {None}:
+        path = (output_dir / name).resolve()
+        if path.suffix != ".json" or not path.is_relative_to(results) or not path.is_file():
             continue
         path.unlink()
         revision = path.parent
-        if [child.name for child in revision.iterdir()] == ["model_meta.json"]:
-            (revision / "model_meta.json").unlink()
+        if {child.name for child in revision.iterdir()} <= MTEB_RECORDS:
+            for record in MTEB_RECORDS:
+                (revision / record).unlink(missing_ok=True)
             revision.rmdir()
             if not any(revision.parent.iterdir()):
                 revision.parent.rmdir()
+
+
+def _result_file(row: Any) -> str | None:
+    """A summary row's `mteb_file`; None for a row without one (or a hand-edited one that holds no path)."""
+    name = row.get("mteb_file") if isinstance(row, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _row_keys(row: dict[str, Any]) -> list[tuple]:
@@ -135,5 +153,5 @@ def results_holding(model: str | os.PathLike, digest: str | None) -> Callable[[P
     return holding
 
 
-__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "model_digest", "results_holding", "summary_folders", "summary_markdown",
-           "write_summary"]
+__all__ = ["SUMMARY_JSON", "SUMMARY_MD", "drop_replaced_results", "model_digest", "results_holding", "summary_folders",
+           "summary_markdown", "write_summary"]
