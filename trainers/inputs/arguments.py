@@ -217,7 +217,7 @@ def _unknown_options_message(parser: argparse.ArgumentParser, argv: Sequence[str
             noun, hint = STRAY_VALUE_HINTS.get(action.dest, ("value", "quote a value that holds spaces, or drop the "
                                                                       "others"))
             return f"{flag_name(action)} takes one {noun}, and {stray} follows its {noun} {value}; {hint}"
-    return f"unknown option(s): {' '.join(options or unknown)} (see {parser.prog} --help for the options)"
+    return f"unknown option(s): {' '.join(unknown)} (see {parser.prog} --help for the options)"
 
 
 def flag_name(action: argparse.Action) -> str:
