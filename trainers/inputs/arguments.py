@@ -352,7 +352,7 @@ def positional_to_flags(argv: list[str], names: list[str], parser: argparse.Argu
     free, converted = list(names), []
     parts = _argv_parts(argv, owner)
     for index, (option, tokens) in enumerate(parts):
-        if option is not None and option is not UNKNOWN_OPTION and _takes_many(option) and len(tokens) > 1:
+        if option is not None and _takes_many(option) and len(tokens) > 1:
             later = sum(1 for other, _ in parts[index + 1 :] if other is None)
             wanted = sum(1 for name in free if name not in given) - later
             keep = max(len(tokens) - 1 - max(wanted, 0), 1 if option.nargs == "+" else 0)
@@ -367,8 +367,9 @@ def positional_to_flags(argv: list[str], names: list[str], parser: argparse.Argu
 
 
 def _argv_parts(argv: list[str], owner: Mapping[str, argparse.Action]) -> list[tuple[argparse.Action | None, list[str]]]:
-    """argv cut into options with the values argparse gives them (`(action, [flag, *values])`; None for an unknown
-    option, which takes none) and free values (`(None, [value])`); every token after `--` is a free value."""
+    """argv cut into options with the values argparse gives them (`(action, [flag, *values])`; `UNKNOWN_OPTION`, which
+    takes none, for an option the parser does not know) and free values (`(None, [value])`); every token after `--`
+    is a free value."""
     parts, at = [], 0
     while at < len(argv):
         arg = argv[at]
