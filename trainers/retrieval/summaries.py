@@ -19,10 +19,10 @@ from ..inputs.outputs import Holding
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
-# what, besides the weights, decides a model's vectors: its modules, their settings (pooling, normalisation, a Dense
-# layer) and prompts; not its card or run record, which `--update-card` rewrites
 # what mteb writes beside a model revision's result files (`ResultCache.save_to_cache`, `mteb.evaluate`)
 MTEB_RECORDS = frozenset({"model_meta.json", "run_settings.jsonl"})
+# what, besides the weights, decides a model's vectors: its modules, their settings (pooling, normalisation, a Dense
+# layer) and prompts; not its card or run record, which `--update-card` rewrites
 MODULE_FILES = frozenset({"modules.json", "config.json", "sentence_bert_config.json",
                           "config_sentence_transformers.json"})
 
