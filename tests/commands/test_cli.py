@@ -291,6 +291,13 @@ def test_positional_values_may_follow_options(argv, overwrite):
     assert (args.checkpoint, args.output_dir, args.decoder, args.overwrite) == ("ckpt", "out", "dec.bin", overwrite)
 
 
+def test_a_positional_value_given_by_its_flag_too_is_refused_naming_both():
+    """HEAD said "--checkpoint is given 2 times" to a user who typed the flag once (probe 75)."""
+    with pytest.raises(UserError, match="^--checkpoint is given twice: by its flag and as the value ckpt; give it once"):
+        start_command(["ckpt", "out", "--checkpoint", "x"], ImportOfficialArguments, prog="retromae import-official",
+                      description=None, positional=["checkpoint", "output_dir"])
+
+
 def test_a_value_past_the_positional_ones_is_refused_naming_the_value_before_it():
     with pytest.raises(UserError, match="^--output-dir takes one value, and extra follows its value out;"):
         start_command(["--decoder", "dec.bin", "ckpt", "out", "extra"], ImportOfficialArguments,

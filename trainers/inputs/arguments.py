@@ -362,6 +362,9 @@ def positional_to_flags(argv: list[str], names: list[str], parser: argparse.Argu
             converted += tokens
             continue
         for value in tokens:
+            if free and free[0] in given:
+                flag = flag_name(next(action for action in owner.values() if action.dest == free[0]))
+                raise UserError(f"{flag} is given twice: by its flag and as the value {value}; give it once")
             converted.append(f"--{free.pop(0)}={value}" if free else value)
     return converted
 
