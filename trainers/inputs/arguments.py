@@ -206,7 +206,7 @@ def _unknown_options_message(parser: argparse.ArgumentParser, argv: Sequence[str
     """The refusal of what argparse left over: the unknown options, else a value that follows a one-value flag's value
     (`--corpus a.jsonl b.txt`, `--corpus=a.jsonl b.txt`), named as one the flag does not take."""
     owner = _option_owners(parser)
-    options = [token for token in unknown if token.startswith("-") and not NEGATIVE_NUMBER.match(token)]
+    options = [token for token in unknown if not _is_value(token)]
     stray = None if options else next((token for token in unknown if not token.startswith("-")), None)
     for at in (i for i, token in enumerate(argv) if token == stray and i):
         name, equals, value = argv[at - 1].partition("=")
@@ -347,10 +347,9 @@ def positional_to_flags(argv: list[str], names: list[str], parser: argparse.Argu
     `names` in order, before or after options, and every value after `--`. A list option (`--beir-folder a b MODEL`)
     leaves its last values to the names no flag sets that the values after it do not fill. Values past the last
     name stay as they are, for argparse to refuse."""
-    owner = _option_owners(parser)
-    given = {action.dest for arg in argv if (action := _option_action(owner, arg.partition("=")[0]))}
+    parts = _argv_parts(argv, _option_owners(parser))
+    given = {option.dest: option for option, _ in parts if option is not None}  # the options argv sets by flag
     free, converted = list(names), []
-    parts = _argv_parts(argv, owner)
     for index, (option, tokens) in enumerate(parts):
         if option is not None and _takes_many(option) and len(tokens) > 1:
             later = sum(1 for other, _ in parts[index + 1 :] if other is None)
@@ -363,8 +362,8 @@ def positional_to_flags(argv: list[str], names: list[str], parser: argparse.Argu
             continue
         for value in tokens:
             if free and free[0] in given:
-                flag = flag_name(next(action for action in owner.values() if action.dest == free[0]))
-                raise UserError(f"{flag} is given twice: by its flag and as the value {value}; give it once")
+                raise UserError(f"{flag_name(given[free[0]])} is given twice: by its flag and as the value {value}; "
+                                "give it once")
             converted.append(f"--{free.pop(0)}={value}" if free else value)
     return converted
 
@@ -379,7 +378,7 @@ def _argv_parts(argv: list[str], owner: Mapping[str, argparse.Action]) -> list[t
         at += 1
         if arg == "--":
             return parts + [(None, [value]) for value in argv[at:]]
-        if not arg.startswith("-") or NEGATIVE_NUMBER.match(arg):
+        if _is_value(arg):
             parts.append((None, [arg]))
             continue
         flag, equals, _ = arg.partition("=")
@@ -393,12 +392,17 @@ def _argv_parts(argv: list[str], owner: Mapping[str, argparse.Action]) -> list[t
 def _values_taken(action: argparse.Action, following: list[str]) -> int:
     """How many of `following` argparse gives `action` as its values: a yes/no option (`--overwrite`) takes the next
     value only when it is one (`--overwrite true`); a negative number is a value."""
-    values = list(itertools.takewhile(lambda arg: not arg.startswith("-") or NEGATIVE_NUMBER.match(arg), following))
+    values = list(itertools.takewhile(_is_value, following))
     if action.nargs in ("+", "*"):
         return len(values)
     if action.nargs == "?":
         return int(bool(values) and (action.type is not string_to_bool or _is_bool_word(values[0])))
     return len(values[: 1 if action.nargs is None else action.nargs])
+
+
+def _is_value(arg: str) -> bool:
+    """Whether argparse reads `arg` as a value rather than an option: no leading dash, or a negative number."""
+    return not arg.startswith("-") or bool(NEGATIVE_NUMBER.match(arg))
 
 
 def _is_bool_word(value: str) -> bool:

@@ -87,8 +87,8 @@ def _remove_result_files(output_dir: Path, earlier: list, rows: list[dict[str, A
     task scored again under another name), so that no file under mteb/ outlives its row; a revision folder left with
     only mteb's own records (`MTEB_RECORDS`) goes too, and its model folder when that is left empty."""
     results = (output_dir / "mteb").resolve()
-    held = {_result_file(row) for row in rows}
-    for name in {_result_file(row) for row in earlier} - held - {None}:
+    held = {_row_file(row) for row in rows}
+    for name in {_row_file(row) for row in earlier} - held - {None}:
         path = (output_dir / name).resolve()
         if path.suffix != ".json" or not path.is_relative_to(results) or not path.is_file():
             continue
@@ -102,7 +102,7 @@ def _remove_result_files(output_dir: Path, earlier: list, rows: list[dict[str, A
                 revision.parent.rmdir()
 
 
-def _result_file(row: Any) -> str | None:
+def _row_file(row: Any) -> str | None:
     """A summary row's `mteb_file`; None for a row without one (or a hand-edited one that holds no path)."""
     name = row.get("mteb_file") if isinstance(row, dict) else None
     return name if isinstance(name, str) else None
