@@ -31,7 +31,8 @@ class DupMAEConfig(RetroMAEConfig):
             objective (Table 4 ablations); at least one must be on.
         representation: what a text is represented by (paper §3.4): ``"hybrid"`` = [W h ; top-k(mu)] (default),
             ``"cls"`` = h itself ("CLS:768"), ``"ot"`` = top-k(mu) only ("OT:768").
-        dense_dim: d' of W^cls h (eq. 10), in 1..hidden_size; equal to hidden_size with ``"cls"``.
+        dense_dim: d' of W^cls h (eq. 10), in 1..hidden_size; equal to hidden_size with ``"cls"``. None (default):
+            the paper's 384 for ``"hybrid"``, capped at hidden_size; hidden_size for ``"cls"``.
         dense_proj_seed: seed of the untrained W^cls (`initial_dense_projection`).
         doc_top_k: k, the entries of mu kept for a document (eq. 11), in 1..vocab_size. Table 4's 260 matches CLS:768's
             memory with 15-bit indices; int32 ids + float32 weights take 384*4 + 260*8 = 3,616 bytes vs 3,072.
@@ -51,13 +52,18 @@ class DupMAEConfig(RetroMAEConfig):
     cls_decoding: bool = True
     ot_decoding: bool = True
     representation: Representation = "hybrid"
-    dense_dim: int = 384
+    dense_dim: int | None = None
     dense_proj_seed: int = 0
     doc_top_k: int = 384
     query_top_k: int | None = None
     ot_activation: OTActivation = "none"
     sparse_weight: float | int = 1.0
     special_token_ids: list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.dense_dim is None:  # written out as a number, so a saved config keeps its d' whatever the default
+            self.dense_dim = self.hidden_size if self.representation == "cls" else min(384, self.hidden_size)
 
     def validate_dupmae_fields(self) -> None:
         check_weight("bow_loss_weight", self.bow_loss_weight, " (paper: 1.0, official code: 0.1)")

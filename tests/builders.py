@@ -98,9 +98,6 @@ def write_beir(folder: Path, num_docs: int = 30, splits=(("train", range(0, 12))
 
 # ---- tiny `retromae pretrain` runs ----------------------------------------------------------------------------------
 
-# Options a tiny model needs per method (DupMAE's [CLS] projection must fit hidden_size 32).
-TINY_METHOD_OPTIONS = {"dupmae": ["--method-options", '{"dense_dim": 16}']}
-
 
 def pretrain_args(model: Path, corpus: Path | None, output: Path, *extra: str,
                   defaults: dict[str, str] | None = None) -> list[str]:

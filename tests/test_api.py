@@ -236,3 +236,12 @@ def test_basic_decoding_with_another_mask_id_than_the_collator_is_refused(tmp_pa
         make_trainer(tmp_path, tokenizer, bert_rows, model=tiny_model(decoding="basic", mask_token_id=7))
     make_trainer(tmp_path, tokenizer, bert_rows, model=tiny_model(decoding="basic", mask_token_id=103))
     make_trainer(tmp_path, tokenizer, bert_rows, model=tiny_model(mask_token_id=7))  # enhanced decoding reads no id
+
+
+def test_a_config_field_set_after_the_model_was_built_is_validated_by_the_trainer(tmp_path, tokenizer, bert_rows):
+    """HEAD trained: `model.config.num_decoder_layers = 2` passes the field's type check on assignment, and only the
+    class validator refuses it with enhanced decoding (which builds exactly one decoder layer)."""
+    model = tiny_model()
+    model.config.num_decoder_layers = 2
+    with pytest.raises(ValueError, match=r"num_decoder_layers=2 with decoding='enhanced'"):
+        make_trainer(tmp_path, tokenizer, bert_rows, model=model)

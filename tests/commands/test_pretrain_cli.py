@@ -24,7 +24,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 # absolute, not relative: transformers copies this module as remote code (SixthForPretraining) and would look for
 # a relative import as a file beside it
-from tests.builders import SENTENCES, TINY_METHOD_OPTIONS, pretrain_args, tiny_bert_kwargs, write_jsonl, write_lines
+from tests.builders import SENTENCES, pretrain_args, tiny_bert_kwargs, write_jsonl, write_lines
 
 
 def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
@@ -325,7 +325,7 @@ def test_sentmae_with_cosine_exports_cosine_similarity(tiny_bert, corpus, tmp_pa
 def test_every_method_pretrains_exports_and_exits_0(method, tiny_bert, corpus, tmp_path, capsys):
     """End to end through the CLI, export and summary included (DupMAE's summary once exited 2)."""
     out = tmp_path / method
-    args = pretrain_args(tiny_bert, corpus, out, "--method", method, *TINY_METHOD_OPTIONS.get(method, []),
+    args = pretrain_args(tiny_bert, corpus, out, "--method", method,
                          "--max-steps", "2", "--save-steps", "100")
     assert main(args) == 0, capsys.readouterr().err[-2000:]
     summary = capsys.readouterr().out

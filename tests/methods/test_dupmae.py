@@ -79,11 +79,23 @@ def test_config_rejects_bad_values(overrides, field):
 
 def test_dense_dim_error_names_the_flag_that_sets_it():
     with pytest.raises((ValueError, StrictDataclassError)) as error:
-        tiny_config(dense_dim=384)  # DupMAE's default d' on a model with hidden_size 32
+        tiny_config(dense_dim=384)  # the paper's d' on a model with hidden_size 32
     assert """--method-options '{"dense_dim": 32}'""" in str(error.value)
     with pytest.raises((ValueError, StrictDataclassError)) as error:  # HEAD: no hint for doc_top_k
         tiny_config(doc_top_k=40000)  # on a vocabulary of 30,522
     assert """--method-options '{"doc_top_k": 30522}'""" in str(error.value)
+
+
+@pytest.mark.parametrize(("hidden_size", "representation", "dense_dim"), [
+    (768, "hybrid", 384), (384, "hybrid", 384), (32, "hybrid", 32), (32, "cls", 32), (384, "cls", 384),
+])
+def test_the_default_dense_dim_fits_the_base(hidden_size, representation, dense_dim):
+    """HEAD: 384 whatever the base, so a base narrower than 384 (or "cls" on one other than 384 wide) was refused
+    until the user set dense_dim. The resolved value is saved, so the config reloads with it."""
+    config = DupMAEConfig(**{**tiny_bert_kwargs(), "hidden_size": hidden_size, "num_attention_heads": 4,
+                             "representation": representation})
+    assert config.dense_dim == dense_dim
+    assert DupMAEConfig.from_dict(config.to_dict()).dense_dim == dense_dim
 
 
 def test_config_defaults_and_table4_presets():

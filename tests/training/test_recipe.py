@@ -16,7 +16,7 @@ from retromae.trainers.methods import METHODS
 from retromae.trainers.training.recipe import SUGGESTED_RECIPE, RecipeArguments, parameter_groups
 from safetensors.torch import load_file
 
-from ..builders import TINY_METHOD_OPTIONS, pretrain_args, save_headless_bert, tiny_bert_kwargs
+from ..builders import pretrain_args, save_headless_bert, tiny_bert_kwargs
 
 RECIPE_LOGGER = "retromae.trainers.training.recipe"
 
@@ -42,7 +42,7 @@ def test_head_warmup_keeps_the_encoder_bit_identical_while_the_new_parts_train(m
                                                                                caplog):
     out = tmp_path / method
     with caplog.at_level(logging.WARNING, logger=RECIPE_LOGGER):
-        assert main(recipe_run(tiny_bert, corpus, out, "--method", method, *TINY_METHOD_OPTIONS.get(method, []),
+        assert main(recipe_run(tiny_bert, corpus, out, "--method", method,
                                "--max-steps", "3", "--head-warmup-steps", "2", "--encoder-lr-scale", "0.1")) == 0
     base = encoder_weights(load_file(str(tiny_bert / "model.safetensors")))
     steps = [load_file(str(out / f"checkpoint-{n}" / "model.safetensors")) for n in (1, 2, 3)]
@@ -172,7 +172,7 @@ def test_head_warmup_under_two_process_ddp(run_cli_in_two_processes, tiny_bert, 
 @pytest.mark.parametrize("method", ["bow", "dupmae", "retromae"])  # SEED's losses are wired as RetroMAE's
 def test_contrastive_anchor_adds_the_in_batch_loss_to_every_method(method, tiny_bert, corpus, tmp_path):
     out = tmp_path / method
-    assert main(recipe_run(tiny_bert, corpus, out, "--method", method, *TINY_METHOD_OPTIONS.get(method, []),
+    assert main(recipe_run(tiny_bert, corpus, out, "--method", method,
                            "--max-steps", "2", "--contrastive-anchor-weight", "0.5")) == 0
     logged = [e for e in json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
               if "loss" in e]

@@ -49,11 +49,12 @@ def check_same_tokenizer(collator_tokenizer: Any, tokenizer: Any) -> None:
 def check_pretraining_inputs(model: Any, model_init: Any, data_collator: Any) -> None:
     """Refuse a model that is not one of the package's pre-training models (a base masked LM, a path: the Trainer
     would fail deep inside transformers), and one whose mask id does not fit the collator's tokenizer
-    (`check_mask_token`). A `model_init` in place of the model is left to the Trainer.
+    (`check_mask_token`), or whose config no longer validates. A `model_init` in place of the model is left to the
+    Trainer.
 
     Raises:
         TypeError: naming the model's type and the class to build.
-        ValueError: from `check_mask_token`.
+        ValueError: from `check_mask_token` or the config's `validate()`.
     """
     if model is None and model_init is not None:
         return
@@ -61,6 +62,7 @@ def check_pretraining_inputs(model: Any, model_init: Any, data_collator: Any) ->
         path = f" {model!r}" if isinstance(model, str | os.PathLike) else ""
         raise TypeError(f"RetroMAETrainer needs a retromae *ForPretraining model (e.g. "
                         f"RetroMAEForPretraining.from_encoder_checkpoint(path)); got {type(model).__name__}{path}")
+    model.config.validate()  # fields set on `model.config` after the model was built skip the class validators
     tokenizer = getattr(data_collator, "tokenizer", None)
     if tokenizer is not None:
         check_mask_token(model.config, tokenizer)
