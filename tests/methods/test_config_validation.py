@@ -167,5 +167,5 @@ def test_loss_weights_and_temperature_must_be_finite(config_class, field, value)
 
 def test_dense_dim_hint_gives_the_python_spelling():
     with pytest.raises(ValueError) as error:
-        DupMAEConfig(**tiny_bert_kwargs())  # DupMAE's default d' of 384 on hidden_size 32
+        DupMAEConfig(**tiny_bert_kwargs(), dense_dim=384)  # the paper's d' on hidden_size 32
     assert """set it with dense_dim=32 (CLI: --method-options '{"dense_dim": 32}'""" in str(error.value)
