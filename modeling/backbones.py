@@ -4,6 +4,7 @@ its token and position embeddings, the MLM head as (transform, weight, bias) and
 carries the base's own fields, so the base's model class is built from it and follows its `_attn_implementation`.
 """
 
+import importlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -48,8 +49,9 @@ def whole_for_editing(*modules: nn.Module) -> Iterator[None]:
     if not any(is_zero3_parameter(param) for param in params):
         yield
         return
-    import deepspeed  # only a ZeRO-3 model gets here, so DeepSpeed is installed
-
+    # only a ZeRO-3 model gets here, so DeepSpeed is installed; not an import statement, which transformers would
+    # require of every Hub user loading this code by repo id (`check_imports` reads every file's imports)
+    deepspeed = importlib.import_module("deepspeed")
     with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
         yield
 

@@ -7,9 +7,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
+import transformers
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassError
-from transformers import BertConfig, PreTrainedConfig
+
+try:
+    from transformers import BertConfig, PreTrainedConfig
+except ImportError as error:  # transformers 4.x spells it PretrainedConfig; name what a Hub user must install
+    raise ImportError(f"this model's code needs transformers >= 5 (installed: {transformers.__version__}); upgrade "
+                      "it with: pip install -U 'transformers>=5'") from error
 
 logger = logging.getLogger(__name__)
 

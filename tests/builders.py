@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -133,6 +134,17 @@ def tiny_bert_kwargs(**overrides) -> dict:
 def tiny_pretraining_config(config_class: type, **fields):
     """`config_class` (a pre-training config) at tiny BERT sizes with the `TINY_VOCAB` vocabulary."""
     return config_class(**tiny_bert_kwargs(vocab_size=TINY_VOCAB, max_position_embeddings=64), **fields)
+
+
+def hub_cache_layout(folder: Path, repo_id: str, cache: Path) -> Path:
+    """`cache`, a Hugging Face cache (`HF_HUB_CACHE`) in which `repo_id` resolves offline to a copy of `folder`'s
+    files, as a Hub download leaves them."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    shutil.copytree(folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    return cache
 
 
 def save_headless_bert(folder: Path, tokenizer, **config_overrides) -> Path:

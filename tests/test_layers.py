@@ -8,6 +8,7 @@ import ast
 import io
 import os
 import re
+import sys
 import tokenize
 from pathlib import Path
 
@@ -158,6 +159,21 @@ def test_modeling_is_flat_remote_code():
             if isinstance(node, ast.Import) and any(alias.name.startswith("retromae") for alias in node.names):
                 absolute.append(f"{path.name}:{node.lineno}")
     assert absolute == []
+
+
+# What a Hub user loading `modeling/` as remote code must have installed (sentence_transformers: the DupMAE pooling
+# module of sentence-transformers exports).
+REMOTE_CODE_REQUIREMENTS = {"torch", "transformers", "huggingface_hub", "sentence_transformers"}
+
+
+def test_remote_code_requires_no_optional_package():
+    """Loading by repo id, transformers' `check_imports` requires every package any modeling file imports outside a
+    `try:` (from a local folder it reads only the top file): an `import deepspeed` in backbones.py made every
+    pre-training checkpoint fail to load from the Hub without DeepSpeed installed."""
+    from transformers.dynamic_module_utils import get_imports
+
+    required = {name for path in MODELING.glob("*.py") for name in get_imports(str(path))}
+    assert {name for name in required - REMOTE_CODE_REQUIREMENTS if name not in sys.stdlib_module_names} == set()
 
 
 def _docstring_and_comment_measures(path: Path) -> tuple[int, int, int]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from .builders import hub_cache_layout
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -35,21 +36,11 @@ def write_small_beir(folder: Path) -> None:
         (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def offline_hub_cache(minilm_dir: Path, cache: Path) -> Path:
-    """A Hugging Face cache in which the README's Hub id resolves offline to the bundled all-MiniLM-L6-v2 files."""
-    repo = cache / f"models--{HUB_ID.replace('/', '--')}"
-    revision = "0" * 40
-    shutil.copytree(minilm_dir, repo / "snapshots" / revision)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(revision)
-    return cache
-
-
 def test_python_section_runs_as_written(minilm_dir, tmp_path):
     code = python_section_code()
     assert HUB_ID in code and "my-beir" in code
     write_small_beir(tmp_path / "my-beir")
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(offline_hub_cache(minilm_dir, tmp_path / "hub"))}
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache_layout(minilm_dir, HUB_ID, tmp_path / "hub"))}
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -42,6 +42,9 @@ def test_pretrain_export_and_load(tiny_bert, corpus, tmp_path, capsys):
         run_info = json.loads((out / checkpoint / "retromae_run.json").read_text())
         assert run_info["method"] == "retromae" and run_info["global_step"] == int(checkpoint.split("-")[1])
         assert str(tmp_path) not in json.dumps(run_info), "no local paths in run info"
+    # the final save is the folder one uploads: no file of it holds a local path (HEAD: training_args.bin did)
+    assert [p.name for p in out.iterdir() if p.is_file() and str(tmp_path).encode() in p.read_bytes()] == []
+    assert (out / "checkpoint-4" / "training_args.bin").is_file() and not (out / "training_args.bin").exists()
     from transformers import AutoModel
 
     encoder = AutoModel.from_pretrained(out / "checkpoint-4", trust_remote_code=True)

@@ -8,6 +8,8 @@ import json
 import logging
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -181,3 +183,11 @@ def test_the_advised_exclude_pattern_matches_the_file_alone(cluttered, tmp_path)
         publishing.prepare_publish(cluttered, "my-org/x", exclude=advised, allow_extra_files=True)  # now it passes
         (cluttered / name).unlink()
     publishing.prepare_publish(cluttered, "my-org/x", exclude="*.npy", allow_extra_files=True)  # one str: one pattern
+
+
+def test_the_exclude_advice_prints_no_python_warning():
+    """HEAD: the pattern's regex `([[*?])` printed "FutureWarning: Possible nested set" above the one-line refusal."""
+    code = "from retromae.trainers.export.uploading import exclude_pattern; print(exclude_pattern('run[1].json'))"
+    result = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "'run[[]1].json'\n", "")

@@ -1,12 +1,17 @@
 """Loading checkpoints into our classes: no load-report table for the keys a load is meant to skip or create, the
 full table for any other key, and non-BERT architectures refused by `from_encoder_checkpoint`."""
 
+import importlib.util
 import json
 import logging
 import os
+import re
+import sys
+import types
 
 import pytest
 import torch
+from retromae.modeling import configuration_retromae
 from retromae.modeling.backbones import SUPPORTED_ENCODER_TYPES
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_bow import BoWForPretraining
@@ -17,9 +22,10 @@ from retromae.modeling.pretraining_base import _pretraining_classes
 from transformers import BertConfig, BertForPreTraining, BertModel, GPT2Config
 from transformers.utils import logging as transformers_logging
 
-from ..builders import masked_batch, tiny_bert_kwargs, tiny_pretraining_config
+from ..builders import hub_cache_layout, masked_batch, tiny_bert_kwargs, tiny_pretraining_config
 
 PRETRAINING_CLASSES = [RetroMAEForPretraining, DupMAEForPretraining, SEEDEncoderForPretraining]
+CONFIGURATION_FILE = configuration_retromae.__file__
 TINY = dict(dense_dim=16)  # DupMAE's projection must fit the tiny hidden size
 
 
@@ -207,3 +213,44 @@ def test_a_missing_folder_that_could_be_a_hub_id_names_both(tmp_path, monkeypatc
     message = str(error.value)
     assert str(tmp_path / "models" / "nope") in message and "Hub" in message
     assert "\n" not in message
+
+
+# Run in a fresh interpreter without retromae or DeepSpeed, with argv[1:] repo ids that resolve in the offline Hub
+# cache: each loads through AutoModel and AutoModelForPreTraining as remote code; prints one JSON line of class names.
+LOAD_BY_REPO_ID_SCRIPT = r"""
+import json, sys
+sys.modules["deepspeed"] = None  # importing it raises ImportError, as where it is not installed
+from transformers import AutoModel, AutoModelForPreTraining
+print(json.dumps([[type(auto.from_pretrained(repo_id, trust_remote_code=True)).__name__
+                   for auto in (AutoModel, AutoModelForPreTraining)] for repo_id in sys.argv[1:]]))
+"""
+
+
+def test_checkpoints_load_by_repo_id_without_deepspeed(tmp_path, run_without_retromae):
+    """By repo id, transformers requires every package any of the checkpoint's code files imports (from a folder,
+    only the top file's): `import deepspeed` in backbones.py made every method's checkpoint fail to load from the Hub
+    ("This modeling file requires ... deepspeed")."""
+    classes = [RetroMAEForPretraining, DupMAEForPretraining, SEEDEncoderForPretraining, BoWForPretraining]
+    cache = tmp_path / "hub"
+    for klass in classes:
+        klass(klass.config_class(**tiny_bert_kwargs(), **_overrides(klass))).save_pretrained(tmp_path / klass.__name__)
+        hub_cache_layout(tmp_path / klass.__name__, f"org/{klass.__name__.lower()}", cache)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = run_without_retromae(LOAD_BY_REPO_ID_SCRIPT, [f"org/{k.__name__.lower()}" for k in classes],
+                                  cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded == [[k.encoder_class.__name__, k.__name__] for k in classes]
+
+
+def test_on_transformers_4_the_checkpoint_code_names_the_version_it_needs(tmp_path, monkeypatch):
+    """transformers 4.x has no `PreTrainedConfig` (it spells it `PretrainedConfig`): loading a checkpoint failed with
+    "cannot import name 'PreTrainedConfig'", naming no requirement."""
+    old = types.ModuleType("transformers")
+    old.__version__, old.BertConfig = "4.57.6", BertConfig
+    monkeypatch.setitem(sys.modules, "transformers", old)
+    spec = importlib.util.spec_from_file_location("configuration_retromae", CONFIGURATION_FILE)
+    with pytest.raises(ImportError, match=re.escape("this model's code needs transformers >= 5 (installed: 4.57.6); "
+                                                    "upgrade it with: pip install -U 'transformers>=5'")):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

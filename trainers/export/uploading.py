@@ -124,7 +124,7 @@ def left_out_of_upload(folder: Path, listing: UploadListing, module_paths: Seque
 
 def exclude_pattern(path: str) -> str:
     """`path` as an `--exclude` value that matches it alone, quoted for a shell (fnmatch's `[`, `*`, `?` escaped)."""
-    return shlex.quote(re.sub(r"([[*?])", r"[\1]", path))
+    return shlex.quote(re.sub(r"([\[*?])", r"[\1]", path))
 
 
 def _belongs_to_model(path: str, module_dirs: tuple[str, ...], remote_code_files: set[str]) -> bool:

@@ -220,6 +220,9 @@ def install_files(build: Path, root: Path) -> None:
     """Move the files of a finished final save from `build` into `root`, replacing the previous final save's
     files (and removing those the new save does not have, e.g. shards or another method's code). `config.json` goes
     first and comes back last, so `root` lacks it, and readers refuse it, while the two saves are mixed."""
+    # the Trainer's pickle of the run's arguments (local paths included), which nothing reads: the final save is what
+    # users upload (checkpoints keep it)
+    (build / "training_args.bin").unlink(missing_ok=True)
     incoming = {path.name for path in build.iterdir()}
     (root / "config.json").unlink(missing_ok=True)
     for stale in run_output_files(root):
