@@ -23,10 +23,12 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from importlib.metadata import PackageNotFoundError, version
 
+OTHER_RANKS_PAUSE = 3.0  # seconds; torchrun's agent checks its processes every 0.1 s by default
 # name -> ("module:function" under retromae.trainers, one-line summary); imported only when the command runs
 COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("commands.pretrain:pretrain", "pre-train an encoder (default: a short demo run)"),
@@ -136,8 +138,21 @@ def _run(name: str, args: list[str], program: bool) -> int:
         message = one_line_message(error) if is_refusal(error) else refused_write_message(error, name)
         if message is None or os.environ.get("RETROMAE_DEBUG"):
             raise
+        if program:
+            _let_rank_zero_speak_first()
         _print_line(f"retromae {name}: error: {message}")
         return 2
+
+
+def _let_rank_zero_speak_first() -> None:
+    """On a torchrun process other than the first, pause before printing a refusal. A refusal every process meets
+    (the same command) is then printed once: the first process prints it and exits, and torchrun stops the others
+    (SIGTERM, here left to end the process) before they print theirs, which may be a consequence of the first's
+    (another run's folder lock: "holds files from an earlier run"). A refusal of one process alone still comes."""
+    if os.environ.get("RANK", "0") == "0":
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(OTHER_RANKS_PAUSE)
 
 
 def _no_accelerator_guess(record: logging.LogRecord) -> bool:

@@ -488,3 +488,12 @@ def test_torchrun_on_a_cpu_machine_without_use_cpu_is_one_line(command, tmp_path
     assert cli.main([command, *first, "--output-dir", str(tmp_path / "out")]) == 2
     assert "started with 2 processes (torchrun) on a machine without a GPU; add --use-cpu true" in one_line_error(
         capsys, command)
+
+
+def test_a_refusal_every_torchrun_process_meets_is_printed_once(run_cli_in_two_processes, tmp_path):
+    """HEAD: each process printed it (and with another run's folder lock held, the second process told the user to
+    resume a folder the other run was still writing: probe 77 B-004)."""
+    result = run_cli_in_two_processes(["pretrain", "--corpus", str(tmp_path / "missing.txt"), "--output-dir",
+                                       str(tmp_path / "out")], 29591)  # no --use-cpu, on a machine without a GPU
+    assert result.returncode != 0
+    assert result.stderr.count("retromae pretrain: error: ") == 1, result.stderr[-3000:]

@@ -36,6 +36,7 @@ from ..training.pretraining import (
     train_model,
     validation_callback,
 )
+from ..training.processes import check_processes_agree
 from ..training.resume import (
     check_same_processes,
     check_text_unchanged,
@@ -75,6 +76,7 @@ def pretrain(argv: list[str]) -> int:
     args = run.training
     INTERRUPTED_HINT.set(functools.partial(resume_hint, args.output_dir))  # what `cli.main` says after a Ctrl-C
     configure_logging(args.get_process_log_level())
+    check_processes_agree(run.settings, args.world_size)
     set_seed(args.seed)
     if args.dataloader_pin_memory and args.device.type == "cpu":
         args.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every DataLoader

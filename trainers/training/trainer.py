@@ -43,6 +43,7 @@ from ..inputs.training_checks import check_training_arguments
 from .atomic_checkpoints import AtomicCheckpoints
 from .divergence import divergence_on_any_process
 from .positions import check_model_and_tokenizer
+from .processes import seed_processes_apart
 from .recipe import (
     HeadWarmupCallback,
     RecipeArguments,
@@ -104,8 +105,6 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
                  recipe: RecipeArguments | None = None, **kwargs):
         check_pretraining_inputs(kwargs.get("model", args[0] if args else None), kwargs.get("model_init"),
                                  kwargs.get("data_collator", args[2] if len(args) > 2 else None))
-        # a callback that can score the model (`retrieval_validation.RetrievalValidationCallback`; not imported: it
-        # sits a layer above the trainer, beside the coverage diagnostic it reuses)
         if kwargs.get("data_collator") is None and len(args) < 3:  # Trainer's own would pad, and mask nothing
             raise ValueError("RetroMAETrainer needs data_collator=PretrainingCollator(tokenizer, mask_ratio=...) (or a "
                              "collator of your own that returns the model's labels)")
@@ -113,7 +112,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         if training_args is not None:  # before the Trainer compares any of them
             check_training_arguments(training_args)  # as the command line checks its flags
         validation = next((c for c in kwargs.get("callbacks") or [] if callable(getattr(c, "evaluate_model", None))),
-                          None)
+                          None)  # a `retrieval_validation.RetrievalValidationCallback` (a layer above: not imported)
         if validation is not None and kwargs.get("eval_dataset") is None:
             kwargs["eval_dataset"] = validation.data  # the evaluation set is the BEIR split (`evaluate`)
         self._keeps_stream_position = training_args is not None and keep_stream_position(
@@ -122,6 +121,7 @@ class RetroMAETrainer(AtomicCheckpoints, Trainer):
         self._rng_checkpoint: str | None = None  # whose RNG states the first step after a stream position loads
         self._resumed_at_pass_end = False  # the stream position resumed from ends its pass (`_init_training_state`)
         super().__init__(*args, **kwargs)
+        seed_processes_apart(self.args.seed, self.args.process_index)
         self.accelerator.dataloader_config.use_stateful_dataloader |= self._keeps_stream_position
         self.validation = validation
         self.recipe = recipe or RecipeArguments()
