@@ -2,8 +2,10 @@
 
 Loaded as remote code from an exported model's root (modules.json type ``"st_dupmae.DupMAEPooling"``), never imported
 by `modeling_*.py`. sentence-transformers resolves module types from the root but saves each module's code into its
-subfolder: re-save with `save_sentence_transformer`, not `model.save`. `task`: ``"query"`` from `encode_query`, else
-a document; a call without it (training losses) reads ``features["task"]``, as `Router` does.
+subfolder, so `DupMAEPooling.save` also writes the code files into the model's root: a model loaded as remote code
+re-saves with `model.save` / `push_to_hub`. A model built from this package's class needs `save_sentence_transformer`
+(`model.save` would name the type `retromae.modeling.st_dupmae.DupMAEPooling`). `task`: ``"query"`` from
+`encode_query`, else a document; a call without it (training losses) reads ``features["task"]``, as `Router` does.
 """
 
 import json
@@ -29,6 +31,7 @@ from .layers_dupmae import (
 # the files `SentenceTransformer(path, trust_remote_code=True)` loads from the root of a DupMAE model folder
 REMOTE_CODE_FILES = ("st_dupmae.py", "layers_dupmae.py")
 MODULE_TYPE = "st_dupmae.DupMAEPooling"
+SENTENCE_TRANSFORMER_CONFIG = "config_sentence_transformers.json"  # at the root of every SentenceTransformer folder
 
 
 class _HeadTransform(nn.Module):
@@ -179,9 +182,14 @@ class DupMAEPooling(Module):
         return self.get_embedding_dimension()
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
-        """Config + safetensors weights into `output_path`, this module's own folder."""
+        """Config + safetensors weights into `output_path`, this module's own folder; inside a SentenceTransformer
+        folder (its parent holds `SENTENCE_TRANSFORMER_CONFIG`, which sentence-transformers writes before the
+        modules) also `REMOTE_CODE_FILES` into that root, where `trust_remote_code=True` loading looks for them."""
         self.save_config(output_path)
         self.save_torch_weights(output_path, safe_serialization=safe_serialization)
+        root = Path(output_path).resolve().parent
+        if (root / SENTENCE_TRANSFORMER_CONFIG).is_file():
+            write_remote_code(type(self), root)
 
     @classmethod
     def load(
@@ -210,16 +218,22 @@ class DupMAEPooling(Module):
         return cls.load_torch_weights(model_name_or_path, model=cls(**config), **hub)
 
 
+def write_remote_code(module_class: type, folder: Path) -> None:
+    """Copy `REMOTE_CODE_FILES` from the folder of `module_class`'s source file (this package's `modeling/`, or
+    transformers' module cache for remote code) into `folder`; a file is not copied onto itself."""
+    source_dir = Path(sys.modules[module_class.__module__].__file__).parent
+    for name in REMOTE_CODE_FILES:
+        if (source_dir / name).resolve() != (folder / name).resolve():
+            shutil.copyfile(source_dir / name, folder / name)
+
+
 def save_sentence_transformer(model: torch.nn.Module, path: str | Path, **save_kwargs: Any) -> Path:
     """`model.save(path)` for a SentenceTransformer with a `DupMAEPooling`, plus `st_dupmae.py` and
     `layers_dupmae.py` at the root of `path` and the module type ``"st_dupmae.DupMAEPooling"`` in modules.json."""
     path = Path(path)
     pooling = find_dupmae_pooling(model)
     model.save(str(path), **save_kwargs)
-    source_dir = Path(sys.modules[type(pooling).__module__].__file__).parent
-    for name in REMOTE_CODE_FILES:
-        if (source_dir / name).resolve() != (path / name).resolve():
-            shutil.copyfile(source_dir / name, path / name)
+    write_remote_code(type(pooling), path)
     modules_file = path / "modules.json"
     modules = json.loads(modules_file.read_text(encoding="utf-8"))
     for entry in modules:
@@ -284,4 +298,5 @@ __all__ = [
     "find_dupmae_pooling",
     "is_dupmae_pooling",
     "save_sentence_transformer",
+    "write_remote_code",
 ]

@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     **{f"data.{path.stem}": 1 for path in (TRAINERS / "data").glob("*.py")},
     **{f"training.{name}": 1 for name in ("trainer", "atomic_checkpoints", "run_folder", "resume", "recipe", "schedules",
                                           "positions", "fast_paths", "lock", "divergence", "finetune_losses", "sharding",
-                                          "stream_loader", "processes")},
+                                          "stream_loader", "processes", "stage_trainer")},
     "export.cls": 1, "export.dupmae": 1, "retrieval.beir": 1, "retrieval.metrics": 1,
     # 2: the method registry, the one place that knows how the methods differ
     "methods": 2,

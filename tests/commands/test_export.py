@@ -15,7 +15,7 @@ from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers import cli
 from retromae.trainers.commands.export import export_command
 from retromae.trainers.export import cls as export_cls
-from retromae.trainers.export.cards import read_papers, render_pretrained_card
+from retromae.trainers.export.cards import read_papers, render_pretrained_card, sentence_transformers_needed
 from retromae.trainers.export.cls import write_cls_encoder
 from retromae.trainers.export.dupmae import write_dupmae_export
 from retromae.trainers.export.sentence_transformer import export_from_model, export_sentence_transformer
@@ -158,6 +158,24 @@ def test_card_claims_num_train_epochs_only_when_no_max_steps_stopped_the_run():
 
     assert "num_train_epochs" not in rows(max_steps=300, num_train_epochs=3.0)  # HEAD: `| num_train_epochs | 3 |`
     assert "| `num_train_epochs` | 3 |" in rows(max_steps=-1, num_train_epochs=3.0)
+
+
+@pytest.mark.parametrize(("types", "release"), [
+    ([], "5.0"),  # no modules.json: encode_query / encode_document, which the cards use, came in 5.0
+    (["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling"], "5.0"),  # legacy paths
+    (["sentence_transformers.base.modules.transformer.Transformer",
+      "sentence_transformers.sentence_transformer.modules.pooling.Pooling"], "5.4"),
+    (["sentence_transformers.base.modules.transformer.Transformer", "st_dupmae.DupMAEPooling"], "5.4"),
+    (["sentence_transformers.base.modules.transformer.Transformer",
+      "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"], "5.4"),
+    (["sentence_transformers.models.Transformer", "sentence_transformers.base.modules.normalize.Normalize"], "6.0"),
+], ids=["none", "legacy", "base", "remote-code", "sparse", "normalize"])
+def test_the_release_a_folder_needs_is_the_latest_its_module_paths_need(tmp_path, types, release):
+    """Releases 5.3 and older have no `sentence_transformers.base` and 5.4-5.7 no `base.modules.normalize`: the
+    folders sentence-transformers 6.2 saves failed to load there with ModuleNotFoundError (checked by hand)."""
+    if types:
+        (tmp_path / "modules.json").write_text(json.dumps([{"idx": i, "type": t} for i, t in enumerate(types)]))
+    assert sentence_transformers_needed(tmp_path) == release
 
 
 def test_no_local_paths_in_output(exported, pretrained):

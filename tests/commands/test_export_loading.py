@@ -89,6 +89,18 @@ def test_the_finetuned_card_transformers_snippet_gives_the_model_vectors(request
     torch.testing.assert_close(namespace["embeddings"], expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize(("start", "release"), [("spread_cls_bert", "5.4"), ("minilm_dir", "6.0")],
+                         ids=["cls-dot", "mean-cosine-normalize"])
+def test_the_finetuned_card_states_the_release_its_modules_need(request, start, release, tmp_path):
+    """sentence-transformers 5.4 loads the saved module paths, 6.0 also its Normalize (`sentence_transformers_needed`).
+    HEAD: every card said "Requires sentence-transformers >= 6 and transformers >= 5", though a model without
+    Normalize loads on 5.7 with transformers 4.57 and gives the same vectors (probe 78 B-002)."""
+    out = finetune(request.getfixturevalue(start), write_beir(tmp_path / "toy"), tmp_path / "tuned", stages=["in-batch"],
+                   max_steps=1, per_device_train_batch_size=4, max_seq_length=32, disable_tqdm=True).output_dir
+    text = " ".join((out / "README.md").read_text().split())
+    assert f"Requires sentence-transformers >= {release}." in text and "and transformers >= 5" not in text
+
+
 def test_a_finetuned_card_has_no_transformers_snippet_where_prompts_change_the_input(spread_cls_bert, tmp_path):
     out = finetune(spread_cls_bert, write_beir(tmp_path / "toy"), tmp_path / "tuned", stages=["in-batch"],
                    max_steps=1, per_device_train_batch_size=4, max_seq_length=32, disable_tqdm=True,

@@ -551,12 +551,14 @@ ST_REMOTE_LOAD = textwrap.dedent(
     assert type(model[1]).__module__.startswith("transformers_modules."), type(model[1]).__module__
     q = model.encode_query({queries}, convert_to_tensor=True)
     d = model.encode_document({texts}, convert_to_tensor=True)
-    model.save("{plain}")  # sentence-transformers' own save: the module's code lands in its subfolder only
+    model.save("{plain}")  # sentence-transformers' own save (the module puts its code at the root too)
+    plain = SentenceTransformer("{plain}", trust_remote_code=True, device="cpu")
     code = importlib.import_module(type(model[1]).__module__)  # st_dupmae as loaded from the model folder
     code.save_sentence_transformer(model, "{resaved}")
     again = SentenceTransformer("{resaved}", trust_remote_code=True, device="cpu")
     d2 = again.encode_document({texts}, convert_to_tensor=True)
-    torch.save({{"scores": model.similarity(q, d), "d": d, "d2": d2}}, "{result}")
+    d3 = plain.encode_document({texts}, convert_to_tensor=True)
+    torch.save({{"scores": model.similarity(q, d), "d": d, "d2": d2, "d3": d3}}, "{result}")
     """
 )
 
@@ -572,18 +574,24 @@ def test_export_loads_in_fresh_process_and_resave_loads(run_fresh_python, export
     )
     torch.testing.assert_close(remote["scores"], expected, atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(remote["d2"], remote["d"])
-    assert (resaved / "st_dupmae.py").is_file() and (resaved / "layers_dupmae.py").is_file()
-    assert json.loads((resaved / "modules.json").read_text())[1]["type"] == "st_dupmae.DupMAEPooling"
-    assert not (plain / "st_dupmae.py").exists(), "the module's save writes only into its own folder"
+    torch.testing.assert_close(remote["d3"], remote["d"])
+    for folder in (resaved, plain):
+        assert (folder / "st_dupmae.py").is_file() and (folder / "layers_dupmae.py").is_file()
+        assert json.loads((folder / "modules.json").read_text())[1]["type"] == "st_dupmae.DupMAEPooling"
     assert (plain / "1_DupMAEPooling" / "st_dupmae.py").is_file()  # sentence-transformers' copy of the code
 
 
-def test_pooling_save_writes_only_into_its_own_folder(exported, tmp_path):
+def test_pooling_save_puts_its_code_at_the_root_of_a_sentence_transformer_folder_only(exported, tmp_path):
+    """Where sentence-transformers loads it from (HEAD wrote it nowhere: a re-saved model did not load, probe 78
+    B-004); a module saved outside a SentenceTransformer folder writes into its own folder only."""
     _, model, _ = exported
-    (tmp_path / "config_sentence_transformers.json").write_text("{}")  # inside a SentenceTransformer folder
     (tmp_path / "1_DupMAEPooling").mkdir()  # sentence-transformers creates the module's folder
     model[1].save(str(tmp_path / "1_DupMAEPooling"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1_DupMAEPooling", "config_sentence_transformers.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1_DupMAEPooling"]
+    (tmp_path / "config_sentence_transformers.json").write_text("{}")  # inside a SentenceTransformer folder
+    model[1].save(str(tmp_path / "1_DupMAEPooling"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1_DupMAEPooling", "config_sentence_transformers.json",
+                                                          "layers_dupmae.py", "st_dupmae.py"]
     assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "1_DupMAEPooling").iterdir()}
 
 

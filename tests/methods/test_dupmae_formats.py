@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from retromae.modeling.configuration_dupmae import DupMAEConfig
 from retromae.modeling.configuration_retromae import RetroMAEConfig
 from retromae.modeling.modeling_dupmae import DupMAEForPretraining
 from retromae.modeling.modeling_retromae import RetroMAEForPretraining
 from retromae.trainers.cli import main
+from retromae.trainers.methods import METHODS
 from sentence_transformers import SentenceTransformer, SparseEncoder
 
 from ..builders import tiny_bert_kwargs
@@ -96,6 +98,43 @@ def test_both_folders_load_without_remote_code(exports):
     assert "SparseEncoder(" in (exports["folders"]["sparse"] / "README.md").read_text()
 
 
+@pytest.mark.parametrize(("part", "tag", "pipeline"), [("dense", "dense", "sentence-similarity"),
+                                                     ("sparse", "sparse-encoder", "feature-extraction")])
+def test_the_part_cards_are_the_other_export_cards_with_their_own_usage(exports, part, tag, pipeline):
+    """The front matter, the not-fine-tuned warning, the run details and the citation of the hybrid export's card
+    (`render_pretrained_card`), with the part's tag, pipeline and usage. HEAD: no license, language or `retromae` tag,
+    11-22 lines without the warning, run details or citation (probe 78 B-005)."""
+    hybrid = ModelCard.load(exports["folders"]["hybrid"] / "README.md").data
+    card = ModelCard.load(exports["folders"][part] / "README.md")
+    assert (card.data.license, card.data.language, card.data.library_name) == ("apache-2.0", "en",
+                                                                               "sentence-transformers")
+    assert (card.data.pipeline_tag, set(card.data.tags)) == (pipeline, set(hybrid.tags) - {"custom_code"} | {tag})
+    assert "retromae" in card.data.tags
+    assert (card.data.base_model, card.data.model_name) == (hybrid.base_model, hybrid.model_name)
+    for section in ("A **pre-trained, not fine-tuned** BERT encoder", "| Pre-training steps | 500 |",
+                    "### Training hyperparameters", "| `doc_top_k` | 64 |", "| `loss` | 12.3000 |",
+                    "no `trust_remote_code`", METHODS["dupmae"].paper.bibtex):
+        assert section in card.text, section
+
+
+def test_each_dupmae_card_states_the_sentence_transformers_release_it_needs(exports):
+    """5.4 is the first release with the module paths the folders name (5.3 fails to load them); releases before 6.2
+    load the sparse folder without its `max_active_dims`, so its card says so and its snippet passes it. HEAD: the
+    sparse card stated nothing (5.7 kept ~28k entries, scores 33x off), the hybrid card ">= 6" (probe 78 B-002)."""
+    texts = {name: " ".join((exports["folders"][name] / "README.md").read_text().split())
+             for name in ("hybrid", "dense", "sparse")}
+    assert "it needs sentence-transformers >= 5.4)" in texts["hybrid"]
+    assert "Requires sentence-transformers >= 5.4." in texts["dense"]
+    assert ("Requires sentence-transformers >= 5.4; releases before 6.2 do not read `max_active_dims` (64) from this "
+            "folder and keep every positive entry, so pass it when loading, as below.") in texts["sparse"]
+    folder = exports["folders"]["sparse"]
+    code = (folder / "README.md").read_text().split("```python\n")[-1].split("```")[0]
+    assert f'SparseEncoder("<this folder or repo>", max_active_dims={DOC_TOP_K})' in code
+    namespace: dict = {}
+    exec(code.replace("<this folder or repo>", str(folder)), namespace)  # noqa: S102 - the card's code, as a user runs it
+    assert namespace["model"].max_active_dims == DOC_TOP_K and namespace["scores"].shape == (1, 1)
+
+
 FRESH_LOAD_SCRIPT = """
 import json, sys
 from sentence_transformers import SentenceTransformer, SparseEncoder
@@ -117,6 +156,41 @@ def test_both_folders_load_where_retromae_is_not_installed(exports, run_without_
                                exports["dense"].encode_document(TEXTS, convert_to_tensor=True), atol=1e-6, rtol=0)
     torch.testing.assert_close(torch.tensor(report["sparse"]), _sparse(exports["sparse"], TEXTS, "document"),
                                atol=1e-6, rtol=0)
+
+
+RESAVE_SCRIPT = """
+import sys
+from sentence_transformers import SentenceTransformer
+SentenceTransformer(sys.argv[1], trust_remote_code=True).save(sys.argv[2])  # what a Hub user does, then push_to_hub
+"""
+RELOAD_SCRIPT = """
+import json, sys
+from sentence_transformers import SentenceTransformer
+model, texts = SentenceTransformer(sys.argv[1], trust_remote_code=True), json.loads(sys.argv[2])
+print(json.dumps({"query": model.encode_query(texts).tolist(), "document": model.encode_document(texts).tolist()}))
+"""
+
+
+def test_the_hybrid_export_resaved_by_sentence_transformers_loads_where_retromae_is_not_installed(
+        exports, run_without_retromae, tmp_path):
+    """A Hub user loads the hybrid export as remote code and re-saves it with `SentenceTransformer.save`; a fresh
+    interpreter without retromae loads the copy and gets the export's vectors. HEAD: `ModuleNotFoundError:
+    st_dupmae` (sentence-transformers wrote the module's code into 1_DupMAEPooling/ only, and loads it from the
+    root)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    resaved = tmp_path / "resaved"
+    result = run_without_retromae(RESAVE_SCRIPT, [str(exports["folders"]["hybrid"]), str(resaved)], cwd=tmp_path,
+                                  env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((resaved / "modules.json").read_text())[1]["type"] == "st_dupmae.DupMAEPooling"
+    result = run_without_retromae(RELOAD_SCRIPT, [str(resaved), json.dumps(TEXTS)], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    hybrid = exports["hybrid"]
+    torch.testing.assert_close(torch.tensor(report["query"]), hybrid.encode_query(TEXTS, convert_to_tensor=True),
+                               atol=0, rtol=0)
+    torch.testing.assert_close(torch.tensor(report["document"]),
+                               hybrid.encode_document(TEXTS, convert_to_tensor=True), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("task", ["query", "document"])

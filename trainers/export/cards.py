@@ -17,7 +17,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -43,6 +43,13 @@ POOLED_REPRESENTATION = {"cls": "last-layer `[CLS]` state",
 # the metrics of the evaluation summary and the card: (mteb score key, display name)
 CARD_METRICS = (("ndcg_at_10", "NDCG@10"), ("mrr_at_10", "MRR@10"), ("recall_at_100", "Recall@100"),
                 ("recall_at_1000", "Recall@1000"))
+# The first sentence-transformers release that imports each module path a saved modules.json may name (5.4 moved the
+# modules into these packages, 6.0 moved Normalize; folders were loaded with 5.3, 5.4, 5.7, 6.0), and the one that
+# added `encode_query` / `encode_document`, which the cards use, for any other path (remote code's imports unread)
+MODULE_RELEASES = (("sentence_transformers.base.modules.normalize.", (6, 0)), ("sentence_transformers.base.", (5, 4)),
+                   ("sentence_transformers.sentence_transformer.modules.", (5, 4)),
+                   ("sentence_transformers.sparse_encoder.modules.", (5, 4)))
+ENCODE_QUERY_RELEASE = (5, 0)
 # BertConfig's own fields; a method config's other fields are its hyperparameters (listed in the card)
 BERT_FIELDS = frozenset(f.name for f in dataclasses.fields(BertConfig))
 # method-config fields that are implementation knobs, not hyperparameters worth a line in the card
@@ -183,6 +190,9 @@ def render_pretrained_card(
     representation: str | None = None,
     similarity: str = "dot",
     pooling: str = "cls",
+    usage: str | None = None,
+    tags: Sequence[str] = (),
+    pipeline_tag: str = "sentence-similarity",
 ) -> str:
     """README.md of an exported pre-trained encoder from `model_cards/pretrained_encoder.md`.
 
@@ -194,9 +204,12 @@ def render_pretrained_card(
         folder_name: the output folder's basename.
         representation: how the sentence embedding is formed; None = the plain-BERT export (no remote code), whose
             embedding `pooling` and `similarity` describe. Any other value marks a model that needs
-            `trust_remote_code=True`.
+            `trust_remote_code=True`, unless `usage` is given.
         similarity: "dot" or "cosine" (the export normalises the embeddings).
         pooling: "cls" or "mean", for the plain-BERT export.
+        usage: the usage section's text after `pip install` (markdown), for an export of plain sentence-transformers
+            modules other than the plain-BERT one (no remote code); None = the card's own snippet.
+        tags / pipeline_tag: tags added to the card's own, and the Hub pipeline.
     """
     run_info = run_info or {}
     backbone = backbone_for(encoder_type_of_config(config))
@@ -207,15 +220,16 @@ def render_pretrained_card(
     hub_corpus = _hub_id(run_info.get("corpus"))
     title, summary = _title_and_summary(method)
     repo_id = model_name if "/" in model_name else f"<your-org>/{model_name}"
+    custom_code = representation is not None and usage is None
     card_data = ModelCardData(
         language="en",
         license="apache-2.0",
         library_name="sentence-transformers",
-        pipeline_tag="sentence-similarity",
+        pipeline_tag=pipeline_tag,
         base_model=hub_base_model,
         datasets=[hub_corpus] if hub_corpus else None,
-        tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", "feature-extraction",
-                                 *(["custom_code"] if representation is not None else [])])),
+        tags=list(dict.fromkeys(["retromae", method.name, "sentence-transformers", *tags, "feature-extraction",
+                                 *(["custom_code"] if custom_code else [])])),
         model_name=model_name,
     )
     scratch = (run_info.get("initialisation") or {}).get("from_scratch")
@@ -242,6 +256,8 @@ def render_pretrained_card(
         model_class=backbone.model_class.__name__,
         model_type=backbone.model_types[0],
         cls_model=representation is None,
+        custom_code=custom_code,
+        usage=usage,
         transformers_usage=transformers_usage(
             repo_id, pooling=pooling, normalize=similarity == "cosine", max_seq_length=max_seq_length,
             pooler_kwarg=", add_pooling_layer=False" if backbone.has_pooler else ""),  # the export has no pooler
@@ -315,13 +331,15 @@ def _training_rows(training: Mapping[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def _eval_results(rows: list[dict[str, Any]]) -> list[EvalResult]:
+    """The model-index entries of the rows whose `dataset_id` is a Hub dataset id (`_hub_id`): the Hub reads
+    `dataset.type` as one, so a local folder without one (`local/<name>`) stays in the card's table only."""
     results = []
     for row in rows:
         for key, label in CARD_METRICS:
-            if row.get(key) is None:
+            if row.get(key) is None or not _hub_id(row["dataset_id"]):
                 continue
             results.append(EvalResult(
-                task_type="retrieval", task_name="Retrieval", dataset_type=card_name(row["dataset_id"]),
+                task_type="retrieval", task_name="Retrieval", dataset_type=row["dataset_id"],
                 dataset_name=card_name(row["dataset_name"]), dataset_split=row["split"], metric_type=key,
                 metric_name=label, metric_value=float(row[key]),
             ))
@@ -329,7 +347,8 @@ def _eval_results(rows: list[dict[str, Any]]) -> list[EvalResult]:
 
 
 def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodDescription],
-                          model_files: Mapping[str, Any] | None = None) -> str:
+                          model_files: Mapping[str, Any] | None = None,
+                          sentence_transformers_release: str | None = None) -> str:
     """README.md of a fine-tuned model from its run record (`retromae_finetune.json`); never a local path.
 
     Args:
@@ -339,6 +358,8 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
             names a method's own module (`pooling_label`) marks the hybrid model.
         model_files: `saved_layout` of the model folder; with it, a CLS- or mean-pooled model without prompts, extra
             modules or remote code gets the transformers snippet (`transformers_usage`).
+        sentence_transformers_release: the release the card says the model needs (`sentence_transformers_needed`
+            of the model folder); None: no requirement stated.
     """
     method_name = info.get("pretraining_method")
     method = methods.get(method_name) if method_name else None
@@ -394,6 +415,7 @@ def render_finetuned_card(info: Mapping[str, Any], methods: Mapping[str, MethodD
         retromae_version=info.get("retromae_version", "unknown"),
         citations=citations,
         folder_name=model_name.split("/")[-1],
+        sentence_transformers_release=sentence_transformers_release,
     )
     return str(card)
 
@@ -409,14 +431,28 @@ def _base_model_text(hub_base: str | None, base_model: str | None) -> str:
     return f"`{card_name(base_model)}` (local)" if base_model else "a local model (no Hub id recorded)"
 
 
+def _module_types(folder: Path) -> list[str]:
+    """The `type` of each module in a saved folder's modules.json (a list, which read_json_or_empty does not
+    return); none without the file."""
+    modules_file = folder / "modules.json"
+    return ([str(m.get("type", "")) for m in json.loads(modules_file.read_text(encoding="utf-8"))]
+            if modules_file.is_file() else [])
+
+
+def sentence_transformers_needed(folder: Path) -> str:
+    """The oldest sentence-transformers release, as "5.4", that loads a saved folder and has `encode_query`: the
+    latest `MODULE_RELEASES` entry of its module types (each type's first matching prefix)."""
+    releases = [next((release for prefix, release in MODULE_RELEASES if module_type.startswith(prefix)),
+                     ENCODE_QUERY_RELEASE) for module_type in _module_types(folder)]
+    return ".".join(map(str, max([ENCODE_QUERY_RELEASE, *releases])))
+
+
 def saved_layout(folder: Path) -> dict[str, Any] | None:
     """What the transformers snippet needs to know of a saved sentence-transformers folder: whether it normalises
     (a Normalize module in modules.json) and loads without a pooler (`model_kwargs` in sentence_bert_config.json);
     None when the snippet would not give its vectors: a module other than Transformer, Pooling and Normalize (a
     Dense layer), or prompts (config_sentence_transformers.json, also those kept from the starting model)."""
-    modules_file = folder / "modules.json"  # a list, which read_json_or_empty does not return
-    modules = ([str(m.get("type", "")).rsplit(".", 1)[-1] for m in json.loads(modules_file.read_text(encoding="utf-8"))]
-               if modules_file.is_file() else [])
+    modules = [module_type.rsplit(".", 1)[-1] for module_type in _module_types(folder)]
     prompts = read_json_or_empty(folder / "config_sentence_transformers.json").get("prompts") or {}
     if modules not in (SNIPPET_MODULES, [*SNIPPET_MODULES, "Normalize"]) or any(prompts.values()):
         return None
@@ -430,7 +466,8 @@ def write_finetuned_card(folder: str | os.PathLike, info: Mapping[str, Any],
     """Write the run record (`retromae_finetune.json`) and README.md into `folder` (a saved model), each atomically."""
     folder = Path(folder)
     write_json_atomic(folder / FINETUNE_RUN_INFO_FILE, info)
-    write_text_atomic(folder / "README.md", render_finetuned_card(info, methods, saved_layout(folder)))
+    write_text_atomic(folder / "README.md", render_finetuned_card(info, methods, saved_layout(folder),
+                                                                  sentence_transformers_needed(folder)))
 
 
 __all__ = [
@@ -449,5 +486,6 @@ __all__ = [
     "record_value",
     "render_finetuned_card",
     "render_pretrained_card",
+    "sentence_transformers_needed",
     "write_finetuned_card",
 ]

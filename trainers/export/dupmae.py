@@ -16,9 +16,10 @@ Layout of an exported folder::
 
 Load it with `SentenceTransformer(path, trust_remote_code=True)`; `encode_query` keeps the full OT vector mu,
 `encode_document` its top-k, and `similarity` (dot) is the paper's eq. 12 score. The folder needs
-sentence-transformers >= 6 (the module subclasses `sentence_transformers.base.modules.Module`).
+sentence-transformers >= 5.4 (the module subclasses `sentence_transformers.base.modules.Module`).
 
-Re-save with `save_dupmae_sentence_transformer`, not `model.save` (why: `modeling/st_dupmae.py`).
+A model loaded from the folder re-saves with `model.save`; one built from this package's `DupMAEPooling` with
+`save_dupmae_sentence_transformer` (why: `modeling/st_dupmae.py`).
 
 The registry's dupmae entry points here: its exporter (`write_dupmae_export`), the overrides an export takes
 (`REPRESENTATION_FIELDS`), its validation vectors (`hybrid_sentence_vectors`) and its module (`DUPMAE_POOLING`).
@@ -50,7 +51,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..inputs.checkpoints import encoder_from_state_dict, encoder_kwargs
 from ..inputs.sentence_models import save_without_pooler
-from .cards import render_pretrained_card
+from .cards import render_pretrained_card, sentence_transformers_needed
 from .cls import ExportRequest, PoolingModule, cls_sentence_vectors
 
 logger = logging.getLogger(__name__)
@@ -61,12 +62,13 @@ DUPMAE_CARD_SECTION = """
 ## DupMAE hybrid representation
 
 This model's embedding is DupMAE's hybrid representation (paper §3.4), built by the custom module
-`st_dupmae.DupMAEPooling` at the root of this folder (load with `trust_remote_code=True`, sentence-transformers >= 6):
-the [CLS] state projected to {dense_dim} dimensions, concatenated with the {vocab_size}-dimensional ordinary-token
-vector mu (the MLM-head logits max-pooled over the non-special tokens). Documents keep the top-{doc_top_k} entries
-of mu, queries keep the full mu, so the dot product of `encode_query` and `encode_document` outputs is eq. 12:
-dense . dense + lambda * sum over the document's top-k ids of mu_q * mu_d. Representation: `{representation}`;
-mu values: `{ot_activation}` (`log1p_relu` = SPLADE's log(1 + relu(mu))); lambda (`sparse_weight`): {sparse_weight}.
+`st_dupmae.DupMAEPooling` at the root of this folder (load with `trust_remote_code=True`; it needs
+sentence-transformers >= {release}): the [CLS] state projected to {dense_dim} dimensions, concatenated with the
+{vocab_size}-dimensional ordinary-token vector mu (the MLM-head logits max-pooled over the non-special tokens).
+Documents keep the top-{doc_top_k} entries of mu, queries keep the full mu, so the dot product of `encode_query` and
+`encode_document` outputs is eq. 12: dense . dense + lambda * sum over the document's top-k ids of mu_q * mu_d.
+Representation: `{representation}`; mu values: `{ot_activation}` (`log1p_relu` = SPLADE's log(1 + relu(mu)));
+lambda (`sparse_weight`): {sparse_weight}.
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -197,21 +199,21 @@ def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
     pooling_config = json.loads((build_dir / "1_DupMAEPooling" / "config.json").read_text(encoding="utf-8"))
     dense = pooling_config["dense_dim"] if pooling_config["representation"] != "ot" else 0
     sparse = pooling_config["vocab_size"] if pooling_config["representation"] != "cls" else 0
-    card = render_pretrained_card(
-        request.method,
-        request.config,
-        request.run_info,
-        model_name=request.model_name,
-        folder_name=request.folder_name,
-        embedding_dim=dense + sparse,
-        num_layers=request.config["num_hidden_layers"],
-        max_seq_length=max_seq_length,
-        representation=(
-            f"DupMAE hybrid: [CLS] projected to {dense} dimensions ⊕ max-pooled ordinary-token vocabulary weights "
-            f"({sparse} dimensions, top-{pooling_config['doc_top_k']} kept for documents); dot product"
-        ),
+    card = render_export_card(request, dense + sparse, representation=(
+        f"DupMAE hybrid: [CLS] projected to {dense} dimensions ⊕ max-pooled ordinary-token vocabulary weights "
+        f"({sparse} dimensions, top-{pooling_config['doc_top_k']} kept for documents); dot product"
+    ))
+    section = DUPMAE_CARD_SECTION.format(**pooling_config, release=sentence_transformers_needed(build_dir))
+    (build_dir / "README.md").write_text(card + section, encoding="utf-8")
+
+
+def render_export_card(request: ExportRequest, embedding_dim: int, *, representation: str, **options: Any) -> str:
+    """`render_pretrained_card` of a DupMAE export of `request`; `options`: its `usage`, `tags`, `pipeline_tag`."""
+    return render_pretrained_card(
+        request.method, request.config, request.run_info, model_name=request.model_name,
+        folder_name=request.folder_name, embedding_dim=embedding_dim, num_layers=request.config["num_hidden_layers"],
+        max_seq_length=request.max_seq_length(), representation=representation, **options,
     )
-    (build_dir / "README.md").write_text(card + DUPMAE_CARD_SECTION.format(**pooling_config), encoding="utf-8")
 
 
 def load_dupmae_sentence_transformer(path: str | os.PathLike, **kwargs: Any) -> SentenceTransformer:
@@ -247,6 +249,7 @@ __all__ = [
     "build_dupmae_pooling",
     "hybrid_sentence_vectors",
     "load_dupmae_sentence_transformer",
+    "render_export_card",
     "save_dupmae_sentence_transformer",
     "write_dupmae_export",
 ]

@@ -9,7 +9,8 @@ without remote code (the default `--format hybrid` is `export.dupmae.write_dupma
   sentence-transformers 6.2 has no module for what DupMAE does; `SPARSE_DIFFERENCES` lists where it differs (the
   tests measure it: tests/test_parts.py).
 
-Both folders get a short model card; `export_part` is the `retromae export --format` entry point.
+Both folders get the model card of the other exports (`render_export_card`) with their own usage section;
+`export_part` is the `retromae export --format` entry point.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from ..inputs.checkpoints import (
     encoder_from_state_dict,
     encoder_kwargs,
 )
+from .cards import sentence_transformers_needed
 from .cls import ExportRequest
-from .dupmae import build_dupmae_pooling
+from .dupmae import build_dupmae_pooling, render_export_card
 from .sentence_transformer import (
     export_sentence_transformer,
     read_checkpoint_config,
@@ -55,16 +57,10 @@ SPARSE_DIFFERENCES = """
 5. `sparse_weight` (lambda) is not applied: multiply the sparse scores by it when fusing them with the dense ones.
 """
 
-DENSE_CARD = """---
-library_name: sentence-transformers
-pipeline_tag: sentence-similarity
-tags: [sentence-transformers, dupmae, dense]
----
-# {model_name}
-
-The dense part of a DupMAE pre-trained encoder ({representation}), {dim} dimensions, dot product. Plain
-sentence-transformers modules, no remote code. The sparse part is exported with `retromae export --format sparse`;
-the paper's hybrid score (eq. 12) is this dot product plus lambda = {sparse_weight} times the sparse one.
+# the usage section of each part's model card (`render_export_card`)
+DENSE_USAGE = """The dense part of DupMAE's hybrid representation, {dim} dimensions, dot product. Requires
+sentence-transformers >= {release}. The sparse part is exported with `retromae export --format sparse`; the paper's
+hybrid score (eq. 12) is this dot product plus lambda = {sparse_weight} times the sparse one.
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -72,20 +68,14 @@ model = SentenceTransformer("<this folder or repo>")
 scores = model.similarity(model.encode_query(["..."]), model.encode_document(["..."]))
 ```
 """
-SPARSE_CARD = """---
-library_name: sentence-transformers
-pipeline_tag: feature-extraction
-tags: [sentence-transformers, sparse-encoder, dupmae]
----
-# {model_name}
-
-The sparse (ordinary-token) part of a DupMAE pre-trained encoder as a SPLADE-style `SparseEncoder`: the MLM head's
-logits max-pooled over the tokens, log(1 + relu(.)), top-{doc_top_k} entries kept ({vocab_size}-dimensional, dot
-product). Plain sentence-transformers modules, no remote code. Where it differs from DupMAE's own vector:
+SPARSE_USAGE = """The sparse (ordinary-token) part of DupMAE's hybrid representation as a SPLADE-style
+`SparseEncoder` over the encoder and its MLM head (the base's own masked-LM model). Requires sentence-transformers
+>= {release}; releases before 6.2 do not read `max_active_dims` ({doc_top_k}) from this folder and keep every
+positive entry, so pass it when loading, as below. Where the vectors differ from DupMAE's own:
 {differences}
 ```python
 from sentence_transformers import SparseEncoder
-model = SparseEncoder("<this folder or repo>")
+model = SparseEncoder("<this folder or repo>", max_active_dims={doc_top_k})
 scores = model.similarity(model.encode_query(["..."], max_active_dims={vocab_size}), model.encode_document(["..."]))
 ```
 """
@@ -148,8 +138,11 @@ def write_dupmae_dense(request: ExportRequest, build_dir: Path) -> None:
         model = SentenceTransformer(modules=modules, similarity_fn_name="dot", prompts={"query": "", "document": ""},
                                     device="cpu")
         model.save(str(build_dir), create_model_card=False)
-    card = DENSE_CARD.format(model_name=request.model_name, dim=pooling.dense_dim, sparse_weight=pooling.sparse_weight,
-                             representation="W^cls h, h the [CLS] state" if dense else "the [CLS] state")
+    usage = DENSE_USAGE.format(dim=pooling.dense_dim, sparse_weight=pooling.sparse_weight,
+                               release=sentence_transformers_needed(build_dir))
+    representation = ("[CLS] state projected by W^cls" if dense else "[CLS] state") + (
+        f", {pooling.dense_dim} dimensions (DupMAE's dense part)")
+    card = render_export_card(request, pooling.dense_dim, representation=representation, usage=usage, tags=["dense"])
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 
 
@@ -167,8 +160,12 @@ def write_dupmae_sparse(request: ExportRequest, build_dir: Path) -> None:
         model = SparseEncoder(modules=[transformer, splade], similarity_fn_name="dot", max_active_dims=pooling.doc_top_k,
                               device="cpu")
         model.save(str(build_dir), create_model_card=False)
-    card = SPARSE_CARD.format(model_name=request.model_name, doc_top_k=pooling.doc_top_k,
-                              vocab_size=pooling.vocab_size, differences=SPARSE_DIFFERENCES)
+    usage = SPARSE_USAGE.format(doc_top_k=pooling.doc_top_k, vocab_size=pooling.vocab_size,
+                                differences=SPARSE_DIFFERENCES, release=sentence_transformers_needed(build_dir))
+    representation = (f"MLM head's logits max-pooled over the tokens, log(1 + relu(.)), top-{pooling.doc_top_k} of "
+                      f"{pooling.vocab_size} entries kept (DupMAE's sparse part, approximated: see *Usage*)")
+    card = render_export_card(request, pooling.vocab_size, representation=representation, usage=usage,
+                              tags=["sparse-encoder"], pipeline_tag="feature-extraction")
     (build_dir / "README.md").write_text(card, encoding="utf-8")
 
 

@@ -87,6 +87,11 @@ class FinetuneDataArguments:
         default=None, metadata={"help": "a BEIR folder to evaluate the result on (results go into the model card)"}
     )
     eval_split: str = field(default="dev", metadata={"help": "qrels split of --eval-data"})
+    eval_dataset_id: str | None = field(
+        default=None, metadata={"help": "Hub dataset id of --eval-data (owner/name), which the card's model-index "
+                                "names, as `retromae evaluate --dataset-ids` (default: the results are in the card's "
+                                "table only)"}
+    )
 
 
 @dataclass
@@ -217,6 +222,9 @@ def check_options_read(given: Collection[str], data_args: FinetuneDataArguments)
         raise UserError(f"{flag} configures mining, which --negatives-file replaces: drop {flag} or --negatives-file")
     if "eval_split" in given and not data_args.eval_data:
         raise UserError("--eval-split names a qrels split of --eval-data: pass --eval-data FOLDER, or drop --eval-split")
+    if "eval_dataset_id" in given and not data_args.eval_data:
+        raise UserError("--eval-dataset-id names the Hub dataset of --eval-data: pass --eval-data FOLDER, or drop "
+                        "--eval-dataset-id")
     distill = [name for name in given if FinetuneLossArguments.legacy_keys.get(name, name) in DISTILL_OPTIONS]
     if distill and "distill" not in stages:
         raise UserError(f"{_flag(sorted(distill)[0])} is read by the distill stage only: add distill to --stages (with "

@@ -48,7 +48,7 @@ from sentence_transformers import SentenceTransformer
 
 from ..export.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
-from ..inputs.folders import check_model_folder, is_local_path, model_location
+from ..inputs.folders import check_model_folder, is_hub_id, is_local_path, model_location
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import check_folder_option, claim_output
 from ..inputs.parameters import check_bool_options, check_path, list_parameter
@@ -74,6 +74,7 @@ from .summaries import (
 
 logger = logging.getLogger(__name__)
 HYBRID_CHUNK_BYTES = 1 << 29  # corpus embeddings encoded and scored per chunk, for |V|-wide hybrid embeddings
+METRIC_DECIMALS = 5  # the rows' metrics, as mteb rounds its NDCG and recall (not its MRR)
 
 
 def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label: str | None = None,
@@ -83,7 +84,8 @@ def make_local_task(data: RetrievalData, dataset_id: str | None = None, *, label
 
     Args:
         data: corpus, queries and qrels (`retromae.trainers.retrieval.beir.read_beir`).
-        dataset_id: what the task's metadata (and the model card) calls the dataset; default `local/<label>`.
+        dataset_id: the dataset's Hub id, which the task's metadata and the model card's model-index name; default
+            `local/<label>`, which the model-index leaves out (`cards._eval_results`).
         label: what the summary calls the folder; default its name.
         task_name: mteb's task name (and result file name), unique within one evaluation; default
             `LocalBEIR-<name>`.
@@ -254,11 +256,19 @@ def evaluate_model(
                     "split": split,
                     "subset": entry.get("hf_subset", "default"),
                     "queries": _query_count(task, entry.get("hf_subset", "default"), split),
-                    **{key: entry.get(key) for key, _ in CARD_METRICS},
+                    **{key: round(value, METRIC_DECIMALS) if isinstance(value := entry.get(key), float) else value
+                       for key, _ in CARD_METRICS},
                     "main_score": entry.get("main_score"),
                     "mteb_file": result_file,
                 })
     return rows
+
+
+def check_dataset_ids(flag: str, dataset_ids: list[str] | None) -> None:
+    """Refuse an id not spelt as the Hub's (`owner/name`): the model card's model-index names it as a Hub dataset."""
+    for dataset_id in dataset_ids or []:
+        if not is_hub_id(dataset_id):
+            raise ValueError(f"{flag} {dataset_id!r} is not a Hub dataset id (owner/name); leave it out for local data")
 
 
 def _result_file(cache, result, task_name: str, output_dir: Path) -> str | None:
@@ -350,6 +360,7 @@ def evaluate_folder(
         resolve_language(language)
     if dataset_ids and len(dataset_ids) != len(beir_folders):
         raise ValueError(f"--dataset-ids has {len(dataset_ids)} entries for {len(beir_folders)} BEIR folders")
+    check_dataset_ids("--dataset-ids", dataset_ids)
     if on_missing not in ON_MISSING:
         raise ValueError(f"--on-missing must be one of {ON_MISSING}")
     check_folder_option("--output-dir", output_dir)
@@ -484,6 +495,6 @@ def mteb_model_name(model: str | os.PathLike) -> str:
 
 
 __all__ = [
-    "card_run_info_file", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
+    "card_run_info_file", "check_dataset_ids", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
     "local_task_names", "make_local_task", "results_holding", "summary_markdown", "update_model_card",
 ]

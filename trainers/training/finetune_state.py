@@ -49,7 +49,7 @@ STAGE_MODEL = "model"  # in a stage's folder: the model that stage finished with
 MAY_CHANGE_ON_RESUME = frozenset({
     "overwrite", "resume_from_checkpoint", "logging_dir", "logging_steps", "logging_strategy", "disable_tqdm",
     "report_to", "save_steps", "save_strategy", "save_total_limit", "local_rank", "dataloader_num_workers",
-    "eval_data", "eval_split", "model_name", "base_model_name", "mini_batch_size",
+    "eval_data", "eval_split", "eval_dataset_id", "model_name", "base_model_name", "mini_batch_size",
 })
 
 
@@ -237,6 +237,7 @@ def evaluate_written_model(output_dir: Path, data_args: FinetuneDataArguments, w
         with _interrupted_hint(lambda: hint):
             evaluate_folder(output_dir, beir_folders=[data_args.eval_data], split=data_args.eval_split,
                             output_dir=work_dir / "eval", update_card=True, on_missing=data_args.on_missing,
+                            dataset_ids=[data_args.eval_dataset_id] if data_args.eval_dataset_id else None,
                             overwrite=True)  # the run's own folder
     except ValueError as error:
         raise ValueError(f"{error}; the fine-tuned model is written to {output_dir}: evaluate it with "

@@ -16,7 +16,7 @@ from typing import Any
 
 from datasets import Dataset
 from retromae.modeling.configuration_retromae import rename_legacy_keys
-from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+from sentence_transformers import SentenceTransformer
 from sentence_transformers.util import (
     fullname,
 )
@@ -69,7 +69,7 @@ from ..retrieval.beir import (
     read_teacher_scores,
 )
 from ..retrieval.mining import mine_negatives
-from .atomic_checkpoints import AtomicCheckpoints
+from ..retrieval.mteb import check_dataset_ids
 from .divergence import divergence
 from .finetune_losses import DistillationLoss, contrastive_loss
 from .finetune_state import (
@@ -92,6 +92,7 @@ from .finetune_state import (
 )
 from .lock import folder_lock
 from .run_folder import RESUME_LAST, clean_killed_saves, last_complete_checkpoint
+from .stage_trainer import StageTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -167,10 +168,6 @@ def _prepare_checkpoint(model: SentenceTransformer, checkpoint: Path) -> None:
         entry["type"] = fullname(model[int(entry["idx"])])
     write_json_atomic(modules_file, entries)
     save_without_pooler(model, checkpoint)
-
-
-class StageTrainer(AtomicCheckpoints, SentenceTransformerTrainer):
-    """The trainer of a fine-tuning stage: sentence-transformers' own, with checkpoints that appear only complete."""
 
 
 def _train_stage(model, args, dataset, loss, stage: str, resume: bool) -> dict[str, Any]:
@@ -359,6 +356,7 @@ def run_finetune(
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise ValueError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                          "names no local paths: omit the flag to record the starting model as local")
+    check_dataset_ids("--eval-dataset-id", [data_args.eval_dataset_id] if data_args.eval_dataset_id else None)
     model_prompts(training_args.prompts)  # refused before anything is read
     finished = finished_work_dir_run(model_args, data_args, loss_args, training_args, stages)
     if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
