@@ -401,7 +401,7 @@ def test_minilm_scifact_dev_equals_mteb(minilm_dir, shared_data, tmp_path, encod
     assert ours["queries"] == len(queries) == 200
     assert ours["ndcg_at_10"] == direct["ndcg_at_10"]
     for key in ("mrr_at_10", "recall_at_100", "recall_at_1000"):
-        assert ours[key] == direct[key]
+        assert ours[key] == round(direct[key], 5)  # rows round to 5 decimals, as mteb rounds all but MRR
     assert direct["ndcg_at_10"] == pytest.approx(by_hand, abs=1e-5)
     assert len(corpus) < 1200
     assert 0.55 < ours["ndcg_at_10"] < 0.95  # a sane value for this model on SciFact dev with a smaller corpus

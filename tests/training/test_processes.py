@@ -67,6 +67,8 @@ def processes_with_other_settings(rank: int, folder: Path) -> dict:
         "seed": _refusal(_settings(rank, folder, seed=SEED + rank)),
         "max_steps": _refusal(_settings(rank, folder, max_steps=10 * (rank + 1))),
         "corpus": _refusal(_settings(rank, folder, corpus_lines=3 + rank)),
+        "hub_corpus": _refusal(record_settings({"corpus": f"org/corpus-{rank}", "seed": SEED}, run_id="id")),
+        "finetune": _refusal({"settings": {"model": str(folder / f"model{rank}"), "seed": SEED, "max_steps": 8}}),
     }
 
 
@@ -82,3 +84,7 @@ def test_processes_started_with_other_settings_are_refused_on_every_process(tmp_
     assert results[1]["seed"] == f"{start} (--seed: 8 on process 1, 7 on process 0); {end}"
     assert results[0]["max_steps"] == f"{start} (--max-steps: 10 on process 0, 20 on process 1); {end}"
     assert [result["corpus"] for result in results] == [f"{start} (--corpus: the sizes of its files differ); {end}"] * 2
+    # a Hub id is no local path: compared (HEAD of this check skipped every path option, probe 79 B-002)
+    assert results[0]["hub_corpus"] == (f"{start} (--corpus: 'org/corpus-0' on process 0, 'org/corpus-1' on "
+                                        f"process 1); {end}")
+    assert [result["finetune"] for result in results] == ["agreed", "agreed"]  # a run record without file sizes

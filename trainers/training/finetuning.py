@@ -91,6 +91,7 @@ from .finetune_state import (
     work_dir_of,
 )
 from .lock import folder_lock
+from .processes import check_processes_agree
 from .run_folder import RESUME_LAST, clean_killed_saves, last_complete_checkpoint
 from .stage_trainer import StageTrainer
 
@@ -347,6 +348,8 @@ def run_finetune(
 ) -> FinetuneResult:
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
     check_trainer_options(training_args)
+    check_processes_agree({"settings": finetune_run_settings(model_args, data_args, loss_args, training_args)},
+                          training_args.world_size)
     stages = parse_stages(data_args.stages, data_args.teacher_scores)
     if loss_args.mini_batch_size is not None and "distill" in stages:
         raise ValueError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "

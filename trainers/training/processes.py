@@ -3,12 +3,11 @@ must not share their random streams."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from .resume import PATH_OPTIONS
 
 FILES = " files"  # the key of an option's file sizes beside its value
 
@@ -25,9 +24,10 @@ def seed_processes_apart(seed: int, process_index: int) -> None:
 def check_processes_agree(settings: dict[str, Any], world_size: int) -> None:
     """Refuse a run whose processes were started with different settings (each machine of a torchrun run parses its
     own command line): a different `--seed` or corpus would train rows twice or other text without a word, a
-    different `--max-steps` would hang in a collective. Compared: every recorded option (`record_settings`) but the
-    paths, which may differ between machines, and the sizes of the training text's files. A collective: every
-    process calls it, after the process group exists.
+    different `--max-steps` would hang in a collective. Compared: every option of `settings["settings"]` (a run
+    record, `record_settings`) but local paths, recorded absolute, which may differ between machines (a Hub id is
+    compared), and the sizes of the files of `settings["text_files"]`, if any. A collective: every process calls
+    it, after the process group exists.
 
     Raises:
         ValueError: naming the first differing option, its value on this process and on the other.
@@ -50,9 +50,10 @@ def check_processes_agree(settings: dict[str, Any], world_size: int) -> None:
 
 
 def _what_processes_share(settings: dict[str, Any]) -> dict[str, Any]:
-    """Option -> value of a run record (`record_settings`) without its paths, plus '<option> files' -> the sizes of
-    that option's files."""
-    shared = {name: value for name, value in settings["settings"].items() if name not in PATH_OPTIONS}
+    """Option -> value of a run record without its local paths, plus '<option> files' -> the sizes of that option's
+    files."""
+    shared = {name: value for name, value in settings["settings"].items()
+              if not (isinstance(value, str) and os.path.isabs(value))}
     for name, files in settings.get("text_files", {}).items():
         shared[name + FILES] = {path: size for path, (size, _) in files.items()}
     return shared
