@@ -637,7 +637,8 @@ def test_export_of_pretraining_checkpoint_folder(tokenizer, tmp_path):
     tokenizer.save_pretrained(checkpoint)
     out = export_sentence_transformer(checkpoint, tmp_path / "st")  # the generic exporter dispatches to ours
     assert json.loads((out / "modules.json").read_text())[1]["type"] == "st_dupmae.DupMAEPooling"
-    assert "DupMAE hybrid representation" in (out / "README.md").read_text()
+    card = " ".join((out / "README.md").read_text().split())
+    assert "## DupMAE representation" in card and "the [CLS] state projected to 16 dimensions, concatenated" in card
     model = load_dupmae_sentence_transformer(out)
     assert model.encode_document(TEXTS).shape == (3, 16 + 30522)
     # a Table 4 setting at export time: OT only with k = 20
@@ -665,3 +666,21 @@ def test_pooling_is_trainable_in_sentence_transformers(exported):
     finally:
         model.zero_grad(set_to_none=True)
         model.eval()
+
+
+@pytest.mark.parametrize(("overrides", "summary", "section"), [
+    ({"representation": "cls", "dense_dim": 32}, "| DupMAE cls: the [CLS] state itself (32 dimensions",
+     "the 32-dimensional [CLS] state itself, without projection or sparse part"),
+    ({"representation": "ot"}, "| DupMAE ot: max-pooled ordinary-token vocabulary weights (30522 dimensions, top-8",
+     "the 30522-dimensional ordinary-token vector mu"),
+])
+def test_the_export_card_describes_the_representation_exported(tokenizer, tmp_path, overrides, summary, section):
+    """HEAD described the hybrid whatever the representation: "[CLS] projected to 32 dimensions ⊕ ... (0
+    dimensions" for "cls" (probe 79 B-004)."""
+    from retromae.trainers.export.sentence_transformer import export_sentence_transformer
+
+    checkpoint = tmp_path / "ckpt"
+    DupMAEForPretraining(tiny_config(tokenizer, **overrides)).save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    card = " ".join((export_sentence_transformer(checkpoint, tmp_path / "st") / "README.md").read_text().split())
+    assert summary in card and section in card and "projected to 0" not in card and "⊕" not in card

@@ -58,17 +58,27 @@ logger = logging.getLogger(__name__)
 
 # representation fields a caller may override at export time (validated by DupMAEPooling)
 REPRESENTATION_FIELDS = ("representation", "dense_dim", "doc_top_k", "query_top_k", "ot_activation", "sparse_weight")
+_MU = ("the {vocab_size}-dimensional ordinary-token vector mu (the MLM-head logits max-pooled over the non-special "
+       "tokens); documents keep its top-{doc_top_k} entries, queries all of it")
+# each representation's embedding, as the card's summary row and its section say it
+EMBEDDINGS = {
+    "hybrid": ("[CLS] projected to {dense_dim} dimensions ⊕ max-pooled ordinary-token vocabulary weights ({vocab_size} "
+               "dimensions, top-{doc_top_k} kept for documents); dot product",
+               "the [CLS] state projected to {dense_dim} dimensions, concatenated with " + _MU + ", so the dot product "
+               "of `encode_query` and `encode_document` outputs is eq. 12: dense . dense + lambda * sum over the "
+               "document's top-k ids of mu_q * mu_d"),
+    "cls": ("the [CLS] state itself ({dense_dim} dimensions, Table 4's CLS:768); dot product",
+            "the {dense_dim}-dimensional [CLS] state itself, without projection or sparse part (Table 4's CLS:768)"),
+    "ot": ("max-pooled ordinary-token vocabulary weights ({vocab_size} dimensions, top-{doc_top_k} kept for "
+           "documents; Table 4's OT:768); dot product", _MU + " (Table 4's OT:768), scored by their dot product"),
+}
 DUPMAE_CARD_SECTION = """
-## DupMAE hybrid representation
+## DupMAE representation
 
-This model's embedding is DupMAE's hybrid representation (paper §3.4), built by the custom module
+This model's embedding is DupMAE's representation (paper §3.4), built by the custom module
 `st_dupmae.DupMAEPooling` at the root of this folder (load with `trust_remote_code=True`; it needs
-sentence-transformers >= {release}): the [CLS] state projected to {dense_dim} dimensions, concatenated with the
-{vocab_size}-dimensional ordinary-token vector mu (the MLM-head logits max-pooled over the non-special tokens).
-Documents keep the top-{doc_top_k} entries of mu, queries keep the full mu, so the dot product of `encode_query` and
-`encode_document` outputs is eq. 12: dense . dense + lambda * sum over the document's top-k ids of mu_q * mu_d.
-Representation: `{representation}`; mu values: `{ot_activation}` (`log1p_relu` = SPLADE's log(1 + relu(mu)));
-lambda (`sparse_weight`): {sparse_weight}.
+sentence-transformers >= {release}): {embedding}. Representation: `{representation}`; mu values: `{ot_activation}`
+(`log1p_relu` = SPLADE's log(1 + relu(mu))); lambda (`sparse_weight`): {sparse_weight}.
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -199,11 +209,11 @@ def write_dupmae_export(request: ExportRequest, build_dir: Path) -> None:
     pooling_config = json.loads((build_dir / "1_DupMAEPooling" / "config.json").read_text(encoding="utf-8"))
     dense = pooling_config["dense_dim"] if pooling_config["representation"] != "ot" else 0
     sparse = pooling_config["vocab_size"] if pooling_config["representation"] != "cls" else 0
-    card = render_export_card(request, dense + sparse, representation=(
-        f"DupMAE hybrid: [CLS] projected to {dense} dimensions ⊕ max-pooled ordinary-token vocabulary weights "
-        f"({sparse} dimensions, top-{pooling_config['doc_top_k']} kept for documents); dot product"
-    ))
-    section = DUPMAE_CARD_SECTION.format(**pooling_config, release=sentence_transformers_needed(build_dir))
+    summary, embedding = (text.format(**pooling_config) for text in EMBEDDINGS[pooling_config["representation"]])
+    card = render_export_card(request, dense + sparse, representation=f"DupMAE {pooling_config['representation']}: "
+                                                                      f"{summary}")
+    section = DUPMAE_CARD_SECTION.format(**pooling_config, embedding=embedding,
+                                         release=sentence_transformers_needed(build_dir))
     (build_dir / "README.md").write_text(card + section, encoding="utf-8")
 
 
