@@ -375,11 +375,15 @@ def test_eval_dataset_id_names_the_hub_dataset_of_the_eval_data(spread_cls_bert,
 @pytest.mark.parametrize(("flags", "message"), [
     (["--eval-dataset-id", "my-org/toy"],
      "--eval-dataset-id names the Hub dataset of --eval-data: pass --eval-data FOLDER, or drop --eval-dataset-id"),
-    (["--eval-data", "DATA", "--eval-dataset-id", "scifact"],
-     "--eval-dataset-id 'scifact' is not a Hub dataset id (owner/name); leave it out for local data"),
-], ids=["without-eval-data", "not-a-hub-id"])
+    *[(["--eval-data", "DATA", "--eval-dataset-id", dataset_id],
+       f"--eval-dataset-id {dataset_id!r} is not a Hub dataset id (owner/name: letters, digits, '-', '_' and '.', "
+       "without '--' or '..', at most 96 characters); leave it out for local data")
+      for dataset_id in ("scifact", "", "my--org/x", "owner/x.git", "owner/" + "n" * 120)],
+], ids=["without-eval-data", "not-a-hub-id", "empty", "double-dash", "dot-git", "too-long"])
 def test_an_eval_dataset_id_that_names_no_hub_dataset_is_refused_before_training(spread_cls_bert, tiny_beir, tmp_path,
                                                                                  monkeypatch, capsys, flags, message):
+    """HEAD took "" as unset and wrote ids the Hub refuses ('my--org/x', 'owner/x.git', 121 characters) into the
+    card's model-index (probe 79 B-007)."""
     monkeypatch.setattr(finetune_module, "StageTrainer", None)  # nothing may train
     flags = [str(tiny_beir) if flag == "DATA" else flag for flag in flags]
     assert _finetune(spread_cls_bert, tiny_beir, tmp_path / "out", "--stages", "in-batch", *flags) == 2

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import datasets
 from datasets import Dataset
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from sentence_transformers import SentenceTransformer
 
 from ..export.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
@@ -265,10 +266,17 @@ def evaluate_model(
 
 
 def check_dataset_ids(flag: str, dataset_ids: list[str] | None) -> None:
-    """Refuse an id not spelt as the Hub's (`owner/name`): the model card's model-index names it as a Hub dataset."""
+    """Refuse an id the Hub would not take as `owner/name` (`validate_repo_id`): the model card's model-index names
+    it as a Hub dataset."""
     for dataset_id in dataset_ids or []:
-        if not is_hub_id(dataset_id):
-            raise ValueError(f"{flag} {dataset_id!r} is not a Hub dataset id (owner/name); leave it out for local data")
+        try:
+            validate_repo_id(dataset_id)
+            taken = is_hub_id(dataset_id)  # and two parts: no bare name
+        except HFValidationError:
+            taken = False
+        if not taken:
+            raise ValueError(f"{flag} {dataset_id!r} is not a Hub dataset id (owner/name: letters, digits, '-', '_' and "
+                             "'.', without '--' or '..', at most 96 characters); leave it out for local data")
 
 
 def _result_file(cache, result, task_name: str, output_dir: Path) -> str | None:

@@ -359,7 +359,7 @@ def run_finetune(
     if model_args.base_model_name is not None and not is_hub_id(model_args.base_model_name):
         raise ValueError(f"--base-model-name {model_args.base_model_name!r} is not a Hub id (owner/name); the card "
                          "names no local paths: omit the flag to record the starting model as local")
-    check_dataset_ids("--eval-dataset-id", [data_args.eval_dataset_id] if data_args.eval_dataset_id else None)
+    check_dataset_ids("--eval-dataset-id", None if data_args.eval_dataset_id is None else [data_args.eval_dataset_id])
     model_prompts(training_args.prompts)  # refused before anything is read
     finished = finished_work_dir_run(model_args, data_args, loss_args, training_args, stages)
     if finished is not None:  # as `pretrain` resumed after its end: nothing to train, nothing to replace
