@@ -98,6 +98,15 @@ def test_both_folders_load_without_remote_code(exports):
     assert "SparseEncoder(" in (exports["folders"]["sparse"] / "README.md").read_text()
 
 
+def test_the_dense_folder_loads_without_a_pooler(exports):
+    """As the hybrid and CLS exports (no pooler weights are saved). HEAD: its sentence_bert_config.json lacked
+    `add_pooling_layer: false`, so loading built a random pooler and transformers printed a "pooler.dense.* MISSING"
+    report (probe 79 B-006)."""
+    config = json.loads((exports["folders"]["dense"] / "sentence_bert_config.json").read_text())
+    assert config["model_kwargs"]["add_pooling_layer"] is False
+    assert exports["dense"][0].auto_model.pooler is None
+
+
 @pytest.mark.parametrize(("part", "tag", "pipeline"), [("dense", "dense", "sentence-similarity"),
                                                      ("sparse", "sparse-encoder", "feature-extraction")])
 def test_the_part_cards_are_the_other_export_cards_with_their_own_usage(exports, part, tag, pipeline):

@@ -33,6 +33,7 @@ from ..inputs.checkpoints import (
     encoder_from_state_dict,
     encoder_kwargs,
 )
+from ..inputs.sentence_models import save_without_pooler
 from .cards import sentence_transformers_needed
 from .cls import ExportRequest
 from .dupmae import build_dupmae_pooling, render_export_card
@@ -138,6 +139,7 @@ def write_dupmae_dense(request: ExportRequest, build_dir: Path) -> None:
         model = SentenceTransformer(modules=modules, similarity_fn_name="dot", prompts={"query": "", "document": ""},
                                     device="cpu")
         model.save(str(build_dir), create_model_card=False)
+        save_without_pooler(model, build_dir)
     usage = DENSE_USAGE.format(dim=pooling.dense_dim, sparse_weight=pooling.sparse_weight,
                                release=sentence_transformers_needed(build_dir))
     representation = ("[CLS] state projected by W^cls" if dense else "[CLS] state") + (
