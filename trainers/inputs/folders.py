@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from huggingface_hub import ModelCard
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .errors import UserError
 
@@ -260,6 +261,20 @@ def is_hub_id(name: object) -> bool:
             and not name.startswith("local/"))
 
 
+def check_dataset_ids(flag: str, dataset_ids: list[str] | None) -> None:
+    """Refuse an id the Hub would not take as `owner/name` (`validate_repo_id`): the model card's model-index names
+    it as a Hub dataset."""
+    for dataset_id in dataset_ids or []:
+        try:
+            validate_repo_id(dataset_id)
+            taken = is_hub_id(dataset_id)  # and two parts: no bare name
+        except HFValidationError:
+            taken = False
+        if not taken:
+            raise ValueError(f"{flag} {dataset_id!r} is not a Hub dataset id (owner/name: letters, digits, '-', '_' "
+                             "and '.', without '--' or '..', at most 96 characters); leave it out for local data")
+
+
 def hub_id_of_model(path_or_id: str | os.PathLike) -> str | None:
     """The Hub id a model card may name for a starting model, or None.
 
@@ -319,6 +334,7 @@ def _card_model_name(readme: Path) -> str:
 
 
 __all__ = [
-    "HUB_ID", "TOKENIZER_VOCAB_FILES", "check_model_folder", "INTERRUPTED_HINT", "hub_id_of_model", "is_hub_id",
+    "HUB_ID", "TOKENIZER_VOCAB_FILES", "check_dataset_ids", "check_model_folder", "INTERRUPTED_HINT", "hub_id_of_model",
+    "is_hub_id",
     "model_location", "public_name", "LOCAL_PATH", "is_local_path", "missing_model_files", "safetensors_problem"
 ]

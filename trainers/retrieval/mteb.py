@@ -44,12 +44,11 @@ from typing import Any, Literal
 
 import datasets
 from datasets import Dataset
-from huggingface_hub.utils import HFValidationError, validate_repo_id
 from sentence_transformers import SentenceTransformer
 
 from ..export.cards import CARD_METRICS, FINETUNE_RUN_INFO_FILE, write_finetuned_card
 from ..export.sentence_transformer import load_as_sentence_transformer
-from ..inputs.folders import check_model_folder, is_hub_id, is_local_path, model_location
+from ..inputs.folders import check_dataset_ids, check_model_folder, is_local_path, model_location
 from ..inputs.io import read_json_or_empty
 from ..inputs.outputs import check_folder_option, claim_output
 from ..inputs.parameters import check_bool_options, check_path, list_parameter
@@ -263,20 +262,6 @@ def evaluate_model(
                     "mteb_file": result_file,
                 })
     return rows
-
-
-def check_dataset_ids(flag: str, dataset_ids: list[str] | None) -> None:
-    """Refuse an id the Hub would not take as `owner/name` (`validate_repo_id`): the model card's model-index names
-    it as a Hub dataset."""
-    for dataset_id in dataset_ids or []:
-        try:
-            validate_repo_id(dataset_id)
-            taken = is_hub_id(dataset_id)  # and two parts: no bare name
-        except HFValidationError:
-            taken = False
-        if not taken:
-            raise ValueError(f"{flag} {dataset_id!r} is not a Hub dataset id (owner/name: letters, digits, '-', '_' and "
-                             "'.', without '--' or '..', at most 96 characters); leave it out for local data")
 
 
 def _result_file(cache, result, task_name: str, output_dir: Path) -> str | None:
@@ -503,6 +488,6 @@ def mteb_model_name(model: str | os.PathLike) -> str:
 
 
 __all__ = [
-    "card_run_info_file", "check_dataset_ids", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
+    "card_run_info_file", "default_output_dir", "evaluate", "evaluate_folder", "evaluate_model",
     "local_task_names", "make_local_task", "results_holding", "summary_markdown", "update_model_card",
 ]

@@ -52,7 +52,7 @@ from ..inputs.finetune_options import (
     parse_stages,
     stage_prompts,
 )
-from ..inputs.folders import is_hub_id
+from ..inputs.folders import check_dataset_ids, is_hub_id
 from ..inputs.io import write_json_atomic
 from ..inputs.outputs import claim_output, model_holding
 from ..inputs.parameters import check_bool_options, check_path, list_parameter
@@ -69,7 +69,6 @@ from ..retrieval.beir import (
     read_teacher_scores,
 )
 from ..retrieval.mining import mine_negatives
-from ..retrieval.mteb import check_dataset_ids
 from .divergence import divergence
 from .finetune_losses import DistillationLoss, contrastive_loss
 from .finetune_state import (
@@ -348,8 +347,6 @@ def run_finetune(
 ) -> FinetuneResult:
     """Run the stages and write the fine-tuned sentence-transformers folder (see the module docstring)."""
     check_trainer_options(training_args)
-    check_processes_agree({"settings": finetune_run_settings(model_args, data_args, loss_args, training_args)},
-                          training_args.world_size)
     stages = parse_stages(data_args.stages, data_args.teacher_scores)
     if loss_args.mini_batch_size is not None and "distill" in stages:
         raise ValueError("--mini-batch-size applies to the in-batch and hard-negatives stages, not distill: run "
@@ -397,13 +394,15 @@ def _run_stages(model_args: FinetuneModelArguments, data_args: FinetuneDataArgum
         checked.datasets["in-batch"] = groups_to_dataset(groups, 0, seed=training_args.seed)
     for stage, (dataset, _) in checked.datasets.items():
         _check_batches(stage, len(dataset), training_args)
+    settings = finetune_run_settings(model_args, data_args, loss_args, training_args)
+    check_processes_agree({"settings": settings}, training_args.world_size)
     # a pre-training checkpoint is exported into the work folder first
     model, model_info = load_as_sentence_transformer(
         model_args.model, pooling=model_args.pooling, max_seq_length=model_args.max_seq_length, work_dir=work_dir
     )
     work_dir.mkdir(parents=True, exist_ok=True)
-    state, resume = read_state(work_dir, finetune_run_settings(model_args, data_args, loss_args, training_args),
-                                training_args.resume_from_checkpoint in RESUME_LAST, training_args.process_index == 0)
+    state, resume = read_state(work_dir, settings, training_args.resume_from_checkpoint in RESUME_LAST,
+                                training_args.process_index == 0)
     model = model_after_finished_stages(model, stages, state, work_dir)
     model.prompts.update(model_prompts(training_args.prompts) or {})  # mining and --eval-data encode with them
     # all_gather only where there is more than one process (else sentence-transformers warns on every step)
